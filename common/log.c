@@ -1,0 +1,62 @@
+/* log.c - formats one whole line and writes it with a single write(2), so lines of the
+ * launcher and of workers sharing a stderr never tear each other. */
+#include "log.h"
+
+#include <stdarg.h>  /* va_list */
+#include <stdio.h>   /* vsnprintf */
+#include <strings.h> /* strcasecmp */
+#include <unistd.h>  /* write */
+
+/* The process's logging state: written once by main before anything else runs. */
+static const char *log_prog = "mgpu";
+static mgpu_log_level_t log_level = MGPU_LOG_WARN;
+
+void mgpu_log_init(const char *prog, mgpu_log_level_t level)
+{
+    log_prog = prog;
+    log_level = level;
+}
+
+mgpu_log_level_t mgpu_log_level(void)
+{
+    return log_level;
+}
+
+int mgpu_log_level_parse(const char *s)
+{
+    if (strcasecmp(s, "error") == 0 || strcasecmp(s, "critical") == 0)
+        return MGPU_LOG_ERROR;
+    if (strcasecmp(s, "warn") == 0 || strcasecmp(s, "warning") == 0)
+        return MGPU_LOG_WARN;
+    if (strcasecmp(s, "info") == 0)
+        return MGPU_LOG_INFO;
+    if (strcasecmp(s, "debug") == 0)
+        return MGPU_LOG_DEBUG;
+    return -1;
+}
+
+void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
+{
+    static const char *names[] = {"error", "warning", "info", "debug"};
+    char line[4096];
+    int n;
+    va_list ap;
+
+    if (level > log_level)
+        return;
+    n = snprintf(line, sizeof line, "%s: %s: ", log_prog, names[level]);
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof line - 1)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    /* One write: a line is never split between this and another writer of stderr. */
+    for (const char *p = line; n > 0;) {
+        ssize_t w = write(2, p, (size_t)n);
+        if (w <= 0)
+            break;
+        p += w;
+        n -= (int)w;
+    }
+}

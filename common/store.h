@@ -1,0 +1,65 @@
+/* store.h - the blocking client of mgpu's key-value store (served by mgpu-launch on node 0).
+ *
+ * Used by launchers of other nodes and by every worker (libmgpu). One mgpu_store_t is one TCP
+ * connection; it is not thread-safe (one caller at a time). Keys are strings (<= 4 KiB by
+ * default), values are bytes (<= 64 MiB by default). Every key passes through the client's
+ * prefix (mgpu_store_set_prefix), which namespaces them by run id and restart attempt so a
+ * restarted group never reads the last attempt's values.
+ *
+ * Ownership: values returned through void ** are malloc'd and owned by the caller (free()).
+ * Every call returns 0 or a negative code and fills err. A call that times out returns
+ * MGPU_E_TIMEOUT; a connection that breaks is reconnected once, transparently, for idempotent
+ * operations. */
+#ifndef MGPU_STORE_H
+#define MGPU_STORE_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int64_t */
+
+#include "error.h" /* mgpu_err_t */
+
+typedef struct mgpu_store mgpu_store_t;
+
+/* Environment given to workers by mgpu-launch. */
+#define MGPU_ENV_STORE_ADDR "MGPU_STORE_ADDR"   /* host the store listens on */
+#define MGPU_ENV_STORE_PORT "MGPU_STORE_PORT"   /* its port */
+#define MGPU_ENV_STORE_TOKEN "MGPU_STORE_TOKEN" /* shared secret for the handshake ("" = none) */
+
+/* Connects (retrying with backoff until timeout_s) and performs the handshake. token may be
+ * NULL or "" when the server requires none. */
+int mgpu_store_connect(const char *host, int port, const char *token, double timeout_s,
+                       mgpu_store_t **out, mgpu_err_t *err);
+/* From MGPU_STORE_ADDR/PORT/TOKEN; the prefix becomes "<TORCHELASTIC_RUN_ID>/<attempt>/". */
+int mgpu_store_connect_env(double timeout_s, mgpu_store_t **out, mgpu_err_t *err);
+void mgpu_store_close(mgpu_store_t *s);
+
+/* The prefix added to every key (copied). "" for none. */
+void mgpu_store_set_prefix(mgpu_store_t *s, const char *prefix);
+
+int mgpu_store_set(mgpu_store_t *s, const char *key, const void *val, size_t len, mgpu_err_t *err);
+/* Waits up to timeout_s for the key to exist, then returns its value. */
+int mgpu_store_get(mgpu_store_t *s, const char *key, double timeout_s, void **val, size_t *len,
+                   mgpu_err_t *err);
+/* Atomic: the key holds a decimal int64 (missing = 0); adds delta; *result = the new value. */
+int mgpu_store_add(mgpu_store_t *s, const char *key, int64_t delta, int64_t *result,
+                   mgpu_err_t *err);
+/* Atomic: if the current value equals expected (a missing key equals an empty expected), set
+ * desired. *current (may be NULL) receives the value after the operation. */
+int mgpu_store_compare_set(mgpu_store_t *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, void **current, size_t *clen,
+                           mgpu_err_t *err);
+/* Waits until all n keys exist. */
+int mgpu_store_wait(mgpu_store_t *s, const char *const *keys, size_t n, double timeout_s,
+                    mgpu_err_t *err);
+/* *ready = 1 when all n keys exist now. */
+int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *ready,
+                     mgpu_err_t *err);
+/* *deleted = 1 when the key existed. */
+int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t *err);
+int mgpu_store_num_keys(mgpu_store_t *s, int64_t *n, mgpu_err_t *err);
+/* All world_size callers using the same name meet here (reusable: each use of a name is a new
+ * round). On timeout the message says how many arrived. */
+int mgpu_store_barrier(mgpu_store_t *s, const char *name, int world_size, double timeout_s,
+                       mgpu_err_t *err);
+
+#endif

@@ -1,0 +1,35 @@
+# lib.sh - helpers for the integration tests (sourced; each t_* function runs in its own
+# subshell inside a fresh temporary folder, $TEST_TMP; a non-zero exit fails the test).
+LAUNCH="$MGPU_BUILD/bin/mgpu-launch"
+WORKER="$MGPU_BUILD/bin/mgpu-worker"
+TW="$MGPU_BUILD/tests/testworker"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+skip() { echo "$*"; exit 77; }
+
+# expect_eq ACTUAL EXPECTED [what]
+expect_eq() { [ "$1" == "$2" ] || fail "${3:-value}: got '$1', expected '$2'"; }
+# expect_contains FILE_OR_TEXT PATTERN (grep -E on a file if it exists, else on the text)
+expect_grep() {
+    local src=$1 pat=$2
+    if [ -f "$src" ]; then grep -qE -- "$pat" "$src" || { cat "$src" >&2; fail "'$pat' not in $src"; }
+    else grep -qE -- "$pat" <<<"$src" || fail "'$pat' not in: $src"; fi
+}
+expect_no_grep() {
+    local src=$1 pat=$2
+    if [ -f "$src" ]; then ! grep -qE -- "$pat" "$src" || { cat "$src" >&2; fail "'$pat' unexpectedly in $src"; }
+    else ! grep -qE -- "$pat" <<<"$src" || fail "'$pat' unexpectedly in: $src"; fi
+}
+# run_launch ARGS... : runs the launcher, stdout to out, stderr to err, status in $rc
+run_launch() { "$LAUNCH" "$@" >out 2>err; rc=$?; }
+# pids of live processes whose environment carries MARK=<value>
+procs_with_mark() {
+    local p
+    for p in /proc/[0-9]*; do
+        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "MGPU_TEST_MARK=$1" && echo "${p#/proc/}"
+    done
+}
+wait_until() { # wait_until SECONDS CMD... : polls CMD every 20 ms
+    local end=$((SECONDS + $1)); shift
+    until "$@"; do [ $SECONDS -ge $end ] && return 1; sleep 0.02; done
+}

@@ -1,0 +1,76 @@
+/* mgpu.h - libmgpu, the worker runtime: who am I, which device is mine, and collectives.
+ *
+ * A worker started by mgpu-launch, torchrun, srun or mpirun calls mgpu_init() once; it reads
+ * its rank from the environment (RANK/LOCAL_RANK/WORLD_SIZE/..., else SLURM_PROCID/..., else
+ * OMPI_COMM_WORLD_*), picks its device (LOCAL_RANK -> visible ordinal -> physical GPU, or the
+ * CPU), and connects to the store when one is given. Communicators are created over it.
+ *
+ * Ownership: mgpu_ctx_t and mgpu_comm_t are created and destroyed by the calls below; nothing
+ * returned by a getter outlives its object. Every call returns 0 or a negative code (error.h)
+ * and fills err with a message that names the operation and the ranks concerned. */
+#ifndef MGPU_H
+#define MGPU_H
+
+#include <stddef.h> /* size_t */
+
+#include "error.h" /* mgpu_err_t */
+
+typedef struct mgpu_ctx mgpu_ctx_t;
+typedef struct mgpu_comm mgpu_comm_t;
+
+typedef struct mgpu_rank_info {
+    int rank, world_size;             /* global */
+    int local_rank, local_world_size; /* on this node */
+    int node_rank, nnodes;
+    int restart_count;  /* TORCHELASTIC_RESTART_COUNT, 0 elsewhere */
+    char run_id[128];   /* TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ... or "none" */
+    char source[16];    /* "mgpu-launch", "torchrun", "slurm", "openmpi", "single" */
+} mgpu_rank_info_t;
+
+typedef struct mgpu_device_info {
+    int is_gpu;         /* 0: this rank computes on the CPU */
+    int ordinal;        /* CUDA ordinal among the visible devices (-1 on CPU) */
+    int physical;       /* physical GPU index (-1 on CPU) */
+    int visible_count;  /* devices this rank can see */
+    int simulated;      /* the GPU is simulated (MGPU_SIM_GPUS) */
+    char uuid[80];
+    char bus_id[32];
+    char name[96];
+} mgpu_device_info_t;
+
+typedef enum mgpu_backend { MGPU_BACKEND_AUTO = 0, MGPU_BACKEND_CPU, MGPU_BACKEND_NCCL } mgpu_backend_t;
+typedef enum mgpu_redop { MGPU_SUM = 0, MGPU_AVG } mgpu_redop_t;
+
+typedef struct mgpu_init_opts {
+    int want_gpu;           /* 1: use the GPU of LOCAL_RANK when one is visible; 0: CPU only */
+    double store_timeout_s; /* connecting to the store (default 60) */
+} mgpu_init_opts_t;
+
+/* Reads the rank from the environment only (no device, no store). */
+int mgpu_rank_info_from_env(mgpu_rank_info_t *out, mgpu_err_t *err);
+
+int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err);
+void mgpu_finalize(mgpu_ctx_t *ctx);
+const mgpu_rank_info_t *mgpu_rank(const mgpu_ctx_t *ctx);
+const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx);
+
+/* A communicator over all ranks. timeout_s bounds every collective: one that does not finish
+ * fails with MGPU_E_TIMEOUT naming the operation and the ranks that never arrived; a peer that
+ * dies makes the others fail fast (MGPU_E_PEER) naming it. */
+int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
+                     mgpu_err_t *err);
+void mgpu_comm_destroy(mgpu_comm_t *comm);
+mgpu_backend_t mgpu_comm_backend(const mgpu_comm_t *comm);
+
+/* In place. For NCCL, buf is device memory and stream a cudaStream_t (NULL: default stream);
+ * for the CPU backend buf is host memory and stream is ignored. */
+int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
+                       mgpu_err_t *err);
+int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
+                   mgpu_err_t *err);
+/* recv holds world_size * bytes; rank r's send lands at recv + r * bytes. */
+int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
+                   mgpu_err_t *err);
+int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err);
+
+#endif
