@@ -81,6 +81,8 @@ int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, 
     *blen = 0;
     if (rlen != NULL)
         *rlen = 0;
+    if (n == 0)
+        return 0;
     for (size_t i = 0; i < n; i++)
         if (data[i] == '\n') {
             nlines++;

@@ -73,6 +73,8 @@ typedef struct sup {
     int root;          /* first failure of this attempt, -1 */
     int finished;
     int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
+    pid_t keeper;        /* the keeper process (see keeper_start), -1 when none */
+    int keeper_fd;       /* write end of its pipe */
 } sup_t;
 
 static double now_real(void)
@@ -291,6 +293,7 @@ static int sweep_leftovers(sup_t *s, int sig)
         int worker = 0;
         for (int k = 0; k < s->nproc; k++)
             worker |= s->procs[k].pid == kids[i] && s->procs[k].running;
+        worker |= kids[i] == s->keeper;
         if (!worker && kill(kids[i], sig) == 0)
             n++;
     }
@@ -482,6 +485,70 @@ static void resolve_exec(const char *prog, char *out, size_t len)
     }
 }
 
+/* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
+ * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
+ * (a shell's children, data-loader processes): those would be reparented to init and hold the
+ * GPU. The launcher tells the keeper every worker's process group; when the pipe reaches EOF
+ * without the launcher's "quit" (-1), the launcher died, and the keeper SIGKILLs every group.
+ * It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
+ * one job. */
+static void keeper_main(int fd)
+{
+    int32_t pgids[4096], v;
+    int n = 0;
+    sigset_t all;
+
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    prctl(PR_SET_NAME, "mgpu-keeper");
+    for (;;) {
+        ssize_t r = read(fd, &v, sizeof v);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r != (ssize_t)sizeof v)
+            break;
+        if (v == -1)
+            _exit(0);
+        if (n < 4096)
+            pgids[n++] = v;
+    }
+    for (int i = 0; i < n; i++)
+        kill(-pgids[i], SIGKILL);
+    _exit(0);
+}
+
+static void keeper_start(sup_t *s)
+{
+    int fds[2];
+    sigset_t all, old;
+
+    s->keeper = -1;
+    s->keeper_fd = -1;
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return; /* the run goes on, with workers still tied to the launcher by PDEATHSIG */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    s->keeper = fork();
+    if (s->keeper == 0) {
+        close(fds[1]);
+        keeper_main(fds[0]);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(fds[0]);
+    if (s->keeper < 0)
+        close(fds[1]);
+    else
+        s->keeper_fd = fds[1];
+}
+
+static void keeper_tell(sup_t *s, int32_t v)
+{
+    if (s->keeper_fd >= 0 && write(s->keeper_fd, &v, sizeof v) != (ssize_t)sizeof v) {
+        close(s->keeper_fd);
+        s->keeper_fd = -1;
+    }
+}
+
 static int open_log(const char *dir, const char *name, mgpu_err_t *err)
 {
     char path[2500];
@@ -579,6 +646,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             break;
         }
         p->pid = pid;
+        keeper_tell(s, pid);
         p->running = 1;
         p->out->pid = pid;
         p->out->state = MGPU_W_RUNNING;
@@ -634,7 +702,10 @@ static void maybe_finish(sup_t *s)
 
     if (s->finished || s->running > 0 || s->open_streams > 0)
         return;
-    if (list_children(kids, 4) > 0 && !s->killed)
+    int nk = list_children(kids, 4), others = 0;
+    for (int i = 0; i < nk; i++)
+        others += kids[i] != s->keeper;
+    if (others > 0 && !s->killed)
         return; /* leftovers are stopping; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
@@ -717,6 +788,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    keeper_start(s);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -733,6 +805,10 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    /* Every worker is gone: release the keeper without letting it kill anything. */
+    keeper_tell(s, -1);
+    if (s->keeper_fd >= 0)
+        close(s->keeper_fd);
     res->signal = s->user_signal;
     res->t_end = now_real();
     if (s->user_signal)

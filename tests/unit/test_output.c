@@ -53,11 +53,14 @@ static void test_every_split_point(void)
         size_t g = 0, n;
         const char *b;
         mgpu_linebuf_feed(&lb, "P ", text, cut, &b, &n, NULL, NULL);
-        memcpy(got + g, b, n), g += n;
+        if (n)
+            memcpy(got + g, b, n), g += n;
         mgpu_linebuf_feed(&lb, "P ", text + cut, len - cut, &b, &n, NULL, NULL);
-        memcpy(got + g, b, n), g += n;
+        if (n)
+            memcpy(got + g, b, n), g += n;
         mgpu_linebuf_flush(&lb, "P ", &b, &n, NULL, NULL);
-        memcpy(got + g, b, n), g += n;
+        if (n)
+            memcpy(got + g, b, n), g += n;
         got[g] = '\0';
         CHECK_STR(got, want);
         mgpu_linebuf_free(&lb);
