@@ -92,7 +92,7 @@ static const char *state_name(mgpu_wstate_t s)
 static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)
 {
     if (o->exec_errno)
-        snprintf(buf, len, "%d (could not execute: %s)", o->exit_code, strerror(o->exec_errno));
+        snprintf(buf, len, "%d (could not execute %s)", o->exit_code, o->exec_reason);
     else if (o->signal)
         snprintf(buf, len, "%d (killed by SIG%s)", o->exit_code, sigabbrev_np(o->signal));
     else
@@ -198,7 +198,7 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
     if (o->stop_signal)
         cJSON_AddStringToObject(j, "stopped_with", sigabbrev_np(o->stop_signal));
     if (o->exec_errno)
-        cJSON_AddStringToObject(j, "exec_error", strerror(o->exec_errno));
+        cJSON_AddStringToObject(j, "exec_error", o->exec_reason);
     cJSON_AddNumberToObject(j, "start_time", o->t_start);
     cJSON_AddNumberToObject(j, "end_time", o->t_end);
     if (w->physical >= 0) {

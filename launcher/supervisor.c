@@ -172,6 +172,7 @@ static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
 }
 
 static void maybe_finish(sup_t *s);
+static void resolve_exec(const char *prog, char *out, size_t len);
 
 static void on_stream_closed(uv_handle_t *h)
 {
@@ -344,6 +345,28 @@ static void stop_group(sup_t *s, int sig)
         uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000), 0);
 }
 
+/* Why execve(path) failed, in words. ENOENT for a file that exists means the interpreter of
+ * its #! line is missing: say which, rather than the puzzling "No such file or directory". */
+static void exec_reason(const char *prog, int e, char *buf, size_t len)
+{
+    char exe[4096], line[512];
+    FILE *f;
+
+    resolve_exec(prog, exe, sizeof exe);
+    snprintf(buf, len, "'%s': %s", exe, strerror(e));
+    if (e != ENOENT || access(exe, F_OK) != 0 || (f = fopen(exe, "re")) == NULL)
+        return;
+    if (fgets(line, sizeof line, f) != NULL && line[0] == '#' && line[1] == '!') {
+        char *interp = line + 2;
+        while (*interp == ' ' || *interp == '\t')
+            interp++;
+        interp[strcspn(interp, " \t\r\n")] = '\0';
+        snprintf(buf, len, "'%s': its interpreter '%s' (from the #! line): %s", exe, interp,
+                 strerror(e));
+    }
+    fclose(f);
+}
+
 static void record_exit(sup_t *s, proc_t *p, int status)
 {
     mgpu_outcome_t *o = p->out;
@@ -354,6 +377,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     o->t_detected_mono = now_mono();
     if (o->exec_errno) {
         o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
+        exec_reason(s->plan->workers[p->k].argv[0], o->exec_errno, o->exec_reason,
+                    sizeof o->exec_reason);
         o->state = MGPU_W_FAILED;
     } else if (WIFSIGNALED(status)) {
         o->signal = WTERMSIG(status);
@@ -369,9 +394,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
         stop_group(s, SIGTERM);
         if (o->exec_errno)
-            mgpu_warn("local rank %d (rank %d) could not execute '%s': %s (exit %d)", p->k,
-                      o->rank, s->plan->workers[p->k].argv[0], strerror(o->exec_errno),
-                      o->exit_code);
+            mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k,
+                       o->rank, o->exec_reason, o->exit_code);
         else
             mgpu_info("local rank %d (rank %d, pid %d) failed with exit code %d; stopping the "
                       "others",

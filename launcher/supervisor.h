@@ -34,6 +34,7 @@ typedef struct mgpu_outcome {
     int exit_code;    /* as the launcher reports it: code, 128+signal, 126/127 */
     int signal;       /* the signal that killed it, or 0 */
     int exec_errno;   /* when it could not be executed */
+    char exec_reason[600]; /* why, in words: names the program or its missing interpreter */
     int stop_signal;  /* the signal the launcher sent it, or 0 */
     double t_start;   /* CLOCK_REALTIME seconds */
     double t_end;
