@@ -61,12 +61,18 @@ int mgpu_store_dec_reserve(mgpu_store_dec_t *d, size_t min, uint8_t **p, size_t 
 {
     size_t pending = d->len - d->start, want = min < DEC_MIN_CHUNK ? DEC_MIN_CHUNK : min;
 
-    /* A frame whose header is in: make room for all of it, so it arrives in few reads. The
-     * header was checked by next() or will be before the payload is used; cap it here too. */
+    /* A frame whose header is in: make room for more of it, so a big value arrives in few
+     * reads. At most as much again as has arrived, though: memory follows the bytes a peer
+     * really sends, not the length it announces. */
     if (pending >= MGPU_STORE_HDR_SIZE) {
-        size_t plen = rd_u32(d->buf + d->start + 8);
-        if (plen <= d->max_payload && MGPU_STORE_HDR_SIZE + plen > pending + want)
-            want = MGPU_STORE_HDR_SIZE + plen - pending;
+        size_t plen = rd_u32(d->buf + d->start + 8), rest;
+        if (plen <= d->max_payload && MGPU_STORE_HDR_SIZE + plen > pending) {
+            rest = MGPU_STORE_HDR_SIZE + plen - pending;
+            if (rest > pending)
+                rest = pending;
+            if (rest > want)
+                want = rest;
+        }
     }
     /* Compact: frames before start were handed out and are now invalidated by contract. */
     if (d->start > 0) {
