@@ -33,6 +33,12 @@ typedef struct mgpu_cli {
     char rdzv_endpoint[300];
     char rdzv_id[128];
     char rdzv_conf[512];
+    char rdzv_token[128];     /* shared secret of the store ("" = generated on one node) */
+    double join_timeout;      /* from --rdzv_conf join_timeout (default 600) */
+    double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
+    int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
+    char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
+    int endpoint_port;        /* and port (default 29400) */
     int max_restarts;
     double monitor_interval; /* accepted for compatibility; supervision is event-driven */
     char start_method[16];

@@ -140,7 +140,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     const char *thin = "------------------------------------------------------------";
     int nother = 0, nstopped = 0, idx = 1;
 
-    if (res->root < 0 && res->signal == 0)
+    if (res->root < 0 && res->signal == 0 && !res->remote && !res->rdzv_error)
         return;
     fprintf(out, "%s\n%s FAILED\n%s\n", rule, plan->entrypoint, thin);
     if (res->signal)
@@ -170,7 +170,24 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     if (res->root >= 0) {
         fprintf(out, "%s\nRoot Cause (first observed failure%s):\n", thin,
                 res->attempts > 1 ? ", last attempt" : "");
+        if (plan->nnodes > 1)
+            fprintf(out, "  node      : %d of %d\n", plan->node_rank, plan->nnodes);
         print_failure(plan, &res->outcomes[res->root], 0, out);
+    } else if (res->remote) {
+        const mgpu_rdzv_failure_t *f = &res->remote_failure;
+        fprintf(out, "%s\nRoot Cause (first observed failure, on another node):\n[0]:\n", thin);
+        fprintf(out, "  node      : %d of %d\n", f->node_rank, plan->nnodes);
+        fprintf(out, "  host      : %s\n", f->host);
+        if (f->rank >= 0) {
+            fprintf(out, "  rank      : %d (local_rank: %d)\n", f->rank, f->local_rank);
+            fprintf(out, "  exitcode  : %d\n", f->exit_code);
+            fprintf(out, "  details   : in the report of node %d's launcher\n", f->node_rank);
+        } else {
+            fprintf(out, "  cause     : that node's launcher received signal %d\n",
+                    f->exit_code - 128);
+        }
+    } else if (res->rdzv_error) {
+        fprintf(out, "%s\nThe nodes lost each other: see the error above.\n", thin);
     }
     if (res->attempts > 1)
         fprintf(out, "%s\nAttempts: %d (--max_restarts=%d), each failed\n", thin, res->attempts,
@@ -243,7 +260,7 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     cJSON_AddStringToObject(root, "entrypoint", plan->entrypoint);
     cJSON_AddStringToObject(root, "host", plan->hostname);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
-    cJSON_AddStringToObject(root, "result", res->root < 0 && !res->signal ? "succeeded" : "failed");
+    cJSON_AddStringToObject(root, "result", res->exit_code == 0 ? "succeeded" : "failed");
     cJSON_AddNumberToObject(root, "exit_code", res->exit_code);
     if (res->signal)
         cJSON_AddStringToObject(root, "launcher_signal", sigabbrev_np(res->signal));
@@ -259,10 +276,20 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     cJSON_AddNumberToObject(root, "duration_s", res->t_end - res->t_start);
     if (res->keep_logs)
         cJSON_AddStringToObject(root, "log_dir", res->log_root);
-    if (res->root >= 0)
-        cJSON_AddItemToObject(root, "root_cause", outcome_json(plan, &res->outcomes[res->root]));
-    else
+    if (res->root >= 0) {
+        cJSON *cause = outcome_json(plan, &res->outcomes[res->root]);
+        cJSON_AddNumberToObject(cause, "node_rank", plan->node_rank);
+        cJSON_AddItemToObject(root, "root_cause", cause);
+    } else if (res->remote) {
+        cJSON *cause = cJSON_AddObjectToObject(root, "root_cause");
+        cJSON_AddNumberToObject(cause, "node_rank", res->remote_failure.node_rank);
+        cJSON_AddStringToObject(cause, "host", res->remote_failure.host);
+        cJSON_AddNumberToObject(cause, "rank", res->remote_failure.rank);
+        cJSON_AddNumberToObject(cause, "local_rank", res->remote_failure.local_rank);
+        cJSON_AddNumberToObject(cause, "exit_code", res->remote_failure.exit_code);
+    } else {
         cJSON_AddNullToObject(root, "root_cause");
+    }
     workers = cJSON_AddArrayToObject(root, "workers");
     for (int k = 0; k < res->nout; k++)
         cJSON_AddItemToArray(workers, outcome_json(plan, &res->outcomes[k]));

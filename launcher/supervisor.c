@@ -41,7 +41,6 @@ typedef struct stream {
     int file_fd;    /* per-rank log file, -1 when none */
     int open;       /* the handle is initialised and not yet closed */
     mgpu_linebuf_t lb;
-    char rbuf[65536];
 } stream_t;
 
 typedef struct proc {
@@ -74,6 +73,15 @@ typedef struct sup {
     int finished;
     int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
     pid_t keeper;        /* the keeper process (see keeper_start), -1 when none */
+    /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
+     * is written before the next read, so one of each serves all workers (and keeps the
+     * launcher small however many workers write at once). */
+    char rbuf[65536];
+    mgpu_outbuf_t ob;
+    mgpu_rdzv_t *rdzv;   /* the launchers' rendezvous */
+    int multi;           /* several nodes: failures and attempt ends go through the store */
+    int ending;          /* this node's attempt is over; waiting for the other nodes */
+    int pending_work;    /* rendezvous calls on the thread pool */
     int keeper_fd;       /* write end of its pipe */
 } sup_t;
 
@@ -171,7 +179,12 @@ static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
     }
 }
 
+/* Rendezvous calls run on the thread pool (see rwork_run). */
+enum { RW_WATCH, RW_REPORT, RW_END };
+
 static void maybe_finish(sup_t *s);
+static void report_failure(sup_t *s, int rank, int local_rank, int code);
+static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
 static void resolve_exec(const char *prog, char *out, size_t len);
 
 static void on_stream_closed(uv_handle_t *h)
@@ -205,16 +218,18 @@ static void stream_close(stream_t *st)
 
     if (!st->open || uv_is_closing((uv_handle_t *)&st->pipe))
         return;
-    if (mgpu_linebuf_flush(&st->lb, st->proc->prefix, &block, &blen, &raw, &rlen) == 0)
+    if (mgpu_linebuf_flush(&st->lb, &st->proc->sup->ob, st->proc->prefix, &block, &blen, &raw,
+                           &rlen) == 0)
         deliver(st, block, blen, raw, rlen);
+    mgpu_outbuf_trim(&st->proc->sup->ob);
     uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     stream_t *st = h->data;
-    buf->base = st->rbuf;
-    buf->len = sizeof st->rbuf;
+    buf->base = st->proc->sup->rbuf;
+    buf->len = sizeof st->proc->sup->rbuf;
 }
 
 static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
@@ -229,12 +244,13 @@ static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
     }
     if (n == 0)
         return;
-    if (mgpu_linebuf_feed(&st->lb, st->proc->prefix, buf->base, (size_t)n, &block, &blen, &raw,
-                          &rlen) < 0) {
+    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, buf->base, (size_t)n,
+                          &block, &blen, &raw, &rlen) < 0) {
         mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
         return;
     }
     deliver(st, block, blen, raw, rlen);
+    mgpu_outbuf_trim(&st->proc->sup->ob);
 }
 
 /* Signals every worker group still running (and their process groups). */
@@ -393,6 +409,7 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         s->root = p->k;
         /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
         stop_group(s, SIGTERM);
+        report_failure(s, o->rank, p->k, o->exit_code);
         if (o->exec_errno)
             mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k,
                        o->rank, o->exec_reason, o->exit_code);
@@ -450,6 +467,7 @@ static void on_signal(uv_signal_t *h, int sig)
     }
     if (!s->user_signal) {
         s->user_signal = sig;
+        report_failure(s, -1, -1, 128 + sig);
         mgpu_warn("received SIG%s: stopping the workers (SIGKILL after %gs%s)", sigabbrev_np(sig),
                   s->cli->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
     }
@@ -595,7 +613,9 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     int rc = 0;
 
     s->root = -1;
-    s->stopping = s->killed = s->swept = 0;
+    s->stopping = s->killed = s->swept = s->ending = 0;
+    if (s->multi)
+        rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
     s->res->attempts = s->attempt + 1;
 
@@ -719,12 +739,138 @@ static void close_loop_handles(sup_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
 }
 
+/* The attempt is over everywhere: restart it, or end the run. failed says whether any node
+ * failed; rf (may be NULL) is the first failure when it happened on another node. */
+static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
+{
+    mgpu_run_result_t *r = s->res;
+    mgpu_err_t err;
+    int stopped_by_user = s->user_signal || (rf != NULL && rf->rank < 0);
+
+    if (!failed) {
+        r->root = r->root_attempt = -1;
+        r->remote = 0;
+    } else {
+        mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
+        r->root = rf == NULL ? s->root : -1;
+        r->remote = rf != NULL;
+        if (rf != NULL)
+            r->remote_failure = *rf;
+        r->root_attempt = s->attempt;
+        if (h != NULL && r->root >= 0) {
+            r->history = h;
+            r->history[r->nhistory++] = r->outcomes[r->root];
+        } else if (h != NULL) {
+            r->history = h;
+        }
+        if (!stopped_by_user && s->attempt < s->cli->max_restarts) {
+            int left = s->cli->max_restarts - s->attempt;
+            if (rf != NULL)
+                mgpu_warn("worker group failed (node %d, rank %d exited with %d); restarting: "
+                          "attempt %d, %d restart%s left after it",
+                          rf->node_rank, rf->rank, rf->exit_code, s->attempt + 1, left - 1,
+                          left - 1 == 1 ? "" : "s");
+            else
+                mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, "
+                          "%d restart%s left after it",
+                          r->outcomes[s->root].rank, r->outcomes[s->root].exit_code,
+                          s->attempt + 1, left - 1, left - 1 == 1 ? "" : "s");
+            s->attempt++;
+            if (start_attempt(s, &err) == 0)
+                return;
+            mgpu_error("restart failed: %s", err.msg);
+        }
+    }
+    s->finished = 1;
+    close_loop_handles(s);
+}
+
+/* Work on libuv's thread pool: the rendezvous calls block on the network. */
+typedef struct rwork {
+    uv_work_t req;
+    sup_t *s;
+    int kind, attempt, rc, failed, first;
+    mgpu_rdzv_failure_t f;
+    mgpu_err_t err;
+} rwork_t;
+
+static void rwork_run(uv_work_t *req)
+{
+    rwork_t *w = req->data;
+    sup_t *s = w->s;
+    switch (w->kind) {
+    case RW_WATCH: w->rc = mgpu_rdzv_wait_failure(s->rdzv, w->attempt, &w->f, &w->err); break;
+    case RW_REPORT:
+        w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
+        break;
+    case RW_END:
+        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, 2 * s->cli->grace_period + 60.0,
+                                      &w->failed, &w->f, &w->err);
+        break;
+    }
+}
+
+static void rwork_done(uv_work_t *req, int status)
+{
+    rwork_t *w = req->data;
+    sup_t *s = w->s;
+
+    s->pending_work--;
+    if (w->kind == RW_WATCH && w->rc == 0 && w->attempt == s->attempt && !s->finished &&
+        w->f.node_rank != s->plan->node_rank && s->root < 0) {
+        if (w->f.rank >= 0)
+            mgpu_warn("node %d (%s): rank %d failed with exit code %d; stopping this node's "
+                      "workers",
+                      w->f.node_rank, w->f.host, w->f.rank, w->f.exit_code);
+        else
+            mgpu_warn("node %d (%s): its launcher was stopped; stopping this node's workers",
+                      w->f.node_rank, w->f.host);
+        stop_group(s, SIGTERM);
+    } else if (w->kind == RW_REPORT && w->rc < 0) {
+        mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
+    } else if (w->kind == RW_END && w->attempt == s->attempt && !s->finished) {
+        if (w->rc < 0) {
+            mgpu_error("%s", w->err.msg);
+            s->res->rdzv_error = 1;
+            attempt_done(s, 1, NULL);
+        } else {
+            int remote = w->failed && w->f.node_rank != s->plan->node_rank;
+            attempt_done(s, w->failed || s->root >= 0, remote ? &w->f : NULL);
+        }
+    }
+    free(w);
+}
+
+static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f)
+{
+    rwork_t *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return;
+    w->req.data = w;
+    w->s = s;
+    w->kind = kind;
+    w->attempt = s->attempt;
+    if (f != NULL)
+        w->f = *f;
+    s->pending_work++;
+    uv_queue_work(&s->loop, &w->req, rwork_run, rwork_done);
+}
+
+static void report_failure(sup_t *s, int rank, int local_rank, int code)
+{
+    mgpu_rdzv_failure_t f = {.node_rank = s->plan->node_rank, .rank = rank,
+                             .local_rank = local_rank, .exit_code = code};
+    if (!s->multi)
+        return;
+    snprintf(f.host, sizeof f.host, "%s", s->plan->hostname);
+    rwork_queue(s, RW_REPORT, &f);
+}
+
 static void maybe_finish(sup_t *s)
 {
     pid_t kids[4];
-    mgpu_err_t err;
 
-    if (s->finished || s->running > 0 || s->open_streams > 0)
+    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0)
         return;
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
@@ -733,37 +879,17 @@ static void maybe_finish(sup_t *s)
         return; /* leftovers are stopping; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
-
-    if (s->root >= 0) {
-        mgpu_run_result_t *r = s->res;
-        mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
-        if (h != NULL) {
-            r->history = h;
-            r->history[r->nhistory++] = r->outcomes[s->root];
-        }
-        r->root = s->root;
-        r->root_attempt = s->attempt;
-        if (!s->user_signal && s->attempt < s->cli->max_restarts) {
-            int left = s->cli->max_restarts - s->attempt;
-            mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, %d "
-                      "restart%s left after it",
-                      r->outcomes[s->root].rank, r->outcomes[s->root].exit_code, s->attempt + 1,
-                      left - 1, left - 1 == 1 ? "" : "s");
-            s->attempt++;
-            if (start_attempt(s, &err) == 0)
-                return;
-            mgpu_error("restart failed: %s", err.msg);
-        }
-    } else {
-        s->res->root = -1;
-        s->res->root_attempt = -1;
+    if (s->multi) {
+        /* Every node must end this attempt before any restarts or leaves. */
+        s->ending = 1;
+        rwork_queue(s, RW_END, NULL);
+        return;
     }
-    s->finished = 1;
-    close_loop_handles(s);
+    attempt_done(s, s->root >= 0, NULL);
 }
 
-int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result_t *res,
-                 mgpu_err_t *err)
+int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rdzv,
+                 mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
     int rc;
@@ -776,6 +902,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     s->plan = plan;
     s->cli = cli;
     s->res = res;
+    s->rdzv = rdzv;
+    s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
     res->outcomes = calloc((size_t)plan->nproc, sizeof *res->outcomes);
@@ -839,10 +967,13 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)
         res->exit_code = res->outcomes[res->root].exit_code;
+    else if (res->remote)
+        res->exit_code = res->remote_failure.exit_code;
     else
-        res->exit_code = rc < 0 ? 1 : 0;
+        res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    mgpu_outbuf_free(&s->ob);
     free(s->procs);
     free(s);
     return rc;
