@@ -8,6 +8,7 @@
  *   argv FILE               writes argv (argv[0] included), one a line, then exits 0
  *   touch FILE              creates FILE (a "ready" marker)
  *   waitall PREFIX N        waits until files PREFIX0 .. PREFIX<N-1> all exist
+ *   waitfile FILE           waits until FILE exists
  *   print TEXT / eprint TEXT      a line to stdout / stderr
  *   noeol TEXT / enoeol TEXT      the text without a newline
  *   exit N                  exits with status N
@@ -28,6 +29,7 @@
  *   output NLINES SEED      writes NLINES lines to stdout and NLINES to stderr, 0 B to 100 KB
  *                           long, in write() calls of random sizes that split lines, then one
  *                           line to each without a newline
+ *   output_short NLINES SEED     the same with lines of 0..120 bytes only
  *
  * And a checker, run outside the launcher:
  *   testworker verify FILE STREAM RANKS NLINES SEED TEMPLATE ROLE
@@ -35,7 +37,12 @@
  *     RANKS (a comma list, rank = local rank), made by "output NLINES SEED"; every line must
  *     start with the rank's prefix (TEMPLATE expanded as the launcher does; "" = no prefix,
  *     then RANKS must be one rank) and every rank's lines must arrive whole, once, in order.
- *     Prints "verify ok: ..." and exits 0, or says what is wrong and exits 1. */
+ *     Prints "verify ok: ..." and exits 0, or says what is wrong and exits 1.
+ *
+ * And a stopwatch for the benchmark:
+ *   testworker timeit N OUTFILE CMD [ARGS...]
+ *     runs CMD N times, one after the other (fork, execvp, waitpid), and writes one line a run
+ *     to OUTFILE: "<start-to-exit nanoseconds> <exit status>" (128+N when killed by N). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -45,6 +52,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -223,7 +231,8 @@ static void install(const char *file, const char *sigs, int die_after)
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_sig;
-        sigemptyset(&sa.sa_mask);
+        /* one handler at a time: a second signal must not cut the first one's record short */
+        sigfillset(&sa.sa_mask);
         snprintf(sig_file[sig], sizeof sig_file[sig], "%s", file);
         sig_die[sig] = die_after && sig != SIGUSR1 && sig != SIGUSR2;
         sigaction(sig, &sa, NULL);
@@ -250,6 +259,7 @@ static uint64_t rng_range(rng_t *r, uint64_t lo, uint64_t hi) /* [lo, hi] */
 }
 
 #define MAXLINE (100 * 1024)
+static int short_lines; /* "output_short": lines of 0..120 bytes only (benchmark) */
 
 /* Line i of one (rank, stream): its length and bytes come from the stream's generator only,
  * so the checker regenerates the same sequence. Returns the length (no newline). */
@@ -257,7 +267,9 @@ static size_t gen_line(rng_t *r, long i, int rank, int stream, char *buf)
 {
     uint64_t u = rng_next(r) % 1000;
     size_t len;
-    if (u == 0)
+    if (short_lines)
+        len = (size_t)rng_range(r, 0, 120);
+    else if (u == 0)
         len = MAXLINE;
     else if (u == 1)
         len = 1;
@@ -496,6 +508,38 @@ static int verify(int argc, char **argv)
     return 0;
 }
 
+/* ---------------------------------------------------------------- stopwatch */
+
+static int timeit(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: testworker timeit N OUTFILE CMD [ARGS...]\n");
+        return 2;
+    }
+    int n = atoi(argv[2]);
+    FILE *out = fopen(argv[3], "w");
+    if (out == NULL) {
+        fprintf(stderr, "timeit: cannot open %s\n", argv[3]);
+        return 2;
+    }
+    for (int i = 0; i < n; i++) {
+        int status;
+        int64_t t0 = mono_ns();
+        pid_t pid = fork();
+        if (pid == 0) {
+            execvp(argv[4], argv + 4);
+            _exit(127);
+        }
+        if (pid < 0 || waitpid(pid, &status, 0) != pid)
+            return 3;
+        int64_t t1 = mono_ns();
+        fprintf(out, "%lld %d\n", (long long)(t1 - t0),
+                WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+    fclose(out);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- grandchildren */
 
 static void spawn(const char *mode, const char *pidfile, const char *sigfile)
@@ -533,6 +577,8 @@ int main(int argc, char **argv)
     setrlimit(RLIMIT_CORE, &nocore); /* SEGV/ABRT/QUIT: no core dumps */
     if (argc > 1 && strcmp(argv[1], "verify") == 0)
         return verify(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "timeit") == 0)
+        return timeit(argc, argv);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -595,6 +641,13 @@ int main(int argc, char **argv)
                     while (stat(path, &st) != 0)
                         sleep_s(0.002);
                 }
+            }
+        } else if (strcmp(a, "waitfile") == 0) {
+            if (DO(1)) {
+                struct stat st;
+                const char *path = expand(argv[i]);
+                while (stat(path, &st) != 0)
+                    sleep_s(0.002);
             }
         } else if (strcmp(a, "print") == 0 || strcmp(a, "eprint") == 0 ||
                    strcmp(a, "noeol") == 0 || strcmp(a, "enoeol") == 0) {
@@ -674,7 +727,8 @@ int main(int argc, char **argv)
                 close(fd);
                 _exit(code);
             }
-        } else if (strcmp(a, "output") == 0) {
+        } else if (strcmp(a, "output") == 0 || strcmp(a, "output_short") == 0) {
+            short_lines = a[6] == '_';
             if (DO(2))
                 do_output(atol(argv[i - 1]), strtoull(argv[i], NULL, 10));
         } else {
