@@ -62,7 +62,7 @@ static void gemm_case(int ta, int tb, int m, int n, int k, float alpha, float be
     float *b = malloc(sizeof(float) * (size_t)brows * ldb + 1);
     float *c = malloc(sizeof(float) * (size_t)m * ldc + 1);
     double *want = malloc(sizeof(double) * (size_t)m * n + 1);
-    float *got = malloc(sizeof(float) * (size_t)m * n + 1);
+    float *got = calloc((size_t)m * n + 1, sizeof(float));
 
     for (size_t i = 0; i < (size_t)arows * lda; i++)
         a[i] = frand();
