@@ -196,17 +196,25 @@ static int load_batch(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t 
     return rc;
 }
 
+int mgpu_trainer_grads(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t *idx, size_t count,
+                       mgpu_err_t *err)
+{
+    int rc;
+    if (idx == NULL)
+        return mgpu_err_set(err, -EINVAL, "train: step without sample indices");
+    if ((rc = load_batch(t, ds, idx, 0, count, err)) < 0)
+        return rc;
+    return mgpu_model_compute_grads(t->model, t->d_x, ds->labels ? t->d_l : NULL,
+                                    ds->targets ? t->d_t : NULL, (int)count, err);
+}
+
 int mgpu_trainer_step(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t *idx, size_t count,
                       mgpu_reduce_fn reduce, void *ctx, float *loss, mgpu_err_t *err)
 {
     mgpu_model_t *m = t->model;
     int rc;
 
-    if (idx == NULL)
-        return mgpu_err_set(err, -EINVAL, "train: step without sample indices");
-    if ((rc = load_batch(t, ds, idx, 0, count, err)) < 0 ||
-        (rc = mgpu_model_compute_grads(m, t->d_x, ds->labels ? t->d_l : NULL,
-                                       ds->targets ? t->d_t : NULL, (int)count, err)) < 0)
+    if ((rc = mgpu_trainer_grads(t, ds, idx, count, err)) < 0)
         return rc;
     /* Buckets in order; a GPU backend overlaps these with backward (issue 5), the CPU runs
      * them after it. */

@@ -65,6 +65,11 @@ int mgpu_trainer_create(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_dat
                         int max_batch, uint64_t seed, mgpu_trainer_t **out, mgpu_err_t *err);
 void mgpu_trainer_destroy(mgpu_trainer_t *t);
 
+/* Gather rows idx[0..count) of ds into the batch buffers, forward and backward: the batch
+ * gradient in t->model->grads, its loss in t->model->scalars[0]. */
+int mgpu_trainer_grads(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t *idx, size_t count,
+                       mgpu_err_t *err);
+
 /* One step: gather rows idx[0..count) of ds, forward, backward, the all-reduce of each
  * bucket through reduce (NULL: a single process), optimizer update. *loss (may be NULL)
  * receives this rank's batch loss; reading it synchronises a GPU. */
