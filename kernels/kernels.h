@@ -2,8 +2,18 @@
  *
  * A backend is an mgpu_kernels_ops_t: the plain-C one (kernels_cpu.c) is both the CPU backend
  * and the reference every other backend is tested against; a CUDA backend (kernels_cuda.cu,
- * issue 5) fills the same table with device code and defines mgpu_kernels_cuda_ops. This
- * header includes no CUDA header, so launcher/, common/ and CPU-only builds never see CUDA.
+ * issue 5) fills the same table with device code. This header includes no CUDA header, so
+ * launcher/, common/ and CPU-only builds never see CUDA.
+ *
+ * Adding the CUDA backend: kernels/kernels_cuda.cu defines, with C linkage,
+ *   extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {...};
+ * and kernels/kernels_cuda.h declares it (`extern const mgpu_kernels_ops_t
+ * mgpu_kernels_cuda_ops;`, plain C). kernels.c sees that header when MGPU_HAVE_CUDA is set and
+ * then offers MGPU_KBACKEND_CUDA; nothing else changes. impl_create(device) selects the device
+ * and makes the backend's stream and cuBLAS handle; the ops run asynchronously on that stream
+ * (sync waits), and the scalar outputs (loss, sum, correct) stay in device memory. The shape
+ * checks are done here before any op reaches the backend; a backend only sizes its grid and
+ * checks the launch. Test a new backend against mgpu_kernels_cpu_ops op by op.
  *
  * Call the mgpu_k_* functions below, never the table directly: they are the host launchers.
  * They check shapes and arguments once for every backend (returning -EINVAL or MGPU_E_RANGE

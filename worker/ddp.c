@@ -245,7 +245,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     if (W > 1 &&
         (comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
         return mgpu_err_set(err, -EINVAL, "ddp: world size %d needs all three collectives", W);
-    if ((rc = mgpu_train_load_data(cfg, &tr, &ev, err)) < 0)
+    if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
+        (rc = mgpu_train_load_data(cfg, &tr, &ev, err)) < 0)
         return rc;
     if ((rc = mgpu_trainer_create(k, cfg, &tr, (int)B, cfg->seed, &s.t, err)) < 0 ||
         (rc = mgpu_sampler_init(&samp, tr.n, W, rank, cfg->shuffle, cfg->seed, cfg->drop_last,

@@ -12,6 +12,16 @@
  * ranks (tests), or alone (world_size 1, callbacks may be NULL). Buffers passed to them are
  * backend memory (the kernels object's): device memory for NCCL, host memory for the CPU.
  *
+ * Wiring to libmgpu (worker_main), one line each:
+ *   static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
+ *   { return mgpu_allreduce_f32(c, b, n, MGPU_AVG, NULL, e); }
+ *   static int sum(void *c, float *b, size_t n, mgpu_err_t *e)
+ *   { return mgpu_allreduce_f32(c, b, n, MGPU_SUM, NULL, e); }
+ *   static int bcast(void *c, void *b, size_t n, int root, mgpu_err_t *e)
+ *   { return mgpu_broadcast(c, b, n, root, NULL, e); }
+ *   mgpu_ddp_comm_t dc = {rank, world, comm, avg, sum, bcast};
+ * (a CUDA backend passes its stream instead of NULL).
+ *
  * Every rank must call mgpu_ddp_run with the same cfg; ranks run the same sequence of
  * collectives, so a rank that fails makes the others fail in their next collective (the
  * communicator's timeout / peer-failure detection), never hang. */
