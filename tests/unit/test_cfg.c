@@ -59,6 +59,18 @@ static void test_checked_in_configs_load(void)
     CHECK_INT(c.hidden[0], 128);
     CHECK_INT(c.optimizer, MGPU_OPTIM_ADAMW);
     CHECK(c.weight_decay == 0.01); /* AdamW's default, derived */
+    /* digits.cfg needs scripts/export_digits.py's files; without them it says which. */
+    char x[1100];
+    snprintf(p, sizeof p, "%s/configs/digits.cfg", root());
+    snprintf(x, sizeof x, "%s/configs/../data/digits_x.npy", root());
+    int rc = mgpu_cfg_load(p, &c, &err);
+    if (access(x, R_OK) == 0) {
+        CHECK_INT(rc, 0);
+    } else {
+        CHECK_INT(rc, MGPU_E_CONFIG);
+        CHECK_CONTAINS(err.msg, "digits.cfg:9: data_x = '");
+        CHECK_CONTAINS(err.msg, "/configs/../data/digits_x.npy': No such file or directory");
+    }
 }
 
 static void test_syntax(void)
