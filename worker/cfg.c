@@ -263,7 +263,9 @@ static int set_value(mgpu_cfg_t *cfg, const cfg_key_t *k, const char *v, const c
     case T_U64: {
         char *end;
         errno = 0;
-        unsigned long long x = strtoull(v, &end, 0);
+        /* Decimal, or hex with 0x; never octal ("010" is ten, as anyone reading it expects). */
+        int hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+        unsigned long long x = strtoull(v, &end, hex ? 16 : 10);
         if (end == v || *end != 0 || errno != 0 || *v == '-')
             return mgpu_err_set(err, MGPU_E_CONFIG,
                                 "%s: %s = '%s': expected an integer in [0, 2^64 - 1]", where,

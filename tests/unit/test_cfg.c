@@ -241,6 +241,10 @@ static void test_overrides(void)
     CHECK(c.lr == 0.5);
     CHECK_INT(c.batch_size, 16);
     CHECK_INT(c.line[0 + 1], 0); /* backend untouched */
+    CHECK_INT(mgpu_cfg_override(&c, "seed=010", &err), 0);
+    CHECK_INT(c.seed, 10); /* decimal, not octal */
+    CHECK_INT(mgpu_cfg_override(&c, "seed=0x1f", &err), 0);
+    CHECK_INT(c.seed, 31);
     CHECK_INT(mgpu_cfg_override(&c, "lrr=1", &err), MGPU_E_CONFIG);
     CHECK_CONTAINS(err.msg, "override 'lrr=1': unknown key 'lrr' (did you mean 'lr'?)");
     CHECK_INT(mgpu_cfg_override(&c, "epochs", &err), MGPU_E_CONFIG);
