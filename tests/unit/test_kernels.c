@@ -124,6 +124,14 @@ static void test_gemm_shapes(void)
         }
 }
 
+/* The same through the portable 4x8 kernel, which CPUs without AVX2 + FMA run (this one may
+ * have taken the AVX2 kernel above). */
+static void test_gemm_shapes_portable_kernel(void)
+{
+    setenv("MGPU_CPU_GEMM", "portable", 1);
+    test_gemm_shapes();
+}
+
 static void test_gemm_k0_and_alpha0(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -487,6 +495,7 @@ int main(void)
 {
     RUN(test_gemm_hand);
     RUN(test_gemm_shapes);
+    RUN(test_gemm_shapes_portable_kernel);
     RUN(test_gemm_k0_and_alpha0);
     RUN(test_gemm_rejects_bad_shapes);
     RUN(test_act_forward_values);
