@@ -126,6 +126,9 @@ typedef struct mgpu_kernels {
     int device; /* CUDA ordinal, -1 for the CPU */
 } mgpu_kernels_t;
 
+/* The CPU backend: single-threaded; its GEMM runs an AVX2 + FMA micro-kernel when the CPU has
+ * them (results then differ from the portable kernel's in the last bits) unless the
+ * environment says MGPU_CPU_GEMM=portable. */
 extern const mgpu_kernels_ops_t mgpu_kernels_cpu_ops;
 
 /* Creates a backend. device is the CUDA ordinal (ignored for the CPU). Asking for CUDA in a
