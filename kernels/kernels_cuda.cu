@@ -16,10 +16,12 @@
  *   (every rank must compute the same loss) rely on. A launch of one block writes the result
  *   directly, which saves the second launch on the small models that are launch-bound.
  * - Scalar results stay in device memory; nothing here synchronises but copy_to_host and sync.
- * - softmax cross-entropy reads each row three times (max, sum of exponentials, gradient): a
- *   warp per row while a row fits in 1024 columns (it stays in L1 between passes), a block per
- *   row above that. An out-of-range label cannot be reported from the device without a sync,
- *   so that row's loss and gradient become NaN: loud in the loss, never a silent wrong value.
+ * - softmax cross-entropy keeps each row in registers between its three steps (max, sum of
+ *   exponentials, gradient), so logits are read once and the gradient written once: a warp per
+ *   row up to 1024 columns (several rows per warp when they are short, so that enough loads
+ *   are in flight), a block per row up to 8192; wider rows take an online max-and-sum pass and
+ *   a gradient pass (two reads). An out-of-range label cannot be reported from the device
+ *   without a sync, so that row's loss and gradient become NaN: loud, never silently wrong.
  * - GEMM: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so cuBLAS gets the
  *   operands swapped (B first, then A, n before m) and no data is transposed. fp32 uses
  *   CUBLAS_COMPUTE_32F, tf32 CUBLAS_COMPUTE_32F_FAST_TF32. bf16 mode converts both operands
@@ -32,8 +34,9 @@
  *   few percent of the product; tests/helper/kernels_bench.c times both to keep this honest.
  *   cuBLAS gets a 32 MiB workspace of our own (what NVIDIA recommends for Hopper) so it never
  *   allocates inside a step, which also keeps the stream capturable in a CUDA graph.
- * - A bf16 GEMM larger than any before it grows the bf16 workspace (a synchronising
- *   cudaFree/cudaMalloc): warm up with the largest shapes before capturing a graph. */
+ * - A bf16 GEMM (or a tf32 one with A transposed) larger than any before it grows the operand
+ *   workspace (a synchronising cudaFree/cudaMalloc): warm up with the largest shapes before
+ *   capturing a graph. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
@@ -66,8 +69,8 @@ struct cuda_impl {
     mgpu_precision_t prec;
     float *scratch; /* kScratchFloats: reduction partials, sum_rows' row-split partials */
     void *blas_ws;
-    __nv_bfloat16 *bf16; /* bf16 copies of GEMM operands */
-    size_t bf16_elems;
+    void *ws; /* GEMM operand copies: bf16 conversions, tf32 transposes */
+    size_t ws_bytes;
 };
 
 /* --- small helpers --------------------------------------------------------------------------- */
@@ -517,28 +520,68 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-/* Packed bf16 copy of a rows x cols fp32 matrix: dst[r * ldd + c] = src[r * lds + c]. */
+/* Packed bf16 copy of a contiguous fp32 matrix (lds == ldd == cols): a flat float4 -> 4 x bf16
+ * stream, 16 bytes in and 8 out per thread, no index arithmetic. */
+__global__ void __launch_bounds__(kThreads)
+    to_bf16_flat_kernel(size_t n4, const float4 *src, uint2 *dst)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 v = src[i];
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 o;
+        o.x = *reinterpret_cast<const unsigned int *>(&lo);
+        o.y = *reinterpret_cast<const unsigned int *>(&hi);
+        dst[i] = o;
+    }
+}
+
+/* Packed bf16 copy of a strided matrix: dst[r * ldd + c] = src[r * lds + c]. Rows along
+ * blockIdx.y, columns along x (VEC: four at a time), so no division per element. */
 template <bool VEC>
 __global__ void __launch_bounds__(kThreads)
     to_bf16_kernel(int rows, int cols, const float *src, int lds, __nv_bfloat16 *dst, int ldd)
 {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (VEC) {
-        size_t cols4 = cols / 4, total = (size_t)rows * cols4;
-        for (size_t i = tid; i < total; i += stride) {
-            size_t r = i / cols4, c = (i % cols4) * 4;
-            float4 v = *reinterpret_cast<const float4 *>(src + r * lds + c);
-            __nv_bfloat162 *d = reinterpret_cast<__nv_bfloat162 *>(dst + r * ldd + c);
-            d[0] = __floats2bfloat162_rn(v.x, v.y);
-            d[1] = __floats2bfloat162_rn(v.z, v.w);
+    int per = VEC ? 4 : 1, groups = cols / per;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *s = src + (size_t)r * lds;
+        __nv_bfloat16 *d = dst + (size_t)r * ldd;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < groups;
+             i += gridDim.x * blockDim.x) {
+            if (VEC) {
+                float4 v = *reinterpret_cast<const float4 *>(s + 4 * i);
+                __nv_bfloat162 *d2 = reinterpret_cast<__nv_bfloat162 *>(d + 4 * i);
+                d2[0] = __floats2bfloat162_rn(v.x, v.y);
+                d2[1] = __floats2bfloat162_rn(v.z, v.w);
+            } else {
+                d[i] = __float2bfloat16_rn(s[i]);
+            }
         }
-    } else {
-        size_t total = (size_t)rows * cols;
-        for (size_t i = tid; i < total; i += stride) {
-            size_t r = i / cols, c = i % cols;
-            dst[r * ldd + c] = __float2bfloat16_rn(src[r * lds + c]);
+    }
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for a rows x cols matrix, through 32 x 32 tiles of
+ * shared memory (padded by one column against bank conflicts) so that both the reads and the
+ * writes are coalesced. Block 32 x 8. */
+__global__ void __launch_bounds__(kThreads)
+    transpose_kernel(int rows, int cols, const float *src, int lds, float *dst, int ldd)
+{
+    __shared__ float tile[32][33];
+    int tiles_y = (rows + 31) / 32;
+    for (int ty = blockIdx.y; ty < tiles_y; ty += gridDim.y) {
+        int r0 = ty * 32, c0 = blockIdx.x * 32;
+        for (int j = threadIdx.y; j < 32; j += 8) {
+            int r = r0 + j, c = c0 + threadIdx.x;
+            if (r < rows && c < cols)
+                tile[j][threadIdx.x] = src[(size_t)r * lds + c];
         }
+        __syncthreads();
+        for (int j = threadIdx.y; j < 32; j += 8) {
+            int c = c0 + j, r = r0 + threadIdx.x;
+            if (r < rows && c < cols)
+                dst[(size_t)c * ldd + r] = tile[threadIdx.x][j];
+        }
+        __syncthreads();
     }
 }
 
@@ -580,65 +623,153 @@ __global__ void __launch_bounds__(kThreads)
     out[col] = (float)s;
 }
 
-/* Reductions across a group of G threads working on one row: a warp or the whole block. */
-template <int G> __device__ __forceinline__ float group_max(float v)
-{
-    if constexpr (G == 32)
-        return warp_max(v);
-    else
-        return block_max(v);
-}
-
-template <int G> __device__ __forceinline__ float group_sum(float v)
-{
-    if constexpr (G == 32)
-        return warp_sum(v);
-    else
-        return block_sum(v);
-}
-
-template <int G> __device__ __forceinline__ void group_sync()
-{
-    if constexpr (G == 32)
-        __syncwarp();
-    else
-        __syncthreads();
-}
-
-/* Softmax cross-entropy, G threads per row (32 or kThreads). Each row: max, sum of
- * exponentials, log-sum-exp, then dlogits = (softmax - onehot) / rows. dlogits may alias
- * logits: each thread overwrites only the elements it reads itself, after the group has read
- * the label's logit (the barrier before the gradient pass). */
-template <int G>
+/* Softmax cross-entropy, a warp per row: each lane holds V values of a row (columns lane,
+ * lane + 32, ...), R rows at a time, so the row is read from memory once and R * V loads per
+ * lane are in flight together. dlogits may alias logits: the label's logit is read, and the
+ * warp synchronised, before any gradient is written. */
+template <int V, int R>
 __global__ void __launch_bounds__(kThreads)
-    xent_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
-                float inv_rows, float *part, float *out, double scale)
+    xent_warp_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
+                     float inv_rows, float *part, float *out, double scale)
 {
-    constexpr int groups = kThreads / G;
-    int t = threadIdx.x % G;
-    long ngroups = (long)gridDim.x * groups;
+    int lane = threadIdx.x & 31;
+    long warp = ((long)blockIdx.x * kThreads + threadIdx.x) >> 5;
+    long nwarps = ((long)gridDim.x * kThreads) >> 5;
     float loss = 0.0f;
-    for (long r = (long)blockIdx.x * groups + threadIdx.x / G; r < rows; r += ngroups) {
+    for (long r0 = warp * R; r0 < rows; r0 += nwarps * R) {
+        float v[R][V], mx[R], s[R], ly[R];
+        int y[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            mx[i] = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int c = lane + 32 * j;
+                v[i][j] = r < rows && c < cols ? logits[(size_t)r * cols + c] : -INFINITY;
+                mx[i] = fmaxf(mx[i], v[i][j]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            mx[i] = warp_max(mx[i]);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (lane + 32 * j < cols)
+                    s[i] += expf(v[i][j] - mx[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            s[i] = warp_sum(s[i]);
+            y[i] = r < rows ? labels[r] : 0;
+            ly[i] = r < rows && y[i] >= 0 && y[i] < cols ? logits[(size_t)r * cols + y[i]] : NAN;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            if (r >= rows)
+                break;
+            float lse = mx[i] + logf(s[i]);
+            bool ok = y[i] >= 0 && y[i] < cols;
+            if (dlogits != nullptr) {
+                float *d = dlogits + (size_t)r * cols;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    int c = lane + 32 * j;
+                    if (c < cols)
+                        d[c] =
+                            ok ? (expf(v[i][j] - lse) - (c == y[i] ? 1.0f : 0.0f)) * inv_rows : NAN;
+                }
+            }
+            if (lane == 0)
+                loss += lse - ly[i];
+        }
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* The same with a block per row and V values per thread (rows of up to kThreads * V). */
+template <int V>
+__global__ void __launch_bounds__(kThreads)
+    xent_block_kernel(int rows, int cols, const float *logits, const int32_t *labels,
+                      float *dlogits, float inv_rows, float *part, float *out, double scale)
+{
+    int t = threadIdx.x;
+    float loss = 0.0f;
+    for (long r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *l = logits + (size_t)r * cols;
-        float mx = -INFINITY;
-        for (int c = t; c < cols; c += G)
-            mx = fmaxf(mx, l[c]);
-        mx = group_max<G>(mx);
-        float s = 0.0f;
-        for (int c = t; c < cols; c += G)
-            s += expf(l[c] - mx);
-        s = group_sum<G>(s);
+        float v[V], mx = -INFINITY, s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int c = t + kThreads * j;
+            v[j] = c < cols ? l[c] : -INFINITY;
+            mx = fmaxf(mx, v[j]);
+        }
+        mx = block_max(mx);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (t + kThreads * j < cols)
+                s += expf(v[j] - mx);
+        s = block_sum(s);
         float lse = mx + logf(s);
         int y = labels[r];
         bool ok = y >= 0 && y < cols;
         float ly = ok ? l[y] : NAN;
-        group_sync<G>();
+        __syncthreads(); /* every read of ly before a gradient overwrites it */
         if (dlogits != nullptr) {
             float *d = dlogits + (size_t)r * cols;
-            for (int c = t; c < cols; c += G) {
-                float p = expf(l[c] - lse);
-                d[c] = ok ? (p - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int c = t + kThreads * j;
+                if (c < cols)
+                    d[c] = ok ? (expf(v[j] - lse) - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
             }
+        }
+        if (t == 0)
+            loss += lse - ly;
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* Rows too wide for registers: one online pass for the maximum and the sum of exponentials
+ * (the sum rescaled whenever the maximum grows), then the gradient pass; two reads per row. */
+__global__ void __launch_bounds__(kThreads)
+    xent_wide_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
+                     float inv_rows, float *part, float *out, double scale)
+{
+    int t = threadIdx.x;
+    float loss = 0.0f;
+    for (long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *l = logits + (size_t)r * cols;
+        float m = -INFINITY, s = 0.0f;
+        for (int c = t; c < cols; c += kThreads) {
+            float x = l[c];
+            if (x > m) {
+                s = s * expf(m - x) + 1.0f;
+                m = x;
+            } else if (m != -INFINITY) {
+                s += expf(x - m);
+            }
+        }
+        float mx = block_max(m);
+        s = m == -INFINITY ? 0.0f : s * expf(m - mx);
+        s = block_sum(s);
+        float lse = mx + logf(s);
+        int y = labels[r];
+        bool ok = y >= 0 && y < cols;
+        float ly = ok ? l[y] : NAN;
+        __syncthreads();
+        if (dlogits != nullptr) {
+            float *d = dlogits + (size_t)r * cols;
+            for (int c = t; c < cols; c += kThreads)
+                d[c] = ok ? (expf(l[c] - lse) - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
         }
         if (t == 0)
             loss += lse - ly;
@@ -713,7 +844,7 @@ void cuda_impl_destroy(void *impl)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)
         (void)cublasDestroy(c->blas);
-    (void)cudaFree(c->bf16);
+    (void)cudaFree(c->ws);
     (void)cudaFree(c->scratch);
     (void)cudaFree(c->blas_ws);
     if (c->stream != NULL)
@@ -835,18 +966,18 @@ int cuda_sync(void *impl, mgpu_err_t *err)
     return 0;
 }
 
-int ensure_bf16(cuda_impl *c, size_t elems, mgpu_err_t *err)
+int ensure_ws(cuda_impl *c, size_t bytes, mgpu_err_t *err)
 {
-    if (elems <= c->bf16_elems)
+    if (bytes <= c->ws_bytes)
         return 0;
-    size_t want = elems > 2 * c->bf16_elems ? elems : 2 * c->bf16_elems;
+    size_t want = bytes > 2 * c->ws_bytes ? bytes : 2 * c->ws_bytes;
     /* The old copies may still be read by a queued GEMM. */
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(err, cudaFree(c->bf16));
-    c->bf16 = NULL;
-    c->bf16_elems = 0;
-    CUDA_CHECK(err, cudaMalloc((void **)&c->bf16, want * sizeof(__nv_bfloat16)));
-    c->bf16_elems = want;
+    CUDA_CHECK(err, cudaFree(c->ws));
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    CUDA_CHECK(err, cudaMalloc(&c->ws, want));
+    c->ws_bytes = want;
     return 0;
 }
 
@@ -854,12 +985,32 @@ int to_bf16(cuda_impl *c, int rows, int cols, const float *src, int lds, __nv_bf
             int ldd, mgpu_err_t *err)
 {
     bool vec = cols % 4 == 0 && lds % 4 == 0 && aligned16(src);
-    unsigned blocks = grid_for(c, (size_t)rows * (vec ? cols / 4 : cols), kEwBlocksPerSm);
+    if (vec && lds == cols && ldd == cols) {
+        size_t n4 = (size_t)rows * cols / 4;
+        to_bf16_flat_kernel<<<grid_for(c, n4, kEwBlocksPerSm), kThreads, 0, c->stream>>>(
+            n4, reinterpret_cast<const float4 *>(src), reinterpret_cast<uint2 *>(dst));
+        CUDA_CHECK_LAUNCH(err, "to_bf16_flat_kernel (%d x %d)", rows, cols);
+        return 0;
+    }
+    int groups = vec ? cols / 4 : cols;
+    dim3 grid((unsigned)((groups + kThreads - 1) / kThreads),
+              (unsigned)(rows < 65535 ? rows : 65535));
     if (vec)
-        to_bf16_kernel<true><<<blocks, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
+        to_bf16_kernel<true><<<grid, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
     else
-        to_bf16_kernel<false><<<blocks, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
+        to_bf16_kernel<false><<<grid, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
     CUDA_CHECK_LAUNCH(err, "to_bf16_kernel (%d x %d, ld %d)", rows, cols, lds);
+    return 0;
+}
+
+/* dst (cols x rows, ld rows) = src (rows x cols, ld lds) transposed. */
+int transpose(cuda_impl *c, int rows, int cols, const float *src, int lds, float *dst,
+              mgpu_err_t *err)
+{
+    int tiles_y = (rows + 31) / 32;
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)(tiles_y < 65535 ? tiles_y : 65535));
+    transpose_kernel<<<grid, dim3(32, 8), 0, c->stream>>>(rows, cols, src, lds, dst, rows);
+    CUDA_CHECK_LAUNCH(err, "transpose_kernel (%d x %d, ld %d)", rows, cols, lds);
     return 0;
 }
 
@@ -877,6 +1028,20 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
         CUDA_CHECK_LAUNCH(err, "scale_matrix_kernel (%d x %d)", m, n);
         return 0;
     }
+    if (ci->prec == MGPU_PREC_TF32 && trans_a) {
+        /* Measured on the H200 (cuBLAS 13.1, 8192^3): with A transposed, which reaches cuBLAS
+         * as an MN-major second operand, tf32 ran at 55% of the plain product - Hopper's tf32
+         * tensor-core instructions take K-major operands only, and the kernel cuBLAS picks
+         * pays for it. A transposed copy (one pass over A, ~0.13 ms for 8192^2) restores the
+         * fast layout. bf16 has no such penalty (16-bit operands may be MN-major). */
+        int rc;
+        if ((rc = ensure_ws(ci, (size_t)m * k * sizeof(float), err)) < 0 ||
+            (rc = transpose(ci, k, m, a, lda, (float *)ci->ws, err)) < 0)
+            return rc;
+        a = (const float *)ci->ws;
+        lda = k;
+        opa = CUBLAS_OP_N;
+    }
     if (ci->prec != MGPU_PREC_BF16) {
         cublasComputeType_t ct =
             ci->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -893,9 +1058,9 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
     int lda16 = (ac + 7) / 8 * 8, ldb16 = (bc + 7) / 8 * 8;
     size_t a_elems = ((size_t)ar * lda16 + 127) / 128 * 128, b_elems = (size_t)br * ldb16;
     int rc;
-    if ((rc = ensure_bf16(ci, a_elems + b_elems, err)) < 0)
+    if ((rc = ensure_ws(ci, (a_elems + b_elems) * sizeof(__nv_bfloat16), err)) < 0)
         return rc;
-    __nv_bfloat16 *a16 = ci->bf16, *b16 = ci->bf16 + a_elems;
+    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ci->ws, *b16 = a16 + a_elems;
     if ((rc = to_bf16(ci, ar, ac, a, lda, a16, lda16, err)) < 0 ||
         (rc = to_bf16(ci, br, bc, b, ldb, b16, ldb16, err)) < 0)
         return rc;
@@ -974,25 +1139,62 @@ int cuda_sum_rows(void *impl, int rows, int cols, const float *x, float beta, fl
     return 0;
 }
 
+/* Launches xent_warp_kernel<V, R> with R = 8 / V rows per warp for short rows (at least 8
+ * loads in flight per lane) and one row for long ones. */
+template <int V>
+unsigned launch_xent_warp(cuda_impl *c, int rows, int cols, const float *logits,
+                          const int32_t *labels, float *dlogits, float *loss)
+{
+    constexpr int R = V >= 8 ? 1 : 8 / V;
+    size_t warps = ((size_t)rows + R - 1) / R;
+    unsigned blocks = grid_for(c, warps * 32, kRedBlocksPerSm);
+    xent_warp_kernel<V, R><<<blocks, kThreads, 0, c->stream>>>(
+        rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    return blocks;
+}
+
+template <int V>
+unsigned launch_xent_block(cuda_impl *c, int rows, int cols, const float *logits,
+                           const int32_t *labels, float *dlogits, float *loss)
+{
+    size_t cap = (size_t)c->sms * kRedBlocksPerSm;
+    unsigned blocks = (unsigned)((size_t)rows < cap ? (size_t)rows : cap);
+    xent_block_kernel<V><<<blocks, kThreads, 0, c->stream>>>(
+        rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    return blocks;
+}
+
 int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
                       float *loss, float *dlogits, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
-    float inv_rows = 1.0f / (float)rows;
-    double scale = 1.0 / rows;
     unsigned blocks;
-    if (cols <= kXentWarpMaxCols) {
-        blocks = grid_for(c, (size_t)rows * 32, kRedBlocksPerSm);
-        xent_kernel<32><<<blocks, kThreads, 0, c->stream>>>(rows, cols, logits, labels, dlogits,
-                                                            inv_rows, c->scratch, loss, scale);
-    } else {
+    if (cols <= 32)
+        blocks = launch_xent_warp<1>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 64)
+        blocks = launch_xent_warp<2>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 128)
+        blocks = launch_xent_warp<4>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 256)
+        blocks = launch_xent_warp<8>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 512)
+        blocks = launch_xent_warp<16>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kXentWarpMaxCols)
+        blocks = launch_xent_warp<32>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 8)
+        blocks = launch_xent_block<8>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 16)
+        blocks = launch_xent_block<16>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 32)
+        blocks = launch_xent_block<32>(c, rows, cols, logits, labels, dlogits, loss);
+    else {
         size_t cap = (size_t)c->sms * kRedBlocksPerSm;
         blocks = (unsigned)((size_t)rows < cap ? (size_t)rows : cap);
-        xent_kernel<kThreads><<<blocks, kThreads, 0, c->stream>>>(
-            rows, cols, logits, labels, dlogits, inv_rows, c->scratch, loss, scale);
+        xent_wide_kernel<<<blocks, kThreads, 0, c->stream>>>(
+            rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
     }
-    CUDA_CHECK_LAUNCH(err, "xent_kernel (%d x %d, %u blocks)", rows, cols, blocks);
-    return finish(c, blocks, scale, loss, "softmax_xent", err);
+    CUDA_CHECK_LAUNCH(err, "softmax_xent kernel (%d x %d, %u blocks)", rows, cols, blocks);
+    return finish(c, blocks, 1.0 / rows, loss, "softmax_xent", err);
 }
 
 int cuda_mse(void *impl, int rows, int cols, const float *pred, const float *target, float *loss,

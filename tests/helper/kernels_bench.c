@@ -352,6 +352,7 @@ static int mem_table(bench_t *b)
         {"sum_rows [n/64,64]", op_sum_rows, 0, 64, 4},
         {"softmax_xent + grad [n/32,32]", op_xent, 0, 32, 8},
         {"softmax_xent + grad [n/1000,1000]", op_xent, 0, 1000, 8},
+        {"softmax_xent + grad [n/4096,4096]", op_xent, 0, 4096, 8},
         {"softmax_xent + grad [n/32768,32768]", op_xent, 0, 32768, 8},
         {"count_correct [n/1000,1000]", op_count_correct, 0, 1000, 4},
     };

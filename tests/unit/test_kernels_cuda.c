@@ -480,8 +480,12 @@ static void test_sum_rows(void)
 
 static void test_softmax_xent(void)
 {
-    static const int shapes[][2] = {{1, 1},    {3, 5},     {127, 10}, {1000, 1000},
-                                    {5, 1025}, {33, 4099}, {4099, 3}};
+    /* Every path: a warp per row with 1..32 values per lane (columns up to 32, 64, 128, 256,
+     * 512, 1024), a block per row with 8, 16, 32 values per thread (up to 8192), and the
+     * two-pass kernel for wider rows. */
+    static const int shapes[][2] = {{1, 1},     {3, 5},    {127, 10},  {4099, 3},    {77, 50},
+                                    {9, 100},   {65, 200}, {31, 300},  {1000, 1000}, {5, 1025},
+                                    {33, 4099}, {2, 8192}, {3, 10000}, {4, 40000}};
     env_t e;
     env_open(&e);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
