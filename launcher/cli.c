@@ -143,6 +143,14 @@ int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err)
     return 0;
 }
 
+int mgpu_cli_given(const mgpu_cli_t *cli, const char *name)
+{
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return (cli->given >> opts[i].id) & 1;
+    return 0;
+}
+
 int mgpu_std_spec_get(const mgpu_std_spec_t *spec, int lr)
 {
     for (int i = 0; i < spec->nmap; i++)
@@ -296,6 +304,7 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     long n;
     int rc = 0;
 
+    cli->given |= 1ull << o->id;
     if (o->arg == ARG_NONE && from_env) {
         int on = 0;
         if (parse_flag_env(what, v, &on, err) < 0)

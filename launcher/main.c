@@ -12,6 +12,7 @@
 #include <unistd.h>       /* sysconf */
 
 #include "cli.h"        /* mgpu_cli_parse */
+#include "engines.h"    /* mgpu_engines_apply */
 #include "log.h"        /* mgpu_log_init */
 #include "plan.h"       /* mgpu_plan_build */
 #include "rdzv.h"       /* mgpu_rdzv_join */
@@ -151,6 +152,10 @@ int main(int argc, char **argv)
         mgpu_cli_usage(stdout);
         return 0;
     }
+    if (!cli->show_version && mgpu_engines_apply(cli, env_lookup, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        return 2;
+    }
     if (cli->show_version) {
         printf("mgpu-launch %s\n", MGPU_VERSION);
         return 0;
@@ -203,6 +208,8 @@ int main(int argc, char **argv)
                 "default, to avoid your system being overloaded, please further tune the variable "
                 "for optimal performance in your application as needed.\n"
                 "*****************************************\n");
+    if (cli->derived[0])
+        mgpu_info("from the environment: %s", cli->derived);
     if (plan.cpu_reason[0] && plan.gpus.count > 0)
         mgpu_warn("workers run on the CPU: %s", plan.cpu_reason);
     raise_fd_limit();

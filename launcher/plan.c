@@ -305,6 +305,7 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
         plan->master_port = 29500;
     }
     plan->omp_warning = in->omp_threads == NULL && plan->nproc > 1;
+    snprintf(plan->derived, sizeof plan->derived, "%s", cli->derived);
     snprintf(plan->omp_threads, sizeof plan->omp_threads, "%s",
              in->omp_threads ? in->omp_threads : (plan->nproc > 1 ? "1" : ""));
     snprintf(plan->nccl_async, sizeof plan->nccl_async, "%s", in->nccl_async ? in->nccl_async : "1");
@@ -403,6 +404,11 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
     if (plan->sharing)
         fprintf(out, "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
                 plan->nproc, plan->vis.count, plan->vis.count);
+    if (plan->derived[0])
+        fprintf(out, "  from the environment: %s\n", plan->derived);
+    if (plan->nnodes > 1)
+        fprintf(out, "  ranks assume %d workers on every node; the rendezvous decides them\n",
+                plan->nproc);
     fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
             plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
             plan->max_restarts);
@@ -437,6 +443,7 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
     cJSON_AddStringToObject(root, "master_addr", plan->master_addr);
     cJSON_AddNumberToObject(root, "master_port", plan->master_port);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
+    cJSON_AddStringToObject(root, "derived", plan->derived);
     cJSON_AddBoolToObject(root, "simulated", plan->gpus.simulated);
     if (plan->vis.cvd_set)
         cJSON_AddStringToObject(root, "cuda_visible_devices", plan->vis.cvd);

@@ -65,6 +65,7 @@ typedef struct mgpu_plan {
     char entrypoint[1024]; /* the program as the user named it (report title) */
     char cpu_reason[700];  /* why the workers run on the CPU, when they do */
     char omp_threads[32];  /* OMP_NUM_THREADS for the workers, "" for none */
+    char derived[512];     /* options taken from Slurm or Open MPI (cli.derived) */
     char nccl_async[32];   /* TORCH_NCCL_ASYNC_ERROR_HANDLING */
     char store_addr[256];  /* the launchers' store, for MGPU_STORE_*; port 0 = none yet */
     int store_port;
