@@ -74,10 +74,12 @@ static void missing_nodes(mgpu_rdzv_t *r, int from, int to, char *buf, size_t le
     }
 }
 
-/* Static: node ranks given. Announces this node, waits for all. */
+/* Static: node ranks given. Node 0 (which serves the store) decides whether the round is
+ * complete and tells each node under its own key, so a node that never comes is named by every
+ * node at the same moment, and no node asks a store that went away. */
 static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me, mgpu_err_t *err)
 {
-    char key[64], **keys;
+    char key[64], **keys, verdict[1100];
     void *cur = NULL;
     size_t clen = 0;
     int rc;
@@ -97,6 +99,22 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
         return rc;
     }
     free(cur);
+    if (r->server == NULL) {
+        /* Node 0 answers once every node came or its join timeout passed. */
+        snprintf(key, sizeof key, "verdict/%d", r->node_rank);
+        rc = mgpu_store_get(r->client, key, o->join_timeout + 30.0, &cur, &clen, err);
+        if (rc < 0)
+            return mgpu_err_set(err, rc, "rendezvous '%s' at %s: no answer from node 0: %s",
+                                o->run_id, r->where, err->msg);
+        snprintf(verdict, sizeof verdict, "%.*s", (int)(clen < 1099 ? clen : 1099), (char *)cur);
+        free(cur);
+        if (strcmp(verdict, "ok") == 0)
+            return 0;
+        snprintf(key, sizeof key, "ack/%d", r->node_rank);
+        mgpu_store_set(r->client, key, "1", 1, NULL);
+        return mgpu_err_set(err, MGPU_E_TIMEOUT, "rendezvous '%s' at %s: %s", o->run_id,
+                            r->where, verdict);
+    }
     keys = calloc((size_t)r->nnodes, sizeof *keys);
     if (keys == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
@@ -111,11 +129,38 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     if (rc == MGPU_E_TIMEOUT) {
         char miss[1024];
         missing_nodes(r, 0, r->nnodes, miss, sizeof miss);
-        return mgpu_err_set(err, MGPU_E_TIMEOUT,
-                            "rendezvous '%s' at %s: node rank(s) %s of %d did not join within %g s "
-                            "(start mgpu-launch on every node with the same --nnodes, --master_addr "
-                            "and --master_port)",
-                            o->run_id, r->where, miss, r->nnodes, o->join_timeout);
+        snprintf(verdict, sizeof verdict,
+                 "node rank(s) %s of %d did not join within %g s (start mgpu-launch on every node "
+                 "with the same --nnodes, --master_addr and --master_port)",
+                 miss, r->nnodes, o->join_timeout);
+        rc = mgpu_err_set(err, MGPU_E_TIMEOUT, "rendezvous '%s' at %s: %s", o->run_id, r->where,
+                          verdict);
+    } else if (rc == 0) {
+        snprintf(verdict, sizeof verdict, "ok");
+    } else {
+        return rc;
+    }
+    for (int i = 1; i < r->nnodes; i++) {
+        snprintf(key, sizeof key, "verdict/%d", i);
+        mgpu_store_set(r->client, key, verdict, strlen(verdict), NULL);
+    }
+    if (rc < 0) {
+        /* Stay up a moment, so the nodes that came read the verdict before the store goes. */
+        char **acks = calloc((size_t)r->nnodes, sizeof *acks);
+        int n = 0;
+        for (int i = 1; acks != NULL && i < r->nnodes; i++) {
+            const char *k1[1] = {key};
+            int ready = 0;
+            snprintf(key, sizeof key, "node/%d", i);
+            if (mgpu_store_check(r->client, k1, 1, &ready, NULL) == 0 && ready &&
+                asprintf(&acks[n], "ack/%d", i) >= 0)
+                n++;
+        }
+        if (n > 0)
+            mgpu_store_wait(r->client, (const char *const *)acks, (size_t)n, 2.0, NULL);
+        for (int i = 0; acks != NULL && i < n; i++)
+            free(acks[i]);
+        free(acks);
     }
     return rc;
 }
@@ -240,8 +285,14 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     }
     snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
     rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout, &r->client, err);
-    if (rc < 0)
+    if (rc < 0) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        mgpu_err_set(err, rc, "rendezvous '%s': could not reach the store at %s within %g s%s: %s",
+                     o->run_id, r->where, o->join_timeout,
+                     o->serve ? "" : " (has the node that serves it, node 0, started?)", msg);
         goto fail;
+    }
     snprintf(prefix, sizeof prefix, "mgpu/%s/", o->run_id);
     mgpu_store_set_prefix(r->client, prefix);
     snprintf(me, sizeof me, "%d %s", o->nproc, o->hostname);

@@ -494,6 +494,14 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
         _exit(128 + SIGKILL);
     if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         goto fail;
+    /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
+     * inherited by workers, and by what they leave behind, could keep the wrapper waiting. The
+     * exec-error pipe stays open until execve closes it (close-on-exec). */
+    if ((exec_w > 3 && close_range(3, (unsigned)exec_w - 1, 0) != 0) ||
+        close_range((unsigned)exec_w + 1, ~0u, 0) != 0)
+        for (int fd = 3; fd < 4096; fd++) /* kernels before 5.9 */
+            if (fd != exec_w)
+                close(fd);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(path, argv, envp);
