@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tests/bench/store_bench.sh [SECONDS [CLIENTS [RDZV]]] - mgpu's store against PyTorch's
+# TCPStore, in the same run and on the same CPUs: get and set round trips per second with 1
+# and CLIENTS (default 64) client processes, SECONDS (default 2) each, and a rendezvous of RDZV
+# (default 1024) processes timed end to end. Prints both programs' lines, then a table.
+#   CPUS=0,1 (default)  the CPUs both runs are pinned to (taskset); CPUS= for no pinning
+#   PYTHON=/usr/bin/python3  the interpreter that has torch (Debian's python3-torch)
+# Benchmarks print figures; they assert nothing but the "#wrong" column (checked results).
+set -euo pipefail
+secs=${1:-2} clients=${2:-64} rdzv=${3:-1024}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${MGPU_BUILD:-$root/build}/bench
+py=${PYTHON:-/usr/bin/python3}
+cpus=${CPUS-0,1}
+cc=${CC:-cc}
+libuv=$(ls /usr/lib/"$($cc -dumpmachine)"/libuv_a.a /usr/lib/libuv_a.a /usr/local/lib/libuv_a.a 2>/dev/null | head -n 1 || true)
+[ -n "$libuv" ] || { echo "store_bench: libuv_a.a not found (apt-get install libuv1-dev)" >&2; exit 2; }
+mkdir -p "$out"
+
+# Built here, with the sources it needs, so it does not depend on the rest of the tree.
+"$cc" -O2 -g -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+    -I"$root/common" -I"$root/launcher" "$root/tests/bench/store_bench.c" \
+    "$root"/common/{store,store_proto,error,log}.c "$root/launcher/store_server.c" \
+    "$libuv" -lpthread -ldl -lm -o "$out/store_bench"
+
+pin=()
+if [ -n "$cpus" ] && command -v taskset >/dev/null; then pin=(taskset -c "$cpus"); fi
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+echo "# store_bench.sh $secs $clients $rdzv on $(nproc) CPUs${cpus:+, pinned to $cpus}; $(uname -r)"
+echo "# mgpu store"
+"${pin[@]}" "$out/store_bench" "$secs" "$clients" "$rdzv" | tee "$out/mgpu.txt"
+echo "# torch $("$py" -c 'import torch; print(torch.__version__)') TCPStore"
+"${pin[@]}" "$py" "$root/tests/bench/tcpstore_bench.py" "$secs" "$clients" "$rdzv" | tee "$out/torch.txt"
+
+echo
+awk -v secs="$secs" '
+    FNR == NR { m[$1 " " $2] = $3; mw[$1 " " $2] = $4; order[++n] = $1 " " $2; next }
+    { t[$1 " " $2] = $3; tw[$1 " " $2] = $4 }
+    END {
+        printf "%-28s %12s %12s %8s %s\n", "", "mgpu", "TCPStore", "ratio", "#wrong (mgpu/torch)"
+        for (i = 1; i <= n; i++) {
+            k = order[i]; split(k, f, " ")
+            if (f[1] == "rdzv") {
+                printf "%-28s %11.3fs %11.3fs %7.2fx %d/%d\n", "rendezvous of " f[2] " (time)",
+                    m[k], t[k], (m[k] > 0 ? t[k] / m[k] : 0), mw[k], tw[k]
+            } else {
+                printf "%-28s %12d %12d %7.2fx %d/%d\n", f[1] ", " f[2] " client" (f[2] > 1 ? "s" : "") " (ops/s)",
+                    m[k], t[k], (t[k] > 0 ? m[k] / t[k] : 0), mw[k], tw[k]
+            }
+        }
+        print "ratio: mgpu ops/s over TCPStore ops/s; for the rendezvous, TCPStore time over mgpu time"
+    }' "$out/mgpu.txt" "$out/torch.txt"
