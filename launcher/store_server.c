@@ -75,13 +75,14 @@ struct conn {
     mgpu_store_buf_t wbuf; /* the bytes of the uv_write in flight */
     uv_write_t wreq;
     uv_shutdown_t sreq;
-    int writing;  /* wreq in flight */
-    int reading;  /* uv_read_start in effect */
-    int authed;   /* HELLO accepted */
-    int draining; /* answer what is queued, then shut down and close */
-    int shutdown; /* sreq in flight */
-    int closing;  /* uv_close called */
-    int counted;  /* counts towards max_conns (refused connections do not) */
+    int writing;          /* wreq in flight */
+    int reading;          /* uv_read_start in effect */
+    int authed;           /* HELLO accepted */
+    int draining;         /* answer what is queued, then shut down and close */
+    int shutdown;         /* sreq in flight */
+    int closing;          /* uv_close called */
+    int counted;          /* counts towards max_conns (refused connections do not) */
+    uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
     waiter_t *waiters;
     char peer[64];
 };
@@ -89,6 +90,8 @@ struct conn {
 struct mgpu_store_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_timer_t sweep; /* closes connections that did not say HELLO in time */
+    uint64_t hello_timeout_ms;
     int port;
     uint8_t *token;
     size_t token_len;
@@ -208,6 +211,11 @@ static void listener_closed(uv_handle_t *h)
     srv_handle_closed(h->data);
 }
 
+static void sweep_closed(uv_handle_t *h)
+{
+    srv_handle_closed(h->data);
+}
+
 static void waiter_timer_closed(uv_handle_t *h)
 {
     waiter_t *w = h->data;
@@ -307,11 +315,19 @@ static void conn_maybe_finish(conn_t *c)
         conn_close(c);
 }
 
+/* After a large value went out, its buffer is given back rather than kept per connection. */
+static void buf_trim(mgpu_store_buf_t *b)
+{
+    if (b->len == 0 && b->cap > OUT_HIGH)
+        mgpu_store_buf_free(b);
+}
+
 static void conn_write_done(uv_write_t *req, int status)
 {
     conn_t *c = req->data;
     c->writing = 0;
     c->wbuf.len = 0;
+    buf_trim(&c->wbuf);
     if (c->closing)
         return;
     if (status < 0) {
@@ -352,6 +368,7 @@ static void conn_flush(conn_t *c)
     }
     if ((size_t)n == c->out.len) {
         c->out.len = 0;
+        buf_trim(&c->out);
         conn_maybe_finish(c);
         return;
     }
@@ -879,6 +896,10 @@ static void on_connection(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    /* A node that dies without closing its sockets: its connections (and the waits parked on
+     * them) end once keepalive probes go unanswered instead of never. */
+    uv_tcp_keepalive(&c->tcp, 1, 30);
+    c->accepted_ms = uv_now(s->loop);
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     if (s->nconns >= s->max_conns) {
         char why[96];
@@ -890,6 +911,24 @@ static void on_connection(uv_stream_t *l, int status)
     s->nconns++;
     mgpu_debug("store: connection from %s", c->peer);
     conn_read_start(c);
+}
+
+/* Once a second: a peer that connected but has not said HELLO in time holds a connection slot
+ * for nothing (or is probing the port); it is closed. */
+static void sweep(uv_timer_t *t)
+{
+    mgpu_store_server_t *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->authed && !c->draining && !c->closing &&
+            now - c->accepted_ms >= s->hello_timeout_ms) {
+            char why[64];
+            snprintf(why, sizeof why, "no HELLO within %llu ms",
+                     (unsigned long long)s->hello_timeout_ms);
+            conn_fail(c, MGPU_STORE_OP_HELLO, 0, MGPU_STORE_ST_PROTOCOL, why);
+        }
+    }
 }
 
 /* ---- the public API ---- */
@@ -954,6 +993,7 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     s->max_conns = o->max_conns > 0 ? o->max_conns : DEFAULT_MAX_CONNS;
+    s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 10000;
     s->lim = mgpu_store_limits_default();
     if (o->max_key)
         s->lim.max_key = o->max_key;
@@ -975,6 +1015,13 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     if (rc == 0) {
         fd = -1; /* the handle owns it now */
         rc = uv_listen((uv_stream_t *)&s->listener, LISTEN_BACKLOG, on_connection);
+    }
+    if (rc == 0) {
+        uint64_t every = s->hello_timeout_ms < 1000 ? s->hello_timeout_ms : 1000;
+        uv_timer_init(loop, &s->sweep);
+        s->handles++;
+        s->sweep.data = s;
+        uv_timer_start(&s->sweep, sweep, every, every);
     }
     if (rc < 0) {
         mgpu_err_set(err, rc, "uv_listen(%s): %s", addr_str, uv_strerror(rc));
@@ -1020,5 +1067,6 @@ void mgpu_store_server_close(mgpu_store_server_t *s)
     s->closing = 1;
     while (s->conns != NULL)
         conn_close(s->conns);
+    uv_close((uv_handle_t *)&s->sweep, sweep_closed);
     uv_close((uv_handle_t *)&s->listener, listener_closed);
 }

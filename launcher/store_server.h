@@ -10,6 +10,10 @@
  * closed. A malformed or oversized frame closes that connection only, with a log line.
  * Connections beyond max_conns are closed as soon as they are accepted, with a log line.
  *
+ * Signals: the server writes with write(2), which raises SIGPIPE when a client has gone away;
+ * the process must ignore SIGPIPE (signal(SIGPIPE, SIG_IGN) in main, as libuv programs do) and
+ * restore its default in children before exec, since an ignored disposition is inherited.
+ *
  * Ownership: the caller owns the loop; the server owns its handles. mgpu_store_server_close
  * starts closing them and the server frees itself once their close callbacks have run, so the
  * caller runs the loop after close (until uv_run returns) before uv_loop_close. */
@@ -31,6 +35,7 @@ typedef struct mgpu_store_server_opts {
     int max_conns;         /* 0 = 4096 */
     size_t max_key;        /* 0 = 4 KiB */
     size_t max_value;      /* 0 = 64 MiB */
+    int hello_timeout_ms;  /* a connection that has not said HELLO by then is closed; 0 = 10 s */
 } mgpu_store_server_opts_t;
 
 /* Binds, listens and returns the running server in *out. Errors name the call, e.g.

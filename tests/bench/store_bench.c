@@ -54,6 +54,7 @@ static pid_t start_server(int *port)
         mgpu_store_server_opts_t o = {.max_conns = 8192};
         int port_ = -1;
         close(p[0]);
+        signal(SIGPIPE, SIG_IGN); /* as mgpu-launch does (store_server.h) */
         uv_loop_init(&loop);
         if (mgpu_store_server_start(&loop, &o, &s, &err) < 0) {
             fprintf(stderr, "store_bench: %s\n", err.msg);

@@ -54,6 +54,7 @@ static void srv_child(const mgpu_store_server_opts_t *o, int wr, const char *log
     FILE *f = freopen(log, "w", stderr);
 
     setvbuf(stderr, NULL, _IONBF, 0);
+    signal(SIGPIPE, SIG_IGN); /* as mgpu-launch does (store_server.h) */
     mgpu_log_init("store-test", MGPU_LOG_INFO);
     uv_loop_init(&loop);
     if (f == NULL || mgpu_store_server_start(&loop, o, &s, &err) < 0) {
@@ -550,6 +551,25 @@ static void t_token(void)
     srv_stop(&s);
 }
 
+static void t_silent_peer_is_closed(void)
+{
+    mgpu_store_server_opts_t o = {.hello_timeout_ms = 200};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    double t0 = now_s();
+    int fd = raw_connect(s.port); /* connects and never says HELLO */
+
+    CHECK(raw_closed(fd));
+    CHECK(now_s() - t0 >= 0.15 && now_s() - t0 < 2.0);
+    close(fd);
+    sleep_s(0.3); /* an authenticated connection is not subject to it */
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK_CONTAINS(srv_log(&s), "no HELLO within 200 ms");
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
 static void t_garbage_closes_only_that_connection(void)
 {
     srv_t s = srv_start(NULL);
@@ -884,6 +904,7 @@ int main(void)
     RUN(t_barrier_times_out_naming_arrivals);
     RUN(t_prefix_namespaces_keys);
     RUN(t_token);
+    RUN(t_silent_peer_is_closed);
     RUN(t_garbage_closes_only_that_connection);
     RUN(t_oversized_frames);
     RUN(t_large_value_round_trip);
