@@ -699,6 +699,110 @@ static void t_slow_client_blocks_no_one(void)
     srv_stop(&s);
 }
 
+/* A paused connection (answers not read) resumes and gets every answer once it reads. */
+static void t_back_pressure_resumes(void)
+{
+    enum { N = 40 };
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    size_t n = 4u << 20;
+    char *val = malloc(n);
+    mgpu_store_buf_t b = {0};
+    uint8_t st = 0, op = 0;
+    int fd, got = 0;
+
+    memset(val, 'x', n);
+    CHECK_INT(mgpu_store_set(c, "big", val, n, &err), 0);
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    for (int i = 0; i < N; i++) {
+        size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_GET, 0, (uint32_t)i + 10);
+        mgpu_store_buf_u32(&b, 0);
+        mgpu_store_buf_bytes(&b, "big", 3);
+        mgpu_store_buf_frame_end(&b, at);
+    }
+    raw_send(fd, b.p, b.len);
+    mgpu_store_buf_free(&b);
+    sleep_s(0.3); /* the server fills the socket and pauses this connection */
+    {
+        struct timeval tv = {5, 0}; /* a server that never resumes fails, not hangs, the test */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    {
+        mgpu_store_dec_t d;
+        mgpu_store_frame_t f;
+        mgpu_store_dec_init(&d, NULL, 1);
+        while (got < N + 1) { /* HELLO's answer, then N values */
+            uint8_t *p;
+            size_t avail;
+            ssize_t r;
+            if (mgpu_store_dec_next(&d, &f, NULL) == 1) {
+                if (got > 0) {
+                    st = f.status;
+                    op = f.op;
+                    CHECK(st == 0 && op == (MGPU_STORE_OP_GET | MGPU_STORE_RESP) &&
+                          f.id == (uint32_t)got - 1 + 10 && f.len == 4 + n);
+                }
+                got++;
+                continue;
+            }
+            mgpu_store_dec_reserve(&d, 0, &p, &avail);
+            r = recv(fd, p, avail, 0);
+            if (r <= 0)
+                break;
+            mgpu_store_dec_commit(&d, (size_t)r);
+        }
+        mgpu_store_dec_free(&d);
+    }
+    CHECK_INT(got, N + 1);
+    close(fd);
+    free(val);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+/* Waits parked by a client that goes away, or still parked when the server stops, are freed
+ * (LeakSanitizer checks the server under ASan); keys only waited for are not counted. */
+static void t_parked_waits_of_gone_clients(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    int64_t x = -1;
+    pid_t a = fork(), b;
+
+    if (a == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        void *v;
+        size_t n;
+        mgpu_store_get(w, "never", 60.0, &v, &n, &err);
+        _exit(0);
+    }
+    b = fork();
+    if (b == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        const char *keys[] = {"never", "x", "y"};
+        mgpu_store_wait(w, keys, 3, -1.0, &err); /* no deadline: no timer */
+        _exit(0);
+    }
+    sleep_s(0.3);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 0);
+    CHECK_INT(mgpu_store_delete(c, "never", NULL, &err), 0);
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    sleep_s(0.1);
+    CHECK_INT(mgpu_store_set(c, "never", "v", 1, &err), 0); /* b's wait still has x and y */
+    CHECK_INT(mgpu_store_set(c, "x", "v", 1, &err), 0);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 2);
+    mgpu_store_close(c);
+    srv_stop(&s); /* with b still parked */
+    kill(b, SIGKILL);
+    waitpid(b, NULL, 0);
+}
+
 static void t_max_conns(void)
 {
     mgpu_store_server_opts_t o = {.max_conns = 3};
@@ -909,6 +1013,8 @@ int main(void)
     RUN(t_oversized_frames);
     RUN(t_large_value_round_trip);
     RUN(t_slow_client_blocks_no_one);
+    RUN(t_back_pressure_resumes);
+    RUN(t_parked_waits_of_gone_clients);
     RUN(t_max_conns);
     RUN(t_connect_retries_until_server_is_up);
     RUN(t_reconnect_after_server_restart);
