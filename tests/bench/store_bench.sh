@@ -50,4 +50,6 @@ awk -v secs="$secs" '
             }
         }
         print "ratio: mgpu ops/s over TCPStore ops/s; for the rendezvous, TCPStore time over mgpu time"
+        print "note: TCPStore 1.13 set sends and returns without a reply (no round trip); mgpu set"
+        print "      waits for the server to acknowledge it. TCPStore get is two round trips (WAIT, GET)."
     }' "$out/mgpu.txt" "$out/torch.txt"
