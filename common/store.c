@@ -124,9 +124,10 @@ static int recv_resp(mgpu_store_t *s, uint32_t id, double deadline, mgpu_store_m
         if (rc < 0)
             return rc;
         if (rc == 1) {
-            /* Another id: the answer to a request we stopped waiting for. Except id 0 with an
-             * error: the server's word on the whole connection (too many connections, a frame
-             * it could not decode), which answers whatever is waiting. */
+            /* Another id answers no request of this connection (requests are not pipelined,
+             * and a connection whose request timed out is dropped): skipped. Except id 0 with
+             * an error: the server's word on the whole connection (too many connections, a
+             * frame it could not cut), which answers whatever is waiting. */
             if (f.id != id && !(f.id == 0 && f.status != MGPU_STORE_ST_OK))
                 continue;
             return mgpu_store_msg_parse(&f, NULL, m, err);
