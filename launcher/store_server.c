@@ -13,6 +13,7 @@
 #include <stdio.h>      /* snprintf */
 #include <stdlib.h>     /* malloc, free */
 #include <string.h>     /* memcmp, memcpy */
+#include <sys/random.h> /* getrandom */
 #include <sys/socket.h> /* socket, bind, listen */
 #include <unistd.h>     /* close */
 
@@ -933,6 +934,40 @@ static void sweep(uv_timer_t *t)
 
 /* ---- the public API ---- */
 
+static int is_loopback(const struct sockaddr *a)
+{
+    static const struct in6_addr lo6 = IN6ADDR_LOOPBACK_INIT;
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
+}
+
+int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[16];
+    size_t got = 0;
+
+    if (size < 2 * sizeof raw + 1)
+        return mgpu_err_set(err, MGPU_E_RANGE, "token buffer of %zu bytes, need %zu", size,
+                            2 * sizeof raw + 1);
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return mgpu_err_set(err, -errno, "getrandom(%zu): %s", sizeof raw, strerror(errno));
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) {
+        buf[2 * i] = hex[raw[i] >> 4];
+        buf[2 * i + 1] = hex[raw[i] & 15];
+    }
+    buf[2 * sizeof raw] = '\0';
+    return 0;
+}
+
 int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                             mgpu_store_server_t **out, mgpu_err_t *err)
 {
@@ -982,6 +1017,11 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
         rc = mgpu_err_set(err, -errno, "getsockname(%s): %s", addr_str, strerror(errno));
         goto fail;
     }
+
+    if (!is_loopback(ai->ai_addr) && (o->token == NULL || *o->token == '\0'))
+        mgpu_warn("store: listening on %s with no token: anyone who can reach it can read and "
+                  "change the job's keys",
+                  addr_str);
 
     s = calloc(1, sizeof *s);
     if (s == NULL || (s->buckets = calloc(64, sizeof *s->buckets)) == NULL) {

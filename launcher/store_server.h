@@ -31,7 +31,7 @@ typedef struct mgpu_store_server mgpu_store_server_t;
 typedef struct mgpu_store_server_opts {
     const char *bind_host; /* numeric address or host name; NULL = "127.0.0.1" */
     int port;              /* 0 = any free port (see mgpu_store_server_port) */
-    const char *token;     /* NULL or "" = no token required */
+    const char *token;     /* NULL or "" = no token required (a warning when not on loopback) */
     int max_conns;         /* 0 = 4096 */
     size_t max_key;        /* 0 = 4 KiB */
     size_t max_value;      /* 0 = 64 MiB */
@@ -46,6 +46,9 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
 int mgpu_store_server_port(const mgpu_store_server_t *s);
 /* Open client connections now. */
 int mgpu_store_server_num_conns(const mgpu_store_server_t *s);
+/* Writes a fresh random token (32 hex digits from getrandom) and a NUL into buf, for a store
+ * reachable from other hosts; size must be at least 33. */
+int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err);
 /* Closes the listener and every connection (pending waits end without a reply); the server
  * frees itself once their close callbacks have run. NULL is allowed. */
 void mgpu_store_server_close(mgpu_store_server_t *s);

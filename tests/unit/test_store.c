@@ -551,6 +551,18 @@ static void t_token(void)
     srv_stop(&s);
 }
 
+static void t_open_bind_without_token_warns(void)
+{
+    mgpu_store_server_opts_t o = {.bind_host = "0.0.0.0"};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK_CONTAINS(srv_log(&s), "listening on 0.0.0.0:0 with no token");
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
 static void t_silent_peer_is_closed(void)
 {
     mgpu_store_server_opts_t o = {.hello_timeout_ms = 200};
@@ -930,6 +942,15 @@ static void t_bind_error_names_the_call(void)
     o.bind_host = NULL;
     o.port = 70000;
     CHECK_INT(mgpu_store_server_start(&loop, &o, &b, &err), MGPU_E_RANGE);
+    {
+        char t1[33], t2[33];
+        CHECK_INT(mgpu_store_server_token_generate(t1, sizeof t1, &err), 0);
+        CHECK_INT(mgpu_store_server_token_generate(t2, sizeof t2, &err), 0);
+        CHECK_INT(strlen(t1), 32);
+        CHECK_INT(strspn(t1, "0123456789abcdef"), 32);
+        CHECK(strcmp(t1, t2) != 0);
+        CHECK_INT(mgpu_store_server_token_generate(t1, 32, &err), MGPU_E_RANGE);
+    }
     mgpu_store_server_close(a);
     uv_run(&loop, UV_RUN_DEFAULT);
     CHECK_INT(uv_loop_close(&loop), 0); /* every handle closed and freed */
@@ -1008,6 +1029,7 @@ int main(void)
     RUN(t_barrier_times_out_naming_arrivals);
     RUN(t_prefix_namespaces_keys);
     RUN(t_token);
+    RUN(t_open_bind_without_token_warns);
     RUN(t_silent_peer_is_closed);
     RUN(t_garbage_closes_only_that_connection);
     RUN(t_oversized_frames);
