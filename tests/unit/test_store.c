@@ -1017,6 +1017,74 @@ static void t_decoder_incremental(void)
     mgpu_store_buf_free(&b);
 }
 
+/* Runs a shell command line, its stdout and stderr into out; returns its exit status. */
+static int sh(const char *cmd, char *out, size_t size)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, size - 1, p) : 0;
+    int st = p ? pclose(p) : -1;
+    out[n] = '\0';
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* tests/helper/store_cli, built next to this binary, as shell scripts and workers use it. */
+static void t_store_cli(void)
+{
+    mgpu_store_server_opts_t o = {.token = "tok"};
+    srv_t s = srv_start(&o);
+    char exe[4096], cli[4200], cmd[8192], out[4096], port[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+
+    exe[n > 0 ? n : 0] = '\0';
+    if (strrchr(exe, '/'))
+        *strrchr(exe, '/') = '\0';
+    snprintf(cli, sizeof cli, "%s/store_cli", exe);
+    CHECK(access(cli, X_OK) == 0);
+    snprintf(port, sizeof port, "%d", s.port);
+    setenv(MGPU_ENV_STORE_ADDR, "127.0.0.1", 1);
+    setenv(MGPU_ENV_STORE_PORT, port, 1);
+    setenv(MGPU_ENV_STORE_TOKEN, "tok", 1);
+    setenv("TORCHELASTIC_RUN_ID", "job", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+#define CLI(args) (snprintf(cmd, sizeof cmd, "%s %s 2>&1", cli, args), sh(cmd, out, sizeof out))
+    CHECK_INT(CLI("set k hello"), 0);
+    CHECK_INT(CLI("get k"), 0);
+    CHECK_STR(out, "hello\n");
+    CHECK_INT(CLI("-P job/0/ get k"), 0); /* the same key, prefix given explicitly */
+    CHECK_INT(CLI("add n 5"), 0);
+    CHECK_STR(out, "5\n");
+    CHECK_INT(CLI("cas k hello bye"), 0);
+    CHECK_STR(out, "bye\n");
+    CHECK_INT(CLI("check k missing"), 0);
+    CHECK_STR(out, "0\n");
+    CHECK_INT(CLI("get missing 0.1"), 3);
+    CHECK_CONTAINS(out, "\"job/0/missing\" not set after 100 ms");
+    CHECK_INT(CLI("delete k"), 0);
+    CHECK_STR(out, "1\n");
+    CHECK_INT(CLI("num_keys"), 0);
+    CHECK_STR(out, "1\n");
+    CHECK_INT(CLI("add"), 2);
+    CHECK_INT(CLI("garbage"), 0);
+    CHECK_STR(out, "closed\n");
+    CHECK_INT(CLI("oversized"), 0);
+    CHECK_STR(out, "closed\n");
+    snprintf(cmd, sizeof cmd, "%s -a 127.0.0.1 -p %d -t bad ping 2>&1", cli, s.port);
+    CHECK_INT(sh(cmd, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong store token");
+    snprintf(cmd, sizeof cmd, "%s -a 127.0.0.1 -p %d -t tok get k 0 2>&1", cli, s.port);
+    CHECK_INT(sh(cmd, out, sizeof out), 3); /* no prefix: "k" is not "job/0/k" */
+    /* three shell "workers" meet at a barrier */
+    snprintf(cmd, sizeof cmd,
+             "c=%s; $c barrier b 3 10 & p1=$!; $c barrier b 3 10 & p2=$!; "
+             "$c barrier b 3 10 || exit 1; wait $p1 && wait $p2",
+             cli);
+    CHECK_INT(sh(cmd, out, sizeof out), 0);
+    CHECK_INT(CLI("barrier b2 2 0.2"), 3);
+    CHECK_CONTAINS(out, "barrier \"b2\": 1 of 2 arrived");
+#undef CLI
+    srv_stop(&s);
+}
+
 int main(void)
 {
     RUN(t_decoder_incremental);
@@ -1041,5 +1109,6 @@ int main(void)
     RUN(t_connect_retries_until_server_is_up);
     RUN(t_reconnect_after_server_restart);
     RUN(t_bind_error_names_the_call);
+    RUN(t_store_cli);
     return check_done();
 }
