@@ -110,10 +110,12 @@ struct mgpu_store_server {
 
 /* ---- the table ---- */
 
+/* FNV-1a. Not keyed: a client could choose colliding keys and lengthen one chain, but only
+ * clients that passed HELLO (with the token where the store is reachable from other hosts)
+ * send keys, and they are the job's own processes. */
 static uint32_t hash_key(const uint8_t *k, size_t n)
 {
-    uint32_t h = 2166136261u; /* FNV-1a: keys are short and this is not exposed to a choice of
-                                 collisions that matters more than one client's own latency */
+    uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++)
         h = (h ^ k[i]) * 16777619u;
     return h;
