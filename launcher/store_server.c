@@ -6,16 +6,17 @@
  * callbacks, so one slow or silent client never delays another. */
 #include "store_server.h"
 
-#include <errno.h>      /* ENOMEM */
-#include <netdb.h>      /* getaddrinfo */
-#include <netinet/in.h> /* sockaddr_in */
-#include <stdarg.h>     /* va_list */
-#include <stdio.h>      /* snprintf */
-#include <stdlib.h>     /* malloc, free */
-#include <string.h>     /* memcmp, memcpy */
-#include <sys/random.h> /* getrandom */
-#include <sys/socket.h> /* socket, bind, listen */
-#include <unistd.h>     /* close */
+#include <errno.h>        /* ENOMEM */
+#include <netdb.h>        /* getaddrinfo */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <stdarg.h>       /* va_list */
+#include <stdio.h>        /* snprintf */
+#include <stdlib.h>       /* malloc, free */
+#include <string.h>       /* memcmp, memcpy */
+#include <sys/random.h>   /* getrandom */
+#include <sys/resource.h> /* getrlimit, setrlimit */
+#include <sys/socket.h>   /* socket, bind, listen */
+#include <unistd.h>       /* close */
 
 #include "log.h"         /* mgpu_warn, mgpu_debug */
 #include "store_proto.h" /* frames, decoder */
@@ -945,6 +946,23 @@ static int is_loopback(const struct sockaddr *a)
            memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
 }
 
+/* Each connection is a descriptor, and the usual soft limit (1024) is below the default
+ * max_conns: without this, a rendezvous of a thousand workers fails at accept(2) with EMFILE.
+ * Raises the soft limit as far as the hard one allows (children inherit it, which is harmless),
+ * and says so when even that is short. */
+static void raise_fd_limit(int max_conns)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_conns + 256; /* the launcher's own pipes, logs, workers */
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+        mgpu_warn("store: max_conns is %d but this process may open only %llu descriptors "
+                  "(ulimit -n): clients beyond that will be refused",
+                  max_conns, (unsigned long long)rl.rlim_cur);
+}
+
 int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err)
 {
     static const char hex[] = "0123456789abcdef";
@@ -1036,6 +1054,7 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     s->max_conns = o->max_conns > 0 ? o->max_conns : DEFAULT_MAX_CONNS;
     s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 10000;
+    raise_fd_limit(s->max_conns);
     s->lim = mgpu_store_limits_default();
     if (o->max_key)
         s->lim.max_key = o->max_key;

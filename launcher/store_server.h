@@ -38,7 +38,9 @@ typedef struct mgpu_store_server_opts {
     int hello_timeout_ms;  /* a connection that has not said HELLO by then is closed; 0 = 10 s */
 } mgpu_store_server_opts_t;
 
-/* Binds, listens and returns the running server in *out. Errors name the call, e.g.
+/* Binds, listens and returns the running server in *out. Raises the process's soft limit on
+ * descriptors (RLIMIT_NOFILE) towards max_conns when it is lower, as far as the hard limit
+ * allows (a warning when that is short). Errors name the call, e.g.
  * "bind(127.0.0.1:29500): Address already in use". o may be NULL for all defaults. */
 int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                             mgpu_store_server_t **out, mgpu_err_t *err);

@@ -4,13 +4,14 @@
  * Each test starts a server in a forked child running its own libuv loop; the child's stderr
  * goes to a file so tests can check the server's log lines, and on SIGTERM the child closes the
  * server and exits 0 only if the loop then closes with no handle left. */
-#include <errno.h>      /* EINVAL */
-#include <netinet/in.h> /* sockaddr_in */
-#include <signal.h>     /* kill */
-#include <stdint.h>     /* uint8_t */
-#include <stdlib.h>     /* setenv */
-#include <sys/socket.h> /* socket */
-#include <time.h>       /* clock_gettime */
+#include <errno.h>        /* EINVAL */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <signal.h>       /* kill */
+#include <stdint.h>       /* uint8_t */
+#include <stdlib.h>       /* setenv */
+#include <sys/resource.h> /* setrlimit */
+#include <sys/socket.h>   /* socket */
+#include <time.h>         /* clock_gettime */
 
 #include "check.h"
 #include "log.h"
@@ -956,6 +957,47 @@ static void t_bind_error_names_the_call(void)
     CHECK_INT(uv_loop_close(&loop), 0); /* every handle closed and freed */
 }
 
+static void t_fd_limit_follows_max_conns(void)
+{
+    uv_loop_t loop;
+    mgpu_store_server_t *a = NULL;
+    mgpu_store_server_opts_t o = {.max_conns = 100};
+    mgpu_err_t err = {0};
+    struct rlimit rl;
+    char log[] = "/tmp/mgpu-store-test-XXXXXX";
+    FILE *f;
+    char buf[1024] = "";
+
+    close(mkstemp(log));
+    uv_loop_init(&loop);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = 64;
+    CHECK(rl.rlim_max >= 356);
+    CHECK_INT(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &a, &err), 0);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK_INT(rl.rlim_cur, 100 + 256);
+    mgpu_store_server_close(a);
+    /* a hard limit below what max_conns needs: raised to it, and a warning */
+    rl.rlim_cur = 64;
+    rl.rlim_max = 200;
+    CHECK_INT(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    CHECK(freopen(log, "w", stderr) != NULL);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &a, &err), 0);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK_INT(rl.rlim_cur, 200);
+    mgpu_store_server_close(a);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_INT(uv_loop_close(&loop), 0);
+    f = fopen(log, "r");
+    if (f) {
+        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+        fclose(f);
+    }
+    unlink(log);
+    CHECK_CONTAINS(buf, "max_conns is 100 but this process may open only 200 descriptors");
+}
+
 /* The decoder cuts frames at any byte boundary, and fails for good on a bad header. */
 static void t_decoder_incremental(void)
 {
@@ -1109,6 +1151,7 @@ int main(void)
     RUN(t_connect_retries_until_server_is_up);
     RUN(t_reconnect_after_server_restart);
     RUN(t_bind_error_names_the_call);
+    RUN(t_fd_limit_follows_max_conns);
     RUN(t_store_cli);
     return check_done();
 }
