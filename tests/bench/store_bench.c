@@ -1,7 +1,9 @@
 /* store_bench.c - throughput and rendezvous time of mgpu's store, for tests/bench/store_bench.sh
  * (which runs PyTorch's TCPStore through the same steps, tests/bench/tcpstore_bench.py).
  *
- *   store_bench [SECONDS [CLIENTS [RDZV]]]   defaults: 2 s per figure, 64 clients, 1024
+ *   store_bench [SECONDS [CLIENTS [RDZV [REPS]]]]
+ *       defaults: 2 s per measurement, 64 clients, 1024, each throughput figure the median of
+ *       3 measurements (all of them on a "# " line before it)
  *
  * The server runs in a forked child on its own libuv loop, as in mgpu-launch. Clients are
  * processes, forked and connected before the clock starts, then released together by closing
@@ -136,7 +138,8 @@ static int reap(int n)
     return bad;
 }
 
-static void throughput(int port, int is_get, int nclients, double secs)
+/* One measurement: ops/s of nclients released together for secs; wrong results added. */
+static double throughput_once(int port, int is_get, int nclients, double secs, long *wrong)
 {
     int ready[2], go[2], res[2];
     result_t sum = {0, 0}, r;
@@ -154,9 +157,11 @@ static void throughput(int port, int is_get, int nclients, double secs)
         }
     }
     close(go[0]);
+    close(ready[1]); /* a client that dies makes the reads below end, not hang */
+    close(res[1]);
     for (int i = 0; i < nclients; i++)
         if (read(ready[0], &c, 1) != 1)
-            die("ready", NULL);
+            die("ready (a client failed)", NULL);
     close(go[1]);
     for (int i = 0; i < nclients; i++) {
         if (read(res[0], &r, sizeof r) != sizeof r)
@@ -165,29 +170,53 @@ static void throughput(int port, int is_get, int nclients, double secs)
         sum.wrong += r.wrong;
     }
     sum.wrong += reap(nclients);
-    printf("%s %d %.0f %ld\n", is_get ? "get" : "set", nclients, (double)sum.ops / secs, sum.wrong);
-    fflush(stdout);
     close(ready[0]);
-    close(ready[1]);
     close(res[0]);
-    close(res[1]);
+    *wrong += sum.wrong;
+    return (double)sum.ops / secs;
 }
 
-static void rdzv_client(int port, int n, int rank, int go_r, int res_w)
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of reps measurements (each with fresh client processes): where the scheduler
+ * puts client and server changes a round trip's cost between runs, so one run can mislead. */
+static void throughput(int port, int is_get, int nclients, double secs, int reps)
+{
+    double v[16];
+    long wrong = 0;
+    if (reps > 16)
+        reps = 16;
+    printf("# %s %d:", is_get ? "get" : "set", nclients);
+    for (int i = 0; i < reps; i++) {
+        v[i] = throughput_once(port, is_get, nclients, secs, &wrong);
+        printf(" %.0f", v[i]);
+    }
+    qsort(v, (size_t)reps, sizeof v[0], cmp_double);
+    printf("\n%s %d %.0f %ld\n", is_get ? "get" : "set", nclients, v[reps / 2], wrong);
+    fflush(stdout);
+}
+
+static void rdzv_client(int port, int n, int round, int rank, int go_r, int res_w)
 {
     mgpu_store_t *s;
     mgpu_err_t err;
-    char key[32], c;
-    const char *done[] = {"rdzv/done"};
+    char key[48], count_key[32], done_key[32], c;
+    const char *done[] = {done_key};
     int64_t count;
 
     (void)!read(go_r, &c, 1);
     if (mgpu_store_connect("127.0.0.1", port, NULL, 60.0, &s, &err) < 0)
         die("connect", &err);
-    snprintf(key, sizeof key, "rdzv/rank/%d", rank);
+    snprintf(key, sizeof key, "rdzv%d/rank/%d", round, rank);
+    snprintf(count_key, sizeof count_key, "rdzv%d/count", round);
+    snprintf(done_key, sizeof done_key, "rdzv%d/done", round);
     if (mgpu_store_set(s, key, "1", 1, &err) < 0 ||
-        mgpu_store_add(s, "rdzv/count", 1, &count, &err) < 0 ||
-        (count == n && mgpu_store_set(s, "rdzv/done", "1", 1, &err) < 0) ||
+        mgpu_store_add(s, count_key, 1, &count, &err) < 0 ||
+        (count == n && mgpu_store_set(s, done_key, "1", 1, &err) < 0) ||
         mgpu_store_wait(s, done, 1, 60.0, &err) < 0)
         die("rendezvous", &err);
     (void)!write(res_w, "d", 1);
@@ -195,10 +224,10 @@ static void rdzv_client(int port, int n, int rank, int go_r, int res_w)
     _exit(0);
 }
 
-static void rendezvous(int port, int n)
+/* One rendezvous of n processes under keys "rdzv<round>/"; its time in seconds. */
+static double rendezvous_once(int port, int n, int round, long *wrong)
 {
     int go[2], res[2];
-    long wrong = 0;
     double t0, t1;
     char c;
     mgpu_store_t *s;
@@ -212,30 +241,48 @@ static void rendezvous(int port, int n)
             die("fork", NULL);
         if (pid == 0) {
             close(go[1]);
-            rdzv_client(port, n, i, go[0], res[1]);
+            close(res[0]);
+            rdzv_client(port, n, round, i, go[0], res[1]);
         }
     }
     close(go[0]);
+    close(res[1]); /* a client that dies makes the reads below end, not hang */
     t0 = now_s();
     close(go[1]);
     for (int i = 0; i < n; i++)
         if (read(res[0], &c, 1) != 1)
-            die("rendezvous result", NULL);
+            die("rendezvous result (a client failed)", NULL);
     t1 = now_s();
-    wrong += reap(n);
+    close(res[0]);
+    *wrong += reap(n);
     if (mgpu_store_connect("127.0.0.1", port, NULL, 10.0, &s, &err) < 0)
         die("connect", &err);
     for (int i = 0; i < n; i++) {
-        char key[32];
+        char key[48];
         const char *k[] = {key};
         int ready = 0;
-        snprintf(key, sizeof key, "rdzv/rank/%d", i);
+        snprintf(key, sizeof key, "rdzv%d/rank/%d", round, i);
         if (mgpu_store_check(s, k, 1, &ready, &err) < 0)
             die("check", &err);
-        wrong += !ready;
+        *wrong += !ready;
     }
     mgpu_store_close(s);
-    printf("rdzv %d %.4f %ld\n", n, t1 - t0, wrong);
+    return t1 - t0;
+}
+
+static void rendezvous(int port, int n, int reps)
+{
+    double v[16];
+    long wrong = 0;
+    if (reps > 16)
+        reps = 16;
+    printf("# rdzv %d:", n);
+    for (int i = 0; i < reps; i++) {
+        v[i] = rendezvous_once(port, n, i, &wrong);
+        printf(" %.4f", v[i]);
+    }
+    qsort(v, (size_t)reps, sizeof v[0], cmp_double);
+    printf("\nrdzv %d %.4f %ld\n", n, v[reps / 2], wrong);
     fflush(stdout);
 }
 
@@ -243,6 +290,7 @@ int main(int argc, char **argv)
 {
     double secs = argc > 1 ? atof(argv[1]) : 2.0;
     int nclients = argc > 2 ? atoi(argv[2]) : 64, nrdzv = argc > 3 ? atoi(argv[3]) : 1024;
+    int reps = argc > 4 ? atoi(argv[4]) : 3;
     struct rlimit rl;
     int port = 0, st = 0;
     pid_t srv;
@@ -258,11 +306,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "store_bench: the server did not start\n");
         return 1;
     }
-    throughput(port, 1, 1, secs);
-    throughput(port, 0, 1, secs);
-    throughput(port, 1, nclients, secs);
-    throughput(port, 0, nclients, secs);
-    rendezvous(port, nrdzv);
+    if (reps < 1)
+        reps = 1;
+    throughput(port, 1, 1, secs, reps);
+    throughput(port, 0, 1, secs, reps);
+    throughput(port, 1, nclients, secs, reps);
+    throughput(port, 0, nclients, secs, reps);
+    rendezvous(port, nrdzv, reps);
     kill(srv, SIGTERM);
     waitpid(srv, &st, 0);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# tests/bench/store_bench.sh [SECONDS [CLIENTS [RDZV]]] - mgpu's store against PyTorch's
-# TCPStore, in the same run and on the same CPUs: get and set round trips per second with 1
-# and CLIENTS (default 64) client processes, SECONDS (default 2) each, and a rendezvous of RDZV
-# (default 1024) processes timed end to end. Prints both programs' lines, then a table.
+# tests/bench/store_bench.sh [SECONDS [CLIENTS [RDZV [REPS]]]] - mgpu's store against
+# PyTorch's TCPStore, in the same run and on the same CPUs: get and set round trips per second
+# with 1 and CLIENTS (default 64) client processes, and a rendezvous of RDZV (default 1024)
+# processes timed end to end; each figure is the median of REPS (default 3) measurements
+# (of SECONDS, default 1, for throughput). Prints both programs' lines, then a table.
 #   CPUS=0,1 (default)  the CPUs both runs are pinned to (taskset); CPUS= for no pinning
 #   PYTHON=/usr/bin/python3  the interpreter that has torch (Debian's python3-torch)
 # Benchmarks print figures; they assert nothing but the "#wrong" column (checked results).
 set -euo pipefail
-secs=${1:-2} clients=${2:-64} rdzv=${3:-1024}
+secs=${1:-1} clients=${2:-64} rdzv=${3:-1024} reps=${4:-3}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${MGPU_BUILD:-$root/build}/bench
 py=${PYTHON:-/usr/bin/python3}
@@ -27,14 +28,15 @@ pin=()
 if [ -n "$cpus" ] && command -v taskset >/dev/null; then pin=(taskset -c "$cpus"); fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-echo "# store_bench.sh $secs $clients $rdzv on $(nproc) CPUs${cpus:+, pinned to $cpus}; $(uname -r)"
+echo "# store_bench.sh $secs $clients $rdzv $reps on $(nproc) CPUs${cpus:+, pinned to $cpus}; $(uname -r)"
 echo "# mgpu store"
-"${pin[@]}" "$out/store_bench" "$secs" "$clients" "$rdzv" | tee "$out/mgpu.txt"
+"${pin[@]}" "$out/store_bench" "$secs" "$clients" "$rdzv" "$reps" | tee "$out/mgpu.txt"
 echo "# torch $("$py" -c 'import torch; print(torch.__version__)') TCPStore"
-"${pin[@]}" "$py" "$root/tests/bench/tcpstore_bench.py" "$secs" "$clients" "$rdzv" | tee "$out/torch.txt"
+"${pin[@]}" "$py" "$root/tests/bench/tcpstore_bench.py" "$secs" "$clients" "$rdzv" "$reps" | tee "$out/torch.txt"
 
 echo
 awk -v secs="$secs" '
+    /^#/ { next }
     FNR == NR { m[$1 " " $2] = $3; mw[$1 " " $2] = $4; order[++n] = $1 " " $2; next }
     { t[$1 " " $2] = $3; tw[$1 " " $2] = $4 }
     END {
@@ -49,6 +51,7 @@ awk -v secs="$secs" '
                     m[k], t[k], (t[k] > 0 ? m[k] / t[k] : 0), mw[k], tw[k]
             }
         }
+        print "figures: the median of the measurements listed on the \"# \" lines above"
         print "ratio: mgpu ops/s over TCPStore ops/s; for the rendezvous, TCPStore time over mgpu time"
         print "note: TCPStore 1.13 set sends and returns without a reply (no round trip); mgpu set"
         print "      waits for the server to acknowledge it. TCPStore get is two round trips (WAIT, GET)."

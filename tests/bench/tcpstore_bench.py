@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """tcpstore_bench.py - PyTorch's TCPStore through the same steps as store_bench.c.
 
-    /usr/bin/python3 tcpstore_bench.py [SECONDS [CLIENTS [RDZV]]]
+    /usr/bin/python3 tcpstore_bench.py [SECONDS [CLIENTS [RDZV [REPS]]]]
 
 The TCPStore server runs in its own process (a master TCPStore whose daemon thread serves);
 clients are processes forked after torch is imported, connected before the clock starts and
@@ -74,7 +74,7 @@ def tp_client(port, is_get, secs, i, ready_w, go_r, res_w):
         os._exit(1)
 
 
-def throughput(port, is_get, n, secs):
+def throughput_once(port, is_get, n, secs):
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -83,30 +83,44 @@ def throughput(port, is_get, n, secs):
             os.close(go_w)
             tp_client(port, is_get, secs, i, ready_w, go_r, res_w)
     os.close(go_r)
+    os.close(ready_w)  # a client that dies makes the reads below end, not hang
+    os.close(res_w)
     for _ in range(n):
-        assert os.read(ready_r, 1) == b"r"
+        if os.read(ready_r, 1) != b"r":
+            raise SystemExit("tcpstore_bench: a client failed before it was ready")
     os.close(go_w)
     ops = wrong = 0
     f = os.fdopen(res_r)
     for _ in range(n):
-        a, b = f.readline().split()
+        line = f.readline().split()
+        if len(line) != 2:
+            raise SystemExit("tcpstore_bench: a client failed")
+        a, b = line
         ops += int(a)
         wrong += int(b)
     wrong += reap(n)
-    print("%s %d %.0f %d" % ("get" if is_get else "set", n, ops / secs, wrong), flush=True)
-    for fd in (ready_r, ready_w, res_w):
-        os.close(fd)
+    os.close(ready_r)
     f.close()
+    return ops / secs, wrong
 
 
-def rdzv_client(port, n, rank, go_r, res_w):
+def throughput(port, is_get, n, secs, reps):
+    """The median of reps measurements, as store_bench.c does."""
+    runs = [throughput_once(port, is_get, n, secs) for _ in range(reps)]
+    what = "get" if is_get else "set"
+    print("# %s %d: %s" % (what, n, " ".join("%.0f" % r[0] for r in runs)))
+    med = sorted(r[0] for r in runs)[reps // 2]
+    print("%s %d %.0f %d" % (what, n, med, sum(r[1] for r in runs)), flush=True)
+
+
+def rdzv_client(port, n, rnd, rank, go_r, res_w):
     try:
         os.read(go_r, 1)
         s = client(port)
-        s.set("rdzv/rank/%d" % rank, b"1")
-        if s.add("rdzv/count", 1) == n:
-            s.set("rdzv/done", b"1")
-        s.wait(["rdzv/done"])
+        s.set("rdzv%d/rank/%d" % (rnd, rank), b"1")
+        if s.add("rdzv%d/count" % rnd, 1) == n:
+            s.set("rdzv%d/done" % rnd, b"1")
+        s.wait(["rdzv%d/done" % rnd])
         os.write(res_w, b"d")
         os._exit(0)
     except BaseException as e:
@@ -114,14 +128,16 @@ def rdzv_client(port, n, rank, go_r, res_w):
         os._exit(1)
 
 
-def rendezvous(port, n):
+def rendezvous_once(port, n, rnd):
     go_r, go_w = os.pipe()
     res_r, res_w = os.pipe()
     for i in range(n):
         if os.fork() == 0:
             os.close(go_w)
-            rdzv_client(port, n, i, go_r, res_w)
+            os.close(res_r)
+            rdzv_client(port, n, rnd, i, go_r, res_w)
     os.close(go_r)
+    os.close(res_w)  # a client that dies makes the reads below end, not hang
     t0 = time.monotonic()
     os.close(go_w)
     got = 0
@@ -131,23 +147,32 @@ def rendezvous(port, n):
             break
         got += len(b)
     t1 = time.monotonic()
+    os.close(res_r)
     wrong = (n - got) + reap(n)
     s = client(port)
-    wrong += sum(s.get("rdzv/rank/%d" % i) != b"1" for i in range(n))
-    print("rdzv %d %.4f %d" % (n, t1 - t0, wrong), flush=True)
+    wrong += sum(s.get("rdzv%d/rank/%d" % (rnd, i)) != b"1" for i in range(n))
+    return t1 - t0, wrong
+
+
+def rendezvous(port, n, reps):
+    runs = [rendezvous_once(port, n, r) for r in range(reps)]
+    print("# rdzv %d: %s" % (n, " ".join("%.4f" % r[0] for r in runs)))
+    med = sorted(r[0] for r in runs)[reps // 2]
+    print("rdzv %d %.4f %d" % (n, med, sum(r[1] for r in runs)), flush=True)
 
 
 def main():
     secs = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
     nclients = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     nrdzv = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    reps = max(1, int(sys.argv[4]) if len(sys.argv) > 4 else 3)
     srv, port = start_server()
     try:
-        throughput(port, True, 1, secs)
-        throughput(port, False, 1, secs)
-        throughput(port, True, nclients, secs)
-        throughput(port, False, nclients, secs)
-        rendezvous(port, nrdzv)
+        throughput(port, True, 1, secs, reps)
+        throughput(port, False, 1, secs, reps)
+        throughput(port, True, nclients, secs, reps)
+        throughput(port, False, nclients, secs, reps)
+        rendezvous(port, nrdzv, reps)
     finally:
         os.kill(srv, 9)
         os.waitpid(srv, 0)
