@@ -124,13 +124,21 @@ static int recv_resp(mgpu_store_t *s, uint32_t id, double deadline, mgpu_store_m
         if (rc < 0)
             return rc;
         if (rc == 1) {
-            /* Another id: the answer to a request we stopped waiting for. Except id 0 with an
-             * error: the server's word on the whole connection (too many connections, a frame
-             * it could not decode), which answers whatever is waiting. */
+            /* Another id answers no request of this connection (requests are not pipelined,
+             * and a connection whose request timed out is dropped): skipped. Except id 0 with
+             * an error: the server's word on the whole connection (too many connections, a
+             * frame it could not cut), which answers whatever is waiting. */
             if (f.id != id && !(f.id == 0 && f.status != MGPU_STORE_ST_OK))
                 continue;
             return mgpu_store_msg_parse(&f, NULL, m, err);
         }
+        /* poll before recv: right after a request the answer is not there yet, and a recv
+         * failing with EAGAIN would cost one more system call per round trip. */
+        rc = wait_fd(s->fd, POLLIN, deadline);
+        if (rc == MGPU_E_TIMEOUT)
+            return mgpu_err_set(err, rc, "store %s:%d: no response in time", s->host, s->port);
+        if (rc < 0)
+            return mgpu_err_set(err, rc, "poll(store %s:%d): %s", s->host, s->port, strerror(-rc));
         if (mgpu_store_dec_reserve(&s->dec, 0, &p, &avail) < 0)
             return mgpu_err_set(err, -ENOMEM, "store client: out of memory reading a response");
         r = recv(s->fd, p, avail, 0);
@@ -141,16 +149,9 @@ static int recv_resp(mgpu_store_t *s, uint32_t id, double deadline, mgpu_store_m
         if (r == 0)
             return mgpu_err_set(err, MGPU_E_PEER, "store %s:%d closed the connection", s->host,
                                 s->port);
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
+        if (errno != EINTR && errno != EAGAIN)
             return mgpu_err_set(err, -errno, "recv(store %s:%d): %s", s->host, s->port,
                                 strerror(errno));
-        rc = wait_fd(s->fd, POLLIN, deadline);
-        if (rc == MGPU_E_TIMEOUT)
-            return mgpu_err_set(err, rc, "store %s:%d: no response in time", s->host, s->port);
-        if (rc < 0)
-            return mgpu_err_set(err, rc, "poll(store %s:%d): %s", s->host, s->port, strerror(-rc));
     }
 }
 

@@ -69,7 +69,7 @@ int mgpu_store_num_keys(mgpu_store_t *s, int64_t *n, mgpu_err_t *err);
 /* One round trip that changes nothing (liveness, latency). */
 int mgpu_store_ping(mgpu_store_t *s, mgpu_err_t *err);
 /* All world_size callers using the same name meet here (reusable: each use of a name is a new
- * round). On timeout the message says how many arrived. */
+ * round; a name keeps its world_size). On timeout the message says how many arrived. */
 int mgpu_store_barrier(mgpu_store_t *s, const char *name, int world_size, double timeout_s,
                        mgpu_err_t *err);
 

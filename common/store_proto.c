@@ -248,7 +248,13 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
     } else {
         switch (f->op) {
         case MGPU_STORE_OP_HELLO:
-            bad = rd_u8(&r, &m->u8) || rd_bytes(&r, &m->key, lim->max_key);
+            bad = rd_u8(&r, &m->u8);
+            /* Another version's HELLO may go on differently: leave the rest unread, so that
+             * the server can answer with ST_VERSION rather than a protocol error. */
+            if (!bad && m->u8 != MGPU_STORE_PROTO_VERSION)
+                r.left = 0;
+            else if (!bad)
+                bad = rd_bytes(&r, &m->key, lim->max_key);
             break;
         case MGPU_STORE_OP_SET:
             bad = rd_bytes(&r, &m->key, lim->max_key) || rd_bytes(&r, &m->val, lim->max_value);

@@ -10,8 +10,10 @@
  *   0      2     magic "MG" (0x4D 0x47): a peer speaking something else fails on its first bytes
  *   2      1     op: a request op below, or (op | 0x80) in the response to it
  *   3      1     status: 0 in requests; an MGPU_STORE_ST_* code in responses
- *   4      4     request id: chosen by the client, echoed by the server. The client skips
- *                responses to requests it stopped waiting for (its own deadline passed first)
+ *   4      4     request id: chosen by the client, echoed by the server, so answers are
+ *                matched to requests (a client may pipeline). Id 0 in an error response is
+ *                the server's word on the whole connection (too many connections, a frame it
+ *                could not cut), sent before it closes
  *   8      4     payload length in bytes (bounded by the decoder's limits)
  *
  * Payload fields, in order: u8, u32, i64, and bytes = u32 length + that many bytes (keys,
@@ -31,7 +33,8 @@
  *
  * A response whose status is not OK carries one field: bytes message (human-readable).
  * HELLO must be the first request of a connection; its version is MGPU_STORE_PROTO_VERSION and a
- * server that speaks another answers ST_VERSION and closes. timeout_ms: 0 = do not wait,
+ * server that speaks another answers ST_VERSION and closes. The header and HELLO's first byte
+ * (the version) keep their meaning in every version; what follows may change. timeout_ms: 0 = do not wait,
  * MGPU_STORE_WAIT_FOREVER = no deadline. A malformed or oversized frame is a protocol error:
  * the server answers ST_PROTOCOL (best effort) and closes that connection only.
  *

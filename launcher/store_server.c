@@ -6,15 +6,17 @@
  * callbacks, so one slow or silent client never delays another. */
 #include "store_server.h"
 
-#include <errno.h>      /* ENOMEM */
-#include <netdb.h>      /* getaddrinfo */
-#include <netinet/in.h> /* sockaddr_in */
-#include <stdarg.h>     /* va_list */
-#include <stdio.h>      /* snprintf */
-#include <stdlib.h>     /* malloc, free */
-#include <string.h>     /* memcmp, memcpy */
-#include <sys/socket.h> /* socket, bind, listen */
-#include <unistd.h>     /* close */
+#include <errno.h>        /* ENOMEM */
+#include <netdb.h>        /* getaddrinfo */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <stdarg.h>       /* va_list */
+#include <stdio.h>        /* snprintf */
+#include <stdlib.h>       /* malloc, free */
+#include <string.h>       /* memcmp, memcpy */
+#include <sys/random.h>   /* getrandom */
+#include <sys/resource.h> /* getrlimit, setrlimit */
+#include <sys/socket.h>   /* socket, bind, listen */
+#include <unistd.h>       /* close */
 
 #include "log.h"         /* mgpu_warn, mgpu_debug */
 #include "store_proto.h" /* frames, decoder */
@@ -75,13 +77,14 @@ struct conn {
     mgpu_store_buf_t wbuf; /* the bytes of the uv_write in flight */
     uv_write_t wreq;
     uv_shutdown_t sreq;
-    int writing;  /* wreq in flight */
-    int reading;  /* uv_read_start in effect */
-    int authed;   /* HELLO accepted */
-    int draining; /* answer what is queued, then shut down and close */
-    int shutdown; /* sreq in flight */
-    int closing;  /* uv_close called */
-    int counted;  /* counts towards max_conns (refused connections do not) */
+    int writing;          /* wreq in flight */
+    int reading;          /* uv_read_start in effect */
+    int authed;           /* HELLO accepted */
+    int draining;         /* answer what is queued, then shut down and close */
+    int shutdown;         /* sreq in flight */
+    int closing;          /* uv_close called */
+    int counted;          /* counts towards max_conns (refused connections do not) */
+    uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
     waiter_t *waiters;
     char peer[64];
 };
@@ -89,6 +92,8 @@ struct conn {
 struct mgpu_store_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_timer_t sweep; /* closes connections that did not say HELLO in time */
+    uint64_t hello_timeout_ms;
     int port;
     uint8_t *token;
     size_t token_len;
@@ -106,10 +111,12 @@ struct mgpu_store_server {
 
 /* ---- the table ---- */
 
+/* FNV-1a. Not keyed: a client could choose colliding keys and lengthen one chain, but only
+ * clients that passed HELLO (with the token where the store is reachable from other hosts)
+ * send keys, and they are the job's own processes. */
 static uint32_t hash_key(const uint8_t *k, size_t n)
 {
-    uint32_t h = 2166136261u; /* FNV-1a: keys are short and this is not exposed to a choice of
-                                 collisions that matters more than one client's own latency */
+    uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++)
         h = (h ^ k[i]) * 16777619u;
     return h;
@@ -204,6 +211,11 @@ static void srv_handle_closed(mgpu_store_server_t *s)
 }
 
 static void listener_closed(uv_handle_t *h)
+{
+    srv_handle_closed(h->data);
+}
+
+static void sweep_closed(uv_handle_t *h)
 {
     srv_handle_closed(h->data);
 }
@@ -307,11 +319,19 @@ static void conn_maybe_finish(conn_t *c)
         conn_close(c);
 }
 
+/* After a large value went out, its buffer is given back rather than kept per connection. */
+static void buf_trim(mgpu_store_buf_t *b)
+{
+    if (b->len == 0 && b->cap > OUT_HIGH)
+        mgpu_store_buf_free(b);
+}
+
 static void conn_write_done(uv_write_t *req, int status)
 {
     conn_t *c = req->data;
     c->writing = 0;
     c->wbuf.len = 0;
+    buf_trim(&c->wbuf);
     if (c->closing)
         return;
     if (status < 0) {
@@ -352,6 +372,7 @@ static void conn_flush(conn_t *c)
     }
     if ((size_t)n == c->out.len) {
         c->out.len = 0;
+        buf_trim(&c->out);
         conn_maybe_finish(c);
         return;
     }
@@ -879,6 +900,10 @@ static void on_connection(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    /* A node that dies without closing its sockets: its connections (and the waits parked on
+     * them) end once keepalive probes go unanswered instead of never. */
+    uv_tcp_keepalive(&c->tcp, 1, 30);
+    c->accepted_ms = uv_now(s->loop);
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     if (s->nconns >= s->max_conns) {
         char why[96];
@@ -892,7 +917,76 @@ static void on_connection(uv_stream_t *l, int status)
     conn_read_start(c);
 }
 
+/* Once a second: a peer that connected but has not said HELLO in time holds a connection slot
+ * for nothing (or is probing the port); it is closed. */
+static void sweep(uv_timer_t *t)
+{
+    mgpu_store_server_t *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->authed && !c->draining && !c->closing &&
+            now - c->accepted_ms >= s->hello_timeout_ms) {
+            char why[64];
+            snprintf(why, sizeof why, "no HELLO within %llu ms",
+                     (unsigned long long)s->hello_timeout_ms);
+            conn_fail(c, MGPU_STORE_OP_HELLO, 0, MGPU_STORE_ST_PROTOCOL, why);
+        }
+    }
+}
+
 /* ---- the public API ---- */
+
+static int is_loopback(const struct sockaddr *a)
+{
+    static const struct in6_addr lo6 = IN6ADDR_LOOPBACK_INIT;
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
+}
+
+/* Each connection is a descriptor, and the usual soft limit (1024) is below the default
+ * max_conns: without this, a rendezvous of a thousand workers fails at accept(2) with EMFILE.
+ * Raises the soft limit as far as the hard one allows (children inherit it, which is harmless),
+ * and says so when even that is short. */
+static void raise_fd_limit(int max_conns)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_conns + 256; /* the launcher's own pipes, logs, workers */
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+        mgpu_warn("store: max_conns is %d but this process may open only %llu descriptors "
+                  "(ulimit -n): clients beyond that will be refused",
+                  max_conns, (unsigned long long)rl.rlim_cur);
+}
+
+int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[16];
+    size_t got = 0;
+
+    if (size < 2 * sizeof raw + 1)
+        return mgpu_err_set(err, MGPU_E_RANGE, "token buffer of %zu bytes, need %zu", size,
+                            2 * sizeof raw + 1);
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return mgpu_err_set(err, -errno, "getrandom(%zu): %s", sizeof raw, strerror(errno));
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) {
+        buf[2 * i] = hex[raw[i] >> 4];
+        buf[2 * i + 1] = hex[raw[i] & 15];
+    }
+    buf[2 * sizeof raw] = '\0';
+    return 0;
+}
 
 int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                             mgpu_store_server_t **out, mgpu_err_t *err)
@@ -944,6 +1038,11 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
         goto fail;
     }
 
+    if (!is_loopback(ai->ai_addr) && (o->token == NULL || *o->token == '\0'))
+        mgpu_warn("store: listening on %s with no token: anyone who can reach it can read and "
+                  "change the job's keys",
+                  addr_str);
+
     s = calloc(1, sizeof *s);
     if (s == NULL || (s->buckets = calloc(64, sizeof *s->buckets)) == NULL) {
         rc = mgpu_err_set(err, -ENOMEM, "store server: out of memory");
@@ -954,6 +1053,8 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     s->max_conns = o->max_conns > 0 ? o->max_conns : DEFAULT_MAX_CONNS;
+    s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 10000;
+    raise_fd_limit(s->max_conns);
     s->lim = mgpu_store_limits_default();
     if (o->max_key)
         s->lim.max_key = o->max_key;
@@ -975,6 +1076,13 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     if (rc == 0) {
         fd = -1; /* the handle owns it now */
         rc = uv_listen((uv_stream_t *)&s->listener, LISTEN_BACKLOG, on_connection);
+    }
+    if (rc == 0) {
+        uint64_t every = s->hello_timeout_ms < 1000 ? s->hello_timeout_ms : 1000;
+        uv_timer_init(loop, &s->sweep);
+        s->handles++;
+        s->sweep.data = s;
+        uv_timer_start(&s->sweep, sweep, every, every);
     }
     if (rc < 0) {
         mgpu_err_set(err, rc, "uv_listen(%s): %s", addr_str, uv_strerror(rc));
@@ -1020,5 +1128,6 @@ void mgpu_store_server_close(mgpu_store_server_t *s)
     s->closing = 1;
     while (s->conns != NULL)
         conn_close(s->conns);
+    uv_close((uv_handle_t *)&s->sweep, sweep_closed);
     uv_close((uv_handle_t *)&s->listener, listener_closed);
 }

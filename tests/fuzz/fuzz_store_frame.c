@@ -22,7 +22,10 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
     uint8_t op = m->op & (uint8_t)~MGPU_STORE_RESP;
     int resp = (m->op & MGPU_STORE_RESP) != 0;
 
-    if (resp && m->status != MGPU_STORE_ST_OK) {
+    if (!resp && op == MGPU_STORE_OP_HELLO && m->u8 != MGPU_STORE_PROTO_VERSION) {
+        mgpu_store_buf_free(&b); /* another version's HELLO: only its first byte was read */
+        return;
+    } else if (resp && m->status != MGPU_STORE_ST_OK) {
         mgpu_store_buf_bytes(&b, m->val.p, m->val.len);
     } else if (!resp) {
         switch (op) {
