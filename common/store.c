@@ -598,6 +598,27 @@ int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *re
     return rc;
 }
 
+int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
+                        mgpu_err_t *err)
+{
+    mgpu_store_msg_t m;
+    size_t start = begin(s, MGPU_STORE_OP_ON_CLOSE);
+    int rc;
+    if (2 * n > MGPU_STORE_MAX_KEYS_PER_REQ)
+        return mgpu_err_set(err, MGPU_E_RANGE, "store ON_CLOSE of %zu keys exceeds the limit", n);
+    mgpu_store_buf_u32(&s->out, (uint32_t)(2 * n));
+    for (size_t i = 0; i < n; i++) {
+        size_t vl = strlen(vals[i]);
+        if ((rc = put_key(s, keys[i], err)) < 0)
+            return rc;
+        if (vl > MGPU_STORE_MAX_KEY)
+            return mgpu_err_set(err, MGPU_E_RANGE, "ON_CLOSE value of %zu bytes", vl);
+        mgpu_store_buf_u32(&s->out, (uint32_t)vl);
+        mgpu_store_buf_raw(&s->out, vals[i], vl);
+    }
+    return roundtrip(s, start, 0, 0, &m, err);
+}
+
 int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t *err)
 {
     mgpu_store_msg_t m;

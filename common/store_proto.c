@@ -273,7 +273,8 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             bad = rd_u32c(&r, &m->u32) || rd_keys(&r, m, lim);
             break;
         case MGPU_STORE_OP_CHECK:
-            bad = rd_keys(&r, m, lim);
+        case MGPU_STORE_OP_ON_CLOSE:
+            bad = rd_keys(&r, m, lim) || (f->op == MGPU_STORE_OP_ON_CLOSE && m->nkeys % 2 != 0);
             break;
         case MGPU_STORE_OP_DELETE:
             bad = rd_bytes(&r, &m->key, lim->max_key);
@@ -291,6 +292,7 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             break;
         case MGPU_STORE_OP_SET | MGPU_STORE_RESP:
         case MGPU_STORE_OP_WAIT | MGPU_STORE_RESP:
+        case MGPU_STORE_OP_ON_CLOSE | MGPU_STORE_RESP:
             break;
         case MGPU_STORE_OP_GET | MGPU_STORE_RESP:
             bad = rd_bytes(&r, &m->val, lim->max_value);
@@ -437,7 +439,7 @@ void mgpu_store_buf_raw(mgpu_store_buf_t *b, const void *p, size_t n)
 const char *mgpu_store_op_name(uint8_t op)
 {
     static const char *names[] = {"?",    "HELLO", "SET",    "GET",      "ADD", "COMPARE_SET",
-                                  "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING"};
+                                  "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING", "ON_CLOSE"};
     op &= (uint8_t)~MGPU_STORE_RESP;
     return op <= MGPU_STORE_OP_LAST ? names[op] : "?";
 }

@@ -30,6 +30,12 @@
  *   8 DELETE      bytes key                                u8 deleted (1 = it existed)
  *   9 NUM_KEYS    -                                        i64 number of keys
  *   10 PING       u32 nonce                                u32 nonce
+ *   11 ON_CLOSE   u32 2n, n x (bytes key, bytes value)      -
+ *
+ * ON_CLOSE registers, for this connection, keys the server sets (each only if it has no value
+ * then) when the connection closes for any reason but the server's own shutdown: how a peer's
+ * death wakes the others that wait on those keys, like ZooKeeper's ephemeral nodes. A new
+ * ON_CLOSE replaces the last one; 0 pairs clears it. Values are bounded like keys.
  *
  * A response whose status is not OK carries one field: bytes message (human-readable).
  * HELLO must be the first request of a connection; its version is MGPU_STORE_PROTO_VERSION and a
@@ -71,7 +77,8 @@ enum {
     MGPU_STORE_OP_DELETE = 8,
     MGPU_STORE_OP_NUM_KEYS = 9,
     MGPU_STORE_OP_PING = 10,
-    MGPU_STORE_OP_LAST = MGPU_STORE_OP_PING,
+    MGPU_STORE_OP_ON_CLOSE = 11,
+    MGPU_STORE_OP_LAST = MGPU_STORE_OP_ON_CLOSE,
 };
 
 enum {

@@ -25,6 +25,7 @@ struct mgpu_rdzv {
     mgpu_store_t *watch;         /* blocked in mgpu_rdzv_wait_failure */
     int nnodes, node_rank;
     int joined;                  /* every node met: leaving is agreed too (mgpu_rdzv_close) */
+    char host[256];              /* this node's name, for the others' reports */
     char where[300];             /* "host:port" for messages */
 };
 
@@ -296,6 +297,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     snprintf(prefix, sizeof prefix, "mgpu/%s/", o->run_id);
     mgpu_store_set_prefix(r->client, prefix);
     snprintf(me, sizeof me, "%d %s", o->nproc, o->hostname);
+    snprintf(r->host, sizeof r->host, "%s", o->hostname);
     rc = elastic ? join_elastic(r, o, me, err) : join_static(r, o, me, err);
     if (rc < 0)
         goto fail;
@@ -400,6 +402,30 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
     size_t len = 0;
     int rc;
 
+    /* If this launcher dies, the store itself tells the others: on this connection's close it
+     * records the failure, wakes every other node's watcher and ends this node's attempt. */
+    {
+        int n = r->nnodes + 2, k = 0;
+        char **keys = calloc((size_t)n, sizeof *keys), dead[320];
+        const char **vals = calloc((size_t)n, sizeof *vals);
+        snprintf(dead, sizeof dead, "%d -1 -1 137 %s", r->node_rank, r->host);
+        for (int i = 0; keys && vals && i < r->nnodes; i++) {
+            if (asprintf(&keys[k], i == r->node_rank ? "attempt/%d/end/%d" : "attempt/%d/watch/%d",
+                         attempt, i) < 0)
+                break;
+            vals[k++] = dead;
+        }
+        if (keys && vals && asprintf(&keys[k], "attempt/%d/failure", attempt) >= 0)
+            vals[k++] = dead;
+        if (keys && vals && asprintf(&keys[k], "left/%d", r->node_rank) >= 0)
+            vals[k++] = dead; /* the serving node need not wait for it at the end */
+        if (keys && vals)
+            mgpu_store_on_close(r->watch, (const char *const *)keys, vals, (size_t)k, NULL);
+        for (int i = 0; keys && i < k; i++)
+            free(keys[i]);
+        free(keys);
+        free(vals);
+    }
     snprintf(key, sizeof key, "attempt/%d/watch/%d", attempt, r->node_rank);
     rc = mgpu_store_get(r->watch, key, -1, &val, &len, err);
     if (rc < 0)
@@ -503,6 +529,8 @@ void mgpu_rdzv_close(mgpu_rdzv_t *r)
         }
         free(keys);
     }
+    if (r->watch != NULL)
+        mgpu_store_on_close(r->watch, NULL, NULL, 0, NULL); /* a normal end is no death */
     mgpu_store_close(r->watch);
     mgpu_store_close(r->client);
     mgpu_store_thread_stop(r->server);

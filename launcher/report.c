@@ -182,6 +182,9 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
             fprintf(out, "  rank      : %d (local_rank: %d)\n", f->rank, f->local_rank);
             fprintf(out, "  exitcode  : %d\n", f->exit_code);
             fprintf(out, "  details   : in the report of node %d's launcher\n", f->node_rank);
+        } else if (f->exit_code == 137) {
+            fprintf(out, "  cause     : that node's launcher died (its connection to the store "
+                         "closed)\n");
         } else {
             fprintf(out, "  cause     : that node's launcher received signal %d\n",
                     f->exit_code - 128);

@@ -86,6 +86,8 @@ struct conn {
     int counted;          /* counts towards max_conns (refused connections do not) */
     uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
     waiter_t *waiters;
+    uint8_t *on_close;    /* ON_CLOSE's encoded key/value list, set when this one closes */
+    uint32_t on_close_len, on_close_n;
     char peer[64];
 };
 
@@ -267,11 +269,39 @@ static void conn_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
     mgpu_store_server_t *s = c->srv;
+    free(c->on_close);
     mgpu_store_dec_free(&c->dec);
     mgpu_store_buf_free(&c->out);
     mgpu_store_buf_free(&c->wbuf);
     free(c);
     srv_handle_closed(s);
+}
+
+static int entry_set(mgpu_store_server_t *s, entry_t *e, const void *v, size_t n);
+static entry_t *table_get(mgpu_store_server_t *s, const uint8_t *k, size_t n);
+static entry_t *table_find(mgpu_store_server_t *s, const uint8_t *k, size_t n);
+
+/* The keys a closing connection registered with ON_CLOSE, set where they have no value. */
+static void fire_on_close(conn_t *c)
+{
+    mgpu_store_server_t *s = c->srv;
+    const uint8_t *p = c->on_close, *end = p + c->on_close_len;
+
+    for (uint32_t i = 0; i + 1 < c->on_close_n && p + 8 <= end; i += 2) {
+        uint32_t kl, vl;
+        const uint8_t *k, *v;
+        entry_t *e;
+        kl = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        k = p + 4;
+        v = k + kl + 4;
+        vl = (uint32_t)v[-4] | (uint32_t)v[-3] << 8 | (uint32_t)v[-2] << 16 | (uint32_t)v[-1] << 24;
+        p = v + vl;
+        e = table_find(s, k, kl);
+        if (e != NULL && e->has_value)
+            continue;
+        if ((e = table_get(s, k, kl)) != NULL)
+            entry_set(s, e, v, vl);
+    }
 }
 
 /* Closes at once: queued responses are dropped and parked waits end unanswered. */
@@ -281,6 +311,8 @@ static void conn_close(conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    if (c->on_close != NULL && !s->closing)
+        fire_on_close(c);
     while (c->waiters != NULL)
         waiter_free(c->waiters);
     if (c->prev)
@@ -763,6 +795,20 @@ static void handle(conn_t *c, const mgpu_store_frame_t *f)
         start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
         mgpu_store_buf_u32(&c->out, m.u32);
         break;
+    case MGPU_STORE_OP_ON_CLOSE: {
+        /* The key list is already checked by the parser: keep it encoded as it came. */
+        uint8_t *copy = m.key.len ? malloc(m.key.len) : NULL;
+        if (m.key.len && copy == NULL)
+            goto nomem;
+        if (m.key.len)
+            memcpy(copy, m.key.p, m.key.len);
+        free(c->on_close);
+        c->on_close = copy;
+        c->on_close_len = m.key.len;
+        c->on_close_n = m.nkeys;
+        start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
+        break;
+    }
     default: /* the decoder admits request ops only */
         conn_fail(c, m.op, m.id, MGPU_STORE_ST_PROTOCOL, "unexpected op");
         return;

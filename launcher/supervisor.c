@@ -812,7 +812,7 @@ static void rwork_run(uv_work_t *req)
         w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
         break;
     case RW_END:
-        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, 2 * s->cli->grace_period + 60.0,
+        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->cli->grace_period + 30.0,
                                       &w->failed, &w->f, &w->err);
         break;
     }
@@ -830,9 +830,18 @@ static void rwork_done(uv_work_t *req, int status)
             mgpu_warn("node %d (%s): rank %d failed with exit code %d; stopping this node's "
                       "workers",
                       w->f.node_rank, w->f.host, w->f.rank, w->f.exit_code);
-        else
-            mgpu_warn("node %d (%s): its launcher was stopped; stopping this node's workers",
+        else if (w->f.exit_code == 137)
+            mgpu_warn("node %d (%s): its launcher died; stopping this node's workers",
                       w->f.node_rank, w->f.host);
+        else
+            mgpu_warn("node %d (%s): its launcher was stopped by signal %d; stopping this "
+                      "node's workers",
+                      w->f.node_rank, w->f.host, w->f.exit_code - 128);
+        stop_group(s, SIGTERM);
+    } else if (w->kind == RW_WATCH && w->rc < 0 && w->rc != MGPU_E_CLOSED &&
+               w->attempt == s->attempt && !s->finished && !s->ending) {
+        mgpu_error("lost the other nodes: %s; stopping this node's workers", w->err.msg);
+        s->res->rdzv_error = 1;
         stop_group(s, SIGTERM);
     } else if (w->kind == RW_REPORT && w->rc < 0) {
         mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
@@ -887,6 +896,10 @@ static void maybe_finish(sup_t *s)
         return; /* leftovers are stopping; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
+    if (s->multi && s->res->rdzv_error) {
+        attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
+        return;
+    }
     if (s->multi) {
         /* Every node must end this attempt before any restarts or leaves. */
         s->ending = 1;
