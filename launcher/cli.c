@@ -1,0 +1,504 @@
+/* cli.c - the option table and its parser. Grammar as torchrun's argparse: options first; the
+ * first positional (or whatever follows "--") is the worker program, and everything after it
+ * belongs to the worker unchanged. */
+#include "cli.h"
+
+#include <errno.h>  /* errno */
+#include <math.h>   /* isfinite */
+#include <stdio.h>  /* fprintf */
+#include <stdlib.h> /* strtol, strtod */
+#include <string.h> /* strcmp */
+
+typedef enum {
+    O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE,
+    O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_MAX_RESTARTS, O_MONITOR,
+    O_START_METHOD, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_NO_PYTHON, O_MODULE,
+    O_RUN_PATH, O_USE_ENV, O_LEGACY, O_LOCAL_ADDR, O_PREFIX_TEMPLATE, O_NO_PREFIX, O_DRY_RUN,
+    O_GRACE, O_SUMMARY, O_SHARING, O_QUIET, O_VERBOSE, O_HELP, O_VERSION,
+} opt_id;
+
+typedef enum { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL } arg_kind;
+
+typedef struct opt {
+    const char *name;  /* underscore spelling; the dash spelling is accepted too */
+    char shortopt;     /* 0 when none */
+    arg_kind arg;
+    opt_id id;
+    const char *help;
+} opt_t;
+
+static const opt_t opts[] = {
+    {"nproc_per_node", 0, ARG_REQUIRED, O_NPROC, "N|gpu|cpu|auto  workers on this node (default 1)"},
+    {"nnodes", 0, ARG_REQUIRED, O_NNODES, "N|MIN:MAX  number of nodes (default 1)"},
+    {"node_rank", 0, ARG_REQUIRED, O_NODE_RANK, "R  this node's rank (default 0)"},
+    {"master_addr", 0, ARG_REQUIRED, O_MASTER_ADDR, "HOST  address of node 0 (default 127.0.0.1)"},
+    {"master_port", 0, ARG_REQUIRED, O_MASTER_PORT, "PORT  default: a free port on one node, else 29500"},
+    {"standalone", 0, ARG_NONE, O_STANDALONE, "single node, free port, random run id"},
+    {"rdzv_backend", 0, ARG_REQUIRED, O_RDZV_BACKEND, "static|c10d (default static)"},
+    {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
+    {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
+    {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF, "k=v,...  rendezvous settings"},
+    {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS, "N  group restarts before failing (default 0)"},
+    {"monitor_interval", 0, ARG_REQUIRED, O_MONITOR, "SECONDS  accepted; mgpu does not poll"},
+    {"start_method", 0, ARG_REQUIRED, O_START_METHOD, "spawn|fork|forkserver  accepted"},
+    {"role", 0, ARG_REQUIRED, O_ROLE, "NAME  ROLE_NAME of the workers (default default)"},
+    {"log_dir", 0, ARG_REQUIRED, O_LOG_DIR, "DIR  per-rank logs in torchrun's layout"},
+    {"redirects", 'r', ARG_REQUIRED, O_REDIRECTS, "0-3|R:V,...  streams to files only (1 out, 2 err, 3 both)"},
+    {"tee", 't', ARG_REQUIRED, O_TEE, "0-3|R:V,...  streams to files and console"},
+    {"local_ranks_filter", 0, ARG_REQUIRED, O_FILTER, "R,R,...  console output of these local ranks only"},
+    {"no_python", 0, ARG_NONE, O_NO_PYTHON, "execute the program directly"},
+    {"module", 'm', ARG_NONE, O_MODULE, "run the program as python -m MODULE"},
+    {"run_path", 0, ARG_NONE, O_RUN_PATH, "run the program with python whatever its name"},
+    {"use_env", 0, ARG_NONE, O_USE_ENV, "accepted (the environment is always set)"},
+    {"legacy_local_rank", 0, ARG_NONE, O_LEGACY, "pass --local_rank=N first, as torch.distributed.launch"},
+    {"local_addr", 0, ARG_REQUIRED, O_LOCAL_ADDR, "HOST  this node's address"},
+    {"log_line_prefix_template", 0, ARG_REQUIRED, O_PREFIX_TEMPLATE, "T  e.g. '[${role_name}${local_rank}]:'"},
+    {"no_prefix", 0, ARG_NONE, O_NO_PREFIX, "worker lines without a prefix"},
+    {"dry_run", 0, ARG_OPTIONAL, O_DRY_RUN, "[=json]  print the plan, start nothing"},
+    {"grace_period", 0, ARG_REQUIRED, O_GRACE, "SECONDS  SIGTERM to SIGKILL (default 30)"},
+    {"shutdown_timeout", 0, ARG_REQUIRED, O_GRACE, "SECONDS  same as --grace_period"},
+    {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
+    {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING, "more workers than GPUs: rank k on ordinal k mod n"},
+    {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
+    {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
+    {"help", 'h', ARG_NONE, O_HELP, "this help"},
+    {"version", 0, ARG_NONE, O_VERSION, "print the version"},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+static int parse_long(const char *what, const char *s, long min, long max, long *out,
+                      mgpu_err_t *err)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno != 0 || v < min || v > max)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected an integer from %ld to %ld",
+                            what, s, min, max);
+    *out = v;
+    return 0;
+}
+
+static int parse_seconds(const char *what, const char *s, double min, double max, double *out,
+                         mgpu_err_t *err)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno != 0 || !isfinite(v) || v < min || v > max)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected seconds from %g to %g", what,
+                            s, min, max);
+    *out = v;
+    return 0;
+}
+
+static int copy_str(const char *what, char *dst, size_t len, const char *s, mgpu_err_t *err)
+{
+    if (strlen(s) >= len)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s: value longer than %zu characters", what,
+                            len - 1);
+    memcpy(dst, s, strlen(s) + 1);
+    return 0;
+}
+
+int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err)
+{
+    const char *p = s;
+
+    memset(spec, 0, sizeof *spec);
+    if (s[0] >= '0' && s[0] <= '3' && s[1] == '\0') {
+        spec->all = s[0] - '0';
+        return 0;
+    }
+    while (*p) {
+        long r = 0;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 5) {
+            r = r * 10 + (*p++ - '0');
+            digits++;
+        }
+        if (digits == 0 || *p != ':' || p[1] < '0' || p[1] > '3' ||
+            (p[2] != ',' && p[2] != '\0') || spec->nmap >= MGPU_MAX_LOCAL)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "'%s': expected 0, 1, 2 or 3 (1 stdout, 2 stderr, 3 both) or a map "
+                                "of local rank to value like 0:1,1:2",
+                                s);
+        spec->rank[spec->nmap] = (int)r;
+        spec->value[spec->nmap++] = p[1] - '0';
+        p += 2;
+        if (*p == ',') {
+            p++;
+            if (*p == '\0')
+                return mgpu_err_set(err, MGPU_E_USAGE, "'%s': trailing comma", s);
+        }
+    }
+    if (spec->nmap == 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "'%s': expected 0, 1, 2 or 3, or a map like 0:1,1:2",
+                            s);
+    return 0;
+}
+
+int mgpu_std_spec_get(const mgpu_std_spec_t *spec, int lr)
+{
+    for (int i = 0; i < spec->nmap; i++)
+        if (spec->rank[i] == lr)
+            return spec->value[i];
+    return spec->all;
+}
+
+static int parse_nnodes(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char buf[64];
+    char *colon;
+    long lo, hi;
+    int rc;
+
+    if (copy_str(what, buf, sizeof buf, v, err) < 0)
+        return MGPU_E_USAGE;
+    colon = strchr(buf, ':');
+    if (colon == NULL) {
+        rc = parse_long(what, buf, 1, 100000, &lo, err);
+        if (rc < 0)
+            return rc;
+        cli->nnodes_min = cli->nnodes_max = (int)lo;
+        return 0;
+    }
+    *colon = '\0';
+    if (strchr(colon + 1, ':') != NULL)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected N or MIN:MAX", what, v);
+    if (parse_long(what, buf, 1, 100000, &lo, err) < 0 ||
+        parse_long(what, colon + 1, 1, 100000, &hi, err) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s='%s': expected N or MIN:MAX with 1 <= MIN <= MAX <= 100000", what, v);
+    if (lo > hi)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': MIN (%ld) is larger than MAX (%ld)",
+                            what, v, lo, hi);
+    cli->nnodes_min = (int)lo;
+    cli->nnodes_max = (int)hi;
+    return 0;
+}
+
+static int parse_filter(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char buf[4096], *save = NULL;
+
+    if (copy_str(what, buf, sizeof buf, v, err) < 0)
+        return MGPU_E_USAGE;
+    cli->nfilter = 0;
+    if (buf[0] == '\0')
+        return 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long r;
+        if (parse_long(what, tok, 0, MGPU_MAX_LOCAL - 1, &r, err) < 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected local ranks separated by commas, like 0,2",
+                                what, v);
+        if (cli->nfilter < MGPU_MAX_LOCAL)
+            cli->filter[cli->nfilter++] = (int)r;
+    }
+    return 0;
+}
+
+/* Flags from the environment read as torchrun's check_env: an integer, non-zero is true. */
+static int parse_flag_env(const char *what, const char *v, int *out, mgpu_err_t *err)
+{
+    long n;
+    if (parse_long(what, v, -1000000, 1000000, &n, err) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected 1 or 0", what, v);
+    *out = n != 0;
+    return 0;
+}
+
+/* Applies one option. what names its source in messages ("--nproc_per_node" or
+ * "PET_NPROC_PER_NODE"); v is NULL for a flag given on the command line. */
+static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *v, int from_env,
+                 mgpu_err_t *err)
+{
+    long n;
+    int rc = 0;
+
+    if (o->arg == ARG_NONE && from_env) {
+        int on = 0;
+        if (parse_flag_env(what, v, &on, err) < 0)
+            return MGPU_E_USAGE;
+        if (!on)
+            return 0;
+    }
+    switch (o->id) {
+    case O_NPROC:
+        if (strcmp(v, "gpu") == 0 || strcmp(v, "cpu") == 0 || strcmp(v, "auto") == 0)
+            return copy_str(what, cli->nproc, sizeof cli->nproc, v, err);
+        if (parse_long(what, v, 1, MGPU_MAX_LOCAL, &n, err) < 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected a number of workers from 1 to %d, or gpu, cpu, "
+                                "auto",
+                                what, v, MGPU_MAX_LOCAL);
+        snprintf(cli->nproc, sizeof cli->nproc, "%ld", n);
+        return 0;
+    case O_NNODES: return parse_nnodes(what, v, cli, err);
+    case O_NODE_RANK:
+        rc = parse_long(what, v, 0, 99999, &n, err);
+        cli->node_rank = (int)n;
+        return rc;
+    case O_MASTER_ADDR:
+        if (*v == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a host name or address", what);
+        return copy_str(what, cli->master_addr, sizeof cli->master_addr, v, err);
+    case O_MASTER_PORT:
+        rc = parse_long(what, v, 0, 65535, &n, err);
+        cli->master_port = (int)n;
+        return rc;
+    case O_STANDALONE: cli->standalone = 1; return 0;
+    case O_RDZV_BACKEND:
+        if (strcmp(v, "static") != 0 && strcmp(v, "c10d") != 0)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected static or c10d", what, v);
+        return copy_str(what, cli->rdzv_backend, sizeof cli->rdzv_backend, v, err);
+    case O_RDZV_ENDPOINT: return copy_str(what, cli->rdzv_endpoint, sizeof cli->rdzv_endpoint, v, err);
+    case O_RDZV_ID:
+        if (*v == '\0' || strchr(v, '/') != NULL)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
+                                what, v);
+        return copy_str(what, cli->rdzv_id, sizeof cli->rdzv_id, v, err);
+    case O_RDZV_CONF: return copy_str(what, cli->rdzv_conf, sizeof cli->rdzv_conf, v, err);
+    case O_MAX_RESTARTS:
+        rc = parse_long(what, v, 0, 1000000, &n, err);
+        cli->max_restarts = (int)n;
+        return rc;
+    case O_MONITOR: return parse_seconds(what, v, 0.0, 3600.0, &cli->monitor_interval, err);
+    case O_START_METHOD:
+        if (strcmp(v, "spawn") != 0 && strcmp(v, "fork") != 0 && strcmp(v, "forkserver") != 0)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected spawn, fork or forkserver",
+                                what, v);
+        return copy_str(what, cli->start_method, sizeof cli->start_method, v, err);
+    case O_ROLE:
+        if (*v == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a role name", what);
+        return copy_str(what, cli->role, sizeof cli->role, v, err);
+    case O_LOG_DIR:
+        if (*v == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a directory", what);
+        return copy_str(what, cli->log_dir, sizeof cli->log_dir, v, err);
+    case O_REDIRECTS:
+    case O_TEE:
+        rc = mgpu_std_spec_parse(v, o->id == O_TEE ? &cli->tee : &cli->redirects, err);
+        if (rc < 0) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return mgpu_err_set(err, rc, "%s=%s", what, msg);
+        }
+        return 0;
+    case O_FILTER: return parse_filter(what, v, cli, err);
+    case O_NO_PYTHON: cli->no_python = 1; return 0;
+    case O_MODULE: cli->module = 1; return 0;
+    case O_RUN_PATH: cli->run_path = 1; return 0;
+    case O_USE_ENV: return 0;
+    case O_LEGACY: cli->legacy_local_rank = 1; return 0;
+    case O_LOCAL_ADDR: return copy_str(what, cli->local_addr, sizeof cli->local_addr, v, err);
+    case O_PREFIX_TEMPLATE:
+        return copy_str(what, cli->prefix_template, sizeof cli->prefix_template, v, err);
+    case O_NO_PREFIX: cli->no_prefix = 1; return 0;
+    case O_DRY_RUN:
+        if (v == NULL || strcmp(v, "text") == 0 || (from_env && strcmp(v, "1") == 0))
+            cli->dry_run = MGPU_DRY_TEXT;
+        else if (strcmp(v, "json") == 0)
+            cli->dry_run = MGPU_DRY_JSON;
+        else if (from_env && strcmp(v, "0") == 0)
+            cli->dry_run = MGPU_DRY_NONE;
+        else
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected text or json", what, v);
+        return 0;
+    case O_GRACE: return parse_seconds(what, v, 0.0, 86400.0, &cli->grace_period, err);
+    case O_SUMMARY:
+        if (*v == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a file name", what);
+        return copy_str(what, cli->summary, sizeof cli->summary, v, err);
+    case O_SHARING: cli->allow_gpu_sharing = 1; return 0;
+    case O_QUIET: cli->quiet = 1; return 0;
+    case O_VERBOSE: cli->verbose = 1; return 0;
+    case O_HELP: cli->show_help = 1; return 0;
+    case O_VERSION: cli->show_version = 1; return 0;
+    }
+    return 0;
+}
+
+/* Finds a long option by exact name or unique prefix, as argparse does; name is normalised
+ * (dashes to underscores) and has no leading "--" and no "=value". */
+static const opt_t *find_long(const char *name, const char *orig, mgpu_err_t *err)
+{
+    const opt_t *match = NULL;
+    char cands[512] = "";
+    int n = 0;
+
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strncmp(opts[i].name, name, strlen(name)) == 0) {
+            if (match != NULL && match->id == opts[i].id)
+                continue; /* two spellings of one option are one candidate */
+            size_t l = strlen(cands);
+            snprintf(cands + l, sizeof cands - l, "%s--%s", n ? ", " : "", opts[i].name);
+            match = &opts[i];
+            n++;
+        }
+    if (n == 1)
+        return match;
+    if (n > 1)
+        mgpu_err_set(err, MGPU_E_USAGE, "ambiguous option %s: could match %s", orig, cands);
+    else
+        mgpu_err_set(err, MGPU_E_USAGE, "unknown option %s (see mgpu-launch --help)", orig);
+    return NULL;
+}
+
+static void defaults(mgpu_cli_t *cli)
+{
+    memset(cli, 0, sizeof *cli);
+    snprintf(cli->nproc, sizeof cli->nproc, "1");
+    cli->nnodes_min = cli->nnodes_max = 1;
+    snprintf(cli->master_addr, sizeof cli->master_addr, "127.0.0.1");
+    cli->master_port = -1;
+    snprintf(cli->rdzv_backend, sizeof cli->rdzv_backend, "static");
+    snprintf(cli->rdzv_id, sizeof cli->rdzv_id, "none");
+    cli->monitor_interval = 0.1;
+    snprintf(cli->start_method, sizeof cli->start_method, "spawn");
+    snprintf(cli->role, sizeof cli->role, "default");
+    cli->grace_period = 30.0;
+}
+
+/* Environment defaults: PET_<NAME> for every option but help and version. */
+static int apply_env(mgpu_cli_t *cli, mgpu_getenv_fn getenv_fn, mgpu_err_t *err)
+{
+    for (size_t i = 0; i < NOPTS; i++) {
+        char var[64] = "PET_";
+        const char *v;
+
+        if (opts[i].id == O_HELP || opts[i].id == O_VERSION)
+            continue;
+        for (size_t k = 0; opts[i].name[k] && k < 58; k++)
+            var[4 + k] = (char)(opts[i].name[k] >= 'a' && opts[i].name[k] <= 'z'
+                                    ? opts[i].name[k] - 'a' + 'A'
+                                    : opts[i].name[k]);
+        v = getenv_fn(var);
+        if (v == NULL)
+            continue;
+        if (apply(cli, &opts[i], var, v, 1, err) < 0)
+            return MGPU_E_USAGE;
+    }
+    return 0;
+}
+
+int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                   mgpu_err_t *err)
+{
+    int i;
+
+    defaults(cli);
+    if (getenv_fn != NULL && apply_env(cli, getenv_fn, err) < 0)
+        return MGPU_E_USAGE;
+
+    for (i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const opt_t *o = NULL;
+        const char *val = NULL;
+        char what[128];
+
+        if (strcmp(arg, "--") == 0) {
+            i++;
+            break;
+        }
+        if (arg[0] != '-' || arg[1] == '\0')
+            break; /* the first positional: the worker program */
+        if (arg[1] == '-') {
+            char name[96];
+            const char *eq = strchr(arg + 2, '=');
+            size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+            if (len == 0 || len >= sizeof name)
+                return mgpu_err_set(err, MGPU_E_USAGE, "unknown option %s", arg);
+            for (size_t k = 0; k < len; k++)
+                name[k] = arg[2 + k] == '-' ? '_' : arg[2 + k];
+            name[len] = '\0';
+            o = find_long(name, arg, err);
+            if (o == NULL)
+                return MGPU_E_USAGE;
+            snprintf(what, sizeof what, "--%s", o->name);
+            if (eq != NULL)
+                val = eq + 1;
+        } else {
+            for (size_t k = 0; k < NOPTS; k++)
+                if (opts[k].shortopt == arg[1])
+                    o = &opts[k];
+            if (o == NULL)
+                return mgpu_err_set(err, MGPU_E_USAGE, "unknown option %s (see mgpu-launch --help)",
+                                    arg);
+            snprintf(what, sizeof what, "-%c", o->shortopt);
+            if (arg[2] != '\0')
+                val = arg[2] == '=' ? arg + 3 : arg + 2;
+        }
+        if (o->arg == ARG_NONE && val != NULL)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s takes no value (got '%s')", what, val);
+        if (o->arg == ARG_REQUIRED && val == NULL) {
+            if (i + 1 >= argc)
+                return mgpu_err_set(err, MGPU_E_USAGE, "%s: missing value (%s)", what, o->help);
+            val = argv[++i];
+        }
+        if (apply(cli, o, what, val, 0, err) < 0)
+            return MGPU_E_USAGE;
+    }
+
+    if (cli->show_help || cli->show_version)
+        return 0;
+    if (i >= argc)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "missing the worker program: mgpu-launch [options] PROGRAM [args...] "
+                            "(a .cfg runs mgpu-worker, a .py runs python3)");
+    if (argv[i][0] == '\0')
+        return mgpu_err_set(err, MGPU_E_USAGE, "the worker program is an empty string");
+    cli->prog_argc = argc - i;
+    cli->prog_argv = argv + i;
+
+    if (cli->no_python && cli->module)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "don't use both the '--no_python' flag and the '--module' flag at the "
+                            "same time");
+    if (cli->node_rank >= cli->nnodes_max)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--node_rank=%d: expected a node rank from 0 to %d (--nnodes=%d)",
+                            cli->node_rank, cli->nnodes_max - 1, cli->nnodes_max);
+    if (cli->standalone) {
+        /* torchrun: --standalone ignores the rendezvous options and runs one node. */
+        if (cli->nnodes_max != 1)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "--standalone runs one node, but --nnodes=%d:%d was given",
+                                cli->nnodes_min, cli->nnodes_max);
+    }
+    return 0;
+}
+
+void mgpu_cli_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: mgpu-launch [options] PROGRAM [args...]\n"
+            "       mgpu-launch [options] -- PROGRAM [args...]\n\n"
+            "Starts one worker per local rank with torchrun's environment (RANK, LOCAL_RANK,\n"
+            "WORLD_SIZE, MASTER_ADDR, ...) and supervises them. PROGRAM is a train.cfg (run by\n"
+            "mgpu-worker), a .py script (run by python3 -u, or $PYTHON_EXEC), or any executable.\n"
+            "Options end at PROGRAM: everything after it goes to the worker unchanged.\n\n"
+            "options (--a_b and --a-b both work; each also reads PET_<NAME>):\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        char left[64];
+        if (opts[i].shortopt)
+            snprintf(left, sizeof left, "-%c, --%s", opts[i].shortopt, opts[i].name);
+        else
+            snprintf(left, sizeof left, "    --%s", opts[i].name);
+        fprintf(out, "  %-32s %s\n", left, opts[i].help);
+    }
+    fprintf(out, "\nexit status: 0 when every worker succeeded; else the first failing worker's\n"
+                 "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
+                 "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
+                 "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
+                 "N GPUs on a machine without any.\n");
+}

@@ -1,0 +1,77 @@
+/* cli.h - mgpu-launch's command line: torchrun's options (both --a_b and --a-b spellings,
+ * --opt=v and --opt v, unique prefixes as argparse allows, PET_<NAME> environment defaults)
+ * plus mgpu's own. Parsing is pure: it reads argv and an environment lookup, and fills a
+ * plain struct; nothing is started or resolved against the machine here. */
+#ifndef MGPU_CLI_H
+#define MGPU_CLI_H
+
+#include <stdio.h> /* FILE */
+
+#include "error.h" /* mgpu_err_t */
+
+#define MGPU_MAX_LOCAL 1024 /* workers per node; more is refused as absurd */
+
+/* torchrun's -r/-t value: one value for every local rank, or a map "0:1,1:2". Bit 1 is
+ * stdout, bit 2 is stderr. */
+typedef struct mgpu_std_spec {
+    int all;                /* value for ranks absent from the map */
+    int nmap;               /* entries in the map */
+    int rank[MGPU_MAX_LOCAL];
+    int value[MGPU_MAX_LOCAL];
+} mgpu_std_spec_t;
+
+typedef enum { MGPU_DRY_NONE = 0, MGPU_DRY_TEXT, MGPU_DRY_JSON } mgpu_dry_t;
+
+typedef struct mgpu_cli {
+    char nproc[32]; /* "N", "gpu", "cpu" or "auto" (resolved by the plan) */
+    int nnodes_min, nnodes_max;
+    int node_rank;
+    char master_addr[256];
+    int master_port; /* -1: not given */
+    int standalone;
+    char rdzv_backend[32];
+    char rdzv_endpoint[300];
+    char rdzv_id[128];
+    char rdzv_conf[512];
+    int max_restarts;
+    double monitor_interval; /* accepted for compatibility; supervision is event-driven */
+    char start_method[16];
+    char role[64];
+    char log_dir[1024]; /* "" : not given */
+    mgpu_std_spec_t redirects, tee;
+    int nfilter;        /* --local_ranks_filter entries; 0 = every rank */
+    int filter[MGPU_MAX_LOCAL];
+    int no_python, module, run_path;
+    int legacy_local_rank;
+    char local_addr[256];
+    char prefix_template[256]; /* --log_line_prefix_template; "" = default */
+    int no_prefix;
+    mgpu_dry_t dry_run;
+    double grace_period;
+    char summary[1024];
+    int allow_gpu_sharing;
+    int quiet;
+    int verbose;
+    int show_help, show_version;
+    /* the worker program and its arguments (pointers into the caller's argv) */
+    int prog_argc;
+    char **prog_argv;
+} mgpu_cli_t;
+
+/* Reads the environment through getenv_fn (getenv in main; a table in tests). */
+typedef const char *(*mgpu_getenv_fn)(const char *name);
+
+/* Fills cli from argv (argv[0] is the launcher). Returns 0, or MGPU_E_USAGE with a one-line
+ * message naming the option, the value and what was expected. */
+int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                   mgpu_err_t *err);
+
+/* The value of spec for local rank lr. */
+int mgpu_std_spec_get(const mgpu_std_spec_t *spec, int lr);
+
+/* Parses torchrun's -r/-t syntax ("3", "0:1,1:2"). */
+int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err);
+
+void mgpu_cli_usage(FILE *out);
+
+#endif

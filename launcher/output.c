@@ -1,0 +1,145 @@
+/* output.c - line assembly for worker output. */
+#include "output.h"
+
+#include <errno.h>  /* ENOMEM */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* realloc */
+#include <string.h> /* memchr */
+
+void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int rank, char *out,
+                        size_t len)
+{
+    size_t n = 0;
+
+    out[0] = '\0';
+    while (*tmpl && n + 1 < len) {
+        if (strncmp(tmpl, "${role_name}", 12) == 0) {
+            n += (size_t)snprintf(out + n, len - n, "%s", role);
+            tmpl += 12;
+        } else if (strncmp(tmpl, "${local_rank}", 13) == 0) {
+            n += (size_t)snprintf(out + n, len - n, "%d", local_rank);
+            tmpl += 13;
+        } else if (strncmp(tmpl, "${rank}", 7) == 0) {
+            n += (size_t)snprintf(out + n, len - n, "%d", rank);
+            tmpl += 7;
+        } else {
+            out[n++] = *tmpl++;
+            out[n] = '\0';
+        }
+        if (n >= len)
+            n = len - 1;
+    }
+}
+
+static int reserve(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 4096;
+    while (c < need)
+        c *= 2;
+    char *b = realloc(*buf, c);
+    if (b == NULL)
+        return -ENOMEM;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
+/* Lays out [prefix line]... then the raw lines after them in the same buffer. */
+static int emit(mgpu_linebuf_t *lb, const char *prefix, const char *lines, size_t n, size_t nlines,
+                const char **block, size_t *blen, const char **raw, size_t *rlen)
+{
+    size_t plen = strlen(prefix), total = n + nlines * plen, o = 0;
+    const char *p = lines, *end = lines + n;
+
+    if (reserve(&lb->out, &lb->ocap, total + n) < 0)
+        return -ENOMEM;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = (size_t)(nl - p) + 1;
+        memcpy(lb->out + o, prefix, plen);
+        memcpy(lb->out + o + plen, p, l);
+        o += plen + l;
+        p += l;
+    }
+    memcpy(lb->out + o, lines, n);
+    *block = lb->out;
+    *blen = o;
+    if (raw != NULL) {
+        *raw = lb->out + o;
+        *rlen = n;
+    }
+    return 0;
+}
+
+int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, size_t n,
+                      const char **block, size_t *blen, const char **raw, size_t *rlen)
+{
+    size_t nlines = 0, last = 0;
+
+    *blen = 0;
+    if (rlen != NULL)
+        *rlen = 0;
+    for (size_t i = 0; i < n; i++)
+        if (data[i] == '\n') {
+            nlines++;
+            last = i + 1;
+        }
+    if (nlines == 0 && lb->plen + n < MGPU_LINE_MAX) {
+        if (reserve(&lb->part, &lb->pcap, lb->plen + n) < 0)
+            return -ENOMEM;
+        memcpy(lb->part + lb->plen, data, n);
+        lb->plen += n;
+        return 0;
+    }
+    if (nlines == 0) {
+        /* A line longer than MGPU_LINE_MAX: cut it here rather than hold memory forever. */
+        last = n;
+        if (reserve(&lb->part, &lb->pcap, lb->plen + n + 1) < 0)
+            return -ENOMEM;
+        memcpy(lb->part + lb->plen, data, n);
+        lb->part[lb->plen + n] = '\n';
+        lb->plen += n + 1;
+        nlines = 1;
+        n = last = 0;
+    } else {
+        if (reserve(&lb->part, &lb->pcap, lb->plen + last) < 0)
+            return -ENOMEM;
+        memcpy(lb->part + lb->plen, data, last);
+        lb->plen += last;
+    }
+    if (emit(lb, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
+        return -ENOMEM;
+    /* Keep the tail after the last newline as the next partial line. */
+    lb->plen = n - last;
+    if (lb->plen > 0) {
+        if (reserve(&lb->part, &lb->pcap, lb->plen) < 0)
+            return -ENOMEM;
+        memcpy(lb->part, data + last, lb->plen);
+    }
+    return 0;
+}
+
+int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **block, size_t *blen,
+                       const char **raw, size_t *rlen)
+{
+    *blen = 0;
+    if (rlen != NULL)
+        *rlen = 0;
+    if (lb->plen == 0)
+        return 0;
+    if (reserve(&lb->part, &lb->pcap, lb->plen + 1) < 0)
+        return -ENOMEM;
+    lb->part[lb->plen++] = '\n';
+    int rc = emit(lb, prefix, lb->part, lb->plen, 1, block, blen, raw, rlen);
+    lb->plen = 0;
+    return rc;
+}
+
+void mgpu_linebuf_free(mgpu_linebuf_t *lb)
+{
+    free(lb->part);
+    free(lb->out);
+    memset(lb, 0, sizeof *lb);
+}

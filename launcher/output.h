@@ -1,0 +1,36 @@
+/* output.h - turning a worker's byte stream into whole, prefixed lines.
+ *
+ * A line buffer collects bytes until newlines; each feed returns the complete lines, each
+ * preceded by the rank's prefix, in one contiguous block, so that one write(2) of the block
+ * puts them on the console without tearing against other workers' lines. A partial line waits
+ * for its newline (or the end of the stream, when it is completed with one); a line longer
+ * than MGPU_LINE_MAX is cut there, as if it ended. Pure: no I/O here. */
+#ifndef MGPU_OUTPUT_H
+#define MGPU_OUTPUT_H
+
+#include <stddef.h> /* size_t */
+
+#define MGPU_LINE_MAX (1u << 20)
+
+typedef struct mgpu_linebuf {
+    char *part;      /* the unfinished line */
+    size_t plen, pcap;
+    char *out;       /* the block handed back by feed; valid until the next call */
+    size_t ocap;
+} mgpu_linebuf_t;
+
+/* Expands a torchrun-style template: ${role_name}, ${local_rank}, ${rank}. */
+void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int rank, char *out,
+                        size_t len);
+
+/* Appends data; *block receives the complete lines, each prefixed, and *blen their length
+ * (0 when none is complete yet). raw (may be NULL) receives the same lines without prefixes
+ * (for the per-rank log files). Returns 0 or -ENOMEM. */
+int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, size_t n,
+                      const char **block, size_t *blen, const char **raw, size_t *rlen);
+/* At the end of the stream: the last partial line, completed with a newline. */
+int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **block, size_t *blen,
+                       const char **raw, size_t *rlen);
+void mgpu_linebuf_free(mgpu_linebuf_t *lb);
+
+#endif

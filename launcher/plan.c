@@ -1,0 +1,471 @@
+/* plan.c - ranks, devices, environment and command of every worker. */
+#include "plan.h"
+
+#include <cjson/cJSON.h> /* --dry-run=json */
+#include <stdarg.h>       /* va_list */
+#include <errno.h>       /* errno */
+#include <stdlib.h>      /* calloc */
+#include <string.h>      /* strcmp */
+#include <sys/stat.h>    /* stat */
+#include <unistd.h>      /* access */
+
+static void set_var(mgpu_worker_plan_t *w, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_var(mgpu_worker_plan_t *w, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    mgpu_kv_t *kv = &w->vars[w->nvars++];
+
+    snprintf(kv->key, sizeof kv->key, "%s", key);
+    va_start(ap, fmt);
+    vsnprintf(kv->val, sizeof kv->val, fmt, ap);
+    va_end(ap);
+}
+
+const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key)
+{
+    const mgpu_worker_plan_t *w = &plan->workers[k];
+    for (int i = 0; i < w->nvars; i++)
+        if (strcmp(w->vars[i].key, key) == 0)
+            return w->vars[i].val;
+    return NULL;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Is there an executable called prog (a path, or a name looked up in PATH as execvp does)? */
+static int find_program(const char *prog, const char *path_env, char *why, size_t len)
+{
+    struct stat st;
+
+    if (strchr(prog, '/') != NULL) {
+        if (stat(prog, &st) != 0) {
+            snprintf(why, len, "%s", strerror(errno));
+            return -1;
+        }
+        return 0; /* exists: a permission problem shows as exit 126 with the reason */
+    }
+    if (path_env == NULL || *path_env == '\0')
+        path_env = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path_env; p != NULL;) {
+        const char *colon = strchr(p, ':');
+        size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
+        char full[4096];
+        snprintf(full, sizeof full, "%.*s/%s", (int)dlen, dlen ? p : ".", prog);
+        if (stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0)
+            return 0;
+        p = colon ? colon + 1 : NULL;
+    }
+    snprintf(why, len, "not found in PATH (%s)", path_env);
+    return -1;
+}
+
+static int check_file(const char *what, const char *file, mgpu_err_t *err)
+{
+    struct stat st;
+    if (stat(file, &st) != 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s '%s': %s", what, file, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s '%s': is a directory, expected a file", what,
+                            file);
+    if (access(file, R_OK) != 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s '%s': %s", what, file, strerror(errno));
+    return 0;
+}
+
+static int resolve_nproc(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                         mgpu_err_t *err)
+{
+    if (strcmp(cli->nproc, "gpu") == 0) {
+        if (plan->vis.count == 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "--nproc_per_node=gpu: no GPU is visible (%d installed%s%s%s)",
+                                plan->gpus.count, plan->vis.cvd_set ? ", CUDA_VISIBLE_DEVICES='" : "",
+                                plan->vis.cvd_set ? plan->vis.cvd : "", plan->vis.cvd_set ? "'" : "");
+        plan->nproc = plan->vis.count;
+    } else if (strcmp(cli->nproc, "cpu") == 0) {
+        plan->nproc = in->cpu_count > 0 ? in->cpu_count : 1;
+    } else if (strcmp(cli->nproc, "auto") == 0) {
+        plan->nproc = plan->vis.count > 0 ? plan->vis.count : (in->cpu_count > 0 ? in->cpu_count : 1);
+    } else {
+        plan->nproc = atoi(cli->nproc);
+    }
+    if (plan->nproc > MGPU_MAX_LOCAL)
+        plan->nproc = MGPU_MAX_LOCAL;
+    return 0;
+}
+
+/* The article's scenario 4: more local ranks than visible GPUs. */
+static int check_devices(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char list[2048];
+    const char *sim = plan->gpus.simulated ? " simulated" : "";
+
+    if (plan->vis.error)
+        return mgpu_err_set(err, MGPU_E_USAGE, "CUDA_VISIBLE_DEVICES='%s': %s", plan->vis.cvd,
+                            plan->vis.why);
+    if (plan->vis.count == 0) {
+        if (plan->gpus.count == 0)
+            snprintf(plan->cpu_reason, sizeof plan->cpu_reason, "no GPU is installed");
+        else
+            snprintf(plan->cpu_reason, sizeof plan->cpu_reason,
+                     "CUDA_VISIBLE_DEVICES='%s' makes none of the %d%s GPUs visible (%s)",
+                     plan->vis.cvd, plan->gpus.count, sim, plan->vis.why);
+        return 0;
+    }
+    if (plan->nproc <= plan->vis.count)
+        return 0;
+    if (cli->allow_gpu_sharing) {
+        plan->sharing = 1;
+        return 0;
+    }
+    mgpu_devices_describe(&plan->gpus, &plan->vis, list, sizeof list);
+    return mgpu_err_set(
+        err, MGPU_E_USAGE,
+        "--nproc_per_node=%d but only %d%s GPU%s visible (CUDA_VISIBLE_DEVICES=%s%s%s: %s; %d%s "
+        "GPU%s installed): local rank %d would fail in cudaSetDevice(%d) with 'invalid device "
+        "ordinal'. Start at most %d workers, make more GPUs visible, or pass "
+        "--allow_gpu_sharing to run local rank k on ordinal k mod %d",
+        plan->nproc, plan->vis.count, sim, plan->vis.count == 1 ? " is" : "s are",
+        plan->vis.cvd_set ? "'" : "", plan->vis.cvd_set ? plan->vis.cvd : "(unset)",
+        plan->vis.cvd_set ? "'" : "", list, plan->gpus.count, sim, plan->gpus.count == 1 ? "" : "s",
+        plan->vis.count, plan->vis.count, plan->vis.count, plan->vis.count);
+}
+
+/* The worker command: argv[0] is what is executed. */
+static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                      mgpu_err_t *err)
+{
+    const char *prog = cli->prog_argv[0];
+    const char *head[4];
+    int nhead = 0, python = 0, rc;
+    char why[4200];
+
+    snprintf(plan->entrypoint, sizeof plan->entrypoint, "%s", prog);
+    if (cli->module) {
+        head[nhead++] = in->python;
+        head[nhead++] = "-u";
+        head[nhead++] = "-m";
+        python = 1;
+    } else if (!cli->no_python && (cli->run_path || ends_with(prog, ".py"))) {
+        head[nhead++] = in->python;
+        head[nhead++] = "-u";
+        python = 1;
+        if ((rc = check_file("python script", prog, err)) < 0)
+            return rc;
+    } else if (!cli->no_python && ends_with(prog, ".cfg")) {
+        if ((rc = check_file("training config", prog, err)) < 0)
+            return rc;
+        if (access(in->worker_bin, X_OK) != 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "'%s' needs mgpu-worker, but '%s' is missing (%s); build it with "
+                                "make",
+                                prog, in->worker_bin, strerror(errno));
+        head[nhead++] = in->worker_bin;
+    } else if (find_program(prog, in->path_env, why, sizeof why) < 0) {
+        return mgpu_err_set(err, MGPU_E_USAGE, "worker program '%s': %s", prog, why);
+    }
+    if (python && find_program(in->python, in->path_env, why, sizeof why) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "python interpreter '%s' (PYTHON_EXEC): %s",
+                            in->python, why);
+
+    for (int k = 0; k < plan->nproc; k++) {
+        mgpu_worker_plan_t *w = &plan->workers[k];
+        int n = 0, total = nhead + cli->prog_argc + 2;
+        w->argv = calloc((size_t)total, sizeof *w->argv);
+        if (w->argv == NULL)
+            return mgpu_err_set(err, -ENOMEM, "out of memory");
+        for (int i = 0; i < nhead; i++)
+            w->argv[n++] = strdup(head[i]);
+        w->argv[n++] = strdup(prog);
+        /* torch.distributed.launch without --use_env: "--local_rank=N" before the user's own
+         * arguments (the article's scripts parse it with argparse). */
+        if (cli->legacy_local_rank && asprintf(&w->argv[n++], "--local_rank=%d", k) < 0)
+            return mgpu_err_set(err, -ENOMEM, "out of memory");
+        for (int i = 1; i < cli->prog_argc; i++)
+            w->argv[n++] = strdup(cli->prog_argv[i]);
+        for (int i = 0; i < n; i++)
+            if (w->argv[i] == NULL)
+                return mgpu_err_set(err, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static void build_vars(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in)
+{
+    for (int k = 0; k < plan->nproc; k++) {
+        mgpu_worker_plan_t *w = &plan->workers[k];
+
+        w->local_rank = k;
+        w->rank = plan->base_rank + k;
+        w->ordinal = -1;
+        w->physical = -1;
+        if (plan->vis.count > 0) {
+            w->ordinal = k % plan->vis.count;
+            w->physical = plan->vis.physical[w->ordinal];
+        }
+        set_var(w, "LOCAL_RANK", "%d", k);
+        set_var(w, "RANK", "%d", w->rank);
+        set_var(w, "GROUP_RANK", "%d", plan->node_rank);
+        set_var(w, "ROLE_RANK", "%d", w->rank);
+        set_var(w, "ROLE_NAME", "%s", plan->role);
+        set_var(w, "LOCAL_WORLD_SIZE", "%d", plan->nproc);
+        set_var(w, "WORLD_SIZE", "%d", plan->world_size);
+        set_var(w, "GROUP_WORLD_SIZE", "%d", plan->nnodes);
+        set_var(w, "ROLE_WORLD_SIZE", "%d", plan->world_size);
+        set_var(w, "MASTER_ADDR", "%s", plan->master_addr);
+        set_var(w, "MASTER_PORT", "%d", plan->master_port);
+        set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", cli->max_restarts);
+        set_var(w, "TORCHELASTIC_RUN_ID", "%s", plan->run_id);
+        /* Workers host their own TCPStore on MASTER_PORT (rank 0): the launcher's store speaks
+         * mgpu's protocol, not PyTorch's, whose wire format changes between releases. */
+        set_var(w, "TORCHELASTIC_USE_AGENT_STORE", "False");
+        set_var(w, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "%s", in->nccl_async ? in->nccl_async : "1");
+        if (in->omp_threads != NULL)
+            set_var(w, "OMP_NUM_THREADS", "%s", in->omp_threads);
+        else if (plan->nproc > 1)
+            set_var(w, "OMP_NUM_THREADS", "1");
+        set_var(w, "MGPU_NODE_RANK", "%d", plan->node_rank);
+        set_var(w, "MGPU_NNODES", "%d", plan->nnodes);
+        set_var(w, "MGPU_LAUNCHER_PID", "%d", (int)getpid());
+        if (w->physical >= 0) {
+            const mgpu_gpu_t *g = &plan->gpus.gpus[w->physical];
+            set_var(w, "MGPU_GPU_ORDINAL", "%d", w->ordinal);
+            set_var(w, "MGPU_PHYSICAL_GPU", "%d", g->index);
+            set_var(w, "MGPU_GPU_UUID", "%s", g->uuid);
+            set_var(w, "MGPU_GPU_BUS_ID", "%s", g->bus_id);
+            if (g->simulated)
+                set_var(w, "MGPU_GPU_SIMULATED", "1");
+        } else {
+            set_var(w, "MGPU_DEVICE", "cpu");
+        }
+        if (plan->sharing)
+            set_var(w, "MGPU_ALLOW_GPU_SHARING", "1");
+    }
+}
+
+int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                    mgpu_err_t *err)
+{
+    int rc;
+
+    memset(plan, 0, sizeof *plan);
+    rc = mgpu_devices_discover(&plan->gpus, in->sim_gpus, in->proc_root, err);
+    if (rc < 0)
+        return rc;
+    mgpu_devices_visible(&plan->gpus, in->cvd, &plan->vis);
+    if ((rc = resolve_nproc(plan, cli, in, err)) < 0)
+        return rc;
+    if ((rc = check_devices(plan, cli, err)) < 0)
+        return rc;
+
+    /* Static rendezvous: every node runs nproc workers and ranks follow node ranks (nodes of
+     * different sizes meet through the store, issue 3). */
+    plan->nnodes = cli->nnodes_max;
+    plan->node_rank = cli->node_rank;
+    plan->world_size = plan->nproc * plan->nnodes;
+    plan->base_rank = plan->node_rank * plan->nproc;
+    plan->max_restarts = cli->max_restarts;
+    snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->master_addr);
+    snprintf(plan->role, sizeof plan->role, "%s", cli->role);
+    snprintf(plan->hostname, sizeof plan->hostname, "%s", in->hostname ? in->hostname : "localhost");
+    snprintf(plan->run_id, sizeof plan->run_id, "%s",
+             cli->standalone && in->run_id ? in->run_id : cli->rdzv_id);
+    if (cli->master_port >= 0 && !cli->standalone) {
+        plan->master_port = cli->master_port;
+    } else if (plan->nnodes == 1 && in->free_port > 0) {
+        /* One node and no port: a free one, so two jobs on one host never collide. */
+        plan->master_port = in->free_port;
+        plan->port_is_free_pick = 1;
+    } else {
+        plan->master_port = 29500;
+    }
+    plan->omp_warning = in->omp_threads == NULL && plan->nproc > 1;
+
+    plan->workers = calloc((size_t)plan->nproc, sizeof *plan->workers);
+    if (plan->workers == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory for %d workers", plan->nproc);
+    build_vars(plan, cli, in);
+    return build_argv(plan, cli, in, err);
+}
+
+void mgpu_plan_free(mgpu_plan_t *plan)
+{
+    if (plan->workers == NULL)
+        return;
+    for (int k = 0; k < plan->nproc; k++) {
+        char **a = plan->workers[k].argv;
+        for (int i = 0; a != NULL && a[i] != NULL; i++)
+            free(a[i]);
+        free(a);
+    }
+    free(plan->workers);
+    plan->workers = NULL;
+}
+
+char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt,
+                     const char *error_file)
+{
+    const mgpu_worker_plan_t *w = &plan->workers[k];
+    size_t nenv = 0, bytes = 0, n = 0;
+    char **out, *p;
+    char attempt_s[16];
+
+    snprintf(attempt_s, sizeof attempt_s, "%d", attempt);
+    for (char **e = environ_; e && *e; e++, nenv++)
+        bytes += strlen(*e) + 1;
+    for (int i = 0; i < w->nvars; i++)
+        bytes += strlen(w->vars[i].key) + strlen(w->vars[i].val) + 2;
+    bytes += 64 + strlen(attempt_s) + strlen(error_file) + 2;
+    out = malloc((nenv + (size_t)w->nvars + 3) * sizeof *out + bytes);
+    if (out == NULL)
+        return NULL;
+    p = (char *)(out + nenv + (size_t)w->nvars + 3);
+    for (char **e = environ_; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t klen = eq ? (size_t)(eq - *e) : strlen(*e);
+        int overridden = (klen == strlen("TORCHELASTIC_RESTART_COUNT") &&
+                          strncmp(*e, "TORCHELASTIC_RESTART_COUNT", klen) == 0) ||
+                         (klen == strlen("TORCHELASTIC_ERROR_FILE") &&
+                          strncmp(*e, "TORCHELASTIC_ERROR_FILE", klen) == 0);
+        for (int i = 0; i < w->nvars && !overridden; i++)
+            overridden = strlen(w->vars[i].key) == klen && strncmp(*e, w->vars[i].key, klen) == 0;
+        if (!overridden)
+            out[n++] = *e; /* inherited strings are not copied: environ outlives the exec */
+    }
+    for (int i = 0; i < w->nvars; i++) {
+        out[n++] = p;
+        p += sprintf(p, "%s=%s", w->vars[i].key, w->vars[i].val) + 1;
+    }
+    out[n++] = p;
+    p += sprintf(p, "TORCHELASTIC_RESTART_COUNT=%s", attempt_s) + 1;
+    out[n++] = p;
+    sprintf(p, "TORCHELASTIC_ERROR_FILE=%s", error_file);
+    out[n] = NULL;
+    return out;
+}
+
+static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, char *buf,
+                        size_t len)
+{
+    if (w->physical < 0) {
+        snprintf(buf, len, "CPU");
+        return;
+    }
+    const mgpu_gpu_t *g = &plan->gpus.gpus[w->physical];
+    snprintf(buf, len, "CUDA ordinal %d -> physical GPU %d (%s, %s)%s%s", w->ordinal, g->index,
+             g->uuid, g->bus_id, g->simulated ? " [simulated]" : "",
+             plan->sharing && w->ordinal != w->local_rank ? " [shared: --allow_gpu_sharing]" : "");
+}
+
+void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
+{
+    char list[2048];
+
+    mgpu_devices_describe(&plan->gpus, &plan->vis, list, sizeof list);
+    fprintf(out, "mgpu-launch %s plan (dry run: nothing started)\n", MGPU_VERSION);
+    fprintf(out, "  host: %s  node %d of %d  local workers: %d  world size: %d\n", plan->hostname,
+            plan->node_rank, plan->nnodes, plan->nproc, plan->world_size);
+    fprintf(out, "  GPUs installed: %d%s\n", plan->gpus.count,
+            plan->gpus.simulated ? " (simulated: MGPU_SIM_GPUS)" : "");
+    fprintf(out, "  CUDA_VISIBLE_DEVICES: %s%s%s -> %d visible: %s\n",
+            plan->vis.cvd_set ? "'" : "", plan->vis.cvd_set ? plan->vis.cvd : "unset (all)",
+            plan->vis.cvd_set ? "'" : "", plan->vis.count, list);
+    if (plan->cpu_reason[0])
+        fprintf(out, "  workers run on the CPU: %s\n", plan->cpu_reason);
+    if (plan->sharing)
+        fprintf(out, "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
+                plan->nproc, plan->vis.count, plan->vis.count);
+    fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
+            plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
+            plan->max_restarts);
+    for (int k = 0; k < plan->nproc; k++) {
+        const mgpu_worker_plan_t *w = &plan->workers[k];
+        char dev[512];
+        device_line(plan, w, dev, sizeof dev);
+        fprintf(out, "worker rank %d (local rank %d): %s\n", w->rank, w->local_rank, dev);
+        fprintf(out, "  env:");
+        for (int i = 0; i < w->nvars; i++)
+            fprintf(out, " %s=%s", w->vars[i].key, w->vars[i].val);
+        fprintf(out, "\n  command:");
+        for (int i = 0; w->argv[i] != NULL; i++)
+            fprintf(out, " %s", w->argv[i]);
+        fprintf(out, "\n");
+    }
+}
+
+int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
+{
+    cJSON *root = cJSON_CreateObject(), *workers, *gpus;
+    char *text;
+
+    if (root == NULL)
+        return -ENOMEM;
+    cJSON_AddStringToObject(root, "version", MGPU_VERSION);
+    cJSON_AddStringToObject(root, "host", plan->hostname);
+    cJSON_AddNumberToObject(root, "node_rank", plan->node_rank);
+    cJSON_AddNumberToObject(root, "nnodes", plan->nnodes);
+    cJSON_AddNumberToObject(root, "nproc_per_node", plan->nproc);
+    cJSON_AddNumberToObject(root, "world_size", plan->world_size);
+    cJSON_AddStringToObject(root, "master_addr", plan->master_addr);
+    cJSON_AddNumberToObject(root, "master_port", plan->master_port);
+    cJSON_AddStringToObject(root, "run_id", plan->run_id);
+    cJSON_AddBoolToObject(root, "simulated", plan->gpus.simulated);
+    if (plan->vis.cvd_set)
+        cJSON_AddStringToObject(root, "cuda_visible_devices", plan->vis.cvd);
+    else
+        cJSON_AddNullToObject(root, "cuda_visible_devices");
+    cJSON_AddNumberToObject(root, "gpus_installed", plan->gpus.count);
+    cJSON_AddNumberToObject(root, "gpus_visible", plan->vis.count);
+    cJSON_AddBoolToObject(root, "gpu_sharing", plan->sharing);
+    if (plan->cpu_reason[0])
+        cJSON_AddStringToObject(root, "cpu_reason", plan->cpu_reason);
+    gpus = cJSON_AddArrayToObject(root, "visible");
+    for (int k = 0; k < plan->vis.count; k++) {
+        const mgpu_gpu_t *g = &plan->gpus.gpus[plan->vis.physical[k]];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "ordinal", k);
+        cJSON_AddNumberToObject(o, "physical", g->index);
+        cJSON_AddStringToObject(o, "uuid", g->uuid);
+        cJSON_AddStringToObject(o, "bus_id", g->bus_id);
+        cJSON_AddItemToArray(gpus, o);
+    }
+    workers = cJSON_AddArrayToObject(root, "workers");
+    for (int k = 0; k < plan->nproc; k++) {
+        const mgpu_worker_plan_t *w = &plan->workers[k];
+        cJSON *o = cJSON_CreateObject(), *env, *argv;
+        cJSON_AddNumberToObject(o, "rank", w->rank);
+        cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
+        cJSON_AddStringToObject(o, "device", w->physical >= 0 ? "gpu" : "cpu");
+        if (w->physical >= 0) {
+            const mgpu_gpu_t *g = &plan->gpus.gpus[w->physical];
+            cJSON_AddNumberToObject(o, "cuda_ordinal", w->ordinal);
+            cJSON_AddNumberToObject(o, "physical_gpu", g->index);
+            cJSON_AddStringToObject(o, "gpu_uuid", g->uuid);
+            cJSON_AddStringToObject(o, "gpu_bus_id", g->bus_id);
+            cJSON_AddBoolToObject(o, "simulated", g->simulated);
+        } else {
+            cJSON_AddNullToObject(o, "cuda_ordinal");
+            cJSON_AddNullToObject(o, "physical_gpu");
+        }
+        env = cJSON_AddObjectToObject(o, "env");
+        for (int i = 0; i < w->nvars; i++)
+            cJSON_AddStringToObject(env, w->vars[i].key, w->vars[i].val);
+        argv = cJSON_AddArrayToObject(o, "argv");
+        for (int i = 0; w->argv[i] != NULL; i++)
+            cJSON_AddItemToArray(argv, cJSON_CreateString(w->argv[i]));
+        cJSON_AddItemToArray(workers, o);
+    }
+    text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (text == NULL)
+        return -ENOMEM;
+    fprintf(out, "%s\n", text);
+    cJSON_free(text);
+    return 0;
+}

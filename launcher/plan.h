@@ -1,0 +1,88 @@
+/* plan.h - who runs where: from the parsed command line, the devices and this node's facts,
+ * decide every worker's ranks, device, environment and command. Deciding starts nothing;
+ * --dry-run prints exactly what would be started.
+ *
+ * Ownership: mgpu_plan_build allocates the workers' argv and variables inside the plan;
+ * mgpu_plan_free releases them. Strings handed in through mgpu_plan_input_t are copied. */
+#ifndef MGPU_PLAN_H
+#define MGPU_PLAN_H
+
+#include <stdio.h> /* FILE */
+
+#include "cli.h"     /* mgpu_cli_t */
+#include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
+#include "error.h"   /* mgpu_err_t */
+
+#define MGPU_VERSION "0.1.0"
+#define MGPU_MAX_VARS 40
+
+/* What the plan needs from the machine, gathered by main (kept out so the plan is testable). */
+typedef struct mgpu_plan_input {
+    const char *cvd;         /* CUDA_VISIBLE_DEVICES, NULL when unset */
+    const char *sim_gpus;    /* MGPU_SIM_GPUS, NULL when unset */
+    const char *proc_root;   /* NULL: /proc */
+    int cpu_count;           /* for --nproc_per_node=cpu|auto */
+    int free_port;           /* used when one node and no --master_port */
+    const char *worker_bin;  /* mgpu-worker next to mgpu-launch */
+    const char *python;      /* $PYTHON_EXEC or "python3" */
+    const char *omp_threads; /* OMP_NUM_THREADS, NULL when unset */
+    const char *nccl_async;  /* TORCH_NCCL_ASYNC_ERROR_HANDLING, NULL when unset */
+    const char *hostname;
+    const char *run_id;      /* used with --standalone (a fresh random id) */
+    const char *path_env;    /* PATH, to check that the program exists */
+} mgpu_plan_input_t;
+
+typedef struct mgpu_kv {
+    char key[48];
+    char val[1100];
+} mgpu_kv_t;
+
+typedef struct mgpu_worker_plan {
+    int local_rank, rank;
+    int ordinal;  /* CUDA ordinal of this worker, -1 on the CPU */
+    int physical; /* physical GPU index, -1 on the CPU */
+    int nvars;
+    mgpu_kv_t vars[MGPU_MAX_VARS]; /* what the launcher sets; the rest is inherited */
+    char **argv;                   /* NULL-terminated */
+} mgpu_worker_plan_t;
+
+typedef struct mgpu_plan {
+    int nproc;       /* local workers */
+    int nnodes;      /* nodes (the static rendezvous takes the maximum) */
+    int node_rank;
+    int world_size;
+    int base_rank;   /* global rank of local rank 0 */
+    int master_port;
+    int port_is_free_pick; /* 1 when the launcher chose it */
+    int omp_warning; /* print torchrun's OMP_NUM_THREADS banner */
+    int sharing;     /* --allow_gpu_sharing took effect */
+    int max_restarts;
+    char master_addr[256];
+    char run_id[128];
+    char role[64];
+    char hostname[256];
+    char entrypoint[1024]; /* the program as the user named it (report title) */
+    char cpu_reason[700];  /* why the workers run on the CPU, when they do */
+    mgpu_gpu_list_t gpus;
+    mgpu_visible_t vis;
+    mgpu_worker_plan_t *workers;
+} mgpu_plan_t;
+
+int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                    mgpu_err_t *err);
+void mgpu_plan_free(mgpu_plan_t *plan);
+
+/* The value the plan sets for key in worker k, or NULL. */
+const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);
+
+/* A worker's full environment for one attempt: environ minus what the plan sets, then the
+ * plan's variables, then TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_ERROR_FILE. The result
+ * and its strings are one allocation: free() it. */
+char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt,
+                     const char *error_file);
+
+/* --dry-run: text for people, or JSON (one object) for scripts. */
+void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out);
+int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out);
+
+#endif

@@ -1,0 +1,300 @@
+/* report.c - the root-cause report and the JSON summary. */
+#include "report.h"
+
+#include <cjson/cJSON.h> /* error files and the summary */
+#include <errno.h>       /* errno */
+#include <fcntl.h>       /* open */
+#include <stdlib.h>      /* malloc */
+#include <string.h>      /* strlen */
+#include <time.h>        /* localtime_r */
+#include <unistd.h>      /* fsync */
+
+static char *read_file(const char *path, size_t max)
+{
+    FILE *f = fopen(path, "re");
+    char *buf;
+    size_t n;
+
+    if (f == NULL)
+        return NULL;
+    buf = malloc(max + 1);
+    if (buf == NULL) {
+        fclose(f);
+        return NULL;
+    }
+    n = fread(buf, 1, max, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static char *dup_string(const cJSON *item)
+{
+    return cJSON_IsString(item) && item->valuestring ? strdup(item->valuestring) : NULL;
+}
+
+int mgpu_report_read_error_file(const char *path, char **msg, char **trace, long *timestamp)
+{
+    char *text = read_file(path, 1 << 20);
+    const char *end = NULL;
+    cJSON *root, *m, *extra;
+
+    *msg = *trace = NULL;
+    *timestamp = 0;
+    if (text == NULL)
+        return -ENOENT;
+    root = cJSON_ParseWithOpts(text, &end, 0);
+    free(text);
+    if (root == NULL)
+        return MGPU_E_PROTOCOL;
+    m = cJSON_GetObjectItemCaseSensitive(root, "message");
+    if (cJSON_IsObject(m)) {
+        /* {"message": {"message": "...", "extraInfo": {"py_callstack": ..., "timestamp": "N"}}} */
+        extra = cJSON_GetObjectItemCaseSensitive(m, "extraInfo");
+        *msg = dup_string(cJSON_GetObjectItemCaseSensitive(m, "message"));
+        *trace = dup_string(cJSON_GetObjectItemCaseSensitive(extra, "py_callstack"));
+        cJSON *ts = cJSON_GetObjectItemCaseSensitive(extra, "timestamp");
+        if (cJSON_IsString(ts))
+            *timestamp = atol(ts->valuestring);
+    } else {
+        /* the newer layout: "message" a string, "timestamp" at the top */
+        *msg = dup_string(m);
+        cJSON *ts = cJSON_GetObjectItemCaseSensitive(root, "timestamp");
+        if (cJSON_IsNumber(ts))
+            *timestamp = (long)ts->valuedouble;
+        else if (cJSON_IsString(ts))
+            *timestamp = atol(ts->valuestring);
+    }
+    cJSON_Delete(root);
+    return 0;
+}
+
+static void fmt_time(double t, char *buf, size_t len)
+{
+    time_t s = (time_t)t;
+    struct tm tm;
+    localtime_r(&s, &tm);
+    strftime(buf, len, "%Y-%m-%d_%H:%M:%S", &tm);
+}
+
+static const char *state_name(mgpu_wstate_t s)
+{
+    switch (s) {
+    case MGPU_W_NEW: return "not started";
+    case MGPU_W_RUNNING: return "running";
+    case MGPU_W_SUCCEEDED: return "succeeded";
+    case MGPU_W_FAILED: return "failed";
+    case MGPU_W_STOPPED: return "stopped";
+    }
+    return "?";
+}
+
+static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)
+{
+    if (o->exec_errno)
+        snprintf(buf, len, "%d (could not execute: %s)", o->exit_code, strerror(o->exec_errno));
+    else if (o->signal)
+        snprintf(buf, len, "%d (killed by SIG%s)", o->exit_code, sigabbrev_np(o->signal));
+    else
+        snprintf(buf, len, "%d", o->exit_code);
+}
+
+static void print_failure(const mgpu_plan_t *plan, const mgpu_outcome_t *o, int idx, FILE *out)
+{
+    char when[64], end[160], *msg = NULL, *trace = NULL;
+    long ts = 0;
+    int have_file = mgpu_report_read_error_file(o->error_file, &msg, &trace, &ts) == 0;
+
+    fmt_time(ts ? (double)ts : o->t_end, when, sizeof when);
+    describe_end(o, end, sizeof end);
+    fprintf(out, "[%d]:\n", idx);
+    fprintf(out, "  time      : %s\n", when);
+    fprintf(out, "  host      : %s\n", plan->hostname);
+    fprintf(out, "  rank      : %d (local_rank: %d)\n", o->rank, o->local_rank);
+    fprintf(out, "  exitcode  : %s (pid: %d)\n", end, (int)o->pid);
+    fprintf(out, "  error_file: %s\n", have_file ? o->error_file : "<N/A>");
+    if (msg != NULL)
+        fprintf(out, "  message   : %s\n", msg);
+    if (trace != NULL) {
+        fprintf(out, "  traceback :\n");
+        for (char *line = strtok(trace, "\n"); line; line = strtok(NULL, "\n"))
+            fprintf(out, "    %s\n", line);
+    } else if (o->signal) {
+        fprintf(out, "  traceback : Signal %d (SIG%s) received by PID %d\n", o->signal,
+                sigabbrev_np(o->signal), (int)o->pid);
+    } else {
+        fprintf(out, "  traceback : none (a Python worker wrapped in torch's @record writes one)\n");
+    }
+    if (o->ntail > 0) {
+        fprintf(out, "  last stderr lines:\n");
+        for (int i = 0; i < o->ntail; i++)
+            fprintf(out, "    %s\n", o->tail[i]);
+    }
+    free(msg);
+    free(trace);
+}
+
+void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    const char *rule = "============================================================";
+    const char *thin = "------------------------------------------------------------";
+    int nother = 0, nstopped = 0, idx = 1;
+
+    if (res->root < 0 && res->signal == 0)
+        return;
+    fprintf(out, "%s\n%s FAILED\n%s\n", rule, plan->entrypoint, thin);
+    if (res->signal)
+        fprintf(out, "mgpu-launch received SIG%s and stopped the workers (exit %d)\n%s\n",
+                sigabbrev_np(res->signal), res->exit_code, thin);
+    fprintf(out, "Failures:\n");
+    for (int k = 0; k < res->nout; k++)
+        if (k != res->root && res->outcomes[k].state == MGPU_W_FAILED) {
+            print_failure(plan, &res->outcomes[k], idx++, out);
+            nother++;
+        }
+    if (nother == 0)
+        fprintf(out, "  <NO_OTHER_FAILURES>\n");
+    fprintf(out, "%s\nStopped by the launcher:\n", thin);
+    for (int k = 0; k < res->nout; k++) {
+        const mgpu_outcome_t *o = &res->outcomes[k];
+        char end[160];
+        if (o->state != MGPU_W_STOPPED)
+            continue;
+        describe_end(o, end, sizeof end);
+        fprintf(out, "  rank %d (local_rank: %d, pid: %d): sent SIG%s, exitcode %s\n", o->rank,
+                o->local_rank, (int)o->pid, sigabbrev_np(o->stop_signal), end);
+        nstopped++;
+    }
+    if (nstopped == 0)
+        fprintf(out, "  <NONE>\n");
+    if (res->root >= 0) {
+        fprintf(out, "%s\nRoot Cause (first observed failure%s):\n", thin,
+                res->attempts > 1 ? ", last attempt" : "");
+        print_failure(plan, &res->outcomes[res->root], 0, out);
+    }
+    if (res->attempts > 1)
+        fprintf(out, "%s\nAttempts: %d (--max_restarts=%d), each failed\n", thin, res->attempts,
+                plan->max_restarts);
+    fprintf(out, "%s\n", rule);
+}
+
+static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
+{
+    cJSON *j = cJSON_CreateObject();
+    const mgpu_worker_plan_t *w = &plan->workers[o->local_rank];
+    char *msg = NULL, *trace = NULL;
+    long ts = 0;
+
+    cJSON_AddNumberToObject(j, "rank", o->rank);
+    cJSON_AddNumberToObject(j, "local_rank", o->local_rank);
+    cJSON_AddStringToObject(j, "host", plan->hostname);
+    cJSON_AddNumberToObject(j, "pid", o->pid);
+    cJSON_AddStringToObject(j, "state", state_name(o->state));
+    cJSON_AddNumberToObject(j, "exit_code", o->exit_code);
+    if (o->signal)
+        cJSON_AddStringToObject(j, "signal", sigabbrev_np(o->signal));
+    else
+        cJSON_AddNullToObject(j, "signal");
+    if (o->stop_signal)
+        cJSON_AddStringToObject(j, "stopped_with", sigabbrev_np(o->stop_signal));
+    if (o->exec_errno)
+        cJSON_AddStringToObject(j, "exec_error", strerror(o->exec_errno));
+    cJSON_AddNumberToObject(j, "start_time", o->t_start);
+    cJSON_AddNumberToObject(j, "end_time", o->t_end);
+    if (w->physical >= 0) {
+        cJSON_AddNumberToObject(j, "cuda_ordinal", w->ordinal);
+        cJSON_AddNumberToObject(j, "physical_gpu", w->physical);
+        cJSON_AddStringToObject(j, "gpu_uuid", plan->gpus.gpus[w->physical].uuid);
+        cJSON_AddBoolToObject(j, "simulated", plan->gpus.gpus[w->physical].simulated);
+    } else {
+        cJSON_AddStringToObject(j, "device", "cpu");
+    }
+    if (mgpu_report_read_error_file(o->error_file, &msg, &trace, &ts) == 0) {
+        cJSON *e = cJSON_AddObjectToObject(j, "error_file");
+        cJSON_AddStringToObject(e, "path", o->error_file);
+        if (msg)
+            cJSON_AddStringToObject(e, "message", msg);
+        if (trace)
+            cJSON_AddStringToObject(e, "traceback", trace);
+        if (ts)
+            cJSON_AddNumberToObject(e, "timestamp", (double)ts);
+    }
+    free(msg);
+    free(trace);
+    if (o->ntail) {
+        cJSON *t = cJSON_AddArrayToObject(j, "stderr_tail");
+        for (int i = 0; i < o->ntail; i++)
+            cJSON_AddItemToArray(t, cJSON_CreateString(o->tail[i]));
+    }
+    return j;
+}
+
+int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
+                              const char *path, mgpu_err_t *err)
+{
+    cJSON *root = cJSON_CreateObject(), *workers, *history;
+    char tmp[1200], *text;
+    int fd, rc = 0;
+    size_t len;
+
+    if (root == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    cJSON_AddStringToObject(root, "version", MGPU_VERSION);
+    cJSON_AddStringToObject(root, "entrypoint", plan->entrypoint);
+    cJSON_AddStringToObject(root, "host", plan->hostname);
+    cJSON_AddStringToObject(root, "run_id", plan->run_id);
+    cJSON_AddStringToObject(root, "result", res->root < 0 && !res->signal ? "succeeded" : "failed");
+    cJSON_AddNumberToObject(root, "exit_code", res->exit_code);
+    if (res->signal)
+        cJSON_AddStringToObject(root, "launcher_signal", sigabbrev_np(res->signal));
+    cJSON_AddNumberToObject(root, "node_rank", plan->node_rank);
+    cJSON_AddNumberToObject(root, "nnodes", plan->nnodes);
+    cJSON_AddNumberToObject(root, "nproc_per_node", plan->nproc);
+    cJSON_AddNumberToObject(root, "world_size", plan->world_size);
+    cJSON_AddNumberToObject(root, "attempts", res->attempts);
+    cJSON_AddNumberToObject(root, "max_restarts", plan->max_restarts);
+    cJSON_AddBoolToObject(root, "simulated_gpus", plan->gpus.simulated);
+    cJSON_AddNumberToObject(root, "start_time", res->t_start);
+    cJSON_AddNumberToObject(root, "end_time", res->t_end);
+    cJSON_AddNumberToObject(root, "duration_s", res->t_end - res->t_start);
+    if (res->keep_logs)
+        cJSON_AddStringToObject(root, "log_dir", res->log_root);
+    if (res->root >= 0)
+        cJSON_AddItemToObject(root, "root_cause", outcome_json(plan, &res->outcomes[res->root]));
+    else
+        cJSON_AddNullToObject(root, "root_cause");
+    workers = cJSON_AddArrayToObject(root, "workers");
+    for (int k = 0; k < res->nout; k++)
+        cJSON_AddItemToArray(workers, outcome_json(plan, &res->outcomes[k]));
+    history = cJSON_AddArrayToObject(root, "failed_attempts");
+    for (int i = 0; i < res->nhistory; i++)
+        cJSON_AddItemToArray(history, outcome_json(plan, &res->history[i]));
+
+    text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (text == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = mgpu_err_set(err, -errno, "--summary: open(%s): %s", tmp, strerror(errno));
+        goto out;
+    }
+    len = strlen(text);
+    text[len] = '\n';
+    if (write(fd, text, len + 1) != (ssize_t)(len + 1) || fsync(fd) != 0) {
+        rc = mgpu_err_set(err, -errno, "--summary: write(%s): %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        goto out;
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        rc = mgpu_err_set(err, -errno, "--summary: rename(%s, %s): %s", tmp, path,
+                          strerror(errno));
+        unlink(tmp);
+    }
+out:
+    cJSON_free(text);
+    return rc;
+}

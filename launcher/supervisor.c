@@ -1,0 +1,758 @@
+/* supervisor.c - spawning, watching and stopping the workers (see supervisor.h).
+ *
+ * Spawning follows libuv's src/unix/process.c, written out here because the child needs two
+ * steps uv_spawn has no hook for: PR_SET_PDEATHSIG (with its race closed) and a new session.
+ * All signals are blocked across fork, so a signal arriving in the child before exec cannot run
+ * the launcher's handler there (it would write into the launcher's own signal pipe). exec
+ * errors travel back on a close-on-exec pipe, so a worker that could not start is known at
+ * once, with its errno, and is never signalled as if it were running. */
+#include "supervisor.h"
+
+#include <dirent.h>     /* opendir */
+#include <errno.h>      /* errno */
+#include <fcntl.h>      /* open, O_CLOEXEC */
+#include <poll.h>       /* poll */
+#include <signal.h>     /* kill, sigprocmask */
+#include <stdio.h>      /* snprintf */
+#include <stdlib.h>     /* calloc, mkdtemp */
+#include <string.h>     /* strerror */
+#include <sys/prctl.h>  /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
+#include <sys/stat.h>   /* mkdir */
+#include <sys/wait.h>   /* waitpid */
+#include <time.h>       /* clock_gettime */
+#include <unistd.h>     /* fork, execve */
+#include <uv.h>         /* the event loop */
+
+#include "log.h"    /* mgpu_warn */
+#include "output.h" /* mgpu_linebuf_t */
+
+extern char **environ;
+
+static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD};
+#define NSIGS ((int)(sizeof handled_signals / sizeof handled_signals[0]))
+
+struct proc;
+
+typedef struct stream {
+    uv_pipe_t pipe;
+    struct proc *proc;
+    int which;      /* 1 stdout, 2 stderr */
+    int console_fd; /* 1 or 2, -1 when --local_ranks_filter hides this rank */
+    int file_fd;    /* per-rank log file, -1 when none */
+    int open;       /* the handle is initialised and not yet closed */
+    mgpu_linebuf_t lb;
+    char rbuf[65536];
+} stream_t;
+
+typedef struct proc {
+    struct sup *sup;
+    int k;
+    pid_t pid;
+    int running;
+    char prefix[300];
+    stream_t s[2];
+    mgpu_outcome_t *out;
+} proc_t;
+
+typedef struct sup {
+    uv_loop_t loop;
+    uv_signal_t sigs[NSIGS];
+    uv_timer_t grace_timer, drain_timer;
+    const mgpu_plan_t *plan;
+    const mgpu_cli_t *cli;
+    mgpu_run_result_t *res;
+    proc_t *procs;
+    int nproc;
+    int attempt;
+    int running;       /* workers of this attempt still alive */
+    int open_streams;  /* stream handles not yet closed */
+    int stopping;      /* the launcher has started stopping this attempt */
+    int killed;        /* SIGKILL sent to everything left */
+    int swept;         /* leftovers of exited workers were signalled */
+    int user_signal;   /* a terminating signal the launcher received */
+    int root;          /* first failure of this attempt, -1 */
+    int finished;
+    int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
+} sup_t;
+
+static double now_real(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Writes the whole buffer to a blocking or non-blocking descriptor. */
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            poll(&pfd, 1, 100);
+            continue;
+        }
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void console_write(sup_t *s, int fd, const char *p, size_t n)
+{
+    if (fd < 0 || s->console_dead[fd] || n == 0)
+        return;
+    if (write_all(fd, p, n) == -EPIPE)
+        s->console_dead[fd] = 1; /* `mgpu-launch ... | head`: keep supervising, stop printing */
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[2400];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* Removes the folder the launcher made for error files when nobody asked for logs. */
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    struct dirent *de;
+    if (d != NULL) {
+        while ((de = readdir(d)) != NULL) {
+            char sub[2600];
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
+            if (de->d_type == DT_DIR)
+                remove_tree(sub);
+            else
+                unlink(sub);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
+{
+    const char *p = raw, *end = raw + n;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (o->ntail == MGPU_TAIL_LINES) {
+            memmove(o->tail[0], o->tail[1], sizeof o->tail[0] * (MGPU_TAIL_LINES - 1));
+            o->ntail--;
+        }
+        snprintf(o->tail[o->ntail++], sizeof o->tail[0], "%.*s", (int)(l > 255 ? 255 : l), p);
+        p += l + 1;
+    }
+}
+
+static void maybe_finish(sup_t *s);
+
+static void on_stream_closed(uv_handle_t *h)
+{
+    stream_t *st = h->data;
+    sup_t *s = st->proc->sup;
+    mgpu_linebuf_free(&st->lb);
+    if (st->file_fd >= 0)
+        close(st->file_fd);
+    st->file_fd = -1;
+    st->open = 0;
+    s->open_streams--;
+    maybe_finish(s);
+}
+
+static void deliver(stream_t *st, const char *block, size_t blen, const char *raw, size_t rlen)
+{
+    if (blen == 0)
+        return;
+    if (st->which == 2)
+        push_tail(st->proc->out, raw, rlen);
+    if (st->file_fd >= 0)
+        write_all(st->file_fd, raw, rlen);
+    console_write(st->proc->sup, st->console_fd, block, blen);
+}
+
+static void stream_close(stream_t *st)
+{
+    const char *block, *raw;
+    size_t blen, rlen;
+
+    if (!st->open || uv_is_closing((uv_handle_t *)&st->pipe))
+        return;
+    if (mgpu_linebuf_flush(&st->lb, st->proc->prefix, &block, &blen, &raw, &rlen) == 0)
+        deliver(st, block, blen, raw, rlen);
+    uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    stream_t *st = h->data;
+    buf->base = st->rbuf;
+    buf->len = sizeof st->rbuf;
+}
+
+static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
+{
+    stream_t *st = h->data;
+    const char *block, *raw;
+    size_t blen, rlen;
+
+    if (n < 0) {
+        stream_close(st); /* UV_EOF, or an error: either way the stream is done */
+        return;
+    }
+    if (n == 0)
+        return;
+    if (mgpu_linebuf_feed(&st->lb, st->proc->prefix, buf->base, (size_t)n, &block, &blen, &raw,
+                          &rlen) < 0) {
+        mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
+        return;
+    }
+    deliver(st, block, blen, raw, rlen);
+}
+
+/* Signals every worker group still running (and their process groups). */
+static void signal_all(sup_t *s, int sig)
+{
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        if (!p->running || p->out->exec_errno)
+            continue;
+        if (p->out->stop_signal == 0 && sig != SIGUSR1 && sig != SIGUSR2)
+            p->out->stop_signal = sig;
+        if (kill(-p->pid, sig) != 0)
+            kill(p->pid, sig); /* the worker moved itself to another process group */
+    }
+}
+
+/* The children of the launcher itself: workers, and orphans reparented to it (subreaper). */
+static int list_children(pid_t *out, int max)
+{
+    char path[64], buf[8192];
+    int n = 0, fd;
+    ssize_t r;
+
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0)
+        return 0;
+    buf[r] = '\0';
+    for (char *p = buf; *p && n < max;) {
+        char *end;
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)pid;
+        p = end;
+    }
+    return n;
+}
+
+/* After the workers exited: whatever they left behind (their process groups, and orphans
+ * reparented to the launcher) gets sig. Returns how many targets were signalled. */
+static int sweep_leftovers(sup_t *s, int sig)
+{
+    pid_t kids[1024];
+    int n = 0, nk = list_children(kids, 1024);
+
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        if (p->pid > 0 && !p->running && kill(-p->pid, sig) == 0)
+            n++;
+    }
+    for (int i = 0; i < nk; i++) {
+        int worker = 0;
+        for (int k = 0; k < s->nproc; k++)
+            worker |= s->procs[k].pid == kids[i] && s->procs[k].running;
+        if (!worker && kill(kids[i], sig) == 0)
+            n++;
+    }
+    return n;
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+    sup_t *s = t->data;
+    /* Something outside the launcher's reach still holds a worker's pipe: stop reading. */
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 2; i++)
+            stream_close(&s->procs[k].s[i]);
+}
+
+static void kill_everything(sup_t *s)
+{
+    s->killed = 1;
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        if (p->running && !p->out->exec_errno) {
+            mgpu_warn("local rank %d (pid %d) did not stop within %gs: sending SIGKILL", k,
+                      (int)p->pid, s->cli->grace_period);
+            if (p->out->stop_signal == 0)
+                p->out->stop_signal = SIGKILL;
+            kill(-p->pid, SIGKILL);
+        }
+    }
+    sweep_leftovers(s, SIGKILL);
+    uv_timer_start(&s->drain_timer, on_drain_timer, 2000, 0);
+}
+
+static void on_grace_timer(uv_timer_t *t)
+{
+    kill_everything(t->data);
+}
+
+/* Starts stopping the attempt: sig to every running worker group now, SIGKILL after grace. */
+static void stop_group(sup_t *s, int sig)
+{
+    signal_all(s, sig);
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    if (s->cli->grace_period <= 0)
+        kill_everything(s);
+    else
+        uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000), 0);
+}
+
+static void record_exit(sup_t *s, proc_t *p, int status)
+{
+    mgpu_outcome_t *o = p->out;
+
+    p->running = 0;
+    s->running--;
+    o->t_end = now_real();
+    o->t_detected_mono = now_mono();
+    if (o->exec_errno) {
+        o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
+        o->state = MGPU_W_FAILED;
+    } else if (WIFSIGNALED(status)) {
+        o->signal = WTERMSIG(status);
+        o->exit_code = 128 + o->signal;
+        o->state = o->stop_signal ? MGPU_W_STOPPED : MGPU_W_FAILED;
+    } else {
+        o->exit_code = WEXITSTATUS(status);
+        o->state = o->stop_signal ? MGPU_W_STOPPED
+                                  : (o->exit_code == 0 ? MGPU_W_SUCCEEDED : MGPU_W_FAILED);
+    }
+    if (o->state == MGPU_W_FAILED && s->root < 0 && !s->user_signal) {
+        s->root = p->k;
+        /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
+        stop_group(s, SIGTERM);
+        if (o->exec_errno)
+            mgpu_warn("local rank %d (rank %d) could not execute '%s': %s (exit %d)", p->k,
+                      o->rank, s->plan->workers[p->k].argv[0], strerror(o->exec_errno),
+                      o->exit_code);
+        else
+            mgpu_info("local rank %d (rank %d, pid %d) failed with exit code %d; stopping the "
+                      "others",
+                      p->k, o->rank, (int)p->pid, o->exit_code);
+    }
+    if (s->running == 0) {
+        /* Every worker exited: stop what they left behind, SIGKILL after the grace period. */
+        if (!s->swept && sweep_leftovers(s, SIGTERM) > 0 && !s->stopping) {
+            s->stopping = 1;
+            uv_timer_start(&s->grace_timer, on_grace_timer,
+                           (uint64_t)(s->cli->grace_period * 1000), 0);
+        }
+        s->swept = 1;
+        /* Nothing is left to read when no process holds the pipes any more. */
+    }
+}
+
+static void on_sigchld(sup_t *s)
+{
+    int status;
+    pid_t pid;
+
+    /* Reap everything: workers, and orphans reparented to the launcher as subreaper. */
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int k = 0; k < s->nproc; k++)
+            if (s->procs[k].pid == pid && s->procs[k].running) {
+                record_exit(s, &s->procs[k], status);
+                break;
+            }
+    }
+    maybe_finish(s);
+}
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+    sup_t *s = h->data;
+
+    if (sig == SIGCHLD) {
+        on_sigchld(s);
+        return;
+    }
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+        /* Forwarded, not a stop: Slurm's --signal=USR1@T warns jobs before their time limit. */
+        mgpu_info("received %s: forwarding it to the workers", sigabbrev_np(sig));
+        signal_all(s, sig);
+        return;
+    }
+    if (s->user_signal && sig == SIGINT) {
+        mgpu_warn("second SIGINT: killing the workers now");
+        kill_everything(s);
+        return;
+    }
+    if (!s->user_signal) {
+        s->user_signal = sig;
+        mgpu_warn("received SIG%s: stopping the workers (SIGKILL after %gs%s)", sigabbrev_np(sig),
+                  s->cli->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
+    }
+    stop_group(s, sig);
+}
+
+/* Runs in the child between fork and exec: only async-signal-safe calls. */
+static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
+                       int err_w, int exec_w, pid_t parent)
+{
+    sigset_t none;
+    int e;
+
+    for (int i = 0; i < NSIGS; i++)
+        signal(handled_signals[i], SIG_DFL);
+    signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
+    /* A session of its own: the launcher alone decides which signal reaches which worker, and
+     * a terminal's Ctrl-C reaches the launcher only (it forwards it). */
+    setsid();
+    /* Dies with the launcher, even by SIGKILL. The launcher may have died already between
+     * fork and prctl: then this process was reparented and getppid() tells. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(128 + SIGKILL);
+    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+        goto fail;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execve(path, argv, envp);
+fail:
+    e = errno;
+    while (write(exec_w, &e, sizeof e) < 0 && errno == EINTR)
+        ;
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+/* The executable for argv[0], looked up in PATH as execvp would. */
+static void resolve_exec(const char *prog, char *out, size_t len)
+{
+    const char *path = getenv("PATH");
+
+    snprintf(out, len, "%s", prog);
+    if (strchr(prog, '/') != NULL)
+        return;
+    if (path == NULL || *path == '\0')
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; p != NULL;) {
+        const char *colon = strchr(p, ':');
+        size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
+        char full[4096];
+        snprintf(full, sizeof full, "%.*s/%s", (int)dlen, dlen ? p : ".", prog);
+        if (access(full, X_OK) == 0) {
+            snprintf(out, len, "%s", full);
+            return;
+        }
+        p = colon ? colon + 1 : NULL;
+    }
+}
+
+static int open_log(const char *dir, const char *name, mgpu_err_t *err)
+{
+    char path[2500];
+    int fd;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return mgpu_err_set(err, -errno, "open(%s): %s", path, strerror(errno));
+    return fd;
+}
+
+static int start_attempt(sup_t *s, mgpu_err_t *err)
+{
+    const mgpu_plan_t *plan = s->plan;
+    const mgpu_cli_t *cli = s->cli;
+    char attempt_dir[2200], exe[4096];
+    int pipes[MGPU_MAX_LOCAL][3][2];
+    sigset_t all, old;
+    pid_t self = getpid();
+    int rc = 0;
+
+    s->root = -1;
+    s->stopping = s->killed = s->swept = 0;
+    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
+    s->res->attempts = s->attempt + 1;
+
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        mgpu_outcome_t *o = &s->res->outcomes[k];
+        char rank_dir[2300];
+        int redirect = mgpu_std_spec_get(&cli->redirects, k);
+        int tee = mgpu_std_spec_get(&cli->tee, k);
+        int shown = cli->nfilter == 0;
+
+        for (int i = 0; i < cli->nfilter; i++)
+            shown |= cli->filter[i] == k;
+        memset(o, 0, sizeof *o);
+        o->local_rank = k;
+        o->rank = plan->workers[k].rank;
+        p->out = o;
+        p->sup = s;
+        p->k = k;
+        p->pid = -1;
+        snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
+        if ((rc = mkdir_p(rank_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
+        snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
+        unlink(o->error_file);
+        if (cli->no_prefix)
+            p->prefix[0] = '\0';
+        else
+            mgpu_prefix_format(cli->prefix_template[0] ? cli->prefix_template : "[rank${rank}]:",
+                               plan->role, k, o->rank, p->prefix, sizeof p->prefix);
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &p->s[i];
+            int bit = i == 0 ? 1 : 2;
+            memset(&st->lb, 0, sizeof st->lb);
+            st->proc = p;
+            st->which = bit;
+            st->file_fd = -1;
+            /* torchrun: redirect = file only; tee = file and console. */
+            st->console_fd = (redirect & bit) && !(tee & bit) ? -1 : (shown ? bit : -1);
+            if ((redirect | tee) & bit) {
+                st->file_fd = open_log(rank_dir, i == 0 ? "stdout.log" : "stderr.log", err);
+                if (st->file_fd < 0)
+                    return st->file_fd;
+                s->res->keep_logs = 1;
+            }
+        }
+        for (int i = 0; i < 3; i++)
+            if (pipe2(pipes[k][i], O_CLOEXEC) != 0)
+                return mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
+    }
+
+    /* Fork every worker first, then collect exec results: the workers start in parallel. */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        char **envp = mgpu_plan_env(plan, k, environ, s->attempt, p->out->error_file);
+        pid_t pid;
+
+        if (envp == NULL) {
+            rc = mgpu_err_set(err, -ENOMEM, "out of memory building the environment");
+            break;
+        }
+        resolve_exec(plan->workers[k].argv[0], exe, sizeof exe);
+        pid = fork();
+        if (pid == 0)
+            child_exec(exe, plan->workers[k].argv, envp, pipes[k][0][1], pipes[k][1][1],
+                       pipes[k][2][1], self);
+        free(envp);
+        if (pid < 0) {
+            rc = mgpu_err_set(err, -errno, "fork: %s (local rank %d)", strerror(errno), k);
+            break;
+        }
+        p->pid = pid;
+        p->running = 1;
+        p->out->pid = pid;
+        p->out->state = MGPU_W_RUNNING;
+        p->out->t_start = now_real();
+        s->running++;
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        for (int i = 0; i < 3; i++)
+            close(pipes[k][i][1]);
+        if (p->pid > 0) {
+            int e = 0;
+            ssize_t r;
+            while ((r = read(pipes[k][2][0], &e, sizeof e)) < 0 && errno == EINTR)
+                ;
+            if (r == (ssize_t)sizeof e)
+                p->out->exec_errno = e;
+        }
+        close(pipes[k][2][0]);
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &p->s[i];
+            if (p->pid <= 0) {
+                close(pipes[k][i][0]);
+                continue;
+            }
+            uv_pipe_init(&s->loop, &st->pipe, 0);
+            st->pipe.data = st;
+            uv_pipe_open(&st->pipe, pipes[k][i][0]);
+            st->open = 1;
+            s->open_streams++;
+            uv_read_start((uv_stream_t *)&st->pipe, on_alloc, on_read);
+        }
+    }
+    if (rc < 0)
+        stop_group(s, SIGKILL);
+    return rc;
+}
+
+static void close_loop_handles(sup_t *s)
+{
+    for (int i = 0; i < NSIGS; i++)
+        uv_close((uv_handle_t *)&s->sigs[i], NULL);
+    uv_close((uv_handle_t *)&s->grace_timer, NULL);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+}
+
+static void maybe_finish(sup_t *s)
+{
+    pid_t kids[4];
+    mgpu_err_t err;
+
+    if (s->finished || s->running > 0 || s->open_streams > 0)
+        return;
+    if (list_children(kids, 4) > 0 && !s->killed)
+        return; /* leftovers are stopping; their SIGCHLD brings us back */
+    uv_timer_stop(&s->grace_timer);
+    uv_timer_stop(&s->drain_timer);
+
+    if (s->root >= 0) {
+        mgpu_run_result_t *r = s->res;
+        mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
+        if (h != NULL) {
+            r->history = h;
+            r->history[r->nhistory++] = r->outcomes[s->root];
+        }
+        r->root = s->root;
+        r->root_attempt = s->attempt;
+        if (!s->user_signal && s->attempt < s->cli->max_restarts) {
+            int left = s->cli->max_restarts - s->attempt;
+            mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, %d "
+                      "restart%s left after it",
+                      r->outcomes[s->root].rank, r->outcomes[s->root].exit_code, s->attempt + 1,
+                      left - 1, left - 1 == 1 ? "" : "s");
+            s->attempt++;
+            if (start_attempt(s, &err) == 0)
+                return;
+            mgpu_error("restart failed: %s", err.msg);
+        }
+    } else {
+        s->res->root = -1;
+        s->res->root_attempt = -1;
+    }
+    s->finished = 1;
+    close_loop_handles(s);
+}
+
+int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result_t *res,
+                 mgpu_err_t *err)
+{
+    sup_t *s = calloc(1, sizeof *s);
+    int rc;
+
+    memset(res, 0, sizeof *res);
+    res->root = res->root_attempt = -1;
+    res->t_start = now_real();
+    if (s == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    s->plan = plan;
+    s->cli = cli;
+    s->res = res;
+    s->nproc = plan->nproc;
+    s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
+    res->outcomes = calloc((size_t)plan->nproc, sizeof *res->outcomes);
+    res->nout = plan->nproc;
+    if (s->procs == NULL || res->outcomes == NULL) {
+        free(s->procs);
+        free(s);
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    }
+
+    /* The run's folder: error files always (TORCHELASTIC_ERROR_FILE), logs when asked. */
+    if (cli->log_dir[0]) {
+        char rnd[9];
+        unsigned v = (unsigned)getpid() ^ (unsigned)(now_real() * 1e6);
+        snprintf(rnd, sizeof rnd, "%08x", v * 2654435761u);
+        snprintf(res->log_root, sizeof res->log_root, "%s/%s_%s", cli->log_dir, plan->run_id, rnd);
+        res->keep_logs = 1;
+        if ((rc = mkdir_p(res->log_root)) < 0) {
+            rc = mgpu_err_set(err, MGPU_E_USAGE, "--log_dir: mkdir(%s): %s", res->log_root,
+                              strerror(-rc));
+            goto out;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(res->log_root, sizeof res->log_root, "%s/mgpu_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp",
+                 plan->run_id);
+        if (mkdtemp(res->log_root) == NULL) {
+            rc = mgpu_err_set(err, -errno, "mkdtemp(%s): %s", res->log_root, strerror(errno));
+            goto out;
+        }
+    }
+
+    uv_loop_init(&s->loop);
+    signal(SIGPIPE, SIG_IGN);
+    /* Orphans of the workers are reparented here, so teardown can find and reap them. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    for (int i = 0; i < NSIGS; i++) {
+        uv_signal_init(&s->loop, &s->sigs[i]);
+        s->sigs[i].data = s;
+        uv_signal_start(&s->sigs[i], on_signal, handled_signals[i]);
+    }
+    uv_timer_init(&s->loop, &s->grace_timer);
+    uv_timer_init(&s->loop, &s->drain_timer);
+    s->grace_timer.data = s->drain_timer.data = s;
+
+    rc = start_attempt(s, err);
+    if (rc < 0)
+        mgpu_error("%s", err->msg);
+    /* Exits that happened before the SIGCHLD handle existed are collected here too. */
+    on_sigchld(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&s->loop);
+    res->signal = s->user_signal;
+    res->t_end = now_real();
+    if (s->user_signal)
+        res->exit_code = 128 + s->user_signal;
+    else if (res->root >= 0)
+        res->exit_code = res->outcomes[res->root].exit_code;
+    else
+        res->exit_code = rc < 0 ? 1 : 0;
+    rc = 0;
+out:
+    free(s->procs);
+    free(s);
+    return rc;
+}
+
+void mgpu_run_result_free(mgpu_run_result_t *res)
+{
+    if (!res->keep_logs && res->log_root[0])
+        remove_tree(res->log_root);
+    free(res->outcomes);
+    free(res->history);
+    memset(res, 0, sizeof *res);
+}

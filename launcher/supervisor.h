@@ -1,0 +1,68 @@
+/* supervisor.h - start the planned workers and watch them on one libuv loop.
+ *
+ * Event-driven: exits arrive through SIGCHLD, output through the workers' pipes, the user's
+ * signals through uv_signal handles; nothing polls. The first failure stops the group (the
+ * same signal to every worker's process group, SIGKILL after the grace period), then the group
+ * restarts while restarts remain, or the run ends.
+ *
+ * Ownership: the supervisor keeps pointers to the plan and the options (they must outlive
+ * it) and owns everything else it creates; mgpu_sup_run returns once every handle is closed. */
+#ifndef MGPU_SUPERVISOR_H
+#define MGPU_SUPERVISOR_H
+
+#include <sys/types.h> /* pid_t */
+
+#include "cli.h"   /* mgpu_cli_t */
+#include "error.h" /* mgpu_err_t */
+#include "plan.h"  /* mgpu_plan_t */
+
+#define MGPU_TAIL_LINES 8
+
+typedef enum {
+    MGPU_W_NEW = 0,     /* not started in this attempt */
+    MGPU_W_RUNNING,
+    MGPU_W_SUCCEEDED,   /* exited 0 */
+    MGPU_W_FAILED,      /* died by itself: exit code != 0, a signal it was not sent, no exec */
+    MGPU_W_STOPPED,     /* ended after the launcher signalled it */
+} mgpu_wstate_t;
+
+/* How one worker ended in one attempt (what the report and the summary show). */
+typedef struct mgpu_outcome {
+    int local_rank, rank;
+    pid_t pid;
+    mgpu_wstate_t state;
+    int exit_code;    /* as the launcher reports it: code, 128+signal, 126/127 */
+    int signal;       /* the signal that killed it, or 0 */
+    int exec_errno;   /* when it could not be executed */
+    int stop_signal;  /* the signal the launcher sent it, or 0 */
+    double t_start;   /* CLOCK_REALTIME seconds */
+    double t_end;
+    double t_detected_mono; /* CLOCK_MONOTONIC, when the launcher saw the exit */
+    char error_file[2400];
+    char tail[MGPU_TAIL_LINES][256]; /* last stderr lines, oldest first */
+    int ntail;
+} mgpu_outcome_t;
+
+typedef struct mgpu_run_result {
+    int exit_code;        /* what mgpu-launch exits with */
+    int signal;           /* a signal the launcher itself received and stopped for, or 0 */
+    int attempts;         /* attempts started */
+    int root_attempt;     /* attempt of the root cause, -1 on success */
+    int root;             /* index into outcomes of the first failure, -1 on success */
+    int nout;
+    mgpu_outcome_t *outcomes; /* the last attempt's workers (nproc entries) */
+    mgpu_outcome_t *history; /* the root cause of every failed attempt, in order */
+    int nhistory;
+    char log_root[2048];  /* the run's log folder */
+    int keep_logs;
+    double t_start, t_end;
+} mgpu_run_result_t;
+
+/* Runs the whole job (all attempts). Returns 0 when the supervision itself worked (whatever
+ * the workers did: see res), or a negative code when it could not start (err says why). */
+int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result_t *res,
+                 mgpu_err_t *err);
+/* Frees res and removes the run's folder unless logs were asked for. */
+void mgpu_run_result_free(mgpu_run_result_t *res);
+
+#endif

@@ -1,0 +1,208 @@
+/* test_cli.c - torchrun's grammar, spellings, PET_ defaults and bad input. */
+#include <stdarg.h> /* va_list */
+#include <stdlib.h> /* calloc */
+
+#include "check.h"
+#include "cli.h"
+
+static const char *fake_env[16][2];
+
+static const char *env_get(const char *name)
+{
+    for (int i = 0; i < 16 && fake_env[i][0]; i++)
+        if (strcmp(fake_env[i][0], name) == 0)
+            return fake_env[i][1];
+    return NULL;
+}
+
+#define MAX_ARGS 32
+/* Parses a NULL-terminated list of arguments after "mgpu-launch". */
+static int parse(mgpu_cli_t *cli, mgpu_err_t *err, ...)
+{
+    static char *argv[MAX_ARGS];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, err);
+    argv[argc++] = "mgpu-launch";
+    for (char *a; (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    memset(err, 0, sizeof *err);
+    return mgpu_cli_parse(cli, argc, argv, env_get, err);
+}
+
+static void test_defaults(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "prog", NULL), 0);
+    CHECK_STR(c->nproc, "1");
+    CHECK_INT(c->nnodes_min, 1);
+    CHECK_INT(c->nnodes_max, 1);
+    CHECK_STR(c->master_addr, "127.0.0.1");
+    CHECK_INT(c->master_port, -1);
+    CHECK_STR(c->role, "default");
+    CHECK_STR(c->rdzv_id, "none");
+    CHECK(c->grace_period == 30.0);
+    CHECK_INT(c->prog_argc, 1);
+    CHECK_STR(c->prog_argv[0], "prog");
+    free(c);
+}
+
+static void test_spellings(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--nproc_per_node=4", "x", NULL), 0);
+    CHECK_STR(c->nproc, "4");
+    CHECK_INT(parse(c, &e, "--nproc-per-node", "3", "x", NULL), 0);
+    CHECK_STR(c->nproc, "3");
+    CHECK_INT(parse(c, &e, "--nproc_per_node", "gpu", "--max-restarts=2", "x", NULL), 0);
+    CHECK_STR(c->nproc, "gpu");
+    CHECK_INT(c->max_restarts, 2);
+    /* argparse's unique prefixes: torchrun's own tests use --redirect=3 */
+    CHECK_INT(parse(c, &e, "--redirect=3", "--nproc=2", "x", NULL), 0);
+    CHECK_INT(c->redirects.all, 3);
+    CHECK_STR(c->nproc, "2");
+    CHECK_INT(parse(c, &e, "-r", "1", "-t3", "-m", "mod", NULL), 0);
+    CHECK_INT(c->redirects.all, 1);
+    CHECK_INT(c->tee.all, 3);
+    CHECK_INT(c->module, 1);
+    CHECK_INT(parse(c, &e, "--dry-run", "x", NULL), 0);
+    CHECK_INT(c->dry_run, MGPU_DRY_TEXT);
+    CHECK_INT(parse(c, &e, "--dry_run=json", "x", NULL), 0);
+    CHECK_INT(c->dry_run, MGPU_DRY_JSON);
+    CHECK_INT(parse(c, &e, "--nnodes=2:4", "--node-rank=3", "x", NULL), 0);
+    CHECK_INT(c->nnodes_min, 2);
+    CHECK_INT(c->nnodes_max, 4);
+    CHECK_INT(c->node_rank, 3);
+    free(c);
+}
+
+static void test_program_ends_options(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--nproc_per_node=2", "train.py", "--nproc_per_node=5", "--", "-x", NULL), 0);
+    CHECK_STR(c->nproc, "2");
+    CHECK_INT(c->prog_argc, 4);
+    CHECK_STR(c->prog_argv[1], "--nproc_per_node=5");
+    CHECK_STR(c->prog_argv[2], "--");
+    CHECK_INT(parse(c, &e, "--", "--weird-name", "a", NULL), 0);
+    CHECK_STR(c->prog_argv[0], "--weird-name");
+    CHECK_INT(c->prog_argc, 2);
+    free(c);
+}
+
+static void test_env_defaults(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    fake_env[0][0] = "PET_NPROC_PER_NODE";
+    fake_env[0][1] = "3";
+    fake_env[1][0] = "PET_STANDALONE";
+    fake_env[1][1] = "1";
+    fake_env[2][0] = "PET_MAX_RESTARTS";
+    fake_env[2][1] = "4";
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_STR(c->nproc, "3");
+    CHECK_INT(c->standalone, 1);
+    CHECK_INT(c->max_restarts, 4);
+    /* the command line wins */
+    CHECK_INT(parse(c, &e, "--nproc_per_node=2", "x", NULL), 0);
+    CHECK_STR(c->nproc, "2");
+    fake_env[2][1] = "many";
+    CHECK_INT(parse(c, &e, "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "PET_MAX_RESTARTS='many'");
+    fake_env[1][1] = "0";
+    fake_env[2][1] = "0";
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_INT(c->standalone, 0);
+    fake_env[0][0] = NULL;
+    free(c);
+}
+
+static void test_bad_input(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+#define BAD(substr, ...)                                                                           \
+    do {                                                                                           \
+        CHECK_INT(parse(c, &e, __VA_ARGS__, NULL), MGPU_E_USAGE);                                  \
+        CHECK_CONTAINS(e.msg, substr);                                                             \
+    } while (0)
+    BAD("unknown option --bogus", "--bogus", "x");
+    BAD("ambiguous option --n", "--n=1", "x");
+    BAD("--nproc_per_node: missing value", "--nproc_per_node");
+    BAD("--nproc_per_node='0'", "--nproc_per_node=0", "x");
+    BAD("--nproc_per_node='-1'", "--nproc_per_node=-1", "x");
+    BAD("--nproc_per_node='99999'", "--nproc_per_node=99999", "x");
+    BAD("--nproc_per_node='abc'", "--nproc_per_node=abc", "x");
+    BAD("--nproc_per_node='4x'", "--nproc_per_node=4x", "x");
+    BAD("MIN (2) is larger than MAX (1)", "--nnodes=2:1", "x");
+    BAD("--nnodes='1:2:3'", "--nnodes=1:2:3", "x");
+    BAD("--nnodes='0'", "--nnodes=0", "x");
+    BAD("--master_port='70000'", "--master_port=70000", "x");
+    BAD("--grace_period='-1'", "--grace_period=-1", "x");
+    BAD("--redirects='4'", "--redirects=4", "x");
+    BAD("--tee='0:9'", "--tee=0:9", "x");
+    BAD("--node_rank=2", "--nnodes=2", "--node_rank=2", "x");
+    BAD("--local_ranks_filter='0,a'", "--local_ranks_filter=0,a", "x");
+    BAD("--standalone takes no value", "--standalone=1", "x");
+    BAD("missing the worker program", "--nproc_per_node=2");
+    BAD("'--no_python' flag and the '--module' flag", "--no_python", "-m", "x");
+    BAD("unknown option -z", "-z", "x");
+    BAD("--rdzv_backend='etcd'", "--rdzv_backend=etcd", "x");
+#undef BAD
+    free(c);
+}
+
+static void test_std_spec(void)
+{
+    mgpu_std_spec_t s;
+    mgpu_err_t e;
+    CHECK_INT(mgpu_std_spec_parse("0:1,1:2,12:3", &s, &e), 0);
+    CHECK_INT(mgpu_std_spec_get(&s, 0), 1);
+    CHECK_INT(mgpu_std_spec_get(&s, 1), 2);
+    CHECK_INT(mgpu_std_spec_get(&s, 12), 3);
+    CHECK_INT(mgpu_std_spec_get(&s, 2), 0);
+    CHECK_INT(mgpu_std_spec_parse("2", &s, &e), 0);
+    CHECK_INT(mgpu_std_spec_get(&s, 7), 2);
+    CHECK_INT(mgpu_std_spec_parse("0:1,", &s, &e), MGPU_E_USAGE);
+    CHECK_INT(mgpu_std_spec_parse("", &s, &e), MGPU_E_USAGE);
+    CHECK_INT(mgpu_std_spec_parse("1:", &s, &e), MGPU_E_USAGE);
+    CHECK_INT(mgpu_std_spec_parse("x:1", &s, &e), MGPU_E_USAGE);
+}
+
+static void test_filter_and_flags(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--local_ranks_filter=0,2", "--no_prefix", "--allow-gpu-sharing",
+                    "--legacy_local_rank", "--summary", "s.json", "--grace_period=0.5", "x", NULL),
+              0);
+    CHECK_INT(c->nfilter, 2);
+    CHECK_INT(c->filter[1], 2);
+    CHECK_INT(c->no_prefix, 1);
+    CHECK_INT(c->allow_gpu_sharing, 1);
+    CHECK_INT(c->legacy_local_rank, 1);
+    CHECK_STR(c->summary, "s.json");
+    CHECK(c->grace_period == 0.5);
+    CHECK_INT(parse(c, &e, "--version", NULL), 0);
+    CHECK_INT(c->show_version, 1);
+    CHECK_INT(parse(c, &e, "-h", NULL), 0);
+    CHECK_INT(c->show_help, 1);
+    free(c);
+}
+
+int main(void)
+{
+    RUN(test_defaults);
+    RUN(test_spellings);
+    RUN(test_program_ends_options);
+    RUN(test_env_defaults);
+    RUN(test_bad_input);
+    RUN(test_std_spec);
+    RUN(test_filter_and_flags);
+    return check_done();
+}

@@ -1,0 +1,266 @@
+/* test_plan.c - ranks, devices (the article's four scenarios), environment and commands. */
+#include <stdarg.h> /* va_list */
+#include <stdlib.h> /* calloc */
+
+#include "check.h"
+#include "plan.h"
+
+static mgpu_plan_input_t input(const char *sim, const char *cvd)
+{
+    mgpu_plan_input_t in = {0};
+    in.sim_gpus = sim;
+    in.cvd = cvd;
+    in.cpu_count = 6;
+    in.free_port = 41234;
+    in.worker_bin = "/bin/true"; /* stands in for mgpu-worker */
+    in.python = "sh";
+    in.hostname = "node-a";
+    in.run_id = "rand-id";
+    in.path_env = "/usr/bin:/bin";
+    return in;
+}
+
+static int build(mgpu_plan_t *p, mgpu_err_t *e, const mgpu_plan_input_t *in, ...)
+{
+    static char *argv[32];
+    static mgpu_cli_t cli;
+    int argc = 0;
+    va_list ap;
+    va_start(ap, in);
+    argv[argc++] = "mgpu-launch";
+    for (char *a; (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    memset(e, 0, sizeof *e);
+    if (mgpu_cli_parse(&cli, argc, argv, NULL, e) < 0)
+        return -1;
+    return mgpu_plan_build(p, &cli, in, e);
+}
+
+static void test_scenario1(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("8", "1,2,3,4");
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/bin/true", NULL), 0);
+    CHECK_INT(p.nproc, 2);
+    CHECK_INT(p.vis.count, 4); /* each rank sees 4 GPUs */
+    CHECK_INT(p.workers[0].ordinal, 0);
+    CHECK_INT(p.workers[0].physical, 1);
+    CHECK_INT(p.workers[1].physical, 2);
+    CHECK_STR(mgpu_plan_var(&p, 1, "MGPU_PHYSICAL_GPU"), "2");
+    CHECK_STR(mgpu_plan_var(&p, 1, "MGPU_GPU_ORDINAL"), "1");
+    CHECK_STR(mgpu_plan_var(&p, 1, "MGPU_GPU_SIMULATED"), "1");
+    mgpu_plan_free(&p);
+}
+
+static void test_scenario2_and_3(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("8", "1,2,3,4");
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=4", "/bin/true", NULL), 0);
+    for (int k = 0; k < 4; k++) {
+        CHECK_INT(p.workers[k].ordinal, k);
+        CHECK_INT(p.workers[k].physical, k + 1); /* local_rank is a process number */
+    }
+    mgpu_plan_free(&p);
+    in = input("8", NULL);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=4", "/bin/true", NULL), 0);
+    for (int k = 0; k < 4; k++)
+        CHECK_INT(p.workers[k].physical, k);
+    mgpu_plan_free(&p);
+}
+
+static void test_scenario4_refused(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("8", "1,2,3,4");
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "/bin/true", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--nproc_per_node=5 but only 4 simulated GPUs are visible");
+    CHECK_CONTAINS(e.msg, "CUDA_VISIBLE_DEVICES='1,2,3,4'");
+    CHECK_CONTAINS(e.msg, "ordinal 3 = GPU 4");
+    CHECK_CONTAINS(e.msg, "8 simulated GPUs installed");
+    CHECK_CONTAINS(e.msg, "local rank 4 would fail in cudaSetDevice(4)");
+    CHECK_CONTAINS(e.msg, "--allow_gpu_sharing");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "--allow_gpu_sharing", "/bin/true", NULL), 0);
+    CHECK_INT(p.sharing, 1);
+    CHECK_INT(p.workers[4].ordinal, 0);
+    CHECK_INT(p.workers[4].physical, 1);
+    CHECK_STR(mgpu_plan_var(&p, 4, "MGPU_ALLOW_GPU_SHARING"), "1");
+    mgpu_plan_free(&p);
+}
+
+static void test_cpu_workers(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("0", NULL);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=3", "/bin/true", NULL), 0);
+    CHECK_INT(p.workers[2].ordinal, -1);
+    CHECK_STR(mgpu_plan_var(&p, 2, "MGPU_DEVICE"), "cpu");
+    CHECK_CONTAINS(p.cpu_reason, "no GPU is installed");
+    mgpu_plan_free(&p);
+    in = input("2", "5");
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=3", "/bin/true", NULL), 0);
+    CHECK_CONTAINS(p.cpu_reason, "makes none of the 2 simulated GPUs visible");
+    mgpu_plan_free(&p);
+    /* nproc gpu|cpu|auto */
+    in = input("0", NULL);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=gpu", "/bin/true", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "no GPU is visible");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=auto", "/bin/true", NULL), 0);
+    CHECK_INT(p.nproc, 6);
+    mgpu_plan_free(&p);
+    in = input("3", NULL);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=auto", "/bin/true", NULL), 0);
+    CHECK_INT(p.nproc, 3);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=cpu", "--allow_gpu_sharing", "/bin/true", NULL), 0);
+    CHECK_INT(p.nproc, 6);
+    mgpu_plan_free(&p);
+    in = input("2", "0,0");
+    CHECK_INT(build(&p, &e, &in, "/bin/true", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "appears twice");
+    mgpu_plan_free(&p);
+}
+
+static void test_env_contract(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("0", NULL);
+    char *environ_[] = {"HOME=/root", "RANK=99", "OMP_NUM_THREADS=7", "TORCHELASTIC_RESTART_COUNT=5",
+                        NULL};
+    char **env;
+    int seen_home = 0, seen_rank = 0;
+
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--nproc_per_node=3", "--role=trainer",
+                    "--rdzv_id=job7", "--master_addr=10.0.0.1", "--max_restarts=3", "/bin/true",
+                    NULL),
+              0);
+    CHECK_INT(p.world_size, 6);
+    CHECK_STR(mgpu_plan_var(&p, 2, "RANK"), "5");
+    CHECK_STR(mgpu_plan_var(&p, 2, "LOCAL_RANK"), "2");
+    CHECK_STR(mgpu_plan_var(&p, 2, "GROUP_RANK"), "1");
+    CHECK_STR(mgpu_plan_var(&p, 2, "ROLE_RANK"), "5");
+    CHECK_STR(mgpu_plan_var(&p, 2, "ROLE_NAME"), "trainer");
+    CHECK_STR(mgpu_plan_var(&p, 2, "LOCAL_WORLD_SIZE"), "3");
+    CHECK_STR(mgpu_plan_var(&p, 2, "WORLD_SIZE"), "6");
+    CHECK_STR(mgpu_plan_var(&p, 2, "GROUP_WORLD_SIZE"), "2");
+    CHECK_STR(mgpu_plan_var(&p, 2, "ROLE_WORLD_SIZE"), "6");
+    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_ADDR"), "10.0.0.1");
+    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_PORT"), "29500"); /* several nodes: torchrun's default */
+    CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_RUN_ID"), "job7");
+    CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_MAX_RESTARTS"), "3");
+    CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_USE_AGENT_STORE"), "False");
+    CHECK_STR(mgpu_plan_var(&p, 2, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    CHECK_STR(mgpu_plan_var(&p, 2, "OMP_NUM_THREADS"), "1");
+    CHECK_INT(p.omp_warning, 1);
+
+    env = mgpu_plan_env(&p, 2, environ_, 4, "/tmp/x/error.json");
+    for (char **v = env; *v; v++) {
+        seen_home += strcmp(*v, "HOME=/root") == 0;
+        seen_rank += strncmp(*v, "RANK=", 5) == 0;
+        CHECK(strcmp(*v, "RANK=99") != 0);
+        CHECK(strcmp(*v, "TORCHELASTIC_RESTART_COUNT=5") != 0);
+    }
+    CHECK_INT(seen_home, 1);
+    CHECK_INT(seen_rank, 1);
+    int found_restart = 0, found_err = 0;
+    for (char **v = env; *v; v++) {
+        found_restart += strcmp(*v, "TORCHELASTIC_RESTART_COUNT=4") == 0;
+        found_err += strcmp(*v, "TORCHELASTIC_ERROR_FILE=/tmp/x/error.json") == 0;
+    }
+    CHECK_INT(found_restart, 1);
+    CHECK_INT(found_err, 1);
+    free(env);
+    mgpu_plan_free(&p);
+
+    /* one node, no port: the free port; an inherited OMP_NUM_THREADS is kept, no banner */
+    in.omp_threads = "7";
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "41234");
+    CHECK_STR(mgpu_plan_var(&p, 0, "OMP_NUM_THREADS"), "7");
+    CHECK_INT(p.omp_warning, 0);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--master_port=1234", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "1234");
+    CHECK(mgpu_plan_var(&p, 0, "OMP_NUM_THREADS") != NULL);
+    mgpu_plan_free(&p);
+    in.omp_threads = NULL;
+    CHECK_INT(build(&p, &e, &in, "--standalone", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "TORCHELASTIC_RUN_ID"), "rand-id");
+    CHECK(mgpu_plan_var(&p, 0, "OMP_NUM_THREADS") == NULL); /* one worker: torchrun sets none */
+    mgpu_plan_free(&p);
+}
+
+static void test_commands(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("0", NULL);
+    FILE *f = fopen("/tmp/mgpu_test_plan.py", "w");
+    fclose(f);
+    f = fopen("/tmp/mgpu_test_plan.cfg", "w");
+    fclose(f);
+
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/tmp/mgpu_test_plan.py", "--lr", "1", NULL), 0);
+    CHECK_STR(p.workers[1].argv[0], "sh");
+    CHECK_STR(p.workers[1].argv[1], "-u");
+    CHECK_STR(p.workers[1].argv[2], "/tmp/mgpu_test_plan.py");
+    CHECK_STR(p.workers[1].argv[3], "--lr");
+    CHECK(p.workers[1].argv[5] == NULL);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "--legacy_local_rank", "/tmp/mgpu_test_plan.py",
+                    "--lr", NULL),
+              0);
+    CHECK_STR(p.workers[1].argv[3], "--local_rank=1");
+    CHECK_STR(p.workers[1].argv[4], "--lr");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "-m", "pkg.mod", "a", NULL), 0);
+    CHECK_STR(p.workers[0].argv[2], "-m");
+    CHECK_STR(p.workers[0].argv[3], "pkg.mod");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_plan.cfg", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/bin/true");
+    CHECK_STR(p.workers[0].argv[1], "/tmp/mgpu_test_plan.cfg");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--no_python", "/bin/echo", "x.py", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/bin/echo");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "/tmp/missing_mgpu.py", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "python script '/tmp/missing_mgpu.py': No such file or directory");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "/tmp/missing_mgpu.cfg", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "training config");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "no-such-program-mgpu", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "worker program 'no-such-program-mgpu': not found in PATH");
+    mgpu_plan_free(&p);
+    in.python = "no-such-python";
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_plan.py", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "python interpreter 'no-such-python'");
+    mgpu_plan_free(&p);
+    in.python = "sh";
+    in.worker_bin = "/nonexistent/mgpu-worker";
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_plan.cfg", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "needs mgpu-worker");
+    mgpu_plan_free(&p);
+    unlink("/tmp/mgpu_test_plan.py");
+    unlink("/tmp/mgpu_test_plan.cfg");
+}
+
+int main(void)
+{
+    RUN(test_scenario1);
+    RUN(test_scenario2_and_3);
+    RUN(test_scenario4_refused);
+    RUN(test_cpu_workers);
+    RUN(test_env_contract);
+    RUN(test_commands);
+    return check_done();
+}
