@@ -6,10 +6,19 @@
  * prefix (mgpu_store_set_prefix), which namespaces them by run id and restart attempt so a
  * restarted group never reads the last attempt's values.
  *
- * Ownership: values returned through void ** are malloc'd and owned by the caller (free()).
+ * Ownership: values returned through void ** are malloc'd and owned by the caller (free());
+ * one NUL byte follows them (not counted in the length) so string values can be used as is.
  * Every call returns 0 or a negative code and fills err. A call that times out returns
- * MGPU_E_TIMEOUT; a connection that breaks is reconnected once, transparently, for idempotent
- * operations. */
+ * MGPU_E_TIMEOUT; a wrong token MGPU_E_AUTH; ADD on a value that is not a decimal int64 -EINVAL.
+ * A connection that breaks is reconnected transparently: always before a request is sent, and
+ * once more after, for operations whose repetition cannot change the outcome (set, get, wait,
+ * check, num_keys, ping). add, compare_set and delete return MGPU_E_PEER instead, since the
+ * server may have applied them.
+ *
+ * Timeouts: timeout_s of connect bounds the connection attempts (retried with exponential
+ * backoff, 10 ms doubling to 1 s) and, afterwards, every call that does not wait for keys; the
+ * timeout_s of get, wait and barrier bounds their wait (0 = do not wait, < 0 = no deadline).
+ * The protocol is documented in store_proto.h. */
 #ifndef MGPU_STORE_H
 #define MGPU_STORE_H
 
@@ -57,6 +66,8 @@ int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *re
 /* *deleted = 1 when the key existed. */
 int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t *err);
 int mgpu_store_num_keys(mgpu_store_t *s, int64_t *n, mgpu_err_t *err);
+/* One round trip that changes nothing (liveness, latency). */
+int mgpu_store_ping(mgpu_store_t *s, mgpu_err_t *err);
 /* All world_size callers using the same name meet here (reusable: each use of a name is a new
  * round). On timeout the message says how many arrived. */
 int mgpu_store_barrier(mgpu_store_t *s, const char *name, int world_size, double timeout_s,

@@ -1,0 +1,48 @@
+/* store_server.h - the key-value store served by mgpu-launch (node 0) on a libuv loop.
+ *
+ * One event loop, never blocked by a client: responses are buffered and written as the socket
+ * accepts them, a GET or WAIT on missing keys parks a waiter that the SET (or ADD, COMPARE_SET)
+ * of its last key completes, and a uv_timer ends it at its deadline. Speaks the protocol of
+ * common/store_proto.h; the blocking client is common/store.h.
+ *
+ * A client must open with HELLO carrying the right protocol version and, when the server has a
+ * token, that token (compared in constant time); otherwise it gets an error status and is
+ * closed. A malformed or oversized frame closes that connection only, with a log line.
+ * Connections beyond max_conns are closed as soon as they are accepted, with a log line.
+ *
+ * Ownership: the caller owns the loop; the server owns its handles. mgpu_store_server_close
+ * starts closing them and the server frees itself once their close callbacks have run, so the
+ * caller runs the loop after close (until uv_run returns) before uv_loop_close. */
+#ifndef MGPU_STORE_SERVER_H
+#define MGPU_STORE_SERVER_H
+
+#include <stddef.h> /* size_t */
+
+#include <uv.h> /* uv_loop_t */
+
+#include "error.h" /* mgpu_err_t */
+
+typedef struct mgpu_store_server mgpu_store_server_t;
+
+typedef struct mgpu_store_server_opts {
+    const char *bind_host; /* numeric address or host name; NULL = "127.0.0.1" */
+    int port;              /* 0 = any free port (see mgpu_store_server_port) */
+    const char *token;     /* NULL or "" = no token required */
+    int max_conns;         /* 0 = 4096 */
+    size_t max_key;        /* 0 = 4 KiB */
+    size_t max_value;      /* 0 = 64 MiB */
+} mgpu_store_server_opts_t;
+
+/* Binds, listens and returns the running server in *out. Errors name the call, e.g.
+ * "bind(127.0.0.1:29500): Address already in use". o may be NULL for all defaults. */
+int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
+                            mgpu_store_server_t **out, mgpu_err_t *err);
+/* The port it listens on (the one chosen by the kernel when opts.port was 0). */
+int mgpu_store_server_port(const mgpu_store_server_t *s);
+/* Open client connections now. */
+int mgpu_store_server_num_conns(const mgpu_store_server_t *s);
+/* Closes the listener and every connection (pending waits end without a reply); the server
+ * frees itself once their close callbacks have run. NULL is allowed. */
+void mgpu_store_server_close(mgpu_store_server_t *s);
+
+#endif

@@ -1,0 +1,896 @@
+/* test_store.c - the store's server (launcher/store_server.c), blocking client (common/store.c)
+ * and wire format (common/store_proto.c), over real loopback sockets.
+ *
+ * Each test starts a server in a forked child running its own libuv loop; the child's stderr
+ * goes to a file so tests can check the server's log lines, and on SIGTERM the child closes the
+ * server and exits 0 only if the loop then closes with no handle left. */
+#include <errno.h>      /* EINVAL */
+#include <netinet/in.h> /* sockaddr_in */
+#include <signal.h>     /* kill */
+#include <stdint.h>     /* uint8_t */
+#include <stdlib.h>     /* setenv */
+#include <sys/socket.h> /* socket */
+#include <time.h>       /* clock_gettime */
+
+#include "check.h"
+#include "log.h"
+#include "store.h"
+#include "store_proto.h"
+#include "store_server.h"
+
+typedef struct srv {
+    pid_t pid;
+    int port;
+    char log[64];
+} srv_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void on_sigterm(uv_signal_t *h, int signum)
+{
+    mgpu_store_server_close(h->data);
+    uv_close((uv_handle_t *)h, NULL);
+}
+
+/* The server's child: reports its port (or -1) on fd wr, serves until SIGTERM. */
+static void srv_child(const mgpu_store_server_opts_t *o, int wr, const char *log)
+{
+    uv_loop_t loop;
+    uv_signal_t sig;
+    mgpu_store_server_t *s;
+    mgpu_err_t err;
+    int port = -1;
+    FILE *f = freopen(log, "w", stderr);
+
+    setvbuf(stderr, NULL, _IONBF, 0);
+    mgpu_log_init("store-test", MGPU_LOG_INFO);
+    uv_loop_init(&loop);
+    if (f == NULL || mgpu_store_server_start(&loop, o, &s, &err) < 0) {
+        fprintf(stderr, "start: %s\n", err.msg);
+        (void)!write(wr, &port, sizeof port);
+        _exit(2);
+    }
+    uv_signal_init(&loop, &sig);
+    sig.data = s;
+    uv_signal_start(&sig, on_sigterm, SIGTERM);
+    port = mgpu_store_server_port(s);
+    (void)!write(wr, &port, sizeof port);
+    close(wr);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    /* exit, not _exit: under ASan, LeakSanitizer then checks the server freed everything
+     * (srv_start flushed stdout before the fork, so nothing is printed twice). */
+    exit(uv_loop_close(&loop) == 0 ? 0 : 3);
+}
+
+static srv_t srv_start(const mgpu_store_server_opts_t *o)
+{
+    srv_t s = {0};
+    int p[2];
+    int fd;
+
+    snprintf(s.log, sizeof s.log, "/tmp/mgpu-store-test-XXXXXX");
+    fd = mkstemp(s.log);
+    close(fd);
+    if (pipe(p) < 0)
+        abort();
+    fflush(stdout);
+    s.pid = fork();
+    if (s.pid == 0) {
+        close(p[0]);
+        srv_child(o, p[1], s.log);
+    }
+    close(p[1]);
+    if (read(p[0], &s.port, sizeof s.port) != sizeof s.port)
+        s.port = -1;
+    close(p[0]);
+    CHECK(s.port > 0);
+    return s;
+}
+
+/* Stops the server; its exit status must be 0 (closed cleanly, no handle left). */
+static void srv_stop(srv_t *s)
+{
+    int status = 0;
+    kill(s->pid, SIGTERM);
+    waitpid(s->pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unlink(s->log);
+}
+
+/* The server's stderr so far (static buffer). */
+static const char *srv_log(const srv_t *s)
+{
+    static char buf[16384];
+    FILE *f = fopen(s->log, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static mgpu_store_t *client(int port, const char *token)
+{
+    mgpu_store_t *c = NULL;
+    mgpu_err_t err = {0};
+    int rc = mgpu_store_connect("127.0.0.1", port, token, 5.0, &c, &err);
+    if (rc != 0)
+        printf("  connect: %s\n", err.msg);
+    CHECK_INT(rc, 0);
+    return c;
+}
+
+/* A raw blocking socket to the server, for frames the client would never send. */
+static int raw_connect(int port)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    CHECK(send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+static void raw_hello(int fd, uint8_t version, const char *token)
+{
+    mgpu_store_buf_t b = {0};
+    size_t st = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, 7);
+    mgpu_store_buf_u8(&b, version);
+    mgpu_store_buf_bytes(&b, token, strlen(token));
+    mgpu_store_buf_frame_end(&b, st);
+    raw_send(fd, b.p, b.len);
+    mgpu_store_buf_free(&b);
+}
+
+/* Reads frames until one arrives (1, parsed status in *status) or the peer closes (0). */
+static int raw_read_frame(int fd, uint8_t *status, uint8_t *op)
+{
+    mgpu_store_dec_t d;
+    mgpu_store_frame_t f;
+    int got = 0;
+    mgpu_store_dec_init(&d, NULL, 1);
+    for (;;) {
+        uint8_t *p;
+        size_t avail;
+        ssize_t r;
+        if (mgpu_store_dec_next(&d, &f, NULL) == 1) {
+            *status = f.status;
+            *op = f.op;
+            got = 1;
+            break;
+        }
+        mgpu_store_dec_reserve(&d, 0, &p, &avail);
+        r = recv(fd, p, avail, 0);
+        if (r <= 0)
+            break;
+        mgpu_store_dec_commit(&d, (size_t)r);
+    }
+    mgpu_store_dec_free(&d);
+    return got;
+}
+
+/* 1 when the server closed fd (EOF or reset after reading whatever it sent). */
+static int raw_closed(int fd)
+{
+    char buf[4096];
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (;;) {
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r == 0 || (r < 0 && errno == ECONNRESET))
+            return 1;
+        if (r < 0)
+            return 0;
+    }
+}
+
+static void t_every_op(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    void *v = NULL;
+    size_t n = 0;
+    int64_t x = 0;
+    int flag = -1;
+    const char *keys[] = {"a", "bin", "empty"};
+
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 0);
+    CHECK_INT(mgpu_store_set(c, "a", "hello", 5, &err), 0);
+    CHECK_INT(mgpu_store_get(c, "a", 1.0, &v, &n, &err), 0);
+    CHECK_INT(n, 5);
+    CHECK_STR((char *)v, "hello");
+    free(v);
+    CHECK_INT(mgpu_store_set(c, "a", "bye", 3, &err), 0); /* overwrite */
+    CHECK_INT(mgpu_store_get(c, "a", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "bye");
+    free(v);
+    CHECK_INT(mgpu_store_set(c, "bin", "\0\1\0\xff", 4, &err), 0);
+    CHECK_INT(mgpu_store_get(c, "bin", 0, &v, &n, &err), 0);
+    CHECK_INT(n, 4);
+    CHECK(memcmp(v, "\0\1\0\xff", 4) == 0);
+    free(v);
+    CHECK_INT(mgpu_store_set(c, "empty", "", 0, &err), 0);
+    CHECK_INT(mgpu_store_get(c, "empty", 0, &v, &n, &err), 0);
+    CHECK_INT(n, 0);
+    free(v);
+    /* get with no wait on a missing key */
+    CHECK_INT(mgpu_store_get(c, "missing", 0, &v, &n, &err), MGPU_E_TIMEOUT);
+    CHECK(v == NULL);
+    CHECK_CONTAINS(err.msg, "\"missing\" not set");
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 3);
+
+    CHECK_INT(mgpu_store_check(c, keys, 3, &flag, &err), 0);
+    CHECK_INT(flag, 1);
+    CHECK_INT(mgpu_store_wait(c, keys, 3, 1.0, &err), 0);
+    CHECK_INT(mgpu_store_delete(c, "a", &flag, &err), 0);
+    CHECK_INT(flag, 1);
+    CHECK_INT(mgpu_store_delete(c, "a", &flag, &err), 0);
+    CHECK_INT(flag, 0);
+    CHECK_INT(mgpu_store_check(c, keys, 3, &flag, &err), 0);
+    CHECK_INT(flag, 0);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 2);
+
+    /* add: a missing key counts from 0; the value is stored as decimal text */
+    CHECK_INT(mgpu_store_add(c, "n", 5, &x, &err), 0);
+    CHECK_INT(x, 5);
+    CHECK_INT(mgpu_store_add(c, "n", -7, &x, &err), 0);
+    CHECK_INT(x, -2);
+    CHECK_INT(mgpu_store_get(c, "n", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "-2");
+    free(v);
+    CHECK_INT(mgpu_store_add(c, "n", INT64_MAX, &x, &err), 0);
+    CHECK_INT(mgpu_store_add(c, "n", 10, &x, &err), -EINVAL); /* overflow */
+    CHECK_CONTAINS(err.msg, "overflow");
+    CHECK_INT(mgpu_store_add(c, "bin", 1, &x, &err), -EINVAL); /* not a number */
+    CHECK_CONTAINS(err.msg, "not a decimal int64");
+    CHECK_INT(mgpu_store_ping(c, &err), 0); /* the connection survived */
+
+    /* compare_set */
+    CHECK_INT(mgpu_store_compare_set(c, "cas", "", 0, "one", 3, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "one"); /* missing + empty expected: set */
+    free(v);
+    CHECK_INT(mgpu_store_compare_set(c, "cas", "two", 3, "three", 5, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "one"); /* wrong expected: unchanged, current returned */
+    free(v);
+    CHECK_INT(mgpu_store_compare_set(c, "cas", "one", 3, "two", 3, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "two");
+    free(v);
+    CHECK_INT(mgpu_store_compare_set(c, "nocas", "x", 1, "y", 1, &v, &n, &err), 0);
+    CHECK_INT(n, 0); /* missing + non-empty expected: not set */
+    free(v);
+    CHECK_INT(mgpu_store_check(c, (const char *[]){"nocas"}, 1, &flag, &err), 0);
+    CHECK_INT(flag, 0);
+    CHECK_INT(mgpu_store_compare_set(c, "cas", "two", 3, "x", 1, NULL, NULL, &err), 0);
+    CHECK_INT(mgpu_store_get(c, "cas", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "x");
+    free(v);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_get_waits_for_later_set(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    void *v = NULL;
+    size_t n;
+    double t0 = now_s();
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        sleep_s(0.3);
+        mgpu_store_set(w, "late", "v", 1, &err);
+        mgpu_store_close(w);
+        _exit(0);
+    }
+    CHECK_INT(mgpu_store_get(c, "late", 10.0, &v, &n, &err), 0);
+    CHECK(now_s() - t0 >= 0.25);
+    CHECK(now_s() - t0 < 5.0);
+    CHECK_STR((char *)v, "v");
+    free(v);
+    waitpid(pid, NULL, 0);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_waits_time_out(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    const char *keys[] = {"x", "y", "z"};
+    void *v = NULL;
+    size_t n;
+    double t0 = now_s(), dt;
+
+    CHECK_INT(mgpu_store_set(c, "y", "1", 1, &err), 0);
+    CHECK_INT(mgpu_store_wait(c, keys, 3, 0.3, &err), MGPU_E_TIMEOUT);
+    dt = now_s() - t0;
+    CHECK(dt >= 0.28 && dt < 2.0);
+    CHECK_CONTAINS(err.msg, "2 of 3 keys not set after 300 ms");
+    CHECK_INT(mgpu_store_wait(c, keys, 3, 0, &err), MGPU_E_TIMEOUT); /* no wait */
+    t0 = now_s();
+    CHECK_INT(mgpu_store_get(c, "x", 0.2, &v, &n, &err), MGPU_E_TIMEOUT);
+    dt = now_s() - t0;
+    CHECK(dt >= 0.18 && dt < 2.0);
+    CHECK_CONTAINS(err.msg, "\"x\" not set after 200 ms");
+    /* the connection is still good, and the timed-out waiters are gone */
+    CHECK_INT(mgpu_store_set(c, "x", "1", 1, &err), 0);
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_wait_for_several_keys(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    const char *keys[] = {"k0", "k1", "k2", "k1"}; /* a repeated key counts once it is set */
+    pid_t pid = fork();
+    double t0 = now_s();
+
+    if (pid == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        for (int i = 0; i < 3; i++) {
+            char k[16];
+            sleep_s(0.1);
+            snprintf(k, sizeof k, "k%d", i);
+            mgpu_store_set(w, k, "v", 1, &err);
+        }
+        mgpu_store_close(w);
+        _exit(0);
+    }
+    CHECK_INT(mgpu_store_wait(c, keys, 4, 10.0, &err), 0);
+    CHECK(now_s() - t0 >= 0.28);
+    waitpid(pid, NULL, 0);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_add_is_atomic_across_processes(void)
+{
+    enum { PROCS = 8, ADDS = 300 };
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c;
+    mgpu_err_t err = {0};
+    pid_t pids[PROCS];
+    int64_t x = 0;
+
+    for (int i = 0; i < PROCS; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            mgpu_store_t *w = client(s.port, NULL);
+            int64_t last = 0, r;
+            for (int j = 0; j < ADDS; j++) {
+                if (mgpu_store_add(w, "ctr", 1, &r, &err) < 0 || r <= last)
+                    _exit(1); /* each process sees its own results strictly increase */
+                last = r;
+            }
+            mgpu_store_close(w);
+            _exit(0);
+        }
+    }
+    for (int i = 0; i < PROCS; i++) {
+        int st = -1;
+        waitpid(pids[i], &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    c = client(s.port, NULL);
+    CHECK_INT(mgpu_store_add(c, "ctr", 0, &x, &err), 0);
+    CHECK_INT(x, PROCS * ADDS);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_barrier_across_processes(void)
+{
+    enum { PROCS = 6, ROUNDS = 3 };
+    srv_t s = srv_start(NULL);
+    pid_t pids[PROCS];
+
+    for (int i = 0; i < PROCS; i++) {
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            mgpu_store_t *w = client(s.port, NULL);
+            mgpu_err_t err = {0};
+            for (int r = 0; r < ROUNDS; r++) {
+                char k[32], keys[PROCS][32];
+                const char *kp[PROCS];
+                int ready = 0;
+                if (i == r) /* a late arrival each round: the others must wait for it */
+                    sleep_s(0.2);
+                snprintf(k, sizeof k, "r%d/%d", r, i);
+                if (mgpu_store_set(w, k, "1", 1, &err) < 0 ||
+                    mgpu_store_barrier(w, "b", PROCS, 10.0, &err) < 0)
+                    _exit(1);
+                /* past the barrier, everyone's key of this round exists */
+                for (int j = 0; j < PROCS; j++) {
+                    snprintf(keys[j], sizeof keys[j], "r%d/%d", r, j);
+                    kp[j] = keys[j];
+                }
+                if (mgpu_store_check(w, kp, PROCS, &ready, &err) < 0 || !ready)
+                    _exit(2);
+            }
+            mgpu_store_close(w);
+            _exit(0);
+        }
+    }
+    for (int i = 0; i < PROCS; i++) {
+        int st = -1;
+        waitpid(pids[i], &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    srv_stop(&s);
+}
+
+static void t_barrier_times_out_naming_arrivals(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_store_barrier(c, "lonely", 3, 0.2, &err), MGPU_E_TIMEOUT);
+    CHECK_CONTAINS(err.msg, "barrier \"lonely\": 1 of 3 arrived");
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_prefix_namespaces_keys(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *a = client(s.port, NULL), *b = client(s.port, NULL), *raw = client(s.port, NULL);
+    mgpu_store_t *e = NULL;
+    mgpu_err_t err = {0};
+    void *v = NULL;
+    size_t n;
+    char port[16];
+
+    mgpu_store_set_prefix(a, "run/0/");
+    mgpu_store_set_prefix(b, "run/1/");
+    CHECK_INT(mgpu_store_set(a, "k", "A", 1, &err), 0);
+    CHECK_INT(mgpu_store_set(b, "k", "B", 1, &err), 0);
+    CHECK_INT(mgpu_store_get(a, "k", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "A");
+    free(v);
+    CHECK_INT(mgpu_store_get(raw, "run/1/k", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "B");
+    free(v);
+    CHECK_INT(mgpu_store_get(raw, "k", 0, &v, &n, &err), MGPU_E_TIMEOUT);
+
+    /* the environment of a worker of restart attempt 1 */
+    snprintf(port, sizeof port, "%d", s.port);
+    setenv(MGPU_ENV_STORE_ADDR, "127.0.0.1", 1);
+    setenv(MGPU_ENV_STORE_PORT, port, 1);
+    unsetenv(MGPU_ENV_STORE_TOKEN);
+    setenv("TORCHELASTIC_RUN_ID", "run", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+    CHECK_INT(mgpu_store_connect_env(5.0, &e, &err), 0);
+    CHECK_INT(mgpu_store_get(e, "k", 0, &v, &n, &err), 0);
+    CHECK_STR((char *)v, "B");
+    free(v);
+    mgpu_store_close(e);
+    setenv(MGPU_ENV_STORE_PORT, "70000", 1);
+    CHECK_INT(mgpu_store_connect_env(5.0, &e, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_STORE_PORT=\"70000\"");
+    unsetenv(MGPU_ENV_STORE_ADDR);
+    CHECK_INT(mgpu_store_connect_env(5.0, &e, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_STORE_ADDR is not set");
+    mgpu_store_close(a);
+    mgpu_store_close(b);
+    mgpu_store_close(raw);
+    srv_stop(&s);
+}
+
+static void t_token(void)
+{
+    mgpu_store_server_opts_t o = {.token = "s3cret"};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = NULL;
+    mgpu_err_t err = {0};
+    double t0 = now_s();
+    uint8_t st = 0, op = 0;
+    int fd;
+
+    CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, "s3creT", 5.0, &c, &err), MGPU_E_AUTH);
+    CHECK(now_s() - t0 < 2.0); /* refused at once, not retried until the timeout */
+    CHECK_CONTAINS(err.msg, "wrong store token");
+    CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, NULL, 5.0, &c, &err), MGPU_E_AUTH);
+    CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, "s3cret1", 5.0, &c, &err), MGPU_E_AUTH);
+    c = client(s.port, "s3cret");
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    mgpu_store_close(c);
+    /* a request before HELLO is refused */
+    fd = raw_connect(s.port);
+    {
+        mgpu_store_buf_t b = {0};
+        size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_NUM_KEYS, 0, 1);
+        mgpu_store_buf_frame_end(&b, at);
+        raw_send(fd, b.p, b.len);
+        mgpu_store_buf_free(&b);
+    }
+    CHECK_INT(raw_read_frame(fd, &st, &op), 1);
+    CHECK_INT(st, MGPU_STORE_ST_PROTOCOL);
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* another protocol version is refused */
+    fd = raw_connect(s.port);
+    raw_hello(fd, 9, "s3cret");
+    CHECK_INT(raw_read_frame(fd, &st, &op), 1);
+    CHECK_INT(st, MGPU_STORE_ST_VERSION);
+    CHECK(raw_closed(fd));
+    close(fd);
+    sleep_s(0.05);
+    CHECK_CONTAINS(srv_log(&s), "wrong store token");
+    CHECK_CONTAINS(srv_log(&s), "first request is NUM_KEYS, expected HELLO");
+    CHECK_CONTAINS(srv_log(&s), "protocol version 9 not supported");
+    srv_stop(&s);
+}
+
+static void t_garbage_closes_only_that_connection(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd;
+
+    CHECK_INT(mgpu_store_set(c, "k", "v", 1, &err), 0);
+    /* garbage before HELLO */
+    fd = raw_connect(s.port);
+    raw_send(fd, http, sizeof http - 1);
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* garbage after a good HELLO */
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    raw_send(fd, "MG\x03\x00\x01\x00\x00\x00\x02\x00\x00\x00zz", 14); /* GET truncated field */
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* an unknown op */
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    raw_send(fd, "MG\x42\x00\x01\x00\x00\x00\x00\x00\x00\x00", 12);
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* the good client never noticed */
+    CHECK_INT(mgpu_store_set(c, "k2", "v", 1, &err), 0);
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    sleep_s(0.05);
+    CHECK_CONTAINS(srv_log(&s), "bad frame magic");
+    CHECK_CONTAINS(srv_log(&s), "malformed GET frame");
+    CHECK_CONTAINS(srv_log(&s), "unknown request op 0x42");
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_oversized_frames(void)
+{
+    mgpu_store_server_opts_t o = {.max_value = 1024, .max_key = 64};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = client(s.port, NULL), *big = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    char val[2048], key[100];
+    int fd;
+
+    memset(val, 'v', sizeof val);
+    memset(key, 'k', sizeof key - 1);
+    key[sizeof key - 1] = '\0';
+    /* a header announcing 4 GiB after HELLO: refused on the header alone */
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    raw_send(fd, "MG\x02\x00\x01\x00\x00\x00\xf0\xff\xff\xff", 12);
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* before HELLO even a value-sized frame is too big */
+    fd = raw_connect(s.port);
+    raw_send(fd, "MG\x01\x00\x01\x00\x00\x00\x00\x04\x00\x00", 12);
+    CHECK(raw_closed(fd));
+    close(fd);
+    /* the client sends what its own (larger) limits allow; this server refuses it */
+    CHECK_INT(mgpu_store_set(big, "k", val, sizeof val, &err), MGPU_E_PROTOCOL);
+    CHECK_CONTAINS(err.msg, "over its limit");
+    CHECK_INT(mgpu_store_set(big, key, "v", 1, &err), MGPU_E_PROTOCOL);
+    /* ... and that client reconnects for its next call */
+    CHECK_INT(mgpu_store_set(big, "k", val, 1024, &err), 0);
+    CHECK_INT(mgpu_store_set(c, "other", "v", 1, &err), 0);
+    sleep_s(0.05);
+    CHECK_CONTAINS(srv_log(&s), "exceeds the limit");
+    mgpu_store_close(c);
+    mgpu_store_close(big);
+    srv_stop(&s);
+}
+
+static void t_large_value_round_trip(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    size_t n = 24u << 20, got = 0;
+    unsigned char *val = malloc(n);
+    void *v = NULL;
+
+    for (size_t i = 0; i < n; i++)
+        val[i] = (unsigned char)(i * 2654435761u >> 13);
+    CHECK_INT(mgpu_store_set(c, "big", val, n, &err), 0);
+    CHECK_INT(mgpu_store_get(c, "big", 0, &v, &got, &err), 0);
+    CHECK_INT(got, n);
+    CHECK(v != NULL && memcmp(v, val, n) == 0);
+    free(v);
+    CHECK_INT(mgpu_store_set(c, "huge", val, MGPU_STORE_MAX_VALUE + 1u, &err), MGPU_E_RANGE);
+    free(val);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+/* A client that pipelines requests for a big value and never reads must not slow others. */
+static void t_slow_client_blocks_no_one(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    size_t n = 4u << 20;
+    char *val = calloc(1, n);
+    mgpu_store_buf_t b = {0};
+    double t0;
+    int fd;
+
+    CHECK_INT(mgpu_store_set(c, "big", val, n, &err), 0);
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    for (int i = 0; i < 200; i++) { /* 800 MiB of answers that will never be read */
+        size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_GET, 0, (uint32_t)i + 10);
+        mgpu_store_buf_u32(&b, 0);
+        mgpu_store_buf_bytes(&b, "big", 3);
+        mgpu_store_buf_frame_end(&b, at);
+    }
+    raw_send(fd, b.p, b.len);
+    mgpu_store_buf_free(&b);
+    t0 = now_s();
+    for (int i = 0; i < 200; i++)
+        CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK(now_s() - t0 < 1.0);
+    close(fd);
+    free(val);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_max_conns(void)
+{
+    mgpu_store_server_opts_t o = {.max_conns = 3};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c[3], *d = NULL;
+    mgpu_err_t err = {0};
+    double t0;
+    int rc = -1;
+
+    for (int i = 0; i < 3; i++)
+        c[i] = client(s.port, NULL);
+    t0 = now_s();
+    CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, NULL, 5.0, &d, &err), MGPU_E_PROTOCOL);
+    CHECK(now_s() - t0 < 2.0);
+    CHECK_CONTAINS(err.msg, "too many connections (max_conns 3)");
+    mgpu_store_close(c[0]);
+    /* the server notices the close asynchronously: a slot frees within moments */
+    for (int i = 0; i < 100 && rc != 0; i++) {
+        rc = mgpu_store_connect("127.0.0.1", s.port, NULL, 5.0, &d, &err);
+        if (rc != 0)
+            sleep_s(0.01);
+    }
+    CHECK_INT(rc, 0);
+    CHECK_INT(mgpu_store_ping(c[1], &err), 0);
+    mgpu_store_close(d);
+    mgpu_store_close(c[1]);
+    mgpu_store_close(c[2]);
+    sleep_s(0.05);
+    CHECK_CONTAINS(srv_log(&s), "too many connections");
+    srv_stop(&s);
+}
+
+/* A free port: bound, read and released (a race with other programs, harmless here). */
+static int free_port(void)
+{
+    struct sockaddr_in a = {0};
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static void t_connect_retries_until_server_is_up(void)
+{
+    mgpu_store_server_opts_t o = {.port = free_port()};
+    mgpu_store_t *c = NULL;
+    mgpu_err_t err = {0};
+    pid_t pid = fork();
+    double t0 = now_s();
+
+    if (pid == 0) { /* becomes the server, late */
+        int p[2];
+        char log[] = "/tmp/mgpu-store-test-XXXXXX";
+        close(mkstemp(log));
+        if (pipe(p) < 0)
+            _exit(1);
+        sleep_s(0.4);
+        srv_child(&o, p[1], log);
+    }
+    CHECK_INT(mgpu_store_connect("127.0.0.1", o.port, NULL, 5.0, &c, &err), 0);
+    CHECK(now_s() - t0 >= 0.35);
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    mgpu_store_close(c);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    /* nothing there: a timeout naming the address */
+    t0 = now_s();
+    CHECK_INT(mgpu_store_connect("127.0.0.1", free_port(), NULL, 0.5, &c, &err), MGPU_E_TIMEOUT);
+    CHECK(now_s() - t0 < 2.0);
+    CHECK_CONTAINS(err.msg, "cannot reach the store at 127.0.0.1:");
+    CHECK_CONTAINS(err.msg, "Connection refused");
+}
+
+static void t_reconnect_after_server_restart(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_server_opts_t o = {.port = s.port};
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    int64_t x = 0;
+
+    CHECK_INT(mgpu_store_set(c, "k", "v", 1, &err), 0);
+    srv_stop(&s);
+    s = srv_start(&o); /* same port, empty store */
+    /* idempotent: retried on a new connection, transparently */
+    CHECK_INT(mgpu_store_set(c, "k", "w", 1, &err), 0);
+    srv_stop(&s);
+    s = srv_start(&o);
+    /* not idempotent: reported; the next call reconnects */
+    CHECK_INT(mgpu_store_add(c, "n", 1, &x, &err), MGPU_E_PEER);
+    CHECK_CONTAINS(err.msg, "not retried");
+    CHECK_INT(mgpu_store_add(c, "n", 1, &x, &err), 0);
+    CHECK_INT(x, 1);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_bind_error_names_the_call(void)
+{
+    uv_loop_t loop;
+    mgpu_store_server_t *a = NULL, *b = NULL;
+    mgpu_store_server_opts_t o = {0};
+    mgpu_err_t err = {0};
+    char want[64];
+
+    uv_loop_init(&loop);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &a, &err), 0);
+    o.port = mgpu_store_server_port(a);
+    CHECK(o.port > 0);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &b, &err), -EADDRINUSE);
+    CHECK(b == NULL);
+    snprintf(want, sizeof want, "bind(127.0.0.1:%d): Address already in use", o.port);
+    CHECK_STR(err.msg, want);
+    o.bind_host = "::1";
+    if (mgpu_store_server_start(&loop, &o, &b, &err) == 0) /* where IPv6 loopback exists */
+        mgpu_store_server_close(b);
+    o.bind_host = "no-such-host.invalid";
+    CHECK(mgpu_store_server_start(&loop, &o, &b, &err) < 0);
+    CHECK_CONTAINS(err.msg, "getaddrinfo(no-such-host.invalid)");
+    o.bind_host = NULL;
+    o.port = 70000;
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &b, &err), MGPU_E_RANGE);
+    mgpu_store_server_close(a);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_INT(uv_loop_close(&loop), 0); /* every handle closed and freed */
+}
+
+/* The decoder cuts frames at any byte boundary, and fails for good on a bad header. */
+static void t_decoder_incremental(void)
+{
+    mgpu_store_buf_t b = {0};
+    mgpu_store_dec_t d;
+    mgpu_store_frame_t f;
+    mgpu_store_msg_t m;
+    mgpu_store_slice_t k;
+    mgpu_err_t err = {0};
+    uint32_t pos = 0;
+    int frames = 0;
+
+    size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_SET, 0, 5);
+    mgpu_store_buf_bytes(&b, "key", 3);
+    mgpu_store_buf_bytes(&b, "value", 5);
+    CHECK_INT(mgpu_store_buf_frame_end(&b, at), 0);
+    at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_WAIT, 0, 6);
+    mgpu_store_buf_u32(&b, 100);
+    mgpu_store_buf_u32(&b, 2);
+    mgpu_store_buf_bytes(&b, "a", 1);
+    mgpu_store_buf_bytes(&b, "bc", 2);
+    CHECK_INT(mgpu_store_buf_frame_end(&b, at), 0);
+    mgpu_store_dec_init(&d, NULL, 0);
+    for (size_t i = 0; i < b.len; i++) { /* one byte at a time */
+        CHECK_INT(mgpu_store_dec_feed(&d, b.p + i, 1, &err), 0);
+        while (mgpu_store_dec_next(&d, &f, &err) == 1) {
+            CHECK_INT(mgpu_store_msg_parse(&f, NULL, &m, &err), 0);
+            if (frames++ == 0) {
+                CHECK_INT(m.op, MGPU_STORE_OP_SET);
+                CHECK_INT(m.id, 5);
+                CHECK(m.key.len == 3 && memcmp(m.key.p, "key", 3) == 0);
+                CHECK(m.val.len == 5 && memcmp(m.val.p, "value", 5) == 0);
+            } else {
+                CHECK_INT(m.op, MGPU_STORE_OP_WAIT);
+                CHECK_INT(m.u32, 100);
+                CHECK_INT(m.nkeys, 2);
+                CHECK_INT(mgpu_store_keys_next(&m, &pos, &k), 1);
+                CHECK(k.len == 1 && k.p[0] == 'a');
+                CHECK_INT(mgpu_store_keys_next(&m, &pos, &k), 1);
+                CHECK(k.len == 2 && memcmp(k.p, "bc", 2) == 0);
+                CHECK_INT(mgpu_store_keys_next(&m, &pos, &k), 0);
+            }
+        }
+    }
+    CHECK_INT(frames, 2);
+    /* a response op is not a request */
+    CHECK_INT(mgpu_store_dec_feed(&d, "MG\x82\x00\0\0\0\0\0\0\0\0", 12, &err), 0);
+    CHECK_INT(mgpu_store_dec_next(&d, &f, &err), MGPU_E_PROTOCOL);
+    CHECK_CONTAINS(err.msg, "unknown request op 0x82");
+    CHECK_INT(mgpu_store_dec_next(&d, &f, &err), MGPU_E_PROTOCOL); /* and stays failed */
+    mgpu_store_dec_free(&d);
+    /* trailing bytes in a payload */
+    mgpu_store_dec_init(&d, NULL, 0);
+    CHECK_INT(mgpu_store_dec_feed(&d, "MG\x09\x00\1\0\0\0\1\0\0\0x", 13, &err), 0);
+    CHECK_INT(mgpu_store_dec_next(&d, &f, &err), 1);
+    CHECK_INT(mgpu_store_msg_parse(&f, NULL, &m, &err), MGPU_E_PROTOCOL);
+    CHECK_CONTAINS(err.msg, "trailing bytes");
+    mgpu_store_dec_free(&d);
+    mgpu_store_buf_free(&b);
+}
+
+int main(void)
+{
+    RUN(t_decoder_incremental);
+    RUN(t_every_op);
+    RUN(t_get_waits_for_later_set);
+    RUN(t_waits_time_out);
+    RUN(t_wait_for_several_keys);
+    RUN(t_add_is_atomic_across_processes);
+    RUN(t_barrier_across_processes);
+    RUN(t_barrier_times_out_naming_arrivals);
+    RUN(t_prefix_namespaces_keys);
+    RUN(t_token);
+    RUN(t_garbage_closes_only_that_connection);
+    RUN(t_oversized_frames);
+    RUN(t_large_value_round_trip);
+    RUN(t_slow_client_blocks_no_one);
+    RUN(t_max_conns);
+    RUN(t_connect_retries_until_server_is_up);
+    RUN(t_reconnect_after_server_restart);
+    RUN(t_bind_error_names_the_call);
+    return check_done();
+}
