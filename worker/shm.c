@@ -844,7 +844,7 @@ static int shm_cpus(void)
 int mgpu_shm_open(const mgpu_shm_opts_t *o, mgpu_shm_t **out, mgpu_err_t *err)
 {
     mgpu_shm_t *s;
-    size_t chunk = o->chunk_bytes, spin_us;
+    size_t chunk = o->chunk_bytes, spin_us, yields;
     int rc;
 
     if (o->size < 1 || o->size > MGPU_SHM_MAX_RANKS || o->rank < 0 || o->rank >= o->size)
@@ -872,7 +872,10 @@ int mgpu_shm_open(const mgpu_shm_opts_t *o, mgpu_shm_t **out, mgpu_err_t *err)
                                 1000000, err)) < 0)
         goto fail;
     s->spin_s = (double)spin_us * 1e-6;
-    s->yields = o->size <= shm_cpus() ? 4 : 2;
+    if ((rc = shm_env_size("MGPU_SHM_YIELDS", o->size <= shm_cpus() ? 4 : 2, &yields, 0, 100000,
+                           err)) < 0)
+        goto fail;
+    s->yields = (int)yields;
     for (int q = 0; q < o->size; q++)
         s->pidfd[q] = -1;
     if ((rc = shm_attach(s, chunk, err)) < 0)
