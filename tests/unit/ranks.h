@@ -86,6 +86,18 @@ static int ranks_run(int size, ranks_fn fn, void *arg, int deadline_s)
     return ranks_run_kill(size, fn, arg, deadline_s, -1, 0, NULL);
 }
 
+/* Bounds for "fails fast": far below the timeouts the tests set (>= 20 s), far above what a
+ * loaded 2-core machine needs, so the checks separate fast failure from a hang, not speeds. */
+#define RANKS_FAST_S 5.0
+
+/* The absent rank of a timeout test: stays alive, calling nothing, until the others have
+ * counted themselves done in *done (or 30 s pass), so it never leaves before they time out. */
+static void ranks_stay_until(volatile int *done, int count)
+{
+    for (int ms = 0; ms < 30000 && __atomic_load_n(done, __ATOMIC_SEQ_CST) < count; ms += 5)
+        ranks_sleep_ms(5);
+}
+
 static double ranks_now(void)
 {
     struct timespec ts;
