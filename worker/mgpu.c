@@ -5,16 +5,19 @@
  * now the CPU backend, which joins the ranks of one host in shared memory (shm.c). */
 #include "mgpu.h"
 
-#include <errno.h>  /* ENOMEM */
-#include <stdio.h>  /* snprintf */
-#include <stdlib.h> /* calloc, getenv */
-#include <string.h> /* memmove */
-#include <unistd.h> /* getppid */
+#include <errno.h>      /* ENOMEM */
+#include <stdarg.h>     /* va_list */
+#include <stdio.h>      /* snprintf */
+#include <stdlib.h>     /* calloc, getenv */
+#include <string.h>     /* memmove */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* getppid */
 
 #include "device.h"  /* mgpu_device_select */
 #include "devices.h" /* mgpu_devices_discover, mgpu_devices_visible */
 #include "shm.h"     /* mgpu_shm_* */
 #include "store.h"   /* mgpu_store_connect_env */
+#include "tcp.h"     /* mgpu_tcp_* */
 
 #define MGPU_DEFAULT_STORE_TIMEOUT_S 60.0
 #define MGPU_DEFAULT_COMM_TIMEOUT_S 300.0
@@ -27,11 +30,16 @@ struct mgpu_ctx {
     char token[512];     /* what makes this job's shared-memory names unique on the host */
 };
 
+/* Across nodes the CPU backend is hierarchical: ranks of a node meet in shared memory, and
+ * the node leaders (local rank 0) in a TCP ring. Ranks are numbered node by node
+ * (rank = node * local_size + local_rank), as torchrun and mgpu-launch number them. */
 struct mgpu_comm {
     mgpu_ctx_t *ctx;
     mgpu_backend_t backend;
     double timeout_s;
-    mgpu_shm_t *shm; /* NULL when the world is one rank */
+    int rank, world, node, nnodes, local, local_size;
+    mgpu_shm_t *shm; /* the node's ranks; NULL when alone on the node */
+    mgpu_tcp_t *tcp; /* leaders only, when there are several nodes */
 };
 
 static int mgpu_env_flag(const char *name, int *out, mgpu_err_t *err)
@@ -145,6 +153,36 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx)
     return ctx->store;
 }
 
+/* The shared-memory name's job token: with a store, a random one that local rank 0 of the
+ * node draws and publishes, which no other job can share; without, the environment's. */
+static int mgpu_shm_token(mgpu_ctx_t *ctx, int index, char *tok, size_t len, double timeout_s,
+                          mgpu_err_t *err)
+{
+    const mgpu_rank_info_t *r = &ctx->rank;
+    char key[128];
+    void *v = NULL;
+    size_t vl = 0;
+    int rc;
+
+    if (ctx->store == NULL) {
+        snprintf(tok, len, "%s node=%d", ctx->token, r->node_rank);
+        return 0;
+    }
+    snprintf(key, sizeof key, "mgpu/cpu/%d/shm/%d", index, r->node_rank);
+    if (r->local_rank == 0) {
+        unsigned long long nonce;
+        if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce)
+            return mgpu_err_set(err, -errno, "getrandom: %s", strerror(errno));
+        snprintf(tok, len, "%016llx", nonce);
+        return mgpu_store_set(ctx->store, key, tok, strlen(tok), err);
+    }
+    if ((rc = mgpu_store_get(ctx->store, key, timeout_s, &v, &vl, err)) < 0)
+        return rc;
+    snprintf(tok, len, "%.*s", (int)(vl < len ? vl : len - 1), (char *)v);
+    free(v);
+    return 0;
+}
+
 int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
                      mgpu_err_t *err)
 {
@@ -159,40 +197,70 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
     if (backend != MGPU_BACKEND_AUTO && backend != MGPU_BACKEND_CPU)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_comm_create: unknown backend %d",
                             (int)backend);
-    if (r->world_size != r->local_world_size)
+    if (r->world_size != r->nnodes * r->local_world_size ||
+        r->rank != r->node_rank * r->local_world_size + r->local_rank)
         return mgpu_err_set(err, MGPU_E_USAGE,
-                            "mgpu_comm_create(CPU): WORLD_SIZE=%d spans %d nodes; the CPU "
-                            "backend joins ranks of one host only (TCP between hosts is not "
-                            "implemented yet)",
-                            r->world_size, r->nnodes);
-    if (r->rank != r->local_rank)
+                            "mgpu_comm_create(CPU): RANK=%d, LOCAL_RANK=%d, node %d of %d, "
+                            "LOCAL_WORLD_SIZE=%d, WORLD_SIZE=%d: the CPU backend needs the same "
+                            "number of ranks on every node, numbered node by node (RANK = node "
+                            "* LOCAL_WORLD_SIZE + LOCAL_RANK)",
+                            r->rank, r->local_rank, r->node_rank, r->nnodes, r->local_world_size,
+                            r->world_size);
+    if (r->nnodes > 1 && ctx->store == NULL)
         return mgpu_err_set(err, MGPU_E_USAGE,
-                            "mgpu_comm_create(CPU): RANK=%d differs from LOCAL_RANK=%d on a "
-                            "single node",
-                            r->rank, r->local_rank);
+                            "mgpu_comm_create(CPU): %d nodes need mgpu's store to find each "
+                            "other (MGPU_STORE_ADDR, set by mgpu-launch); PyTorch's TCPStore "
+                            "at MASTER_ADDR is not spoken",
+                            r->nnodes);
     c = calloc(1, sizeof *c);
     if (c == NULL)
         return mgpu_err_set(err, -ENOMEM, "mgpu_comm_create: out of memory");
     c->ctx = ctx;
     c->backend = MGPU_BACKEND_CPU;
     c->timeout_s = timeout_s > 0 ? timeout_s : MGPU_DEFAULT_COMM_TIMEOUT_S;
-    if (r->world_size > 1) {
+    c->rank = r->rank;
+    c->world = r->world_size;
+    c->node = r->node_rank;
+    c->nnodes = r->nnodes;
+    c->local = r->local_rank;
+    c->local_size = r->local_world_size;
+    if (c->local_size > 1) {
         mgpu_shm_opts_t so;
-        char name[64];
+        char name[64], tok[600];
         memset(&so, 0, sizeof so);
-        mgpu_shm_name(name, sizeof name, r->run_id, r->restart_count, ctx->token, index);
+        if ((rc = mgpu_shm_token(ctx, index, tok, sizeof tok, c->timeout_s, err)) < 0)
+            goto fail;
+        mgpu_shm_name(name, sizeof name, r->run_id, r->restart_count, tok, index);
         so.name = name;
-        so.rank = r->local_rank;
-        so.size = r->local_world_size;
+        so.rank = c->local;
+        so.size = c->local_size;
         so.timeout_s = c->timeout_s;
         so.spin_us = -1;
-        if ((rc = mgpu_shm_open(&so, &c->shm, err)) < 0) {
-            free(c);
-            return rc;
-        }
+        if ((rc = mgpu_shm_open(&so, &c->shm, err)) < 0)
+            goto fail;
+    }
+    if (c->nnodes > 1 && c->local == 0) {
+        mgpu_tcp_opts_t to;
+        char key[64];
+        memset(&to, 0, sizeof to);
+        snprintf(key, sizeof key, "mgpu/cpu/%d/ring", index);
+        to.store = ctx->store;
+        to.key = key;
+        to.member = c->node;
+        to.n = c->nnodes;
+        to.ranks_per_member = c->local_size;
+        to.advertise = getenv("MGPU_CPU_ADDR");
+        to.route_host = getenv(MGPU_ENV_STORE_ADDR);
+        to.timeout_s = c->timeout_s;
+        if ((rc = mgpu_tcp_open(&to, &c->tcp, err)) < 0)
+            goto fail;
     }
     *out = c;
     return 0;
+fail:
+    mgpu_shm_close(c->shm);
+    free(c);
+    return rc;
 }
 
 void mgpu_comm_destroy(mgpu_comm_t *comm)
@@ -200,6 +268,7 @@ void mgpu_comm_destroy(mgpu_comm_t *comm)
     if (comm == NULL)
         return;
     mgpu_shm_close(comm->shm);
+    mgpu_tcp_close(comm->tcp);
     free(comm);
 }
 
@@ -208,50 +277,165 @@ mgpu_backend_t mgpu_comm_backend(const mgpu_comm_t *comm)
     return comm->backend;
 }
 
+/* A collective across nodes is a chain of steps; a leader whose step between nodes fails
+ * breaks its node's shared memory too, so the node's other ranks fail at once with its
+ * reason instead of waiting for their deadline. */
+static int mgpu_comm_step_failed(mgpu_comm_t *c, int rc, mgpu_err_t *err)
+{
+    if (rc < 0 && c->shm != NULL)
+        mgpu_shm_abort(c->shm, rc, err ? err->msg : mgpu_strerror(rc));
+    return rc;
+}
+
+static void mgpu_comm_context(mgpu_comm_t *c, char *what, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void mgpu_comm_context(mgpu_comm_t *c, char *what, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(what, len, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < len)
+        snprintf(what + n, len - (size_t)n, " across %d nodes, rank %d", c->nnodes, c->rank);
+    if (c->shm != NULL)
+        mgpu_shm_set_context(c->shm, what);
+}
+
+static int mgpu_comm_done(mgpu_comm_t *c, int rc)
+{
+    if (c->shm != NULL) {
+        mgpu_shm_set_context(c->shm, NULL);
+        mgpu_shm_set_timeout(c->shm, c->timeout_s);
+    }
+    return rc;
+}
+
+/* The node step after the step between nodes waits longer than the leader's deadline: when a
+ * node is missing, its leader knows which one and says so (its failure reaches the node at
+ * once); the other ranks' own deadline is only the fallback if the leader is stuck. */
+static void mgpu_comm_after_leaders(mgpu_comm_t *c)
+{
+    if (c->shm != NULL)
+        mgpu_shm_set_timeout(c->shm, c->timeout_s + (c->timeout_s / 4 > 2 ? c->timeout_s / 4 : 2));
+}
+
 int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
                        mgpu_err_t *err)
 {
+    char what[160];
+    int rc = 0;
+
     if (op != MGPU_SUM && op != MGPU_AVG)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32: unknown op %d", (int)op);
     if (buf == NULL && count > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32(count=%zu): buf is NULL", count);
-    if (comm->shm == NULL)
-        return 0; /* one rank: the sum and the average are the value itself */
-    return mgpu_shm_allreduce_f32(comm->shm, buf, count, op == MGPU_AVG, err);
+    if (comm->nnodes == 1)
+        return comm->shm == NULL
+                   ? 0 /* one rank: the sum and the average are the value */
+                   : mgpu_shm_allreduce_f32(comm->shm, buf, count, op == MGPU_AVG, err);
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_allreduce_f32(count=%zu, %s)", count,
+                      op == MGPU_AVG ? "avg" : "sum");
+    /* Sum on the node, sum between the leaders, then the leader's result to the node: every
+     * rank ends with the leader's bits. */
+    if (comm->shm != NULL && (rc = mgpu_shm_allreduce_f32(comm->shm, buf, count, 0, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL) {
+        if ((rc = mgpu_tcp_allreduce_sum_f32(comm->tcp, buf, count, what, err)) < 0)
+            return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+        if (op == MGPU_AVG)
+            for (size_t i = 0; i < count; i++)
+                buf[i] /= (float)comm->world;
+    }
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, buf, count * sizeof *buf, 0, err);
+    return mgpu_comm_done(comm, rc);
 }
 
 int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
                    mgpu_err_t *err)
 {
+    char what[160];
+    int rc = 0, root_node, root_local;
+
     if (buf == NULL && bytes > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_broadcast(bytes=%zu): buf is NULL", bytes);
-    if (root < 0 || root >= comm->ctx->rank.world_size)
+    if (root < 0 || root >= comm->world)
         return mgpu_err_set(err, MGPU_E_RANGE,
                             "mgpu_broadcast(bytes=%zu, root=%d): root is not a rank of a world "
                             "of %d",
-                            bytes, root, comm->ctx->rank.world_size);
-    if (comm->shm == NULL)
-        return 0;
-    return mgpu_shm_broadcast(comm->shm, buf, bytes, root, err);
+                            bytes, root, comm->world);
+    if (comm->nnodes == 1)
+        return comm->shm == NULL ? 0 : mgpu_shm_broadcast(comm->shm, buf, bytes, root, err);
+    root_node = root / comm->local_size;
+    root_local = root % comm->local_size;
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_broadcast(bytes=%zu, root=%d)", bytes, root);
+    /* To the root node's leader, between leaders, then from each leader to its node. */
+    if (comm->node == root_node && root_local != 0 && comm->shm != NULL &&
+        (rc = mgpu_shm_broadcast(comm->shm, buf, bytes, root_local, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL &&
+        (rc = mgpu_tcp_broadcast(comm->tcp, buf, bytes, root_node, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    /* The root node's ranks have it already when the root is not its leader. */
+    mgpu_comm_after_leaders(comm);
+    if ((comm->node != root_node || root_local == 0) && comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, buf, bytes, 0, err);
+    return mgpu_comm_done(comm, rc);
 }
 
 int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
                    mgpu_err_t *err)
 {
+    char what[160], *node_block;
+    size_t block = bytes * (size_t)comm->local_size;
+    int rc = 0;
+
     if ((send == NULL || recv == NULL) && bytes > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allgather(bytes=%zu): %s is NULL", bytes,
                             send == NULL ? "send" : "recv");
-    if (comm->shm == NULL) {
+    if (comm->nnodes == 1) {
+        if (comm->shm != NULL)
+            return mgpu_shm_allgather(comm->shm, send, recv, bytes, err);
         if (send != recv)
             memmove(recv, send, bytes);
         return 0;
     }
-    return mgpu_shm_allgather(comm->shm, send, recv, bytes, err);
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_allgather(bytes=%zu)", bytes);
+    /* The node's ranks are contiguous: gather them into the node's block, exchange blocks
+     * between leaders, give the whole to the node. */
+    node_block = (char *)recv + (size_t)comm->node * block;
+    if (comm->shm != NULL)
+        rc = mgpu_shm_allgather(comm->shm, send, node_block, bytes, err);
+    else if (send != node_block)
+        memmove(node_block, send, bytes);
+    if (rc < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL && (rc = mgpu_tcp_allgather(comm->tcp, recv, block, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, recv, block * (size_t)comm->nnodes, 0, err);
+    return mgpu_comm_done(comm, rc);
 }
 
 int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
 {
-    if (comm->shm == NULL)
-        return 0;
-    return mgpu_shm_barrier(comm->shm, err);
+    char what[160];
+    int rc = 0;
+
+    if (comm->nnodes == 1)
+        return comm->shm == NULL ? 0 : mgpu_shm_barrier(comm->shm, err);
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_barrier()");
+    /* Node, leaders, node again: nobody leaves before every node has arrived. */
+    if (comm->shm != NULL && (rc = mgpu_shm_barrier(comm->shm, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL && (rc = mgpu_tcp_barrier(comm->tcp, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_barrier(comm->shm, err);
+    return mgpu_comm_done(comm, rc);
 }

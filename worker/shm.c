@@ -79,6 +79,7 @@ struct shm_rank {
     _Atomic int32_t pid;
     _Atomic int32_t cpu;    /* where it last published: a hint for waiters, see shm_wait */
     _Atomic uint32_t state; /* RS_*; FAILED is stored after reason (release) */
+    int32_t fail_code;      /* with reason: the code this rank failed with */
     struct shm_desc desc[SHM_DESC_RING];
     char reason[256];
 };
@@ -102,10 +103,11 @@ struct mgpu_shm {
     char name[64];
     /* The collective in progress, for messages and deadlines. */
     int kind;
-    char what[128];
+    char what[320];
     uint64_t op_base; /* the phase before it started */
     double deadline, last_peer_check;
     int desc_checked;
+    char context[160]; /* the public collective this one is a step of, or "" */
 };
 
 static double shm_now(void)
@@ -232,8 +234,26 @@ static int shm_check(mgpu_shm_t *s, uint64_t target, int who, int full, mgpu_err
 {
     double now;
 
-    /* Deaths first: a peer that failed usually failed because another one died, and the
-     * dead one is the cause worth naming. */
+    /* What peers said first: a peer that failed (and maybe exited since) left its reason,
+     * which names the root cause when that was another peer's death. */
+    for (int q = 0; q < s->size; q++) {
+        uint32_t st;
+        if (q == s->rank || (who >= 0 && q != who) || shm_reached(s, q, target))
+            continue;
+        st = atomic_load_explicit(&s->ranks[q].state, memory_order_acquire);
+        /* A peer that timed out means this collective timed out: keep that code, so a
+         * caller can tell a slow job from a crashed one whichever rank noticed first. */
+        if (st == RS_FAILED)
+            return mgpu_err_set(
+                err, s->ranks[q].fail_code == MGPU_E_TIMEOUT ? MGPU_E_TIMEOUT : MGPU_E_PEER,
+                "%s: rank %d failed: %.400s", s->what, q, s->ranks[q].reason);
+        if (st == RS_LEFT)
+            return mgpu_err_set(err, MGPU_E_PEER,
+                                "%s: rank %d closed the communicator without joining this "
+                                "operation",
+                                s->what, q);
+    }
+    /* Then deaths: a process gone without saying why. */
     for (int q = 0; full && q < s->size; q++) {
         if (q == s->rank || (who >= 0 && q != who) || shm_reached(s, q, target))
             continue;
@@ -242,20 +262,6 @@ static int shm_check(mgpu_shm_t *s, uint64_t target, int who, int full, mgpu_err
                                 (int)atomic_load(&s->ranks[q].pid),
                                 atomic_load(&s->ranks[q].seq) > s->op_base ? "during the operation"
                                                                            : "before joining it");
-    }
-    for (int q = 0; q < s->size; q++) {
-        uint32_t st;
-        if (q == s->rank || (who >= 0 && q != who) || shm_reached(s, q, target))
-            continue;
-        st = atomic_load_explicit(&s->ranks[q].state, memory_order_acquire);
-        if (st == RS_FAILED)
-            return mgpu_err_set(err, MGPU_E_PEER, "%s: rank %d failed: %.400s", s->what, q,
-                                s->ranks[q].reason);
-        if (st == RS_LEFT)
-            return mgpu_err_set(err, MGPU_E_PEER,
-                                "%s: rank %d closed the communicator without joining this "
-                                "operation",
-                                s->what, q);
     }
     now = shm_now();
     if (now >= s->deadline) {
@@ -288,6 +294,7 @@ static int shm_fail(mgpu_shm_t *s, int rc, mgpu_err_t *err)
              err ? err->msg : mgpu_strerror(rc));
     snprintf(shm_me(s)->reason, sizeof shm_me(s)->reason, "%.*s", (int)sizeof shm_me(s)->reason - 1,
              s->broken_msg);
+    shm_me(s)->fail_code = rc;
     atomic_store_explicit(&shm_me(s)->state, RS_FAILED, memory_order_release);
     shm_poke(s);
     return rc;
@@ -380,7 +387,8 @@ static int shm_begin(mgpu_shm_t *s, int kind, uint64_t n, int root, mgpu_err_t *
     va_list ap;
     int len;
 
-    len = snprintf(s->what, sizeof s->what, "%s(", op_names[kind]);
+    len = snprintf(s->what, sizeof s->what, "%s%s%s(", s->context, s->context[0] ? ": step " : "",
+                   op_names[kind]);
     va_start(ap, fmt);
     vsnprintf(s->what + len, sizeof s->what - (size_t)len, fmt, ap);
     va_end(ap);
@@ -604,6 +612,20 @@ int mgpu_shm_barrier(mgpu_shm_t *s, mgpu_err_t *err)
 void mgpu_shm_set_timeout(mgpu_shm_t *s, double timeout_s)
 {
     s->timeout_s = timeout_s;
+}
+
+void mgpu_shm_set_context(mgpu_shm_t *s, const char *context)
+{
+    snprintf(s->context, sizeof s->context, "%s", context ? context : "");
+}
+
+void mgpu_shm_abort(mgpu_shm_t *s, int code, const char *why)
+{
+    mgpu_err_t e;
+    if (s->broken)
+        return;
+    mgpu_err_set(&e, code, "%s", why);
+    shm_fail(s, code, &e);
 }
 
 /* ---- attaching ---------------------------------------------------------------------- */

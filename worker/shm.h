@@ -51,6 +51,12 @@ int mgpu_shm_open(const mgpu_shm_opts_t *opts, mgpu_shm_t **out, mgpu_err_t *err
 /* Marks this rank as gone (peers waiting for it fail at once), unmaps, frees. NULL is fine. */
 void mgpu_shm_close(mgpu_shm_t *s);
 void mgpu_shm_set_timeout(mgpu_shm_t *s, double timeout_s);
+/* Names the collective the next calls are steps of, for messages (copied; NULL clears):
+ * "mgpu_allreduce_f32(count=10, sum) across 2 nodes". */
+void mgpu_shm_set_context(mgpu_shm_t *s, const char *context);
+/* Breaks the communicator from outside (a failure of the step between nodes): peers waiting
+ * for this rank fail at once with why. */
+void mgpu_shm_abort(mgpu_shm_t *s, int code, const char *why);
 
 /* In place; avg divides the sum by the number of ranks. */
 int mgpu_shm_allreduce_f32(mgpu_shm_t *s, float *buf, size_t count, int avg, mgpu_err_t *err);
