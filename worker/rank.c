@@ -13,9 +13,10 @@
 #include <stdlib.h> /* getenv, strtol */
 #include <string.h> /* strncmp, memset */
 
-/* Knobs a user may set by hand on any launcher; they say nothing about who started us. */
-static const char *const user_knobs[] = {
-    "MGPU_SIM_GPUS=", "MGPU_ALLOW_GPU_SHARING=", "MGPU_LOG_LEVEL=", "MGPU_SHM_", NULL};
+/* Variables only mgpu-launch sets (launcher/plan.c). Not "any MGPU_ variable": users and
+ * harnesses set their own (MGPU_SIM_GPUS, MGPU_BUILD, ...) under torchrun too. */
+static const char *const launcher_vars[] = {"MGPU_STORE_ADDR", "MGPU_LAUNCHER_PID",
+                                            "MGPU_NODE_RANK", "MGPU_NNODES", NULL};
 
 /* Parses a decimal int in [lo, hi]. name/source go into the message. Returns 0, MGPU_E_USAGE
  * for text that is not a number, or MGPU_E_RANGE. */
@@ -82,24 +83,11 @@ static int rank_below(const char *a, int av, const char *b, int bv, mgpu_err_t *
     return mgpu_err_set(err, MGPU_E_RANGE, "%s=%d is not below %s=%d", a, av, b, bv);
 }
 
-/* Was this process started by mgpu-launch? It gives MGPU_STORE_ADDR and other MGPU_
- * variables; the user's own knobs (MGPU_SIM_GPUS, ...) do not count. */
 static int rank_from_mgpu_launch(void)
 {
-    extern char **environ;
-
-    if (getenv("MGPU_STORE_ADDR") != NULL)
-        return 1;
-    for (char **e = environ; *e != NULL; e++) {
-        int knob = 0;
-        if (strncmp(*e, "MGPU_", 5) != 0)
-            continue;
-        for (const char *const *k = user_knobs; *k != NULL; k++)
-            if (strncmp(*e, *k, strlen(*k)) == 0)
-                knob = 1;
-        if (!knob)
+    for (const char *const *v = launcher_vars; *v != NULL; v++)
+        if (getenv(*v) != NULL)
             return 1;
-    }
     return 0;
 }
 

@@ -61,6 +61,9 @@ static void job_env(const job_t *j, int rank, int size)
     unsetenv("MGPU_STORE_ADDR");
     unsetenv("MGPU_STORE_PORT");
     unsetenv("MGPU_STORE_TOKEN");
+    unsetenv("MGPU_LAUNCHER_PID");
+    unsetenv("MGPU_NODE_RANK");
+    unsetenv("MGPU_NNODES");
     if (j->nodes > 1) {
         setenv("MGPU_STORE_ADDR", "127.0.0.1", 1);
         setenv_int("MGPU_STORE_PORT", j->store_port);

@@ -82,6 +82,7 @@ static void test_torchrun(void)
     env_torchrun("2", "4", "2", "4");
     setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
     setenv("MGPU_SIM_GPUS", "4", 1); /* a user's knob: still torchrun */
+    setenv("MGPU_BUILD", "/tmp", 1); /* a test harness's: still torchrun */
     CHECK_INT(parse(&r, &err), 0);
     CHECK_INT(r.rank, 2);
     CHECK_INT(r.world_size, 4);
@@ -103,7 +104,7 @@ static void test_mgpu_launch_and_plain_env(void)
     CHECK_INT(parse(&r, &err), 0);
     CHECK_STR(r.source, "mgpu-launch");
     env_torchrun("0", "2", "0", "2");
-    setenv("MGPU_NODE_RANK", "0", 1); /* any variable mgpu-launch sets */
+    setenv("MGPU_LAUNCHER_PID", "1", 1); /* a variable only mgpu-launch sets */
     CHECK_INT(parse(&r, &err), 0);
     CHECK_STR(r.source, "mgpu-launch");
     env_torchrun("1", "2", "1", "2");
