@@ -29,6 +29,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "# host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r)"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); median of $repeat rounds; each round runs mgpu then gloo"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the host skews both sides)"
 for n in $ranks; do
     for r in $(seq "$repeat"); do
         "$bin" -n "$n" --min "$min" --max "$max" --seconds "$secs" >"$tmp/mgpu.$n.$r"
@@ -36,6 +37,7 @@ for n in $ranks; do
             --seconds "$secs" >"$tmp/gloo.$n.$r" 2>"$tmp/gloo.$n.$r.err" ||
             { cat "$tmp/gloo.$n.$r.err" >&2; exit 1; }
     done
+    echo "# $n ranks done, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
     "$py" - "$tmp" "$n" "$repeat" <<'EOF'
 import statistics, sys
 tmp, n, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -120,6 +120,46 @@ static void test_allreduce_4(void)
     allreduce_n(4);
 }
 
+/* Large messages: rounds of an eighth of the message (not a multiple of anything) up to the
+ * slot, with the default slot size. */
+static void rank_allreduce_rounds(int rank, int size, void *arg)
+{
+    const targ_t *a = arg;
+    mgpu_shm_t *s = open_rank(a, rank, size);
+    static const size_t big[] = {524288, 600001, 3000017};
+    float *buf = malloc(3000017 * sizeof *buf);
+    mgpu_err_t err = {0, ""};
+
+    if (s == NULL)
+        return;
+    for (size_t k = 0; k < sizeof big / sizeof big[0]; k++) {
+        size_t n = big[k], bad = 0;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = value(rank, i);
+        CHECK_INT(mgpu_shm_allreduce_f32(s, buf, n, k == 1, &err), 0);
+        for (size_t i = 0; i < n; i++) {
+            float want = 0;
+            for (int q = 0; q < size; q++)
+                want += value(q, i);
+            if (k == 1)
+                want /= (float)size;
+            bad += buf[i] != want;
+        }
+        if (bad)
+            printf("  rank %d n=%zu: %zu wrong\n", rank, n, bad);
+        CHECK_INT(bad, 0);
+    }
+    free(buf);
+    mgpu_shm_close(s);
+}
+
+static void test_allreduce_large_rounds(void)
+{
+    targ_t a;
+    targ_init(&a, 0, 20); /* default slot */
+    CHECK_INT(ranks_run(3, rank_allreduce_rounds, &a, 60), 0);
+}
+
 /* Non-integers: the sum order is fixed (rank 0 first), so every rank gets the same bits. */
 static void rank_allreduce_bits(int rank, int size, void *arg)
 {
@@ -514,6 +554,7 @@ int main(void)
     RUN(test_allreduce_2);
     RUN(test_allreduce_3);
     RUN(test_allreduce_4);
+    RUN(test_allreduce_large_rounds);
     RUN(test_allreduce_identical_bits);
     RUN(test_broadcast_every_root);
     RUN(test_allgather);
