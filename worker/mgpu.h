@@ -82,10 +82,13 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
  * peer that dies, fails or destroys its communicator makes the others fail fast
  * (MGPU_E_PEER) naming it; ranks calling different collectives fail with MGPU_E_PROTOCOL.
  * After a failure the communicator only fails (MGPU_E_CLOSED): destroy it.
- * MGPU_BACKEND_CPU (and AUTO, for now) joins the ranks of one host in shared memory
- * (tunable with MGPU_SHM_CHUNK=bytes per rank slot, MGPU_SHM_SPIN_US); ranks on several
- * nodes are refused until the TCP transport exists. Results are bitwise identical on every
- * rank. */
+ * MGPU_BACKEND_CPU (and AUTO, until the NCCL backend exists) joins the ranks of a host in
+ * shared memory (tunables: MGPU_SHM_CHUNK bytes per rank slot, MGPU_SHM_SPIN_US,
+ * MGPU_SHM_YIELDS) and, across nodes, the nodes' local rank 0 in a TCP ring whose addresses
+ * go through the store (so several nodes need mgpu-launch's MGPU_STORE_ADDR; MGPU_CPU_ADDR
+ * overrides the address a leader advertises). Across nodes, ranks must be numbered node by
+ * node with the same count per node, as torchrun and mgpu-launch number them. Results are
+ * bitwise identical on every rank. */
 int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
                      mgpu_err_t *err);
 void mgpu_comm_destroy(mgpu_comm_t *comm);
