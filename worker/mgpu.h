@@ -6,7 +6,8 @@
  * CPU), and connects to the store when one is given. Communicators are created over it.
  *
  * Ownership: mgpu_ctx_t and mgpu_comm_t are created and destroyed by the calls below; nothing
- * returned by a getter outlives its object. Every call returns 0 or a negative code (error.h)
+ * returned by a getter outlives its object, and communicators are destroyed before the
+ * context they were created from (mgpu_finalize). Every call returns 0 or a negative code (error.h)
  * and fills err with a message that names the operation and the ranks concerned. */
 #ifndef MGPU_H
 #define MGPU_H
