@@ -48,7 +48,6 @@
 #define SHM_SLICE_NS 5000000L       /* a sleeper wakes this often to check deadline and peers */
 #define SHM_PEER_CHECK_S 0.002      /* pidfds are polled at most this often while waiting */
 #define SHM_SMALL_BYTES (32u << 10) /* up to this, every rank reduces the whole round */
-#define SHM_ROUND_MIN (256u << 10)  /* all-reduce rounds are at least this long (or the slot) */
 
 enum { RS_EMPTY = 0, RS_ATTACHED = 1, RS_LEFT = 2, RS_FAILED = 3 };
 enum { OP_ALLREDUCE = 1, OP_BROADCAST, OP_ALLGATHER, OP_BARRIER };
@@ -473,18 +472,10 @@ static void shm_round_done(mgpu_shm_t *s, int set)
 
 int mgpu_shm_allreduce_f32(mgpu_shm_t *s, float *buf, size_t count, int avg, mgpu_err_t *err)
 {
-    /* Rounds of at least 256 KiB (the working set of a round stays in L2) and at most an
-     * eighth of the message, up to the slot size: few synchronisations for large messages,
-     * which matters most when ranks outnumber cores or the host is busy, since every
-     * synchronisation waits for every rank to be scheduled. All ranks compute the same. */
-    size_t chunk_elems =
-        count / 8 > SHM_ROUND_MIN / sizeof(float) ? count / 8 : SHM_ROUND_MIN / sizeof(float);
+    const size_t chunk_elems = s->chunk / sizeof(float);
     const float *src[MGPU_SHM_MAX_RANKS];
     int rc, set;
 
-    if (chunk_elems > s->chunk / sizeof(float))
-        chunk_elems = s->chunk / sizeof(float);
-    chunk_elems &= ~(size_t)15;
     if ((rc = shm_begin(s, OP_ALLREDUCE, count, -1, err, "count=%zu, %s", count,
                         avg ? "avg" : "sum")) < 0)
         return rc;
@@ -888,13 +879,8 @@ int mgpu_shm_open(const mgpu_shm_opts_t *o, mgpu_shm_t **out, mgpu_err_t *err)
     if (o->size < 1 || o->size > MGPU_SHM_MAX_RANKS || o->rank < 0 || o->rank >= o->size)
         return mgpu_err_set(err, MGPU_E_RANGE, "shm communicator: rank %d of %d (at most %d)",
                             o->rank, o->size, MGPU_SHM_MAX_RANKS);
-    /* Default slot: 2 MiB, less with many ranks so that the segment (2 sets of a slot per
-     * rank) stays within 32 MiB: containers often give /dev/shm only 64 MiB. */
-    size_t def_chunk = MGPU_SHM_DEFAULT_CHUNK;
-    while (def_chunk > (64u << 10) && 2 * (size_t)o->size * def_chunk > (32u << 20))
-        def_chunk /= 2;
-    if (chunk == 0 &&
-        (rc = shm_env_size("MGPU_SHM_CHUNK", def_chunk, &chunk, 4096, 1u << 30, err)) < 0)
+    if (chunk == 0 && (rc = shm_env_size("MGPU_SHM_CHUNK", MGPU_SHM_DEFAULT_CHUNK, &chunk, 4096,
+                                         1u << 30, err)) < 0)
         return rc;
     chunk = shm_round_up(chunk, 4096);
     s = calloc(1, sizeof *s);
