@@ -879,8 +879,13 @@ int mgpu_shm_open(const mgpu_shm_opts_t *o, mgpu_shm_t **out, mgpu_err_t *err)
     if (o->size < 1 || o->size > MGPU_SHM_MAX_RANKS || o->rank < 0 || o->rank >= o->size)
         return mgpu_err_set(err, MGPU_E_RANGE, "shm communicator: rank %d of %d (at most %d)",
                             o->rank, o->size, MGPU_SHM_MAX_RANKS);
-    if (chunk == 0 && (rc = shm_env_size("MGPU_SHM_CHUNK", MGPU_SHM_DEFAULT_CHUNK, &chunk, 4096,
-                                         1u << 30, err)) < 0)
+    /* The default slot, halved while the segment (2 sets of a slot per rank) would pass
+     * 32 MiB: containers often give /dev/shm only 64 MiB. */
+    size_t def_chunk = MGPU_SHM_DEFAULT_CHUNK;
+    while (def_chunk > (64u << 10) && 2 * (size_t)o->size * def_chunk > (32u << 20))
+        def_chunk /= 2;
+    if (chunk == 0 &&
+        (rc = shm_env_size("MGPU_SHM_CHUNK", def_chunk, &chunk, 4096, 1u << 30, err)) < 0)
         return rc;
     chunk = shm_round_up(chunk, 4096);
     s = calloc(1, sizeof *s);

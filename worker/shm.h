@@ -37,7 +37,8 @@ typedef struct mgpu_shm_opts {
     const char *name;   /* "/mgpu-..." (see mgpu_shm_name) */
     int rank, size;     /* this rank among the ranks of this host, and their number */
     double timeout_s;   /* attaching, and each collective (mgpu_shm_set_timeout) */
-    size_t chunk_bytes; /* bytes per rank slot; 0: MGPU_SHM_CHUNK or 256 KiB (rank 0 decides) */
+    size_t chunk_bytes; /* bytes per rank slot; 0: MGPU_SHM_CHUNK, else 256 KiB,
+                         * less past 64 ranks (rank 0 decides) */
     int spin_us;        /* a waiter spins this long before it yields; -1: from cores and ranks */
 } mgpu_shm_opts_t;
 

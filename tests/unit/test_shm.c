@@ -120,8 +120,7 @@ static void test_allreduce_4(void)
     allreduce_n(4);
 }
 
-/* Large messages: rounds of an eighth of the message (not a multiple of anything) up to the
- * slot, with the default slot size. */
+/* Large messages in many rounds of the default slot size, with a last round of any length. */
 static void rank_allreduce_rounds(int rank, int size, void *arg)
 {
     const targ_t *a = arg;
