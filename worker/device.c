@@ -12,6 +12,7 @@ int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *v
                        const mgpu_device_req_t *req, mgpu_device_info_t *out, mgpu_err_t *err)
 {
     const char *cvd = vis->cvd_set ? vis->cvd : "(unset)";
+    /* The visible list goes last in messages: with many GPUs it is what gets cut. */
     const char *list = req->described != NULL && *req->described ? req->described : "none";
     const mgpu_gpu_t *g;
     int ordinal;
@@ -35,14 +36,14 @@ int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *v
             return mgpu_err_set(
                 err, MGPU_E_DEVICE,
                 "rank %d (LOCAL_RANK=%d) needs visible GPU ordinal %d, but only %d GPU%s %s "
-                "visible (CUDA_VISIBLE_DEVICES=%s): %s. LOCAL_RANK is a process number: "
+                "visible (CUDA_VISIBLE_DEVICES=%s). LOCAL_RANK is a process number: "
                 "LOCAL_WORLD_SIZE=%d processes on this node need %d GPUs (PyTorch fails here "
                 "with \"invalid device ordinal\"). Start at most %d processes per node, make "
                 "more GPUs visible, or allow sharing (mgpu-launch --allow_gpu_sharing, "
-                "MGPU_ALLOW_GPU_SHARING=1) to use ordinal LOCAL_RANK mod %d",
+                "MGPU_ALLOW_GPU_SHARING=1) to use ordinal LOCAL_RANK mod %d. Visible: %s",
                 req->rank, req->local_rank, ordinal, vis->count, vis->count == 1 ? "" : "s",
-                vis->count == 1 ? "is" : "are", cvd, list, req->local_world_size,
-                req->local_world_size, vis->count, vis->count);
+                vis->count == 1 ? "is" : "are", cvd, req->local_world_size, req->local_world_size,
+                vis->count, vis->count, list);
         ordinal = req->local_rank % vis->count;
     }
     if (vis->physical[ordinal] < 0 || vis->physical[ordinal] >= installed->count)
