@@ -183,6 +183,8 @@ static int mgpu_shm_token(mgpu_ctx_t *ctx, int index, char *tok, size_t len, dou
     return 0;
 }
 
+static void mgpu_comm_after_leaders(mgpu_comm_t *c);
+
 int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
                      mgpu_err_t *err)
 {
@@ -255,10 +257,22 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
         if ((rc = mgpu_tcp_open(&to, &c->tcp, err)) < 0)
             goto fail;
     }
+    /* Across nodes, creating the communicator is itself collective: without this barrier a
+     * node whose leader cannot reach the ring would look fine to its other ranks until their
+     * first collective. */
+    if (c->nnodes > 1) {
+        mgpu_comm_after_leaders(c); /* the leader's set-up took part of the deadline */
+        if ((rc = mgpu_barrier(c, err)) < 0)
+            goto fail;
+    }
     *out = c;
     return 0;
 fail:
+    /* The node's other ranks learn why at once (instead of "closed the communicator"). */
+    if (c->shm != NULL)
+        mgpu_shm_abort(c->shm, rc, err ? err->msg : mgpu_strerror(rc));
     mgpu_shm_close(c->shm);
+    mgpu_tcp_close(c->tcp);
     free(c);
     return rc;
 }

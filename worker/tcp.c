@@ -411,8 +411,15 @@ int mgpu_tcp_open(const mgpu_tcp_opts_t *o, mgpu_tcp_t **out, mgpu_err_t *err)
         unsigned long long nnonce;
         struct tcp_hello h;
         snprintf(key, sizeof key, "%s/%d", o->key, tcp_next(t));
-        if ((rc = mgpu_store_get(o->store, key, o->timeout_s, &v, &vl, err)) < 0)
+        if ((rc = mgpu_store_get(o->store, key, o->timeout_s, &v, &vl, err)) < 0) {
+            char tmp[sizeof err->msg];
+            snprintf(tmp, sizeof tmp, "%s", err->msg);
+            mgpu_err_set(err, rc,
+                         "CPU communicator: node %d (rank %d) never published its address "
+                         "(did it create the communicator?): %.700s",
+                         tcp_next(t), tcp_next(t) * t->per, tmp);
             goto fail;
+        }
         snprintf(val, sizeof val, "%.*s", (int)(vl < sizeof val ? vl : sizeof val - 1), (char *)v);
         free(v);
         if (sscanf(val, "%255s %d %llu", nhost, &nport, &nnonce) != 3) {

@@ -402,6 +402,49 @@ static void rank_node_absent(int rank, int size, void *arg)
     job_leave(ctx, comm);
 }
 
+/* Node 1 never creates its communicator: creation fails on node 0, naming node 1. */
+static void rank_node_never_joins(int rank, int size, void *arg)
+{
+    const job_t *j = arg;
+    mgpu_init_opts_t o = {0, 10};
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_comm_t *comm = NULL;
+    mgpu_err_t err = {0, ""};
+    double t0;
+    int rc;
+
+    job_env(j, rank, size);
+    CHECK_INT(mgpu_init(&o, &ctx, &err), 0);
+    if (ctx == NULL)
+        return;
+    if (rank >= 2) {
+        ranks_stay_until(&j->shared[0], 2);
+        mgpu_finalize(ctx);
+        return;
+    }
+    t0 = ranks_now();
+    rc = mgpu_comm_create(ctx, MGPU_BACKEND_CPU, j->timeout, &comm, &err);
+    CHECK(rc < 0);
+    CHECK(comm == NULL);
+    CHECK_CONTAINS(err.msg, "node 1 (rank 2) never published its address");
+    if (rank == 1)
+        CHECK_CONTAINS(err.msg, "rank 0 failed: ");
+    CHECK(ranks_now() - t0 < RANKS_FAST_S);
+    __atomic_fetch_add(&j->shared[0], 1, __ATOMIC_SEQ_CST);
+    mgpu_finalize(ctx);
+}
+
+static void test_nodes_creation_fails_together(void)
+{
+    job_t j;
+    pid_t st;
+    job_init(&j, 0.5);
+    j.nodes = 2;
+    st = store_start(&j.store_port);
+    CHECK_INT(ranks_run(4, rank_node_never_joins, &j, 30), 0);
+    store_stop(st);
+}
+
 static void test_nodes_timeout(void)
 {
     job_t j;
@@ -483,6 +526,7 @@ int main(void)
     RUN(test_nodes_2x2);
     RUN(test_nodes_3x1_and_2x3);
     RUN(test_nodes_timeout);
+    RUN(test_nodes_creation_fails_together);
     RUN(test_nodes_leader_killed);
     return check_done();
 }
