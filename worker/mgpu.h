@@ -6,7 +6,8 @@
  * CPU), and connects to the store when one is given. Communicators are created over it.
  *
  * Ownership: mgpu_ctx_t and mgpu_comm_t are created and destroyed by the calls below; nothing
- * returned by a getter outlives its object. Every call returns 0 or a negative code (error.h)
+ * returned by a getter outlives its object, and communicators are destroyed before the
+ * context they were created from (mgpu_finalize). Every call returns 0 or a negative code (error.h)
  * and fills err with a message that names the operation and the ranks concerned. */
 #ifndef MGPU_H
 #define MGPU_H
@@ -22,23 +23,29 @@ typedef struct mgpu_rank_info {
     int rank, world_size;             /* global */
     int local_rank, local_world_size; /* on this node */
     int node_rank, nnodes;
-    int restart_count;  /* TORCHELASTIC_RESTART_COUNT, 0 elsewhere */
-    char run_id[128];   /* TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ... or "none" */
-    char source[16];    /* "mgpu-launch", "torchrun", "slurm", "openmpi", "single" */
+    int restart_count; /* TORCHELASTIC_RESTART_COUNT, 0 elsewhere */
+    char run_id[128];  /* TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ... or "none" */
+    char source[16];   /* "mgpu-launch", "torchrun", "env" (RANK & co. without a known
+                        * launcher), "slurm", "openmpi", "single" */
 } mgpu_rank_info_t;
 
 typedef struct mgpu_device_info {
-    int is_gpu;         /* 0: this rank computes on the CPU */
-    int ordinal;        /* CUDA ordinal among the visible devices (-1 on CPU) */
-    int physical;       /* physical GPU index (-1 on CPU) */
-    int visible_count;  /* devices this rank can see */
-    int simulated;      /* the GPU is simulated (MGPU_SIM_GPUS) */
+    int is_gpu;        /* 0: this rank computes on the CPU (also on a simulated GPU, whose
+                        * ordinal, physical index, uuid... are set as for a real one) */
+    int ordinal;       /* CUDA ordinal among the visible devices (-1 on CPU) */
+    int physical;      /* physical GPU index (-1 on CPU) */
+    int visible_count; /* devices this rank can see */
+    int simulated;     /* the GPU is simulated (MGPU_SIM_GPUS) */
     char uuid[80];
     char bus_id[32];
     char name[96];
 } mgpu_device_info_t;
 
-typedef enum mgpu_backend { MGPU_BACKEND_AUTO = 0, MGPU_BACKEND_CPU, MGPU_BACKEND_NCCL } mgpu_backend_t;
+typedef enum mgpu_backend {
+    MGPU_BACKEND_AUTO = 0,
+    MGPU_BACKEND_CPU,
+    MGPU_BACKEND_NCCL
+} mgpu_backend_t;
 typedef enum mgpu_redop { MGPU_SUM = 0, MGPU_AVG } mgpu_redop_t;
 
 typedef struct mgpu_init_opts {
@@ -46,17 +53,43 @@ typedef struct mgpu_init_opts {
     double store_timeout_s; /* connecting to the store (default 60) */
 } mgpu_init_opts_t;
 
-/* Reads the rank from the environment only (no device, no store). */
+/* Reads the rank from the environment only (no device, no store). Sources, first match:
+ * RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (+ GROUP_RANK, GROUP_WORLD_SIZE,
+ * TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT); SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/
+ * SLURM_NODEID/SLURM_NNODES + SLURM_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE);
+ * OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; else rank 0 of 1. A missing, non-numeric or
+ * inconsistent value (RANK >= WORLD_SIZE, ...) fails with MGPU_E_USAGE or MGPU_E_RANGE naming
+ * the variable and its value. */
 int mgpu_rank_info_from_env(mgpu_rank_info_t *out, mgpu_err_t *err);
 
+/* opts may be NULL: want_gpu = 1, store_timeout_s = 60. The device: LOCAL_RANK is the visible
+ * ordinal (CUDA_VISIBLE_DEVICES applied, MGPU_SIM_GPUS=N simulates N GPUs); a LOCAL_RANK with
+ * no visible GPU of its own fails with MGPU_E_DEVICE naming the rank, the ordinal and the
+ * visible list (the article's scenario 4) unless MGPU_ALLOW_GPU_SHARING=1, which takes
+ * ordinal LOCAL_RANK mod the visible count. No visible GPU at all: the CPU. Connects to the
+ * store when MGPU_STORE_ADDR is set. */
 int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err);
 void mgpu_finalize(mgpu_ctx_t *ctx);
 const mgpu_rank_info_t *mgpu_rank(const mgpu_ctx_t *ctx);
 const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx);
+/* The store connection (common/store.h), NULL when MGPU_STORE_ADDR was not set. Owned by
+ * ctx; its key prefix is "<run id>/<attempt>/". */
+typedef struct mgpu_store mgpu_store_t;
+mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
 
-/* A communicator over all ranks. timeout_s bounds every collective: one that does not finish
- * fails with MGPU_E_TIMEOUT naming the operation and the ranks that never arrived; a peer that
- * dies makes the others fail fast (MGPU_E_PEER) naming it. */
+/* A communicator over all ranks; every rank calls it (and every collective) in the same
+ * order. timeout_s (<= 0: 300 s) bounds joining and every collective: one that does not
+ * finish fails with MGPU_E_TIMEOUT naming the operation and the ranks that never arrived; a
+ * peer that dies, fails or destroys its communicator makes the others fail fast
+ * (MGPU_E_PEER) naming it; ranks calling different collectives fail with MGPU_E_PROTOCOL.
+ * After a failure the communicator only fails (MGPU_E_CLOSED): destroy it.
+ * MGPU_BACKEND_CPU (and AUTO, until the NCCL backend exists) joins the ranks of a host in
+ * shared memory (tunables: MGPU_SHM_CHUNK bytes per rank slot, MGPU_SHM_SPIN_US,
+ * MGPU_SHM_YIELDS) and, across nodes, the nodes' local rank 0 in a TCP ring whose addresses
+ * go through the store (so several nodes need mgpu-launch's MGPU_STORE_ADDR; MGPU_CPU_ADDR
+ * overrides the address a leader advertises). Across nodes, ranks must be numbered node by
+ * node with the same count per node, as torchrun and mgpu-launch number them. Results are
+ * bitwise identical on every rank. */
 int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
                      mgpu_err_t *err);
 void mgpu_comm_destroy(mgpu_comm_t *comm);

@@ -1,0 +1,455 @@
+/* mgpu.c - the context (rank, device, store) and communicators over the backends.
+ *
+ * mgpu_init reads the rank (rank.c), picks the device (device.c over common/devices.h) and
+ * connects to the store when mgpu-launch gave one. Communicators dispatch to a backend: for
+ * now the CPU backend, which joins the ranks of one host in shared memory (shm.c). */
+#include "mgpu.h"
+
+#include <errno.h>      /* ENOMEM */
+#include <stdarg.h>     /* va_list */
+#include <stdio.h>      /* snprintf */
+#include <stdlib.h>     /* calloc, getenv */
+#include <string.h>     /* memmove */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* getppid */
+
+#include "device.h"  /* mgpu_device_select */
+#include "devices.h" /* mgpu_devices_discover, mgpu_devices_visible */
+#include "shm.h"     /* mgpu_shm_* */
+#include "store.h"   /* mgpu_store_connect_env */
+#include "tcp.h"     /* mgpu_tcp_* */
+
+#define MGPU_DEFAULT_STORE_TIMEOUT_S 60.0
+#define MGPU_DEFAULT_COMM_TIMEOUT_S 300.0
+
+struct mgpu_ctx {
+    mgpu_rank_info_t rank;
+    mgpu_device_info_t dev;
+    mgpu_store_t *store; /* NULL without MGPU_STORE_ADDR */
+    int comms;           /* communicators created so far: names their segments */
+    char token[512];     /* what makes this job's shared-memory names unique on the host */
+};
+
+/* Across nodes the CPU backend is hierarchical: ranks of a node meet in shared memory, and
+ * the node leaders (local rank 0) in a TCP ring. Ranks are numbered node by node
+ * (rank = node * local_size + local_rank), as torchrun and mgpu-launch number them. */
+struct mgpu_comm {
+    mgpu_ctx_t *ctx;
+    mgpu_backend_t backend;
+    double timeout_s;
+    int rank, world, node, nnodes, local, local_size;
+    mgpu_shm_t *shm; /* the node's ranks; NULL when alone on the node */
+    mgpu_tcp_t *tcp; /* leaders only, when there are several nodes */
+};
+
+static int mgpu_env_flag(const char *name, int *out, mgpu_err_t *err)
+{
+    const char *v = getenv(name);
+
+    *out = 0;
+    if (v == NULL || strcmp(v, "") == 0 || strcmp(v, "0") == 0)
+        return 0;
+    if (strcmp(v, "1") == 0) {
+        *out = 1;
+        return 0;
+    }
+    return mgpu_err_set(err, MGPU_E_USAGE, "%s=\"%s\": expected 0 or 1", name, v);
+}
+
+/* Two jobs on one host must never meet in the same segment. The run id and attempt are
+ * part of the name already; add whatever identifies the job's rendezvous: the store's
+ * address and token (mgpu-launch), MASTER_ADDR:MASTER_PORT (torchrun binds that port, so two
+ * live jobs cannot share it), else the parent process (ranks started by hand from one shell
+ * share it; Slurm and Open MPI give unique run ids anyway). */
+static void mgpu_job_token(mgpu_ctx_t *c)
+{
+    const char *sa = getenv("MGPU_STORE_ADDR"), *sp = getenv("MGPU_STORE_PORT");
+    const char *st = getenv("MGPU_STORE_TOKEN");
+    const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+
+    if (sa != NULL || mp != NULL)
+        snprintf(c->token, sizeof c->token, "store=%s:%s/%s master=%s:%s", sa ? sa : "",
+                 sp ? sp : "", st ? st : "", ma ? ma : "", mp ? mp : "");
+    else if (strcmp(c->rank.run_id, "none") == 0)
+        snprintf(c->token, sizeof c->token, "ppid=%d", (int)getppid());
+    else
+        c->token[0] = '\0';
+}
+
+int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
+{
+    mgpu_init_opts_t o = {1, MGPU_DEFAULT_STORE_TIMEOUT_S};
+    mgpu_gpu_list_t *installed = NULL;
+    mgpu_visible_t *vis = NULL;
+    mgpu_device_req_t req;
+    char described[1024];
+    mgpu_ctx_t *c;
+    int rc;
+
+    if (opts != NULL) {
+        o = *opts;
+        if (o.store_timeout_s <= 0)
+            o.store_timeout_s = MGPU_DEFAULT_STORE_TIMEOUT_S;
+    }
+    c = calloc(1, sizeof *c);
+    installed = malloc(sizeof *installed); /* ~20 KiB each: not on a worker's stack */
+    vis = malloc(sizeof *vis);
+    if (c == NULL || installed == NULL || vis == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "mgpu_init: out of memory");
+        goto fail;
+    }
+    if ((rc = mgpu_rank_info_from_env(&c->rank, err)) < 0)
+        goto fail;
+    memset(&req, 0, sizeof req);
+    req.rank = c->rank.rank;
+    req.local_rank = c->rank.local_rank;
+    req.local_world_size = c->rank.local_world_size;
+    req.want_gpu = o.want_gpu;
+    if ((rc = mgpu_env_flag("MGPU_ALLOW_GPU_SHARING", &req.allow_sharing, err)) < 0)
+        goto fail;
+    if ((rc = mgpu_devices_discover(installed, getenv("MGPU_SIM_GPUS"), NULL, err)) < 0)
+        goto fail;
+    mgpu_devices_visible(installed, getenv("CUDA_VISIBLE_DEVICES"), vis);
+    mgpu_devices_describe(installed, vis, described, sizeof described);
+    req.described = described;
+    if ((rc = mgpu_device_select(installed, vis, &req, &c->dev, err)) < 0)
+        goto fail;
+    if (getenv(MGPU_ENV_STORE_ADDR) != NULL &&
+        (rc = mgpu_store_connect_env(o.store_timeout_s, &c->store, err)) < 0)
+        goto fail;
+    mgpu_job_token(c);
+    free(installed);
+    free(vis);
+    *out = c;
+    return 0;
+fail:
+    free(installed);
+    free(vis);
+    free(c);
+    return rc;
+}
+
+void mgpu_finalize(mgpu_ctx_t *ctx)
+{
+    if (ctx == NULL)
+        return;
+    if (ctx->store != NULL)
+        mgpu_store_close(ctx->store);
+    free(ctx);
+}
+
+const mgpu_rank_info_t *mgpu_rank(const mgpu_ctx_t *ctx)
+{
+    return &ctx->rank;
+}
+
+const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx)
+{
+    return &ctx->dev;
+}
+
+mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx)
+{
+    return ctx->store;
+}
+
+/* The shared-memory name's job token: with a store, a random one that local rank 0 of the
+ * node draws and publishes, which no other job can share; without, the environment's. */
+static int mgpu_shm_token(mgpu_ctx_t *ctx, int index, char *tok, size_t len, double timeout_s,
+                          mgpu_err_t *err)
+{
+    const mgpu_rank_info_t *r = &ctx->rank;
+    char key[128];
+    void *v = NULL;
+    size_t vl = 0;
+    int rc;
+
+    if (ctx->store == NULL) {
+        snprintf(tok, len, "%s node=%d", ctx->token, r->node_rank);
+        return 0;
+    }
+    snprintf(key, sizeof key, "mgpu/cpu/%d/shm/%d", index, r->node_rank);
+    if (r->local_rank == 0) {
+        unsigned long long nonce;
+        if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce)
+            return mgpu_err_set(err, -errno, "getrandom: %s", strerror(errno));
+        snprintf(tok, len, "%016llx", nonce);
+        return mgpu_store_set(ctx->store, key, tok, strlen(tok), err);
+    }
+    if ((rc = mgpu_store_get(ctx->store, key, timeout_s, &v, &vl, err)) < 0)
+        return rc;
+    snprintf(tok, len, "%.*s", (int)(vl < len ? vl : len - 1), (char *)v);
+    free(v);
+    return 0;
+}
+
+static void mgpu_comm_after_leaders(mgpu_comm_t *c);
+
+int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
+                     mgpu_err_t *err)
+{
+    const mgpu_rank_info_t *r = &ctx->rank;
+    mgpu_comm_t *c;
+    int rc, index = ctx->comms++;
+
+    if (backend == MGPU_BACKEND_NCCL)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_comm_create(NCCL): this libmgpu has no NCCL backend yet; use "
+                            "MGPU_BACKEND_CPU or MGPU_BACKEND_AUTO");
+    if (backend != MGPU_BACKEND_AUTO && backend != MGPU_BACKEND_CPU)
+        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_comm_create: unknown backend %d",
+                            (int)backend);
+    if (r->world_size != r->nnodes * r->local_world_size ||
+        r->rank != r->node_rank * r->local_world_size + r->local_rank)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_comm_create(CPU): RANK=%d, LOCAL_RANK=%d, node %d of %d, "
+                            "LOCAL_WORLD_SIZE=%d, WORLD_SIZE=%d: the CPU backend needs the same "
+                            "number of ranks on every node, numbered node by node (RANK = node "
+                            "* LOCAL_WORLD_SIZE + LOCAL_RANK)",
+                            r->rank, r->local_rank, r->node_rank, r->nnodes, r->local_world_size,
+                            r->world_size);
+    if (r->nnodes > 1 && ctx->store == NULL)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_comm_create(CPU): %d nodes need mgpu's store to find each "
+                            "other (MGPU_STORE_ADDR, set by mgpu-launch); PyTorch's TCPStore "
+                            "at MASTER_ADDR is not spoken",
+                            r->nnodes);
+    c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return mgpu_err_set(err, -ENOMEM, "mgpu_comm_create: out of memory");
+    c->ctx = ctx;
+    c->backend = MGPU_BACKEND_CPU;
+    c->timeout_s = timeout_s > 0 ? timeout_s : MGPU_DEFAULT_COMM_TIMEOUT_S;
+    c->rank = r->rank;
+    c->world = r->world_size;
+    c->node = r->node_rank;
+    c->nnodes = r->nnodes;
+    c->local = r->local_rank;
+    c->local_size = r->local_world_size;
+    if (c->local_size > 1) {
+        mgpu_shm_opts_t so;
+        char name[64], tok[600];
+        memset(&so, 0, sizeof so);
+        if ((rc = mgpu_shm_token(ctx, index, tok, sizeof tok, c->timeout_s, err)) < 0)
+            goto fail;
+        mgpu_shm_name(name, sizeof name, r->run_id, r->restart_count, tok, index);
+        so.name = name;
+        so.rank = c->local;
+        so.size = c->local_size;
+        so.timeout_s = c->timeout_s;
+        so.spin_us = -1;
+        if ((rc = mgpu_shm_open(&so, &c->shm, err)) < 0)
+            goto fail;
+    }
+    if (c->nnodes > 1 && c->local == 0) {
+        mgpu_tcp_opts_t to;
+        char key[64];
+        memset(&to, 0, sizeof to);
+        snprintf(key, sizeof key, "mgpu/cpu/%d/ring", index);
+        to.store = ctx->store;
+        to.key = key;
+        to.member = c->node;
+        to.n = c->nnodes;
+        to.ranks_per_member = c->local_size;
+        to.advertise = getenv("MGPU_CPU_ADDR");
+        to.route_host = getenv(MGPU_ENV_STORE_ADDR);
+        to.timeout_s = c->timeout_s;
+        if ((rc = mgpu_tcp_open(&to, &c->tcp, err)) < 0)
+            goto fail;
+    }
+    /* Across nodes, creating the communicator is itself collective: without this barrier a
+     * node whose leader cannot reach the ring would look fine to its other ranks until their
+     * first collective. */
+    if (c->nnodes > 1) {
+        mgpu_comm_after_leaders(c); /* the leader's set-up took part of the deadline */
+        if ((rc = mgpu_barrier(c, err)) < 0)
+            goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    /* The node's other ranks learn why at once (instead of "closed the communicator"). */
+    if (c->shm != NULL)
+        mgpu_shm_abort(c->shm, rc, err ? err->msg : mgpu_strerror(rc));
+    mgpu_shm_close(c->shm);
+    mgpu_tcp_close(c->tcp);
+    free(c);
+    return rc;
+}
+
+void mgpu_comm_destroy(mgpu_comm_t *comm)
+{
+    if (comm == NULL)
+        return;
+    mgpu_shm_close(comm->shm);
+    mgpu_tcp_close(comm->tcp);
+    free(comm);
+}
+
+mgpu_backend_t mgpu_comm_backend(const mgpu_comm_t *comm)
+{
+    return comm->backend;
+}
+
+/* A collective across nodes is a chain of steps; a leader whose step between nodes fails
+ * breaks its node's shared memory too, so the node's other ranks fail at once with its
+ * reason instead of waiting for their deadline. */
+static int mgpu_comm_step_failed(mgpu_comm_t *c, int rc, mgpu_err_t *err)
+{
+    if (rc < 0 && c->shm != NULL)
+        mgpu_shm_abort(c->shm, rc, err ? err->msg : mgpu_strerror(rc));
+    return rc;
+}
+
+static void mgpu_comm_context(mgpu_comm_t *c, char *what, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void mgpu_comm_context(mgpu_comm_t *c, char *what, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(what, len, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < len)
+        snprintf(what + n, len - (size_t)n, " across %d nodes, rank %d", c->nnodes, c->rank);
+    if (c->shm != NULL)
+        mgpu_shm_set_context(c->shm, what);
+}
+
+static int mgpu_comm_done(mgpu_comm_t *c, int rc)
+{
+    if (c->shm != NULL) {
+        mgpu_shm_set_context(c->shm, NULL);
+        mgpu_shm_set_timeout(c->shm, c->timeout_s);
+    }
+    return rc;
+}
+
+/* The node step after the step between nodes waits longer than the leader's deadline: when a
+ * node is missing, its leader knows which one and says so (its failure reaches the node at
+ * once); the other ranks' own deadline is only the fallback if the leader is stuck. */
+static void mgpu_comm_after_leaders(mgpu_comm_t *c)
+{
+    if (c->shm != NULL)
+        mgpu_shm_set_timeout(c->shm, c->timeout_s + (c->timeout_s / 4 > 2 ? c->timeout_s / 4 : 2));
+}
+
+int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
+                       mgpu_err_t *err)
+{
+    char what[160];
+    int rc = 0;
+
+    if (op != MGPU_SUM && op != MGPU_AVG)
+        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32: unknown op %d", (int)op);
+    if (buf == NULL && count > 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32(count=%zu): buf is NULL", count);
+    if (comm->nnodes == 1)
+        return comm->shm == NULL
+                   ? 0 /* one rank: the sum and the average are the value */
+                   : mgpu_shm_allreduce_f32(comm->shm, buf, count, op == MGPU_AVG, err);
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_allreduce_f32(count=%zu, %s)", count,
+                      op == MGPU_AVG ? "avg" : "sum");
+    /* Sum on the node, sum between the leaders, then the leader's result to the node: every
+     * rank ends with the leader's bits. */
+    if (comm->shm != NULL && (rc = mgpu_shm_allreduce_f32(comm->shm, buf, count, 0, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL) {
+        if ((rc = mgpu_tcp_allreduce_sum_f32(comm->tcp, buf, count, what, err)) < 0)
+            return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+        if (op == MGPU_AVG)
+            for (size_t i = 0; i < count; i++)
+                buf[i] /= (float)comm->world;
+    }
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, buf, count * sizeof *buf, 0, err);
+    return mgpu_comm_done(comm, rc);
+}
+
+int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
+                   mgpu_err_t *err)
+{
+    char what[160];
+    int rc = 0, root_node, root_local;
+
+    if (buf == NULL && bytes > 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_broadcast(bytes=%zu): buf is NULL", bytes);
+    if (root < 0 || root >= comm->world)
+        return mgpu_err_set(err, MGPU_E_RANGE,
+                            "mgpu_broadcast(bytes=%zu, root=%d): root is not a rank of a world "
+                            "of %d",
+                            bytes, root, comm->world);
+    if (comm->nnodes == 1)
+        return comm->shm == NULL ? 0 : mgpu_shm_broadcast(comm->shm, buf, bytes, root, err);
+    root_node = root / comm->local_size;
+    root_local = root % comm->local_size;
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_broadcast(bytes=%zu, root=%d)", bytes, root);
+    /* To the root node's leader, between leaders, then from each leader to its node. */
+    if (comm->node == root_node && root_local != 0 && comm->shm != NULL &&
+        (rc = mgpu_shm_broadcast(comm->shm, buf, bytes, root_local, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL &&
+        (rc = mgpu_tcp_broadcast(comm->tcp, buf, bytes, root_node, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    /* The root node's ranks have it already when the root is not its leader. */
+    mgpu_comm_after_leaders(comm);
+    if ((comm->node != root_node || root_local == 0) && comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, buf, bytes, 0, err);
+    return mgpu_comm_done(comm, rc);
+}
+
+int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
+                   mgpu_err_t *err)
+{
+    char what[160], *node_block;
+    size_t block = bytes * (size_t)comm->local_size;
+    int rc = 0;
+
+    if ((send == NULL || recv == NULL) && bytes > 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allgather(bytes=%zu): %s is NULL", bytes,
+                            send == NULL ? "send" : "recv");
+    if (comm->nnodes == 1) {
+        if (comm->shm != NULL)
+            return mgpu_shm_allgather(comm->shm, send, recv, bytes, err);
+        if (send != recv)
+            memmove(recv, send, bytes);
+        return 0;
+    }
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_allgather(bytes=%zu)", bytes);
+    /* The node's ranks are contiguous: gather them into the node's block, exchange blocks
+     * between leaders, give the whole to the node. */
+    node_block = (char *)recv + (size_t)comm->node * block;
+    if (comm->shm != NULL)
+        rc = mgpu_shm_allgather(comm->shm, send, node_block, bytes, err);
+    else if (send != node_block)
+        memmove(node_block, send, bytes);
+    if (rc < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL && (rc = mgpu_tcp_allgather(comm->tcp, recv, block, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_broadcast(comm->shm, recv, block * (size_t)comm->nnodes, 0, err);
+    return mgpu_comm_done(comm, rc);
+}
+
+int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
+{
+    char what[160];
+    int rc = 0;
+
+    if (comm->nnodes == 1)
+        return comm->shm == NULL ? 0 : mgpu_shm_barrier(comm->shm, err);
+    mgpu_comm_context(comm, what, sizeof what, "mgpu_barrier()");
+    /* Node, leaders, node again: nobody leaves before every node has arrived. */
+    if (comm->shm != NULL && (rc = mgpu_shm_barrier(comm->shm, err)) < 0)
+        return mgpu_comm_done(comm, rc);
+    if (comm->tcp != NULL && (rc = mgpu_tcp_barrier(comm->tcp, what, err)) < 0)
+        return mgpu_comm_done(comm, mgpu_comm_step_failed(comm, rc, err));
+    mgpu_comm_after_leaders(comm);
+    if (comm->shm != NULL)
+        rc = mgpu_shm_barrier(comm->shm, err);
+    return mgpu_comm_done(comm, rc);
+}
