@@ -1,12 +1,3 @@
-/* worker_main.c.in - becomes worker/worker_main.c (mgpu-worker) when libmgpu's implementation
- * (branch runtime: mgpu_init, mgpu_comm_create, mgpu_allreduce_f32, ...) is merged: it links
- * those, so on branch train alone it would break the build, hence the .in name.
- *
- * Checked on a scratch merge of main + runtime + train (2026-11-29): `mgpu-launch
- * --nproc_per_node=4 configs/train.cfg` reaches 99.2% held-out accuracy in 0.8 s on the CPU;
- * demo.cfg gives 30 + 15 per rank with 2 ranks and 23 with 4; `mode=dp dp_devices=4` prints
- * the 8/8/8/6 scatter; a run stopped by max_steps resumes from its checkpoint and ends with the
- * uninterrupted run's numbers; a bad value exits 2 with file:line. */
 /* mgpu-worker: reads a train.cfg and trains, as every rank of an mgpu-launch (or torchrun,
  * srun, mpirun) job. Exit status: 0 done, 2 bad cfg or data, 1 anything else. */
 #include <stdio.h>  /* fprintf */
