@@ -15,8 +15,10 @@
  * check, num_keys, ping). add, compare_set and delete return MGPU_E_PEER instead, since the
  * server may have applied them.
  *
- * Timeouts: timeout_s of connect bounds the connection attempts (retried with exponential
- * backoff, 10 ms doubling to 1 s) and, afterwards, every call that does not wait for keys; the
+ * Timeouts: timeout_s of connect (<= 0: 30 s) bounds the connection attempts, retried with
+ * exponential backoff (10 ms doubling to 1 s) while the server cannot be reached; a server that
+ * answers with a refusal (wrong token or version, too many connections) is not retried. It also
+ * bounds, afterwards, every call that does not wait for keys and each reconnection. The
  * timeout_s of get, wait and barrier bounds their wait (0 = do not wait, < 0 = no deadline).
  * The protocol is documented in store_proto.h. */
 #ifndef MGPU_STORE_H

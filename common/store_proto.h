@@ -40,9 +40,10 @@
  * A response whose status is not OK carries one field: bytes message (human-readable).
  * HELLO must be the first request of a connection; its version is MGPU_STORE_PROTO_VERSION and a
  * server that speaks another answers ST_VERSION and closes. The header and HELLO's first byte
- * (the version) keep their meaning in every version; what follows may change. timeout_ms: 0 = do not wait,
- * MGPU_STORE_WAIT_FOREVER = no deadline. A malformed or oversized frame is a protocol error:
- * the server answers ST_PROTOCOL (best effort) and closes that connection only.
+ * (the version) keep their meaning in every version; what follows may change.
+ * timeout_ms: 0 = do not wait, MGPU_STORE_WAIT_FOREVER = no deadline.
+ * A malformed or oversized frame is a protocol error: the server answers ST_PROTOCOL (best
+ * effort) and closes that connection only.
  *
  * Ownership: the decoder owns its buffer; a frame it returns points into that buffer and stays
  * valid until the next call of reserve, feed or next on the same decoder. */

@@ -8,7 +8,8 @@
  * A client must open with HELLO carrying the right protocol version and, when the server has a
  * token, that token (compared in constant time); otherwise it gets an error status and is
  * closed. A malformed or oversized frame closes that connection only, with a log line.
- * Connections beyond max_conns are closed as soon as they are accepted, with a log line.
+ * Connections beyond max_conns, and connections that do not say HELLO within hello_timeout_ms,
+ * get an error status (request id 0) and are closed, with a log line.
  *
  * Signals: the server writes with write(2), which raises SIGPIPE when a client has gone away;
  * the process must ignore SIGPIPE (signal(SIGPIPE, SIG_IGN) in main, as libuv programs do) and

@@ -14,7 +14,10 @@ out=${MGPU_BUILD:-$root/build}/bench
 py=${PYTHON:-/usr/bin/python3}
 cpus=${CPUS-0,1}
 cc=${CC:-cc}
-libuv=$(ls /usr/lib/"$($cc -dumpmachine)"/libuv_a.a /usr/lib/libuv_a.a /usr/local/lib/libuv_a.a 2>/dev/null | head -n 1 || true)
+libuv=
+for f in /usr/lib/"$($cc -dumpmachine)"/libuv_a.a /usr/lib/libuv_a.a /usr/local/lib/libuv_a.a; do
+    [ -f "$f" ] && { libuv=$f; break; }
+done
 [ -n "$libuv" ] || { echo "store_bench: libuv_a.a not found (apt-get install libuv1-dev)" >&2; exit 2; }
 mkdir -p "$out"
 

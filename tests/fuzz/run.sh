@@ -19,7 +19,7 @@ mkdir -p "$out/corpus"
 # Seeds: byte 0 = mode (bit 0: response side, bit 1: small limits), byte 1 = chunking seed,
 # then frames: "MG" op status id(4) len(4) payload. Written only where missing, so that the
 # corpus the fuzzer grows between runs is kept.
-seed() { [ -f "$out/corpus/$1" ] || printf "$2" > "$out/corpus/$1"; }
+seed() { [ -f "$out/corpus/$1" ] || printf '%b' "$2" > "$out/corpus/$1"; }
 seed hello   '\x00\x07MG\x01\x00\x01\x00\x00\x00\x09\x00\x00\x00\x01\x04\x00\x00\x00toke'
 seed set     '\x00\x03MG\x02\x00\x02\x00\x00\x00\x0a\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
 seed get     '\x02\x05MG\x03\x00\x03\x00\x00\x00\x09\x00\x00\x00\xe8\x03\x00\x00\x01\x00\x00\x00k'
