@@ -244,6 +244,8 @@ int main(int argc, char **argv)
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
     mgpu_report_print(&plan, &res, stderr);
+    if (!cli->quiet)
+        mgpu_report_timeline(&plan, &res, stderr);
     if (res.keep_logs && !cli->log_dir[0])
         mgpu_warn("worker logs are in %s", res.log_root);
     if (cli->summary[0] && mgpu_report_write_summary(&plan, &res, cli->summary, &err) < 0)

@@ -509,6 +509,34 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
     return rc;
 }
 
+int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
+                            size_t len)
+{
+    char prefix[300], key[64];
+    const char *k1[1] = {key};
+    void *val = NULL;
+    size_t n = 0;
+    int rc, ready = 0;
+
+    snprintf(prefix, sizeof prefix, "%s/%d/", run_id, attempt);
+    snprintf(key, sizeof key, "timeline/%d", rank);
+    pthread_mutex_lock(&r->lock);
+    /* Workers' keys carry their own prefix (mgpu_store_connect_env): switch to it briefly. */
+    mgpu_store_set_prefix(r->client, prefix);
+    rc = mgpu_store_check(r->client, k1, 1, &ready, NULL);
+    if (rc == 0 && !ready)
+        rc = -ENOENT;
+    if (rc == 0)
+        rc = mgpu_store_get(r->client, key, 1.0, &val, &n, NULL);
+    snprintf(prefix, sizeof prefix, "mgpu/%s/", run_id);
+    mgpu_store_set_prefix(r->client, prefix);
+    pthread_mutex_unlock(&r->lock);
+    if (rc == 0)
+        snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), (char *)val);
+    free(val);
+    return rc;
+}
+
 void mgpu_rdzv_close(mgpu_rdzv_t *r)
 {
     if (r == NULL)

@@ -22,6 +22,8 @@
 #ifndef MGPU_RDZV_H
 #define MGPU_RDZV_H
 
+#include <stddef.h> /* size_t */
+
 #include "error.h" /* mgpu_err_t */
 
 typedef struct mgpu_rdzv mgpu_rdzv_t;
@@ -79,6 +81,11 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
  * all finish. */
 int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err);
+/* The startup timeline a libmgpu worker of global rank `rank` published in attempt n (key
+ * "<run_id>/<attempt>/timeline/<rank>", text "event=seconds;event=seconds..."), into buf.
+ * Returns 0, or a negative code when there is none. Does not wait. */
+int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
+                            size_t len);
 void mgpu_rdzv_close(mgpu_rdzv_t *r);
 
 #endif

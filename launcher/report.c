@@ -198,6 +198,70 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     fprintf(out, "%s\n", rule);
 }
 
+/* Calls fn for each "event=seconds" of a published timeline. */
+static void timeline_each(const char *t, void (*fn)(void *, const char *, double), void *arg)
+{
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", t);
+    for (char *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq != NULL) {
+            *eq = '\0';
+            fn(arg, kv, atof(eq + 1));
+        }
+    }
+}
+
+typedef struct tl_cols {
+    char names[12][32];
+    int n;
+    const mgpu_outcome_t *o;
+    FILE *out;
+} tl_cols_t;
+
+static void tl_header(void *arg, const char *name, double t)
+{
+    tl_cols_t *c = arg;
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->names[i], name) == 0)
+            return;
+    if (c->n < 12)
+        snprintf(c->names[c->n++], sizeof c->names[0], "%s", name);
+}
+
+static void tl_cell(void *arg, const char *name, double t)
+{
+    tl_cols_t *c = arg;
+    (void)name;
+    fprintf(c->out, " %11.1f", (t - c->o->t_start) * 1e3);
+}
+
+void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    tl_cols_t c = {.out = out};
+    for (int k = 0; k < res->nout; k++)
+        timeline_each(res->outcomes[k].timeline, tl_header, &c);
+    if (c.n == 0)
+        return;
+    fprintf(out, "startup timeline (ms after mgpu-launch spawned each worker):\n  rank");
+    for (int i = 0; i < c.n; i++)
+        fprintf(out, " %11s", c.names[i]);
+    fprintf(out, "\n");
+    for (int k = 0; k < res->nout; k++) {
+        if (!res->outcomes[k].timeline[0])
+            continue;
+        c.o = &res->outcomes[k];
+        fprintf(out, "  %4d", res->outcomes[k].rank);
+        timeline_each(res->outcomes[k].timeline, tl_cell, &c);
+        fprintf(out, "\n");
+    }
+}
+
+static void tl_json(void *arg, const char *name, double t)
+{
+    cJSON_AddNumberToObject(arg, name, t);
+}
+
 static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
 {
     cJSON *j = cJSON_CreateObject();
@@ -241,6 +305,8 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
     }
     free(msg);
     free(trace);
+    if (o->timeline[0])
+        timeline_each(o->timeline, tl_json, cJSON_AddObjectToObject(j, "timeline"));
     if (o->ntail) {
         cJSON *t = cJSON_AddArrayToObject(j, "stderr_tail");
         for (int i = 0; i < o->ntail; i++)

@@ -984,6 +984,10 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rd
         close(s->keeper_fd);
     res->signal = s->user_signal;
     res->t_end = now_real();
+    /* The workers' startup timelines of the last attempt, when they published any. */
+    for (int k = 0; rdzv != NULL && k < s->nproc; k++)
+        mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
+                                res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)

@@ -41,6 +41,7 @@ typedef struct mgpu_outcome {
     double t_end;
     double t_detected_mono; /* CLOCK_MONOTONIC, when the launcher saw the exit */
     char error_file[2400];
+    char timeline[512]; /* what a libmgpu worker published: "event=seconds;..." ("" none) */
     char tail[MGPU_TAIL_LINES][256]; /* last stderr lines, oldest first */
     int ntail;
 } mgpu_outcome_t;
