@@ -144,6 +144,7 @@ static int resolve_entry(const mgpu_gpu_list_t *inst, const char *e, char *why, 
 void mgpu_devices_visible(const mgpu_gpu_list_t *inst, const char *cvd, mgpu_visible_t *out)
 {
     char buf[256], *save = NULL, *tok;
+    int by_uuid[MGPU_MAX_GPUS] = {0}; /* how each listed device was named */
 
     memset(out, 0, sizeof *out);
     if (cvd == NULL) {
@@ -175,8 +176,14 @@ void mgpu_devices_visible(const mgpu_gpu_list_t *inst, const char *cvd, mgpu_vis
         idx = resolve_entry(inst, e, out->why, sizeof out->why);
         if (idx < 0)
             return;
+        int is_uuid = strncmp(e, "GPU-", 4) == 0;
         for (int k = 0; k < out->count; k++)
-            if (out->physical[k] == idx) {
+            if (out->physical[k] == idx && (is_uuid || by_uuid[k])) {
+                /* Measured on the H200 (driver 580): "GPU-<uuid of 0>,0" shows one device,
+                 * while "0,0" fails; a UUID naming a listed device ends the list. */
+                snprintf(out->why, sizeof out->why, "'%s' names GPU %d again", e, idx);
+                return;
+            } else if (out->physical[k] == idx) {
                 /* The driver fails every call ("invalid device ordinal") on a repeat. */
                 out->error = 1;
                 out->count = 0;
@@ -186,6 +193,7 @@ void mgpu_devices_visible(const mgpu_gpu_list_t *inst, const char *cvd, mgpu_vis
                          idx);
                 return;
             }
+        by_uuid[out->count] = is_uuid;
         out->physical[out->count++] = idx;
     }
 }

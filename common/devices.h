@@ -5,8 +5,9 @@
  * "simulated"). Visibility applies CUDA_VISIBLE_DEVICES by the rules the CUDA driver follows
  * (measured on an H200 with driver 580, see DESIGN.md): unset -> all; empty -> none; entries
  * are indices or GPU-/MIG- UUID prefixes, read left to right with surrounding spaces ignored;
- * the list ends at the first invalid or out-of-range entry, or at -1; a repeated device makes
- * the whole list an error ("invalid device ordinal"). Visible ordinals count from 0.
+ * the list ends at the first invalid or out-of-range entry, or at -1; a repeated index makes
+ * the whole list an error ("invalid device ordinal"), while a UUID naming a device already
+ * listed ends the list. Visible ordinals count from 0.
  *
  * All structures are plain values owned by the caller; nothing here allocates. */
 #ifndef MGPU_DEVICES_H

@@ -31,6 +31,7 @@
 
 struct mgpu_store {
     int fd; /* -1 after the connection broke: the next call reconnects */
+    int no_reconnect; /* mgpu_store_set_reconnect(s, 0): a broken connection stays broken */
     char *host;
     int port;
     char *token;
@@ -438,6 +439,9 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
                             mgpu_store_op_name(op));
     for (int attempt = 0;; attempt++) {
         int sent = 0;
+        if (s->fd < 0 && s->no_reconnect)
+            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection is lost",
+                                s->host, s->port);
         if (s->fd < 0) {
             /* Reconnecting before anything was sent is always safe. */
             rc = reconnect(s, now_s() + s->io_timeout_s, err);
@@ -458,7 +462,7 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
             return rc;
         }
         drop_conn(s);
-        if (rc == MGPU_E_PROTOCOL || attempt > 0 || (sent && !idempotent)) {
+        if (rc == MGPU_E_PROTOCOL || attempt > 0 || (sent && !idempotent) || s->no_reconnect) {
             if (sent && !idempotent && rc != MGPU_E_PROTOCOL) {
                 char why[sizeof err->msg - 120];
                 snprintf(why, sizeof why, "%.800s", err ? err->msg : "");
@@ -596,6 +600,11 @@ int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *re
     if (rc == 0)
         *ready = m.u8 != 0;
     return rc;
+}
+
+void mgpu_store_set_reconnect(mgpu_store_t *s, int on)
+{
+    s->no_reconnect = !on;
 }
 
 int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,

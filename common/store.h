@@ -70,6 +70,11 @@ int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t
 int mgpu_store_num_keys(mgpu_store_t *s, int64_t *n, mgpu_err_t *err);
 /* One round trip that changes nothing (liveness, latency). */
 int mgpu_store_ping(mgpu_store_t *s, mgpu_err_t *err);
+/* on = 0: a connection that breaks is not replaced, and every later call fails at once with
+ * MGPU_E_CLOSED. For a connection whose loss is the news (a watch on a peer that serves the
+ * store): reconnecting would hide it. */
+void mgpu_store_set_reconnect(mgpu_store_t *s, int on);
+
 /* When this connection closes for any reason but the server's shutdown (the caller died, say),
  * the server sets keys[i] = vals[i] for every key that has no value then (keys get the prefix,
  * values do not). A new call replaces the last; n = 0 clears it. Not retried on a new

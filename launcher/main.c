@@ -84,6 +84,10 @@ static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const c
     ro->join_timeout = cli->join_timeout;
     ro->last_call_timeout = cli->last_call_timeout;
     ro->elastic = cli->nnodes_min != cli->nnodes_max || strcmp(cli->rdzv_backend, "c10d") == 0;
+    /* Two connections a launcher, one or two a worker, nodes alike in size; and room to spare. */
+    ro->max_conns = cli->nnodes_max * (2 * plan->nproc + 4) + 64;
+    if (ro->max_conns > 65536)
+        ro->max_conns = 65536;
     if (cli->nnodes_max == 1) {
         /* One node: the store is this launcher's own, on loopback at a free port, and
          * MASTER_PORT is --master_port or another free port. */

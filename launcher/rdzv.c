@@ -26,6 +26,7 @@ struct mgpu_rdzv {
     int nnodes, node_rank;
     int joined;                  /* every node met: leaving is agreed too (mgpu_rdzv_close) */
     char host[256];              /* this node's name, for the others' reports */
+    volatile int lost;           /* the store went away: no call may wait on it again */
     char where[300];             /* "host:port" for messages */
 };
 
@@ -277,7 +278,8 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
                                      o->store_host, o->store_port);
 
     if (o->serve) {
-        mgpu_store_server_opts_t so = {.bind_host = o->bind_host, .port = port, .token = token};
+        mgpu_store_server_opts_t so = {.bind_host = o->bind_host, .port = port, .token = token,
+                                       .max_conns = o->max_conns};
         rc = mgpu_store_thread_start(&so, &r->server, &port, err);
         if (rc < 0) {
             free(r);
@@ -343,6 +345,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     if (rc < 0)
         goto fail;
     mgpu_store_set_prefix(r->watch, prefix);
+    mgpu_store_set_reconnect(r->watch, 0); /* its loss means the serving node is gone */
     r->joined = 1;
     *out = r;
     return 0;
@@ -428,6 +431,12 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
     }
     snprintf(key, sizeof key, "attempt/%d/watch/%d", attempt, r->node_rank);
     rc = mgpu_store_get(r->watch, key, -1, &val, &len, err);
+    if (rc < 0 && r->server == NULL)
+        r->lost = 1;
+    if (rc < 0 && r->server == NULL)
+        return mgpu_err_set(err, MGPU_E_PEER,
+                            "the store at %s went away (node 0's launcher, which serves it, died?)",
+                            r->where);
     if (rc < 0)
         return rc;
     if (len == 3 && memcmp(val, "end", 3) == 0) {
@@ -494,6 +503,8 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
 int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f,
                              int *first, mgpu_err_t *err)
 {
+    if (r->lost)
+        return mgpu_err_set(err, MGPU_E_PEER, "the store at %s is gone", r->where);
     pthread_mutex_lock(&r->lock);
     int rc = report_locked(r, attempt, f, first, err);
     pthread_mutex_unlock(&r->lock);
@@ -503,6 +514,8 @@ int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failur
 int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
+    if (r->lost)
+        return mgpu_err_set(err, MGPU_E_PEER, "the store at %s is gone", r->where);
     pthread_mutex_lock(&r->lock);
     int rc = end_locked(r, attempt, timeout, failed, f, err);
     pthread_mutex_unlock(&r->lock);
@@ -518,6 +531,8 @@ int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int
     size_t n = 0;
     int rc, ready = 0;
 
+    if (r->lost)
+        return MGPU_E_PEER;
     snprintf(prefix, sizeof prefix, "%s/%d/", run_id, attempt);
     snprintf(key, sizeof key, "timeline/%d", rank);
     pthread_mutex_lock(&r->lock);
@@ -541,7 +556,7 @@ void mgpu_rdzv_close(mgpu_rdzv_t *r)
 {
     if (r == NULL)
         return;
-    if (r->joined && r->nnodes > 1) {
+    if (r->joined && r->nnodes > 1 && !r->lost) {
         /* The serving node keeps the store up until every node has read its last answer
          * (bounded: a node that died must not keep this one forever). */
         char key[64], **keys = calloc((size_t)r->nnodes, sizeof *keys);
@@ -557,7 +572,7 @@ void mgpu_rdzv_close(mgpu_rdzv_t *r)
         }
         free(keys);
     }
-    if (r->watch != NULL)
+    if (r->watch != NULL && !r->lost)
         mgpu_store_on_close(r->watch, NULL, NULL, 0, NULL); /* a normal end is no death */
     mgpu_store_close(r->watch);
     mgpu_store_close(r->client);

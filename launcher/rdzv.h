@@ -39,6 +39,7 @@ typedef struct mgpu_rdzv_opts {
     int serve;                /* 1: this launcher serves the store (node 0, or endpoint host) */
     const char *bind_host;    /* where to listen when serving: "127.0.0.1" for one node */
     const char *token;        /* --rdzv_token; NULL: generate one (one node only) */
+    int max_conns;            /* when serving: connections expected at most (0: the default) */
     double join_timeout;      /* --rdzv_conf join_timeout (default 600 s) */
     double last_call_timeout; /* --rdzv_conf last_call_timeout (default 30 s) */
     const char *master_addr;  /* MASTER_ADDR the workers get: node 0's address as others see it */

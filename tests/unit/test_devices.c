@@ -80,6 +80,15 @@ static void test_uuid_prefixes(void)
     mgpu_devices_visible(&l, "1,GPU-51300000-0000-4000-8000-000000000000", &v);
     CHECK_INT(v.count, 2);
     CHECK_INT(v.physical[1], 0);
+    /* the driver (H200, 580) shows one device for "GPU-<uuid of 0>,0" and for "0,GPU-<0>" */
+    snprintf(full, sizeof full, "%s,0", l.gpus[0].uuid);
+    mgpu_devices_visible(&l, full, &v);
+    CHECK_INT(v.error, 0);
+    CHECK_INT(v.count, 1);
+    snprintf(full, sizeof full, "0,%s,1", l.gpus[0].uuid);
+    mgpu_devices_visible(&l, full, &v);
+    CHECK_INT(v.error, 0);
+    CHECK_INT(v.count, 1);
     mgpu_devices_visible(&l, "MIG-abc", &v);
     CHECK_INT(v.count, 0);
 }
