@@ -341,6 +341,28 @@ int mgpu_nccl_allgather(mgpu_nccl_t *n, const void *send, void *recv, size_t byt
     return mgpu_nccl_enqueue(n, &c, err);
 }
 
+int mgpu_nccl_watch(mgpu_nccl_t *n, void *stream, const char *what, mgpu_err_t *err)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    char desc[192];
+    int rc;
+
+    /* Checked here, where the watch would otherwise be skipped without a word. */
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) == cudaSuccess &&
+        cs != cudaStreamCaptureStatusNone)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_comm_watch(\"%s\"): the stream is being captured; call it "
+                            "after launching the graph",
+                            what != NULL ? what : "");
+    pthread_mutex_lock(&n->mu);
+    snprintf(desc, sizeof desc, "%s (rank %d of %d)", what != NULL && *what ? what : "work",
+             n->rank, n->world);
+    if ((rc = mgpu_nccl_failed_locked(n, err)) == 0)
+        rc = mgpu_nccl_watch_locked(n, (cudaStream_t)stream, desc, err);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
 int mgpu_nccl_status(mgpu_nccl_t *n, mgpu_err_t *err)
 {
     int rc;

@@ -15,7 +15,8 @@
  * (MGPU_E_NCCL, MGPU_E_TIMEOUT or MGPU_E_CUDA) with a message naming the operation. The
  * communicator is then only good for mgpu_nccl_close. Collectives enqueued while the stream is
  * being captured into a CUDA graph are not watched (an event query is not allowed on a
- * capturing stream); the graph's replays are the caller's to wait for.
+ * capturing stream); mgpu_nccl_watch after each launch of the graph puts its replay under
+ * the same deadline.
  *
  * Threads: one thread calls the functions of a communicator (as with every mgpu_comm_t); the
  * watchdog is internal. Ownership: mgpu_nccl_open returns a handle that mgpu_nccl_close frees
@@ -62,6 +63,10 @@ int mgpu_nccl_broadcast(mgpu_nccl_t *n, void *buf, size_t bytes, int root, void 
                         mgpu_err_t *err);
 int mgpu_nccl_allgather(mgpu_nccl_t *n, const void *send, void *recv, size_t bytes, void *stream,
                         mgpu_err_t *err);
+/* Puts the work enqueued on stream so far under the watchdog's deadline, named what, as each
+ * collective is: for collectives the watchdog cannot see, those inside a CUDA graph (call it
+ * after cudaGraphLaunch). MGPU_E_USAGE while stream is capturing. */
+int mgpu_nccl_watch(mgpu_nccl_t *n, void *stream, const char *what, mgpu_err_t *err);
 /* A one-float all-reduce on the communicator's own stream, waited for (the watchdog's deadline
  * applies): returns when every rank has called it. */
 int mgpu_nccl_barrier(mgpu_nccl_t *n, mgpu_err_t *err);

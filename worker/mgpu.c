@@ -586,6 +586,15 @@ int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err)
     return 0;
 }
 
+int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_t *err)
+{
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_watch(comm->nccl, stream, what, err);
+#endif
+    return 0;
+}
+
 void mgpu_comm_set_label(mgpu_comm_t *comm, const char *label)
 {
 #if MGPU_NCCL_BUILT

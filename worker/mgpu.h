@@ -122,6 +122,12 @@ int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err);
  * communicator's failure instead of hanging when a collective on it hangs (use it where a
  * cudaStreamSynchronize would do). CPU: returns 0 (its collectives are synchronous). */
 int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err);
+/* NCCL: puts the work enqueued on stream so far under the watchdog's deadline (timeout_s of
+ * mgpu_comm_create), named what in the error ("replay of step 7" ...), as every collective
+ * called through this API is. For collectives the watchdog cannot see: those inside a CUDA
+ * graph, which are not watched while captured; call it after each cudaGraphLaunch.
+ * MGPU_E_USAGE while stream is being captured. CPU: returns 0. */
+int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_t *err);
 /* Names the collectives called from now on in error messages, e.g. "bucket 3" gives
  * "all-reduce (avg) of 1048576 floats (bucket 3), collective #12 of rank 0 of 2 did not
  * finish in 30 s". NULL or "" for none; copied. NCCL only (CPU messages name the call). */

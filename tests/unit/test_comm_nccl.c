@@ -437,6 +437,51 @@ static void test_nccl_collective_timeout(void)
     mgpu_comm_destroy(comm);
     mgpu_finalize(ctx);
 }
+
+/* A CUDA graph holding an all-reduce: captured (not watched then), replayed, and its replay put
+ * under the watchdog's deadline by mgpu_comm_watch; a replay stuck behind 3 s of other work
+ * times out under the name the caller gave. */
+static void test_nccl_graph_watch(void)
+{
+    mgpu_ctx_t *ctx;
+    mgpu_comm_t *comm;
+    mgpu_err_t err = {0, ""};
+    cudaStream_t st;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    float *d, h[256], got[256];
+
+    need_gpu();
+    alarm(120);
+    comm = nccl_world1(&ctx, 1);
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CU(cudaMalloc((void **)&d, sizeof h));
+    for (int i = 0; i < 256; i++)
+        h[i] = (float)i - 100.5f;
+    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    OK(mgpu_allreduce_f32(comm, d, 256, MGPU_AVG, st, &err));
+    CHECK_INT(mgpu_comm_watch(comm, st, "inside the capture", &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "the stream is being captured");
+    CU(cudaStreamEndCapture(st, &g));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    CU(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    for (int i = 0; i < 3; i++) {
+        CU(cudaGraphLaunch(ge, st));
+        OK(mgpu_comm_watch(comm, st, "graph replay", &err));
+    }
+    OK(mgpu_comm_wait(comm, st, &err));
+    CU(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(compare(got, h, 256, "graph replay of an all-reduce"));
+    CU(cudaLaunchHostFunc(st, sleep_on_stream, (void *)(intptr_t)3000000));
+    CU(cudaGraphLaunch(ge, st));
+    OK(mgpu_comm_watch(comm, st, "replay of step 7", &err));
+    CHECK_INT(mgpu_comm_wait(comm, st, &err), MGPU_E_TIMEOUT);
+    printf("  %s\n", err.msg);
+    CHECK_CONTAINS(err.msg, "rank 0: replay of step 7 (rank 0 of 1) did not finish in 1 s");
+    cudaStreamSynchronize(st);
+    mgpu_comm_destroy(comm);
+    mgpu_finalize(ctx);
+}
 #else
 /* Listed in every build, so a CPU build says what it did not run. */
 #define NO_CUDA_TEST(name)                                                                         \
@@ -448,6 +493,7 @@ NO_CUDA_TEST(test_nccl_world1_collectives)
 NO_CUDA_TEST(test_nccl_init_timeout)
 NO_CUDA_TEST(test_nccl_id_timeout)
 NO_CUDA_TEST(test_nccl_collective_timeout)
+NO_CUDA_TEST(test_nccl_graph_watch)
 #endif
 
 int main(void)
@@ -459,5 +505,6 @@ int main(void)
     RUN(test_nccl_init_timeout);
     RUN(test_nccl_id_timeout);
     RUN(test_nccl_collective_timeout);
+    RUN(test_nccl_graph_watch);
     return check_done();
 }
