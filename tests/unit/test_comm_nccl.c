@@ -482,6 +482,71 @@ static void test_nccl_graph_watch(void)
     mgpu_comm_destroy(comm);
     mgpu_finalize(ctx);
 }
+
+/* Two processes, one GPU (MGPU_ALLOW_GPU_SHARING=1): the unique id travels through the store
+ * from rank 0 to rank 1, both reach ncclCommInitRank together, and NCCL refuses two ranks of
+ * one communicator on one device (seen with NCCL 2.28.3: "Duplicate GPU detected"): both ranks
+ * must fail at once with NCCL's reason, neither hang nor time out. */
+static void rank_shared_gpu(int rank, int size, void *arg)
+{
+    mgpu_init_opts_t o = {1, 10};
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_comm_t *comm = NULL;
+    mgpu_err_t err = {0, ""};
+    double t0;
+    int rc;
+
+    rank_env(rank, size, *(const int *)arg);
+    setenv("MGPU_ALLOW_GPU_SHARING", "1", 1);
+    OK(mgpu_init(&o, &ctx, &err));
+    if (ctx == NULL)
+        return;
+    t0 = now_s();
+    rc = mgpu_comm_create(ctx, MGPU_BACKEND_NCCL, 30, &comm, &err);
+    printf("  rank %d after %.2f s: %s\n", rank, now_s() - t0, err.msg);
+    CHECK_INT(rc, MGPU_E_NCCL);
+    CHECK(comm == NULL);
+    CHECK(now_s() - t0 < 25); /* NCCL's refusal, not the 30 s timeout */
+    CHECK_CONTAINS(err.msg, "ncclCommInitRankConfig(nranks=2");
+    CHECK_CONTAINS(err.msg, "Duplicate GPU detected");
+    mgpu_finalize(ctx);
+}
+
+static void test_nccl_two_ranks_one_gpu(void)
+{
+    mgpu_init_opts_t o = {1, 10};
+    mgpu_store_thread_t *t;
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_err_t err = {0, ""};
+    int port = 0, gpu;
+
+    /* Is there a GPU? Asked without initialising CUDA, which the ranks forked below do. */
+    rank_env(0, 1, 0);
+    OK(mgpu_init(&o, &ctx, &err));
+    gpu = ctx != NULL && mgpu_device(ctx)->is_gpu;
+    mgpu_finalize(ctx);
+    if (!gpu)
+        SKIP("no CUDA device");
+    t = store_start(&port);
+    pid_t pid[2];
+    fflush(stdout);
+    for (int r = 0; r < 2; r++)
+        if ((pid[r] = fork()) == 0) {
+            alarm(90); /* a hang is a failure of this rank, not of the run */
+            rank_shared_gpu(r, 2, &port);
+            fflush(stdout);
+            _exit(check_failed ? 1 : 0);
+        }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        CHECK(pid[r] > 0 && waitpid(pid[r], &st, 0) == pid[r]);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            printf("  rank %d: %s %d\n", r, WIFEXITED(st) ? "exit" : "signal",
+                   WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    mgpu_store_thread_stop(t);
+}
 #else
 /* Listed in every build, so a CPU build says what it did not run. */
 #define NO_CUDA_TEST(name)                                                                         \
@@ -494,6 +559,7 @@ NO_CUDA_TEST(test_nccl_init_timeout)
 NO_CUDA_TEST(test_nccl_id_timeout)
 NO_CUDA_TEST(test_nccl_collective_timeout)
 NO_CUDA_TEST(test_nccl_graph_watch)
+NO_CUDA_TEST(test_nccl_two_ranks_one_gpu)
 #endif
 
 int main(void)
@@ -506,5 +572,6 @@ int main(void)
     RUN(test_nccl_id_timeout);
     RUN(test_nccl_collective_timeout);
     RUN(test_nccl_graph_watch);
+    RUN(test_nccl_two_ranks_one_gpu);
     return check_done();
 }
