@@ -1,8 +1,9 @@
 /* mgpu.c - the context (rank, device, store) and communicators over the backends.
  *
  * mgpu_init reads the rank (rank.c), picks the device (device.c over common/devices.h) and
- * connects to the store when mgpu-launch gave one. Communicators dispatch to a backend: for
- * now the CPU backend, which joins the ranks of one host in shared memory (shm.c). */
+ * connects to the store when mgpu-launch gave one. Communicators dispatch to a backend: NCCL
+ * (comm_nccl.cu, in builds with CUDA) or the CPU backend, which joins the ranks of one host
+ * in shared memory (shm.c) and the nodes over TCP (tcp.c). */
 #include "mgpu.h"
 
 #include <errno.h>      /* ENOMEM */
@@ -13,11 +14,21 @@
 #include <sys/random.h> /* getrandom */
 #include <unistd.h>     /* getppid */
 
-#include "device.h"  /* mgpu_device_select */
-#include "devices.h" /* mgpu_devices_discover, mgpu_devices_visible */
-#include "shm.h"     /* mgpu_shm_* */
-#include "store.h"   /* mgpu_store_connect_env */
-#include "tcp.h"     /* mgpu_tcp_* */
+#include "comm_nccl.h" /* mgpu_nccl_* (defined in CUDA builds only) */
+#include "device.h"    /* mgpu_device_select */
+#include "devices.h"   /* mgpu_devices_discover, mgpu_devices_visible */
+#include "shm.h"       /* mgpu_shm_* */
+#include "store.h"     /* mgpu_store_connect_env */
+#include "log.h"       /* mgpu_warn */
+#include "tcp.h"       /* mgpu_tcp_* */
+#include "timeline.h"  /* mgpu_timeline_* */
+
+/* comm_nccl.cu is compiled, and NCCL linked, only where the Makefile found nvcc. */
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+#define MGPU_NCCL_BUILT 1
+#else
+#define MGPU_NCCL_BUILT 0
+#endif
 
 #define MGPU_DEFAULT_STORE_TIMEOUT_S 60.0
 #define MGPU_DEFAULT_COMM_TIMEOUT_S 300.0
@@ -28,6 +39,8 @@ struct mgpu_ctx {
     mgpu_store_t *store; /* NULL without MGPU_STORE_ADDR */
     int comms;           /* communicators created so far: names their segments */
     char token[512];     /* what makes this job's shared-memory names unique on the host */
+    mgpu_timeline_t timeline;
+    int timeline_warned; /* one warning for a failing publication, not one per mark */
 };
 
 /* Across nodes the CPU backend is hierarchical: ranks of a node meet in shared memory, and
@@ -38,8 +51,9 @@ struct mgpu_comm {
     mgpu_backend_t backend;
     double timeout_s;
     int rank, world, node, nnodes, local, local_size;
-    mgpu_shm_t *shm; /* the node's ranks; NULL when alone on the node */
-    mgpu_tcp_t *tcp; /* leaders only, when there are several nodes */
+    mgpu_shm_t *shm;   /* the node's ranks; NULL when alone on the node */
+    mgpu_tcp_t *tcp;   /* leaders only, when there are several nodes */
+    mgpu_nccl_t *nccl; /* the NCCL backend's; then shm and tcp are NULL */
 };
 
 static int mgpu_env_flag(const char *name, int *out, mgpu_err_t *err)
@@ -76,8 +90,37 @@ static void mgpu_job_token(mgpu_ctx_t *c)
         c->token[0] = '\0';
 }
 
+void mgpu_timeline_mark(mgpu_ctx_t *ctx, const char *event)
+{
+    int rc = mgpu_timeline_add(&ctx->timeline, event, mgpu_timeline_now_us());
+    char key[64], text[MGPU_TIMELINE_MAX * (MGPU_TIMELINE_NAME + 24)];
+    mgpu_err_t err;
+    size_t len;
+
+    if (rc < 0) {
+        mgpu_warn("mgpu_timeline_mark(\"%s\"): %s", event ? event : "(null)",
+                  rc == MGPU_E_RANGE ? "the timeline is full"
+                                     : "a name is 1 to 31 letters, digits, '_', '-' or '.'");
+        return;
+    }
+    if (rc == 0 || ctx->store == NULL)
+        return;
+    len = mgpu_timeline_format(&ctx->timeline, text, sizeof text);
+    snprintf(key, sizeof key, "timeline/%d", ctx->rank.rank);
+    if (mgpu_store_set(ctx->store, key, text, len < sizeof text ? len : sizeof text - 1, &err) <
+            0 &&
+        !ctx->timeline_warned++)
+        mgpu_warn("rank %d: publishing the startup timeline: %s", ctx->rank.rank, err.msg);
+}
+
+size_t mgpu_timeline_get(const mgpu_ctx_t *ctx, char *buf, size_t len)
+{
+    return mgpu_timeline_format(&ctx->timeline, buf, len);
+}
+
 int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
 {
+    int64_t init_us = mgpu_timeline_now_us(), exec_us = mgpu_timeline_process_start_us();
     mgpu_init_opts_t o = {1, MGPU_DEFAULT_STORE_TIMEOUT_S};
     mgpu_gpu_list_t *installed = NULL;
     mgpu_visible_t *vis = NULL;
@@ -98,6 +141,9 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
         rc = mgpu_err_set(err, -ENOMEM, "mgpu_init: out of memory");
         goto fail;
     }
+    if (exec_us > 0)
+        mgpu_timeline_add(&c->timeline, "exec", exec_us);
+    mgpu_timeline_add(&c->timeline, "init", init_us);
     if ((rc = mgpu_rank_info_from_env(&c->rank, err)) < 0)
         goto fail;
     memset(&req, 0, sizeof req);
@@ -114,9 +160,12 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
     req.described = described;
     if ((rc = mgpu_device_select(installed, vis, &req, &c->dev, err)) < 0)
         goto fail;
-    if (getenv(MGPU_ENV_STORE_ADDR) != NULL &&
-        (rc = mgpu_store_connect_env(o.store_timeout_s, &c->store, err)) < 0)
-        goto fail;
+    mgpu_timeline_mark(c, "device");
+    if (getenv(MGPU_ENV_STORE_ADDR) != NULL) {
+        if ((rc = mgpu_store_connect_env(o.store_timeout_s, &c->store, err)) < 0)
+            goto fail;
+        mgpu_timeline_mark(c, "store"); /* publishes the marks so far too */
+    }
     mgpu_job_token(c);
     free(installed);
     free(vis);
@@ -185,6 +234,59 @@ static int mgpu_shm_token(mgpu_ctx_t *ctx, int index, char *tok, size_t len, dou
 
 static void mgpu_comm_after_leaders(mgpu_comm_t *c);
 
+static int mgpu_comm_create_nccl(mgpu_ctx_t *ctx, int index, double timeout_s, mgpu_comm_t **out,
+                                 mgpu_err_t *err)
+{
+#if MGPU_NCCL_BUILT
+    const mgpu_rank_info_t *r = &ctx->rank;
+    mgpu_nccl_opts_t o;
+    mgpu_comm_t *c;
+    char key[64];
+    int rc;
+
+    if (!ctx->dev.is_gpu)
+        return mgpu_err_set(err, MGPU_E_DEVICE,
+                            "mgpu_comm_create(NCCL): rank %d (LOCAL_RANK=%d) has no %sGPU "
+                            "(%d visible); use MGPU_BACKEND_CPU or AUTO",
+                            r->rank, r->local_rank,
+                            ctx->dev.simulated ? "real (only a simulated) " : "",
+                            ctx->dev.visible_count);
+    c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return mgpu_err_set(err, -ENOMEM, "mgpu_comm_create: out of memory");
+    c->ctx = ctx;
+    c->backend = MGPU_BACKEND_NCCL;
+    c->timeout_s = timeout_s;
+    c->rank = r->rank;
+    c->world = r->world_size;
+    c->node = r->node_rank;
+    c->nnodes = r->nnodes;
+    c->local = r->local_rank;
+    c->local_size = r->local_world_size;
+    snprintf(key, sizeof key, "mgpu/nccl/%d/id", index);
+    memset(&o, 0, sizeof o);
+    o.ctx = ctx;
+    o.store = ctx->store;
+    o.id_key = key;
+    o.rank = r->rank;
+    o.world = r->world_size;
+    o.ordinal = ctx->dev.ordinal;
+    o.timeout_s = timeout_s;
+    if ((rc = mgpu_nccl_open(&o, &c->nccl, err)) < 0) {
+        free(c);
+        return rc;
+    }
+    mgpu_timeline_mark(ctx, "comm");
+    *out = c;
+    return 0;
+#else
+    return mgpu_err_set(err, MGPU_E_USAGE,
+                        "mgpu_comm_create(NCCL): NCCL backend not built: this libmgpu was "
+                        "compiled without CUDA (CUDA=0, or no nvcc when it was built); rebuild "
+                        "with nvcc on the PATH, or use MGPU_BACKEND_CPU or AUTO");
+#endif
+}
+
 int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, mgpu_comm_t **out,
                      mgpu_err_t *err)
 {
@@ -192,11 +294,12 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
     mgpu_comm_t *c;
     int rc, index = ctx->comms++;
 
+    if (backend == MGPU_BACKEND_AUTO)
+        backend = ctx->dev.is_gpu && MGPU_NCCL_BUILT ? MGPU_BACKEND_NCCL : MGPU_BACKEND_CPU;
     if (backend == MGPU_BACKEND_NCCL)
-        return mgpu_err_set(err, MGPU_E_USAGE,
-                            "mgpu_comm_create(NCCL): this libmgpu has no NCCL backend yet; use "
-                            "MGPU_BACKEND_CPU or MGPU_BACKEND_AUTO");
-    if (backend != MGPU_BACKEND_AUTO && backend != MGPU_BACKEND_CPU)
+        return mgpu_comm_create_nccl(
+            ctx, index, timeout_s > 0 ? timeout_s : MGPU_DEFAULT_COMM_TIMEOUT_S, out, err);
+    if (backend != MGPU_BACKEND_CPU)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_comm_create: unknown backend %d",
                             (int)backend);
     if (r->world_size != r->nnodes * r->local_world_size ||
@@ -265,6 +368,7 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
         if ((rc = mgpu_barrier(c, err)) < 0)
             goto fail;
     }
+    mgpu_timeline_mark(ctx, "comm");
     *out = c;
     return 0;
 fail:
@@ -281,6 +385,9 @@ void mgpu_comm_destroy(mgpu_comm_t *comm)
 {
     if (comm == NULL)
         return;
+#if MGPU_NCCL_BUILT
+    mgpu_nccl_close(comm->nccl);
+#endif
     mgpu_shm_close(comm->shm);
     mgpu_tcp_close(comm->tcp);
     free(comm);
@@ -345,6 +452,10 @@ int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32: unknown op %d", (int)op);
     if (buf == NULL && count > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32(count=%zu): buf is NULL", count);
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_allreduce_f32(comm->nccl, buf, count, op == MGPU_AVG, stream, err);
+#endif
     if (comm->nnodes == 1)
         return comm->shm == NULL
                    ? 0 /* one rank: the sum and the average are the value */
@@ -381,6 +492,10 @@ int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *s
                             "mgpu_broadcast(bytes=%zu, root=%d): root is not a rank of a world "
                             "of %d",
                             bytes, root, comm->world);
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_broadcast(comm->nccl, buf, bytes, root, stream, err);
+#endif
     if (comm->nnodes == 1)
         return comm->shm == NULL ? 0 : mgpu_shm_broadcast(comm->shm, buf, bytes, root, err);
     root_node = root / comm->local_size;
@@ -410,6 +525,10 @@ int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes
     if ((send == NULL || recv == NULL) && bytes > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allgather(bytes=%zu): %s is NULL", bytes,
                             send == NULL ? "send" : "recv");
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_allgather(comm->nccl, send, recv, bytes, stream, err);
+#endif
     if (comm->nnodes == 1) {
         if (comm->shm != NULL)
             return mgpu_shm_allgather(comm->shm, send, recv, bytes, err);
@@ -440,6 +559,10 @@ int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
     char what[160];
     int rc = 0;
 
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_barrier(comm->nccl, err);
+#endif
     if (comm->nnodes == 1)
         return comm->shm == NULL ? 0 : mgpu_shm_barrier(comm->shm, err);
     mgpu_comm_context(comm, what, sizeof what, "mgpu_barrier()");
@@ -452,4 +575,30 @@ int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
     if (comm->shm != NULL)
         rc = mgpu_shm_barrier(comm->shm, err);
     return mgpu_comm_done(comm, rc);
+}
+
+int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err)
+{
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_wait(comm->nccl, stream, err);
+#endif
+    return 0;
+}
+
+int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_t *err)
+{
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_watch(comm->nccl, stream, what, err);
+#endif
+    return 0;
+}
+
+void mgpu_comm_set_label(mgpu_comm_t *comm, const char *label)
+{
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        mgpu_nccl_set_label(comm->nccl, label);
+#endif
 }

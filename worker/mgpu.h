@@ -83,7 +83,17 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
  * peer that dies, fails or destroys its communicator makes the others fail fast
  * (MGPU_E_PEER) naming it; ranks calling different collectives fail with MGPU_E_PROTOCOL.
  * After a failure the communicator only fails (MGPU_E_CLOSED): destroy it.
- * MGPU_BACKEND_CPU (and AUTO, until the NCCL backend exists) joins the ranks of a host in
+ * MGPU_BACKEND_NCCL needs a real GPU (not a simulated one) and a libmgpu built with CUDA
+ * (otherwise MGPU_E_USAGE, "NCCL backend not built"): rank 0 draws NCCL's unique id and the
+ * store hands it to the others (key "mgpu/nccl/<n>/id" under the store's prefix, n counting
+ * this context's communicators), then cudaSetDevice(ordinal) and ncclCommInitRank in
+ * non-blocking mode, bounded by timeout_s (a timeout names the ranks that never came). A
+ * watchdog thread polls NCCL's asynchronous error and the oldest collective still pending on
+ * the GPU; on an error, or a collective pending longer than timeout_s, it aborts the
+ * communicator, and the next call returns MGPU_E_NCCL or MGPU_E_TIMEOUT naming the operation:
+ * the worker should then exit non-zero, which makes the launcher stop the group.
+ * MGPU_BACKEND_AUTO is NCCL when the rank has a real GPU and libmgpu was built with CUDA,
+ * else CPU. MGPU_BACKEND_CPU joins the ranks of a host in
  * shared memory (tunables: MGPU_SHM_CHUNK bytes per rank slot, MGPU_SHM_SPIN_US,
  * MGPU_SHM_YIELDS) and, across nodes, the nodes' local rank 0 in a TCP ring whose addresses
  * go through the store (so several nodes need mgpu-launch's MGPU_STORE_ADDR; MGPU_CPU_ADDR
@@ -95,8 +105,10 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
 void mgpu_comm_destroy(mgpu_comm_t *comm);
 mgpu_backend_t mgpu_comm_backend(const mgpu_comm_t *comm);
 
-/* In place. For NCCL, buf is device memory and stream a cudaStream_t (NULL: default stream);
- * for the CPU backend buf is host memory and stream is ignored. */
+/* In place. For NCCL, buf is device memory and stream a cudaStream_t (NULL: default stream):
+ * the call enqueues the collective and returns, and its failure may surface at a later call
+ * (the watchdog's); for the CPU backend buf is host memory, stream is ignored and the call
+ * returns when the collective is done. */
 int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
                        mgpu_err_t *err);
 int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
@@ -104,6 +116,38 @@ int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *s
 /* recv holds world_size * bytes; rank r's send lands at recv + r * bytes. */
 int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
                    mgpu_err_t *err);
+/* Returns when every rank has called it (NCCL: a one-float all-reduce, waited for). */
 int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err);
+/* NCCL: waits until the work enqueued on stream so far has finished, returning the
+ * communicator's failure instead of hanging when a collective on it hangs (use it where a
+ * cudaStreamSynchronize would do). CPU: returns 0 (its collectives are synchronous). */
+int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err);
+/* NCCL: puts the work enqueued on stream so far under the watchdog's deadline (timeout_s of
+ * mgpu_comm_create), named what in the error ("replay of step 7" ...), as every collective
+ * called through this API is. For collectives the watchdog cannot see: those inside a CUDA
+ * graph, which are not watched while captured; call it after each cudaGraphLaunch.
+ * MGPU_E_USAGE while stream is being captured. CPU: returns 0. */
+int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_t *err);
+/* Names the collectives called from now on in error messages, e.g. "bucket 3" gives
+ * "all-reduce (avg) of 1048576 floats (bucket 3), collective #12 of rank 0 of 2 did not
+ * finish in 30 s". NULL or "" for none; copied. NCCL only (CPU messages name the call). */
+void mgpu_comm_set_label(mgpu_comm_t *comm, const char *label);
+
+/* The startup timeline: wall-clock instants (CLOCK_REALTIME) of this rank's start, recorded
+ * by libmgpu - "exec" (the process's start, from /proc/self/stat: 10 ms resolution), "init"
+ * (mgpu_init entered), "device" (device chosen), "store" (store connected), "cuda" (CUDA
+ * device set and its context created, NCCL only), "comm" (the first communicator ready) - and
+ * by the program through mgpu_timeline_mark ("first_step"). Each mark is published, when a
+ * store is connected, with one SET of the key "timeline/<rank>" under the store's prefix,
+ * i.e. "<run id>/<attempt>/timeline/<rank>", whose value is the whole timeline so far as text:
+ *     exec=1764433367.120000;init=1764433367.131544;device=1764433367.131872;...
+ * events in the order marked, seconds.microseconds since the epoch, no spaces. The launcher
+ * reads these keys at the end of a run. Event names are letters, digits, '_', '-', '.' (at
+ * most 31); a name already marked keeps its first time (so a mark per step costs nothing);
+ * at most 16 events. A bad name, a full timeline or a failed SET is logged, never fatal. */
+void mgpu_timeline_mark(mgpu_ctx_t *ctx, const char *event);
+/* The timeline's text (as published) into buf, NUL-terminated when len > 0; returns the length
+ * it needs, as snprintf does. */
+size_t mgpu_timeline_get(const mgpu_ctx_t *ctx, char *buf, size_t len);
 
 #endif
