@@ -298,7 +298,8 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     }
     snprintf(prefix, sizeof prefix, "mgpu/%s/", o->run_id);
     mgpu_store_set_prefix(r->client, prefix);
-    snprintf(me, sizeof me, "%d %s", o->nproc, o->hostname);
+    /* The pid makes two launchers started with the same command line tell each other apart. */
+    snprintf(me, sizeof me, "%d %s %d", o->nproc, o->hostname, (int)getpid());
     snprintf(r->host, sizeof r->host, "%s", o->hostname);
     rc = elastic ? join_elastic(r, o, me, err) : join_static(r, o, me, err);
     if (rc < 0)

@@ -294,8 +294,13 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
     mgpu_comm_t *c;
     int rc, index = ctx->comms++;
 
+    /* NCCL cannot put two ranks of one communicator on one GPU ("Duplicate GPU detected"):
+     * ranks that share GPUs (--allow_gpu_sharing) meet on the CPU backend instead. */
     if (backend == MGPU_BACKEND_AUTO)
-        backend = ctx->dev.is_gpu && MGPU_NCCL_BUILT ? MGPU_BACKEND_NCCL : MGPU_BACKEND_CPU;
+        backend = ctx->dev.is_gpu && !ctx->dev.simulated && MGPU_NCCL_BUILT &&
+                          r->local_world_size <= ctx->dev.visible_count
+                      ? MGPU_BACKEND_NCCL
+                      : MGPU_BACKEND_CPU;
     if (backend == MGPU_BACKEND_NCCL)
         return mgpu_comm_create_nccl(
             ctx, index, timeout_s > 0 ? timeout_s : MGPU_DEFAULT_COMM_TIMEOUT_S, out, err);
