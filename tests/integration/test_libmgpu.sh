@@ -15,3 +15,15 @@ t_launch_allreduce_checks_itself() {
     # Nothing left behind in /dev/shm by these jobs.
     expect_eq "$(ls /dev/shm | grep -c "^mgpu-$(id -u)-")" 0 "leftover segments"
 }
+
+# The same program under Open MPI's mpirun: rank from OMPI_COMM_WORLD_*, one host's shm.
+t_mpirun_allreduce_checks_itself() {
+    command -v mpirun >/dev/null || skip "mpirun not installed (apt-get install openmpi-bin)"
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$BENCH" --min 4K --max 256K \
+        --seconds 0.01 >out 2>err
+    rc=$?
+    expect_eq "$rc" 0 "mpirun exit status"
+    expect_grep out "^# mgpu CPU all-reduce .* 3 ranks \(openmpi\)"
+    expect_eq "$(grep -cE '^ +[0-9]+ ' out)" 4 "sizes measured"
+    expect_eq "$(grep -E '^ +[0-9]+ ' out | awk '$NF != 0' | wc -l)" 0 "sizes with wrong elements"
+}
