@@ -124,13 +124,21 @@ static int recv_resp(mgpu_store_t *s, uint32_t id, double deadline, mgpu_store_m
         if (rc < 0)
             return rc;
         if (rc == 1) {
-            /* Another id: the answer to a request we stopped waiting for. Except id 0 with an
-             * error: the server's word on the whole connection (too many connections, a frame
-             * it could not decode), which answers whatever is waiting. */
+            /* Another id answers no request of this connection (requests are not pipelined,
+             * and a connection whose request timed out is dropped): skipped. Except id 0 with
+             * an error: the server's word on the whole connection (too many connections, a
+             * frame it could not cut), which answers whatever is waiting. */
             if (f.id != id && !(f.id == 0 && f.status != MGPU_STORE_ST_OK))
                 continue;
             return mgpu_store_msg_parse(&f, NULL, m, err);
         }
+        /* poll before recv: right after a request the answer is not there yet, and a recv
+         * failing with EAGAIN would cost one more system call per round trip. */
+        rc = wait_fd(s->fd, POLLIN, deadline);
+        if (rc == MGPU_E_TIMEOUT)
+            return mgpu_err_set(err, rc, "store %s:%d: no response in time", s->host, s->port);
+        if (rc < 0)
+            return mgpu_err_set(err, rc, "poll(store %s:%d): %s", s->host, s->port, strerror(-rc));
         if (mgpu_store_dec_reserve(&s->dec, 0, &p, &avail) < 0)
             return mgpu_err_set(err, -ENOMEM, "store client: out of memory reading a response");
         r = recv(s->fd, p, avail, 0);
@@ -141,16 +149,9 @@ static int recv_resp(mgpu_store_t *s, uint32_t id, double deadline, mgpu_store_m
         if (r == 0)
             return mgpu_err_set(err, MGPU_E_PEER, "store %s:%d closed the connection", s->host,
                                 s->port);
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
+        if (errno != EINTR && errno != EAGAIN)
             return mgpu_err_set(err, -errno, "recv(store %s:%d): %s", s->host, s->port,
                                 strerror(errno));
-        rc = wait_fd(s->fd, POLLIN, deadline);
-        if (rc == MGPU_E_TIMEOUT)
-            return mgpu_err_set(err, rc, "store %s:%d: no response in time", s->host, s->port);
-        if (rc < 0)
-            return mgpu_err_set(err, rc, "poll(store %s:%d): %s", s->host, s->port, strerror(-rc));
     }
 }
 
@@ -595,6 +596,27 @@ int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *re
     if (rc == 0)
         *ready = m.u8 != 0;
     return rc;
+}
+
+int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
+                        mgpu_err_t *err)
+{
+    mgpu_store_msg_t m;
+    size_t start = begin(s, MGPU_STORE_OP_ON_CLOSE);
+    int rc;
+    if (2 * n > MGPU_STORE_MAX_KEYS_PER_REQ)
+        return mgpu_err_set(err, MGPU_E_RANGE, "store ON_CLOSE of %zu keys exceeds the limit", n);
+    mgpu_store_buf_u32(&s->out, (uint32_t)(2 * n));
+    for (size_t i = 0; i < n; i++) {
+        size_t vl = strlen(vals[i]);
+        if ((rc = put_key(s, keys[i], err)) < 0)
+            return rc;
+        if (vl > MGPU_STORE_MAX_KEY)
+            return mgpu_err_set(err, MGPU_E_RANGE, "ON_CLOSE value of %zu bytes", vl);
+        mgpu_store_buf_u32(&s->out, (uint32_t)vl);
+        mgpu_store_buf_raw(&s->out, vals[i], vl);
+    }
+    return roundtrip(s, start, 0, 0, &m, err);
 }
 
 int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t *err)

@@ -15,8 +15,10 @@
  * check, num_keys, ping). add, compare_set and delete return MGPU_E_PEER instead, since the
  * server may have applied them.
  *
- * Timeouts: timeout_s of connect bounds the connection attempts (retried with exponential
- * backoff, 10 ms doubling to 1 s) and, afterwards, every call that does not wait for keys; the
+ * Timeouts: timeout_s of connect (<= 0: 30 s) bounds the connection attempts, retried with
+ * exponential backoff (10 ms doubling to 1 s) while the server cannot be reached; a server that
+ * answers with a refusal (wrong token or version, too many connections) is not retried. It also
+ * bounds, afterwards, every call that does not wait for keys and each reconnection. The
  * timeout_s of get, wait and barrier bounds their wait (0 = do not wait, < 0 = no deadline).
  * The protocol is documented in store_proto.h. */
 #ifndef MGPU_STORE_H
@@ -68,8 +70,14 @@ int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t
 int mgpu_store_num_keys(mgpu_store_t *s, int64_t *n, mgpu_err_t *err);
 /* One round trip that changes nothing (liveness, latency). */
 int mgpu_store_ping(mgpu_store_t *s, mgpu_err_t *err);
+/* When this connection closes for any reason but the server's shutdown (the caller died, say),
+ * the server sets keys[i] = vals[i] for every key that has no value then (keys get the prefix,
+ * values do not). A new call replaces the last; n = 0 clears it. Not retried on a new
+ * connection: a broken connection has fired it already. */
+int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
+                        mgpu_err_t *err);
 /* All world_size callers using the same name meet here (reusable: each use of a name is a new
- * round). On timeout the message says how many arrived. */
+ * round; a name keeps its world_size). On timeout the message says how many arrived. */
 int mgpu_store_barrier(mgpu_store_t *s, const char *name, int world_size, double timeout_s,
                        mgpu_err_t *err);
 

@@ -61,12 +61,18 @@ int mgpu_store_dec_reserve(mgpu_store_dec_t *d, size_t min, uint8_t **p, size_t 
 {
     size_t pending = d->len - d->start, want = min < DEC_MIN_CHUNK ? DEC_MIN_CHUNK : min;
 
-    /* A frame whose header is in: make room for all of it, so it arrives in few reads. The
-     * header was checked by next() or will be before the payload is used; cap it here too. */
+    /* A frame whose header is in: make room for more of it, so a big value arrives in few
+     * reads. At most as much again as has arrived, though: memory follows the bytes a peer
+     * really sends, not the length it announces. */
     if (pending >= MGPU_STORE_HDR_SIZE) {
-        size_t plen = rd_u32(d->buf + d->start + 8);
-        if (plen <= d->max_payload && MGPU_STORE_HDR_SIZE + plen > pending + want)
-            want = MGPU_STORE_HDR_SIZE + plen - pending;
+        size_t plen = rd_u32(d->buf + d->start + 8), rest;
+        if (plen <= d->max_payload && MGPU_STORE_HDR_SIZE + plen > pending) {
+            rest = MGPU_STORE_HDR_SIZE + plen - pending;
+            if (rest > pending)
+                rest = pending;
+            if (rest > want)
+                want = rest;
+        }
     }
     /* Compact: frames before start were handed out and are now invalidated by contract. */
     if (d->start > 0) {
@@ -242,7 +248,13 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
     } else {
         switch (f->op) {
         case MGPU_STORE_OP_HELLO:
-            bad = rd_u8(&r, &m->u8) || rd_bytes(&r, &m->key, lim->max_key);
+            bad = rd_u8(&r, &m->u8);
+            /* Another version's HELLO may go on differently: leave the rest unread, so that
+             * the server can answer with ST_VERSION rather than a protocol error. */
+            if (!bad && m->u8 != MGPU_STORE_PROTO_VERSION)
+                r.left = 0;
+            else if (!bad)
+                bad = rd_bytes(&r, &m->key, lim->max_key);
             break;
         case MGPU_STORE_OP_SET:
             bad = rd_bytes(&r, &m->key, lim->max_key) || rd_bytes(&r, &m->val, lim->max_value);
@@ -261,7 +273,8 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             bad = rd_u32c(&r, &m->u32) || rd_keys(&r, m, lim);
             break;
         case MGPU_STORE_OP_CHECK:
-            bad = rd_keys(&r, m, lim);
+        case MGPU_STORE_OP_ON_CLOSE:
+            bad = rd_keys(&r, m, lim) || (f->op == MGPU_STORE_OP_ON_CLOSE && m->nkeys % 2 != 0);
             break;
         case MGPU_STORE_OP_DELETE:
             bad = rd_bytes(&r, &m->key, lim->max_key);
@@ -279,6 +292,7 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             break;
         case MGPU_STORE_OP_SET | MGPU_STORE_RESP:
         case MGPU_STORE_OP_WAIT | MGPU_STORE_RESP:
+        case MGPU_STORE_OP_ON_CLOSE | MGPU_STORE_RESP:
             break;
         case MGPU_STORE_OP_GET | MGPU_STORE_RESP:
             bad = rd_bytes(&r, &m->val, lim->max_value);
@@ -425,7 +439,7 @@ void mgpu_store_buf_raw(mgpu_store_buf_t *b, const void *p, size_t n)
 const char *mgpu_store_op_name(uint8_t op)
 {
     static const char *names[] = {"?",    "HELLO", "SET",    "GET",      "ADD", "COMPARE_SET",
-                                  "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING"};
+                                  "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING", "ON_CLOSE"};
     op &= (uint8_t)~MGPU_STORE_RESP;
     return op <= MGPU_STORE_OP_LAST ? names[op] : "?";
 }

@@ -10,8 +10,10 @@
  *   0      2     magic "MG" (0x4D 0x47): a peer speaking something else fails on its first bytes
  *   2      1     op: a request op below, or (op | 0x80) in the response to it
  *   3      1     status: 0 in requests; an MGPU_STORE_ST_* code in responses
- *   4      4     request id: chosen by the client, echoed by the server. The client skips
- *                responses to requests it stopped waiting for (its own deadline passed first)
+ *   4      4     request id: chosen by the client, echoed by the server, so answers are
+ *                matched to requests (a client may pipeline). Id 0 in an error response is
+ *                the server's word on the whole connection (too many connections, a frame it
+ *                could not cut), sent before it closes
  *   8      4     payload length in bytes (bounded by the decoder's limits)
  *
  * Payload fields, in order: u8, u32, i64, and bytes = u32 length + that many bytes (keys,
@@ -28,12 +30,20 @@
  *   8 DELETE      bytes key                                u8 deleted (1 = it existed)
  *   9 NUM_KEYS    -                                        i64 number of keys
  *   10 PING       u32 nonce                                u32 nonce
+ *   11 ON_CLOSE   u32 2n, n x (bytes key, bytes value)      -
+ *
+ * ON_CLOSE registers, for this connection, keys the server sets (each only if it has no value
+ * then) when the connection closes for any reason but the server's own shutdown: how a peer's
+ * death wakes the others that wait on those keys, like ZooKeeper's ephemeral nodes. A new
+ * ON_CLOSE replaces the last one; 0 pairs clears it. Values are bounded like keys.
  *
  * A response whose status is not OK carries one field: bytes message (human-readable).
  * HELLO must be the first request of a connection; its version is MGPU_STORE_PROTO_VERSION and a
- * server that speaks another answers ST_VERSION and closes. timeout_ms: 0 = do not wait,
- * MGPU_STORE_WAIT_FOREVER = no deadline. A malformed or oversized frame is a protocol error:
- * the server answers ST_PROTOCOL (best effort) and closes that connection only.
+ * server that speaks another answers ST_VERSION and closes. The header and HELLO's first byte
+ * (the version) keep their meaning in every version; what follows may change.
+ * timeout_ms: 0 = do not wait, MGPU_STORE_WAIT_FOREVER = no deadline.
+ * A malformed or oversized frame is a protocol error: the server answers ST_PROTOCOL (best
+ * effort) and closes that connection only.
  *
  * Ownership: the decoder owns its buffer; a frame it returns points into that buffer and stays
  * valid until the next call of reserve, feed or next on the same decoder. */
@@ -68,7 +78,8 @@ enum {
     MGPU_STORE_OP_DELETE = 8,
     MGPU_STORE_OP_NUM_KEYS = 9,
     MGPU_STORE_OP_PING = 10,
-    MGPU_STORE_OP_LAST = MGPU_STORE_OP_PING,
+    MGPU_STORE_OP_ON_CLOSE = 11,
+    MGPU_STORE_OP_LAST = MGPU_STORE_OP_ON_CLOSE,
 };
 
 enum {

@@ -11,7 +11,7 @@
 
 typedef enum {
     O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE,
-    O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_MAX_RESTARTS, O_MONITOR,
+    O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_RDZV_TOKEN, O_MAX_RESTARTS, O_MONITOR,
     O_START_METHOD, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_NO_PYTHON, O_MODULE,
     O_RUN_PATH, O_USE_ENV, O_LEGACY, O_LOCAL_ADDR, O_PREFIX_TEMPLATE, O_NO_PREFIX, O_DRY_RUN,
     O_GRACE, O_SUMMARY, O_SHARING, O_QUIET, O_VERBOSE, O_HELP, O_VERSION,
@@ -37,7 +37,8 @@ static const opt_t opts[] = {
     {"rdzv_backend", 0, ARG_REQUIRED, O_RDZV_BACKEND, "static|c10d (default static)"},
     {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
-    {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF, "k=v,...  rendezvous settings"},
+    {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF, "k=v,...  join_timeout, last_call_timeout, is_host"},
+    {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN, "SECRET  the store's token (several hosts)"},
     {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS, "N  group restarts before failing (default 0)"},
     {"monitor_interval", 0, ARG_REQUIRED, O_MONITOR, "SECONDS  accepted; mgpu does not poll"},
     {"start_method", 0, ARG_REQUIRED, O_START_METHOD, "spawn|fork|forkserver  accepted"},
@@ -142,6 +143,14 @@ int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err)
     return 0;
 }
 
+int mgpu_cli_given(const mgpu_cli_t *cli, const char *name)
+{
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return (cli->given >> opts[i].id) & 1;
+    return 0;
+}
+
 int mgpu_std_spec_get(const mgpu_std_spec_t *spec, int lr)
 {
     for (int i = 0; i < spec->nmap; i++)
@@ -203,6 +212,80 @@ static int parse_filter(const char *what, const char *v, mgpu_cli_t *cli, mgpu_e
     return 0;
 }
 
+/* "host", "host:port", "[v6addr]:port"; torchrun's c10d default port is 29400. */
+static int parse_endpoint(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char buf[300];
+    const char *host = buf, *port = NULL;
+    long p = 29400;
+
+    if (copy_str(what, cli->rdzv_endpoint, sizeof cli->rdzv_endpoint, v, err) < 0 ||
+        copy_str(what, buf, sizeof buf, v, err) < 0)
+        return MGPU_E_USAGE;
+    if (buf[0] == '[') {
+        char *close = strchr(buf, ']');
+        if (close == NULL || (close[1] != '\0' && close[1] != ':'))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected HOST[:PORT]", what, v);
+        *close = '\0';
+        host = buf + 1;
+        port = close[1] == ':' ? close + 2 : NULL;
+    } else {
+        char *colon = strrchr(buf, ':');
+        if (colon != NULL && strchr(buf, ':') == colon) {
+            *colon = '\0';
+            port = colon + 1;
+        }
+    }
+    if (*host == '\0')
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected HOST[:PORT]", what, v);
+    if (port != NULL && parse_long(what, port, 0, 65535, &p, err) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': the port must be 0 to 65535", what, v);
+    snprintf(cli->endpoint_host, sizeof cli->endpoint_host, "%s", host);
+    cli->endpoint_port = (int)p;
+    return 0;
+}
+
+/* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Keys mgpu has
+ * no use for (read_timeout, close_timeout, store_type, timeout) are accepted. */
+static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char buf[512], *save = NULL;
+
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        long n;
+        if (eq == NULL)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' is not KEY=VALUE", what, kv);
+        *eq++ = '\0';
+        if (strcmp(kv, "join_timeout") == 0) {
+            if (parse_seconds(what, eq, 0.001, 1e7, &cli->join_timeout, err) < 0)
+                return MGPU_E_USAGE;
+        } else if (strcmp(kv, "last_call_timeout") == 0) {
+            if (parse_seconds(what, eq, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+                return MGPU_E_USAGE;
+        } else if (strcmp(kv, "is_host") == 0) {
+            if (strcmp(eq, "true") == 0 || strcmp(eq, "True") == 0)
+                cli->is_host = 1;
+            else if (strcmp(eq, "false") == 0 || strcmp(eq, "False") == 0)
+                cli->is_host = 0;
+            else if (parse_long(what, eq, 0, 1, &n, err) == 0)
+                cli->is_host = (int)n;
+            else
+                return mgpu_err_set(err, MGPU_E_USAGE, "%s: is_host='%s': expected 1 or 0", what,
+                                    eq);
+        } else if (strcmp(kv, "read_timeout") != 0 && strcmp(kv, "close_timeout") != 0 &&
+                   strcmp(kv, "timeout") != 0 && strcmp(kv, "store_type") != 0 &&
+                   strcmp(kv, "rank") != 0) {
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s: unknown key '%s' (expected join_timeout, last_call_timeout, "
+                                "is_host)",
+                                what, kv);
+        }
+    }
+    return 0;
+}
+
 /* Flags from the environment read as torchrun's check_env: an integer, non-zero is true. */
 static int parse_flag_env(const char *what, const char *v, int *out, mgpu_err_t *err)
 {
@@ -221,6 +304,7 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     long n;
     int rc = 0;
 
+    cli->given |= 1ull << o->id;
     if (o->arg == ARG_NONE && from_env) {
         int on = 0;
         if (parse_flag_env(what, v, &on, err) < 0)
@@ -257,13 +341,17 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         if (strcmp(v, "static") != 0 && strcmp(v, "c10d") != 0)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected static or c10d", what, v);
         return copy_str(what, cli->rdzv_backend, sizeof cli->rdzv_backend, v, err);
-    case O_RDZV_ENDPOINT: return copy_str(what, cli->rdzv_endpoint, sizeof cli->rdzv_endpoint, v, err);
+    case O_RDZV_ENDPOINT: return parse_endpoint(what, v, cli, err);
+    case O_RDZV_TOKEN: return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
     case O_RDZV_ID:
         if (*v == '\0' || strchr(v, '/') != NULL)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
                                 what, v);
         return copy_str(what, cli->rdzv_id, sizeof cli->rdzv_id, v, err);
-    case O_RDZV_CONF: return copy_str(what, cli->rdzv_conf, sizeof cli->rdzv_conf, v, err);
+    case O_RDZV_CONF:
+        if (copy_str(what, cli->rdzv_conf, sizeof cli->rdzv_conf, v, err) < 0)
+            return MGPU_E_USAGE;
+        return parse_rdzv_conf(what, v, cli, err);
     case O_MAX_RESTARTS:
         rc = parse_long(what, v, 0, 1000000, &n, err);
         cli->max_restarts = (int)n;
@@ -367,6 +455,10 @@ static void defaults(mgpu_cli_t *cli)
     snprintf(cli->start_method, sizeof cli->start_method, "spawn");
     snprintf(cli->role, sizeof cli->role, "default");
     cli->grace_period = 30.0;
+    cli->join_timeout = 600.0;
+    cli->last_call_timeout = 30.0;
+    cli->is_host = -1;
+    cli->endpoint_port = 29400;
 }
 
 /* Environment defaults: PET_<NAME> for every option but help and version. */

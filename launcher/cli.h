@@ -33,6 +33,12 @@ typedef struct mgpu_cli {
     char rdzv_endpoint[300];
     char rdzv_id[128];
     char rdzv_conf[512];
+    char rdzv_token[128];     /* shared secret of the store ("" = generated on one node) */
+    double join_timeout;      /* from --rdzv_conf join_timeout (default 600) */
+    double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
+    int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
+    char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
+    int endpoint_port;        /* and port (default 29400) */
     int max_restarts;
     double monitor_interval; /* accepted for compatibility; supervision is event-driven */
     char start_method[16];
@@ -53,6 +59,8 @@ typedef struct mgpu_cli {
     int quiet;
     int verbose;
     int show_help, show_version;
+    unsigned long long given; /* bit (1 << option id) for every option set by argv or PET_ */
+    char derived[512];        /* what was taken from Slurm or Open MPI, for --dry-run */
     /* the worker program and its arguments (pointers into the caller's argv) */
     int prog_argc;
     char **prog_argv;
@@ -65,6 +73,10 @@ typedef const char *(*mgpu_getenv_fn)(const char *name);
  * message naming the option, the value and what was expected. */
 int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
                    mgpu_err_t *err);
+
+/* 1 when the option named (underscore spelling, e.g. "nnodes") was given on the command line
+ * or through its PET_ variable. */
+int mgpu_cli_given(const mgpu_cli_t *cli, const char *name);
 
 /* The value of spec for local rank lr. */
 int mgpu_std_spec_get(const mgpu_std_spec_t *spec, int lr);

@@ -12,8 +12,10 @@
 #include <unistd.h>       /* sysconf */
 
 #include "cli.h"        /* mgpu_cli_parse */
+#include "engines.h"    /* mgpu_engines_apply */
 #include "log.h"        /* mgpu_log_init */
 #include "plan.h"       /* mgpu_plan_build */
+#include "rdzv.h"       /* mgpu_rdzv_join */
 #include "report.h"     /* mgpu_report_print */
 #include "supervisor.h" /* mgpu_sup_run */
 
@@ -61,6 +63,58 @@ static void random_run_id(char *buf, size_t len)
              b[13], b[14], b[15]);
 }
 
+static int is_loopback(const char *host)
+{
+    return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
+           strcmp(host, "::1") == 0;
+}
+
+/* Where the launchers meet, and whether this one serves the store there. */
+static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const char *host,
+                         mgpu_rdzv_opts_t *ro)
+{
+    memset(ro, 0, sizeof *ro);
+    ro->run_id = plan->run_id;
+    ro->nnodes_min = cli->nnodes_min;
+    ro->nnodes_max = cli->nnodes_max;
+    ro->node_rank = cli->node_rank;
+    ro->nproc = plan->nproc;
+    ro->hostname = cli->local_addr[0] ? cli->local_addr : host;
+    ro->token = cli->rdzv_token[0] ? cli->rdzv_token : NULL;
+    ro->join_timeout = cli->join_timeout;
+    ro->last_call_timeout = cli->last_call_timeout;
+    ro->elastic = cli->nnodes_min != cli->nnodes_max || strcmp(cli->rdzv_backend, "c10d") == 0;
+    if (cli->nnodes_max == 1) {
+        /* One node: the store is this launcher's own, on loopback at a free port, and
+         * MASTER_PORT is --master_port or another free port. */
+        ro->elastic = 0;
+        ro->node_rank = 0;
+        ro->store_host = "127.0.0.1";
+        ro->bind_host = "127.0.0.1";
+        ro->serve = 1;
+        ro->master_addr = plan->master_addr;
+        ro->master_port = plan->master_port;
+        return;
+    }
+    if (ro->elastic) {
+        const char *eh = cli->endpoint_host[0] ? cli->endpoint_host : cli->master_addr;
+        ro->store_host = eh;
+        ro->store_port = cli->endpoint_host[0] ? cli->endpoint_port
+                                               : (cli->master_port >= 0 ? cli->master_port : 29400);
+        ro->serve = cli->is_host >= 0 ? cli->is_host
+                                      : is_loopback(eh) || strcmp(eh, host) == 0 ||
+                                            (cli->local_addr[0] && strcmp(eh, cli->local_addr) == 0);
+        /* The node that gets rank 0 publishes its own address for MASTER_ADDR. */
+        ro->master_addr = is_loopback(eh) ? "127.0.0.1" : ro->hostname;
+    } else {
+        ro->store_host = cli->master_addr;
+        ro->store_port = cli->master_port >= 0 ? cli->master_port : 29500;
+        ro->serve = cli->node_rank == 0;
+        ro->master_addr = cli->master_addr;
+    }
+    ro->bind_host = is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
+}
+
 static void raise_fd_limit(void)
 {
     struct rlimit rl;
@@ -76,6 +130,10 @@ int main(int argc, char **argv)
     mgpu_plan_t plan;
     mgpu_plan_input_t in = {0};
     mgpu_run_result_t res;
+    mgpu_rdzv_opts_t ro;
+    mgpu_rdzv_world_t world;
+    mgpu_rdzv_t *rdzv = NULL;
+    int rc;
     mgpu_err_t err = {0};
     char exe[4096], worker_bin[4200], host[256], run_id[64];
     const char *loglevel = getenv("LOGLEVEL");
@@ -94,10 +152,18 @@ int main(int argc, char **argv)
         mgpu_cli_usage(stdout);
         return 0;
     }
+    if (!cli->show_version && mgpu_engines_apply(cli, env_lookup, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        return 2;
+    }
     if (cli->show_version) {
         printf("mgpu-launch %s\n", MGPU_VERSION);
         return 0;
     }
+    /* torchrun reads the prefix template from its environment too; the option wins. */
+    if (!cli->prefix_template[0] && getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
+        snprintf(cli->prefix_template, sizeof cli->prefix_template, "%s",
+                 getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"));
     if (cli->quiet)
         mgpu_log_init("mgpu-launch", MGPU_LOG_ERROR);
     else if (cli->verbose)
@@ -142,18 +208,44 @@ int main(int argc, char **argv)
                 "default, to avoid your system being overloaded, please further tune the variable "
                 "for optimal performance in your application as needed.\n"
                 "*****************************************\n");
+    if (cli->derived[0])
+        mgpu_info("from the environment: %s", cli->derived);
     if (plan.cpu_reason[0] && plan.gpus.count > 0)
         mgpu_warn("workers run on the CPU: %s", plan.cpu_reason);
     raise_fd_limit();
+
+    /* Meet the other launchers (or, on one node, just start the store for the workers). */
+    rdzv_options(cli, &plan, host, &ro);
+    rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
+    if (rc < 0 && ro.serve && ro.elastic && cli->is_host < 0 && err.code == -EADDRINUSE) {
+        /* torchrun's c10d: another launcher on this host serves the endpoint; join it. */
+        ro.serve = 0;
+        rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
+    }
+    if (rc < 0) {
+        mgpu_error("%s", err.msg);
+        mgpu_plan_free(&plan);
+        return rc == MGPU_E_USAGE ? 2 : 1;
+    }
+    mgpu_plan_set_world(&plan, &world);
+    if (cli->nnodes_max > 1)
+        mgpu_info("node %d of %d: global ranks %d..%d of %d; MASTER_ADDR=%s MASTER_PORT=%d",
+                  world.node_rank, world.nnodes, world.base_rank,
+                  world.base_rank + plan.nproc - 1, world.world_size, world.master_addr,
+                  world.master_port);
     fflush(stdout);
     fflush(stderr);
 
-    if (mgpu_sup_run(&plan, cli, &res, &err) < 0) {
+    rc = mgpu_sup_run(&plan, cli, rdzv, &res, &err);
+    mgpu_rdzv_close(rdzv);
+    if (rc < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);
-        return 1;
+        return rc == MGPU_E_USAGE ? 2 : 1;
     }
     mgpu_report_print(&plan, &res, stderr);
+    if (!cli->quiet)
+        mgpu_report_timeline(&plan, &res, stderr);
     if (res.keep_logs && !cli->log_dir[0])
         mgpu_warn("worker logs are in %s", res.log_root);
     if (cli->summary[0] && mgpu_report_write_summary(&plan, &res, cli->summary, &err) < 0)

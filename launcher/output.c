@@ -47,40 +47,44 @@ static int reserve(char **buf, size_t *cap, size_t need)
 }
 
 /* Lays out [prefix line]... then the raw lines after them in the same buffer. */
-static int emit(mgpu_linebuf_t *lb, const char *prefix, const char *lines, size_t n, size_t nlines,
+static int emit(mgpu_outbuf_t *ob, const char *prefix, const char *lines, size_t n, size_t nlines,
                 const char **block, size_t *blen, const char **raw, size_t *rlen)
 {
     size_t plen = strlen(prefix), total = n + nlines * plen, o = 0;
     const char *p = lines, *end = lines + n;
+    char *out;
 
-    if (reserve(&lb->out, &lb->ocap, total + n) < 0)
+    if (reserve(&ob->buf, &ob->cap, total + n) < 0)
         return -ENOMEM;
+    out = ob->buf;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t l = (size_t)(nl - p) + 1;
-        memcpy(lb->out + o, prefix, plen);
-        memcpy(lb->out + o + plen, p, l);
+        memcpy(out + o, prefix, plen);
+        memcpy(out + o + plen, p, l);
         o += plen + l;
         p += l;
     }
-    memcpy(lb->out + o, lines, n);
-    *block = lb->out;
+    memcpy(out + o, lines, n);
+    *block = out;
     *blen = o;
     if (raw != NULL) {
-        *raw = lb->out + o;
+        *raw = out + o;
         *rlen = n;
     }
     return 0;
 }
 
-int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, size_t n,
-                      const char **block, size_t *blen, const char **raw, size_t *rlen)
+int mgpu_linebuf_feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const char *data,
+                      size_t n, const char **block, size_t *blen, const char **raw, size_t *rlen)
 {
     size_t nlines = 0, last = 0;
 
     *blen = 0;
     if (rlen != NULL)
         *rlen = 0;
+    if (n == 0)
+        return 0;
     for (size_t i = 0; i < n; i++)
         if (data[i] == '\n') {
             nlines++;
@@ -109,10 +113,15 @@ int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, 
         memcpy(lb->part + lb->plen, data, last);
         lb->plen += last;
     }
-    if (emit(lb, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
+    if (emit(ob, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
         return -ENOMEM;
     /* Keep the tail after the last newline as the next partial line. */
     lb->plen = n - last;
+    if (lb->plen == 0 && lb->pcap > 65536) {
+        free(lb->part); /* a long line passed: do not keep its memory for the next short ones */
+        lb->part = NULL;
+        lb->pcap = 0;
+    }
     if (lb->plen > 0) {
         if (reserve(&lb->part, &lb->pcap, lb->plen) < 0)
             return -ENOMEM;
@@ -121,8 +130,8 @@ int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, 
     return 0;
 }
 
-int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **block, size_t *blen,
-                       const char **raw, size_t *rlen)
+int mgpu_linebuf_flush(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix,
+                       const char **block, size_t *blen, const char **raw, size_t *rlen)
 {
     *blen = 0;
     if (rlen != NULL)
@@ -132,7 +141,7 @@ int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **bloc
     if (reserve(&lb->part, &lb->pcap, lb->plen + 1) < 0)
         return -ENOMEM;
     lb->part[lb->plen++] = '\n';
-    int rc = emit(lb, prefix, lb->part, lb->plen, 1, block, blen, raw, rlen);
+    int rc = emit(ob, prefix, lb->part, lb->plen, 1, block, blen, raw, rlen);
     lb->plen = 0;
     return rc;
 }
@@ -140,6 +149,18 @@ int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **bloc
 void mgpu_linebuf_free(mgpu_linebuf_t *lb)
 {
     free(lb->part);
-    free(lb->out);
     memset(lb, 0, sizeof *lb);
+}
+
+void mgpu_outbuf_trim(mgpu_outbuf_t *ob)
+{
+    if (ob->cap > 262144)
+        mgpu_outbuf_free(ob);
+}
+
+void mgpu_outbuf_free(mgpu_outbuf_t *ob)
+{
+    free(ob->buf);
+    ob->buf = NULL;
+    ob->cap = 0;
 }

@@ -13,11 +13,16 @@
 #define MGPU_LINE_MAX (1u << 20)
 
 typedef struct mgpu_linebuf {
-    char *part;      /* the unfinished line */
+    char *part; /* the unfinished line */
     size_t plen, pcap;
-    char *out;       /* the block handed back by feed; valid until the next call */
-    size_t ocap;
 } mgpu_linebuf_t;
+
+/* Where feed lays out the lines it hands back. One is enough for any number of line buffers
+ * used from one thread: a block is consumed before the next feed. */
+typedef struct mgpu_outbuf {
+    char *buf;
+    size_t cap;
+} mgpu_outbuf_t;
 
 /* Expands a torchrun-style template: ${role_name}, ${local_rank}, ${rank}. */
 void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int rank, char *out,
@@ -26,11 +31,14 @@ void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int 
 /* Appends data; *block receives the complete lines, each prefixed, and *blen their length
  * (0 when none is complete yet). raw (may be NULL) receives the same lines without prefixes
  * (for the per-rank log files). Returns 0 or -ENOMEM. */
-int mgpu_linebuf_feed(mgpu_linebuf_t *lb, const char *prefix, const char *data, size_t n,
-                      const char **block, size_t *blen, const char **raw, size_t *rlen);
+int mgpu_linebuf_feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const char *data,
+                      size_t n, const char **block, size_t *blen, const char **raw, size_t *rlen);
 /* At the end of the stream: the last partial line, completed with a newline. */
-int mgpu_linebuf_flush(mgpu_linebuf_t *lb, const char *prefix, const char **block, size_t *blen,
-                       const char **raw, size_t *rlen);
+int mgpu_linebuf_flush(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix,
+                       const char **block, size_t *blen, const char **raw, size_t *rlen);
 void mgpu_linebuf_free(mgpu_linebuf_t *lb);
+/* Gives back memory a burst of long lines left behind (an idle launcher stays small). */
+void mgpu_outbuf_trim(mgpu_outbuf_t *ob);
+void mgpu_outbuf_free(mgpu_outbuf_t *ob);
 
 #endif

@@ -196,11 +196,12 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     return 0;
 }
 
-static void build_vars(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in)
+static void build_vars(mgpu_plan_t *plan)
 {
     for (int k = 0; k < plan->nproc; k++) {
         mgpu_worker_plan_t *w = &plan->workers[k];
 
+        w->nvars = 0;
         w->local_rank = k;
         w->rank = plan->base_rank + k;
         w->ordinal = -1;
@@ -220,16 +221,14 @@ static void build_vars(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan
         set_var(w, "ROLE_WORLD_SIZE", "%d", plan->world_size);
         set_var(w, "MASTER_ADDR", "%s", plan->master_addr);
         set_var(w, "MASTER_PORT", "%d", plan->master_port);
-        set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", cli->max_restarts);
+        set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", plan->max_restarts);
         set_var(w, "TORCHELASTIC_RUN_ID", "%s", plan->run_id);
         /* Workers host their own TCPStore on MASTER_PORT (rank 0): the launcher's store speaks
          * mgpu's protocol, not PyTorch's, whose wire format changes between releases. */
         set_var(w, "TORCHELASTIC_USE_AGENT_STORE", "False");
-        set_var(w, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "%s", in->nccl_async ? in->nccl_async : "1");
-        if (in->omp_threads != NULL)
-            set_var(w, "OMP_NUM_THREADS", "%s", in->omp_threads);
-        else if (plan->nproc > 1)
-            set_var(w, "OMP_NUM_THREADS", "1");
+        set_var(w, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "%s", plan->nccl_async);
+        if (plan->omp_threads[0])
+            set_var(w, "OMP_NUM_THREADS", "%s", plan->omp_threads);
         set_var(w, "MGPU_NODE_RANK", "%d", plan->node_rank);
         set_var(w, "MGPU_NNODES", "%d", plan->nnodes);
         set_var(w, "MGPU_LAUNCHER_PID", "%d", (int)getpid());
@@ -246,7 +245,27 @@ static void build_vars(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan
         }
         if (plan->sharing)
             set_var(w, "MGPU_ALLOW_GPU_SHARING", "1");
+        if (plan->store_port > 0) {
+            set_var(w, "MGPU_STORE_ADDR", "%s", plan->store_addr);
+            set_var(w, "MGPU_STORE_PORT", "%d", plan->store_port);
+            set_var(w, "MGPU_STORE_TOKEN", "%s", plan->store_token);
+        }
     }
+}
+
+void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
+{
+    plan->nnodes = world->nnodes;
+    plan->node_rank = world->node_rank;
+    plan->base_rank = world->base_rank;
+    plan->world_size = world->world_size;
+    snprintf(plan->master_addr, sizeof plan->master_addr, "%s", world->master_addr);
+    plan->master_port = world->master_port;
+    plan->port_is_free_pick = 1;
+    snprintf(plan->store_addr, sizeof plan->store_addr, "%s", world->store_addr);
+    plan->store_port = world->store_port;
+    snprintf(plan->store_token, sizeof plan->store_token, "%s", world->token);
+    build_vars(plan);
 }
 
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
@@ -286,11 +305,15 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
         plan->master_port = 29500;
     }
     plan->omp_warning = in->omp_threads == NULL && plan->nproc > 1;
+    snprintf(plan->derived, sizeof plan->derived, "%s", cli->derived);
+    snprintf(plan->omp_threads, sizeof plan->omp_threads, "%s",
+             in->omp_threads ? in->omp_threads : (plan->nproc > 1 ? "1" : ""));
+    snprintf(plan->nccl_async, sizeof plan->nccl_async, "%s", in->nccl_async ? in->nccl_async : "1");
 
     plan->workers = calloc((size_t)plan->nproc, sizeof *plan->workers);
     if (plan->workers == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory for %d workers", plan->nproc);
-    build_vars(plan, cli, in);
+    build_vars(plan);
     return build_argv(plan, cli, in, err);
 }
 
@@ -381,6 +404,11 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
     if (plan->sharing)
         fprintf(out, "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
                 plan->nproc, plan->vis.count, plan->vis.count);
+    if (plan->derived[0])
+        fprintf(out, "  from the environment: %s\n", plan->derived);
+    if (plan->nnodes > 1)
+        fprintf(out, "  ranks assume %d workers on every node; the rendezvous decides them\n",
+                plan->nproc);
     fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
             plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
             plan->max_restarts);
@@ -415,6 +443,7 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
     cJSON_AddStringToObject(root, "master_addr", plan->master_addr);
     cJSON_AddNumberToObject(root, "master_port", plan->master_port);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
+    cJSON_AddStringToObject(root, "derived", plan->derived);
     cJSON_AddBoolToObject(root, "simulated", plan->gpus.simulated);
     if (plan->vis.cvd_set)
         cJSON_AddStringToObject(root, "cuda_visible_devices", plan->vis.cvd);

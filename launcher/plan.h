@@ -12,6 +12,7 @@
 #include "cli.h"     /* mgpu_cli_t */
 #include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
 #include "error.h"   /* mgpu_err_t */
+#include "rdzv.h"    /* mgpu_rdzv_world_t */
 
 #define MGPU_VERSION "0.1.0"
 #define MGPU_MAX_VARS 40
@@ -63,6 +64,12 @@ typedef struct mgpu_plan {
     char hostname[256];
     char entrypoint[1024]; /* the program as the user named it (report title) */
     char cpu_reason[700];  /* why the workers run on the CPU, when they do */
+    char omp_threads[32];  /* OMP_NUM_THREADS for the workers, "" for none */
+    char derived[512];     /* options taken from Slurm or Open MPI (cli.derived) */
+    char nccl_async[32];   /* TORCH_NCCL_ASYNC_ERROR_HANDLING */
+    char store_addr[256];  /* the launchers' store, for MGPU_STORE_*; port 0 = none yet */
+    int store_port;
+    char store_token[80];
     mgpu_gpu_list_t gpus;
     mgpu_visible_t vis;
     mgpu_worker_plan_t *workers;
@@ -71,6 +78,10 @@ typedef struct mgpu_plan {
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                     mgpu_err_t *err);
 void mgpu_plan_free(mgpu_plan_t *plan);
+
+/* After the rendezvous: the world as the nodes agreed it (ranks, MASTER_ADDR/PORT, the store)
+ * replaces the static guess of mgpu_plan_build in every worker's variables. */
+void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world);
 
 /* The value the plan sets for key in worker k, or NULL. */
 const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);

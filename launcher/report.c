@@ -92,7 +92,7 @@ static const char *state_name(mgpu_wstate_t s)
 static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)
 {
     if (o->exec_errno)
-        snprintf(buf, len, "%d (could not execute: %s)", o->exit_code, strerror(o->exec_errno));
+        snprintf(buf, len, "%d (could not execute %s)", o->exit_code, o->exec_reason);
     else if (o->signal)
         snprintf(buf, len, "%d (killed by SIG%s)", o->exit_code, sigabbrev_np(o->signal));
     else
@@ -140,7 +140,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     const char *thin = "------------------------------------------------------------";
     int nother = 0, nstopped = 0, idx = 1;
 
-    if (res->root < 0 && res->signal == 0)
+    if (res->root < 0 && res->signal == 0 && !res->remote && !res->rdzv_error)
         return;
     fprintf(out, "%s\n%s FAILED\n%s\n", rule, plan->entrypoint, thin);
     if (res->signal)
@@ -170,12 +170,96 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     if (res->root >= 0) {
         fprintf(out, "%s\nRoot Cause (first observed failure%s):\n", thin,
                 res->attempts > 1 ? ", last attempt" : "");
+        if (plan->nnodes > 1)
+            fprintf(out, "  node      : %d of %d\n", plan->node_rank, plan->nnodes);
         print_failure(plan, &res->outcomes[res->root], 0, out);
+    } else if (res->remote) {
+        const mgpu_rdzv_failure_t *f = &res->remote_failure;
+        fprintf(out, "%s\nRoot Cause (first observed failure, on another node):\n[0]:\n", thin);
+        fprintf(out, "  node      : %d of %d\n", f->node_rank, plan->nnodes);
+        fprintf(out, "  host      : %s\n", f->host);
+        if (f->rank >= 0) {
+            fprintf(out, "  rank      : %d (local_rank: %d)\n", f->rank, f->local_rank);
+            fprintf(out, "  exitcode  : %d\n", f->exit_code);
+            fprintf(out, "  details   : in the report of node %d's launcher\n", f->node_rank);
+        } else if (f->exit_code == 137) {
+            fprintf(out, "  cause     : that node's launcher died (its connection to the store "
+                         "closed)\n");
+        } else {
+            fprintf(out, "  cause     : that node's launcher received signal %d\n",
+                    f->exit_code - 128);
+        }
+    } else if (res->rdzv_error) {
+        fprintf(out, "%s\nThe nodes lost each other: see the error above.\n", thin);
     }
     if (res->attempts > 1)
         fprintf(out, "%s\nAttempts: %d (--max_restarts=%d), each failed\n", thin, res->attempts,
                 plan->max_restarts);
     fprintf(out, "%s\n", rule);
+}
+
+/* Calls fn for each "event=seconds" of a published timeline. */
+static void timeline_each(const char *t, void (*fn)(void *, const char *, double), void *arg)
+{
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", t);
+    for (char *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq != NULL) {
+            *eq = '\0';
+            fn(arg, kv, atof(eq + 1));
+        }
+    }
+}
+
+typedef struct tl_cols {
+    char names[12][32];
+    int n;
+    const mgpu_outcome_t *o;
+    FILE *out;
+} tl_cols_t;
+
+static void tl_header(void *arg, const char *name, double t)
+{
+    tl_cols_t *c = arg;
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->names[i], name) == 0)
+            return;
+    if (c->n < 12)
+        snprintf(c->names[c->n++], sizeof c->names[0], "%s", name);
+}
+
+static void tl_cell(void *arg, const char *name, double t)
+{
+    tl_cols_t *c = arg;
+    (void)name;
+    fprintf(c->out, " %11.1f", (t - c->o->t_start) * 1e3);
+}
+
+void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    tl_cols_t c = {.out = out};
+    for (int k = 0; k < res->nout; k++)
+        timeline_each(res->outcomes[k].timeline, tl_header, &c);
+    if (c.n == 0)
+        return;
+    fprintf(out, "startup timeline (ms after mgpu-launch spawned each worker):\n  rank");
+    for (int i = 0; i < c.n; i++)
+        fprintf(out, " %11s", c.names[i]);
+    fprintf(out, "\n");
+    for (int k = 0; k < res->nout; k++) {
+        if (!res->outcomes[k].timeline[0])
+            continue;
+        c.o = &res->outcomes[k];
+        fprintf(out, "  %4d", res->outcomes[k].rank);
+        timeline_each(res->outcomes[k].timeline, tl_cell, &c);
+        fprintf(out, "\n");
+    }
+}
+
+static void tl_json(void *arg, const char *name, double t)
+{
+    cJSON_AddNumberToObject(arg, name, t);
 }
 
 static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
@@ -198,7 +282,7 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
     if (o->stop_signal)
         cJSON_AddStringToObject(j, "stopped_with", sigabbrev_np(o->stop_signal));
     if (o->exec_errno)
-        cJSON_AddStringToObject(j, "exec_error", strerror(o->exec_errno));
+        cJSON_AddStringToObject(j, "exec_error", o->exec_reason);
     cJSON_AddNumberToObject(j, "start_time", o->t_start);
     cJSON_AddNumberToObject(j, "end_time", o->t_end);
     if (w->physical >= 0) {
@@ -221,6 +305,8 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
     }
     free(msg);
     free(trace);
+    if (o->timeline[0])
+        timeline_each(o->timeline, tl_json, cJSON_AddObjectToObject(j, "timeline"));
     if (o->ntail) {
         cJSON *t = cJSON_AddArrayToObject(j, "stderr_tail");
         for (int i = 0; i < o->ntail; i++)
@@ -243,7 +329,7 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     cJSON_AddStringToObject(root, "entrypoint", plan->entrypoint);
     cJSON_AddStringToObject(root, "host", plan->hostname);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
-    cJSON_AddStringToObject(root, "result", res->root < 0 && !res->signal ? "succeeded" : "failed");
+    cJSON_AddStringToObject(root, "result", res->exit_code == 0 ? "succeeded" : "failed");
     cJSON_AddNumberToObject(root, "exit_code", res->exit_code);
     if (res->signal)
         cJSON_AddStringToObject(root, "launcher_signal", sigabbrev_np(res->signal));
@@ -259,10 +345,20 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     cJSON_AddNumberToObject(root, "duration_s", res->t_end - res->t_start);
     if (res->keep_logs)
         cJSON_AddStringToObject(root, "log_dir", res->log_root);
-    if (res->root >= 0)
-        cJSON_AddItemToObject(root, "root_cause", outcome_json(plan, &res->outcomes[res->root]));
-    else
+    if (res->root >= 0) {
+        cJSON *cause = outcome_json(plan, &res->outcomes[res->root]);
+        cJSON_AddNumberToObject(cause, "node_rank", plan->node_rank);
+        cJSON_AddItemToObject(root, "root_cause", cause);
+    } else if (res->remote) {
+        cJSON *cause = cJSON_AddObjectToObject(root, "root_cause");
+        cJSON_AddNumberToObject(cause, "node_rank", res->remote_failure.node_rank);
+        cJSON_AddStringToObject(cause, "host", res->remote_failure.host);
+        cJSON_AddNumberToObject(cause, "rank", res->remote_failure.rank);
+        cJSON_AddNumberToObject(cause, "local_rank", res->remote_failure.local_rank);
+        cJSON_AddNumberToObject(cause, "exit_code", res->remote_failure.exit_code);
+    } else {
         cJSON_AddNullToObject(root, "root_cause");
+    }
     workers = cJSON_AddArrayToObject(root, "workers");
     for (int k = 0; k < res->nout; k++)
         cJSON_AddItemToArray(workers, outcome_json(plan, &res->outcomes[k]));

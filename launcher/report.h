@@ -12,6 +12,10 @@
 /* The failure report; prints nothing for a run that succeeded. */
 void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out);
 
+/* The workers' startup timeline (ms after the launcher spawned each), when they published one
+ * (libmgpu workers do); prints nothing otherwise. */
+void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out);
+
 /* Writes FILE.tmp, fsyncs, renames to FILE: readers never see half a report. */
 int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
                               const char *path, mgpu_err_t *err);

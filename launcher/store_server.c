@@ -6,15 +6,17 @@
  * callbacks, so one slow or silent client never delays another. */
 #include "store_server.h"
 
-#include <errno.h>      /* ENOMEM */
-#include <netdb.h>      /* getaddrinfo */
-#include <netinet/in.h> /* sockaddr_in */
-#include <stdarg.h>     /* va_list */
-#include <stdio.h>      /* snprintf */
-#include <stdlib.h>     /* malloc, free */
-#include <string.h>     /* memcmp, memcpy */
-#include <sys/socket.h> /* socket, bind, listen */
-#include <unistd.h>     /* close */
+#include <errno.h>        /* ENOMEM */
+#include <netdb.h>        /* getaddrinfo */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <stdarg.h>       /* va_list */
+#include <stdio.h>        /* snprintf */
+#include <stdlib.h>       /* malloc, free */
+#include <string.h>       /* memcmp, memcpy */
+#include <sys/random.h>   /* getrandom */
+#include <sys/resource.h> /* getrlimit, setrlimit */
+#include <sys/socket.h>   /* socket, bind, listen */
+#include <unistd.h>       /* close */
 
 #include "log.h"         /* mgpu_warn, mgpu_debug */
 #include "store_proto.h" /* frames, decoder */
@@ -75,20 +77,25 @@ struct conn {
     mgpu_store_buf_t wbuf; /* the bytes of the uv_write in flight */
     uv_write_t wreq;
     uv_shutdown_t sreq;
-    int writing;  /* wreq in flight */
-    int reading;  /* uv_read_start in effect */
-    int authed;   /* HELLO accepted */
-    int draining; /* answer what is queued, then shut down and close */
-    int shutdown; /* sreq in flight */
-    int closing;  /* uv_close called */
-    int counted;  /* counts towards max_conns (refused connections do not) */
+    int writing;          /* wreq in flight */
+    int reading;          /* uv_read_start in effect */
+    int authed;           /* HELLO accepted */
+    int draining;         /* answer what is queued, then shut down and close */
+    int shutdown;         /* sreq in flight */
+    int closing;          /* uv_close called */
+    int counted;          /* counts towards max_conns (refused connections do not) */
+    uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
     waiter_t *waiters;
+    uint8_t *on_close;    /* ON_CLOSE's encoded key/value list, set when this one closes */
+    uint32_t on_close_len, on_close_n;
     char peer[64];
 };
 
 struct mgpu_store_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_timer_t sweep; /* closes connections that did not say HELLO in time */
+    uint64_t hello_timeout_ms;
     int port;
     uint8_t *token;
     size_t token_len;
@@ -106,10 +113,12 @@ struct mgpu_store_server {
 
 /* ---- the table ---- */
 
+/* FNV-1a. Not keyed: a client could choose colliding keys and lengthen one chain, but only
+ * clients that passed HELLO (with the token where the store is reachable from other hosts)
+ * send keys, and they are the job's own processes. */
 static uint32_t hash_key(const uint8_t *k, size_t n)
 {
-    uint32_t h = 2166136261u; /* FNV-1a: keys are short and this is not exposed to a choice of
-                                 collisions that matters more than one client's own latency */
+    uint32_t h = 2166136261u;
     for (size_t i = 0; i < n; i++)
         h = (h ^ k[i]) * 16777619u;
     return h;
@@ -208,6 +217,11 @@ static void listener_closed(uv_handle_t *h)
     srv_handle_closed(h->data);
 }
 
+static void sweep_closed(uv_handle_t *h)
+{
+    srv_handle_closed(h->data);
+}
+
 static void waiter_timer_closed(uv_handle_t *h)
 {
     waiter_t *w = h->data;
@@ -255,11 +269,39 @@ static void conn_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
     mgpu_store_server_t *s = c->srv;
+    free(c->on_close);
     mgpu_store_dec_free(&c->dec);
     mgpu_store_buf_free(&c->out);
     mgpu_store_buf_free(&c->wbuf);
     free(c);
     srv_handle_closed(s);
+}
+
+static int entry_set(mgpu_store_server_t *s, entry_t *e, const void *v, size_t n);
+static entry_t *table_get(mgpu_store_server_t *s, const uint8_t *k, size_t n);
+static entry_t *table_find(mgpu_store_server_t *s, const uint8_t *k, size_t n);
+
+/* The keys a closing connection registered with ON_CLOSE, set where they have no value. */
+static void fire_on_close(conn_t *c)
+{
+    mgpu_store_server_t *s = c->srv;
+    const uint8_t *p = c->on_close, *end = p + c->on_close_len;
+
+    for (uint32_t i = 0; i + 1 < c->on_close_n && p + 8 <= end; i += 2) {
+        uint32_t kl, vl;
+        const uint8_t *k, *v;
+        entry_t *e;
+        kl = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        k = p + 4;
+        v = k + kl + 4;
+        vl = (uint32_t)v[-4] | (uint32_t)v[-3] << 8 | (uint32_t)v[-2] << 16 | (uint32_t)v[-1] << 24;
+        p = v + vl;
+        e = table_find(s, k, kl);
+        if (e != NULL && e->has_value)
+            continue;
+        if ((e = table_get(s, k, kl)) != NULL)
+            entry_set(s, e, v, vl);
+    }
 }
 
 /* Closes at once: queued responses are dropped and parked waits end unanswered. */
@@ -269,6 +311,8 @@ static void conn_close(conn_t *c)
     if (c->closing)
         return;
     c->closing = 1;
+    if (c->on_close != NULL && !s->closing)
+        fire_on_close(c);
     while (c->waiters != NULL)
         waiter_free(c->waiters);
     if (c->prev)
@@ -307,11 +351,19 @@ static void conn_maybe_finish(conn_t *c)
         conn_close(c);
 }
 
+/* After a large value went out, its buffer is given back rather than kept per connection. */
+static void buf_trim(mgpu_store_buf_t *b)
+{
+    if (b->len == 0 && b->cap > OUT_HIGH)
+        mgpu_store_buf_free(b);
+}
+
 static void conn_write_done(uv_write_t *req, int status)
 {
     conn_t *c = req->data;
     c->writing = 0;
     c->wbuf.len = 0;
+    buf_trim(&c->wbuf);
     if (c->closing)
         return;
     if (status < 0) {
@@ -352,6 +404,7 @@ static void conn_flush(conn_t *c)
     }
     if ((size_t)n == c->out.len) {
         c->out.len = 0;
+        buf_trim(&c->out);
         conn_maybe_finish(c);
         return;
     }
@@ -742,6 +795,20 @@ static void handle(conn_t *c, const mgpu_store_frame_t *f)
         start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
         mgpu_store_buf_u32(&c->out, m.u32);
         break;
+    case MGPU_STORE_OP_ON_CLOSE: {
+        /* The key list is already checked by the parser: keep it encoded as it came. */
+        uint8_t *copy = m.key.len ? malloc(m.key.len) : NULL;
+        if (m.key.len && copy == NULL)
+            goto nomem;
+        if (m.key.len)
+            memcpy(copy, m.key.p, m.key.len);
+        free(c->on_close);
+        c->on_close = copy;
+        c->on_close_len = m.key.len;
+        c->on_close_n = m.nkeys;
+        start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
+        break;
+    }
     default: /* the decoder admits request ops only */
         conn_fail(c, m.op, m.id, MGPU_STORE_ST_PROTOCOL, "unexpected op");
         return;
@@ -879,6 +946,10 @@ static void on_connection(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    /* A node that dies without closing its sockets: its connections (and the waits parked on
+     * them) end once keepalive probes go unanswered instead of never. */
+    uv_tcp_keepalive(&c->tcp, 1, 30);
+    c->accepted_ms = uv_now(s->loop);
     peer_name(&c->tcp, c->peer, sizeof c->peer);
     if (s->nconns >= s->max_conns) {
         char why[96];
@@ -892,7 +963,76 @@ static void on_connection(uv_stream_t *l, int status)
     conn_read_start(c);
 }
 
+/* Once a second: a peer that connected but has not said HELLO in time holds a connection slot
+ * for nothing (or is probing the port); it is closed. */
+static void sweep(uv_timer_t *t)
+{
+    mgpu_store_server_t *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->authed && !c->draining && !c->closing &&
+            now - c->accepted_ms >= s->hello_timeout_ms) {
+            char why[64];
+            snprintf(why, sizeof why, "no HELLO within %llu ms",
+                     (unsigned long long)s->hello_timeout_ms);
+            conn_fail(c, MGPU_STORE_OP_HELLO, 0, MGPU_STORE_ST_PROTOCOL, why);
+        }
+    }
+}
+
 /* ---- the public API ---- */
+
+static int is_loopback(const struct sockaddr *a)
+{
+    static const struct in6_addr lo6 = IN6ADDR_LOOPBACK_INIT;
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
+}
+
+/* Each connection is a descriptor, and the usual soft limit (1024) is below the default
+ * max_conns: without this, a rendezvous of a thousand workers fails at accept(2) with EMFILE.
+ * Raises the soft limit as far as the hard one allows (children inherit it, which is harmless),
+ * and says so when even that is short. */
+static void raise_fd_limit(int max_conns)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_conns + 256; /* the launcher's own pipes, logs, workers */
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+        mgpu_warn("store: max_conns is %d but this process may open only %llu descriptors "
+                  "(ulimit -n): clients beyond that will be refused",
+                  max_conns, (unsigned long long)rl.rlim_cur);
+}
+
+int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[16];
+    size_t got = 0;
+
+    if (size < 2 * sizeof raw + 1)
+        return mgpu_err_set(err, MGPU_E_RANGE, "token buffer of %zu bytes, need %zu", size,
+                            2 * sizeof raw + 1);
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return mgpu_err_set(err, -errno, "getrandom(%zu): %s", sizeof raw, strerror(errno));
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) {
+        buf[2 * i] = hex[raw[i] >> 4];
+        buf[2 * i + 1] = hex[raw[i] & 15];
+    }
+    buf[2 * sizeof raw] = '\0';
+    return 0;
+}
 
 int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                             mgpu_store_server_t **out, mgpu_err_t *err)
@@ -944,6 +1084,11 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
         goto fail;
     }
 
+    if (!is_loopback(ai->ai_addr) && (o->token == NULL || *o->token == '\0'))
+        mgpu_warn("store: listening on %s with no token: anyone who can reach it can read and "
+                  "change the job's keys",
+                  addr_str);
+
     s = calloc(1, sizeof *s);
     if (s == NULL || (s->buckets = calloc(64, sizeof *s->buckets)) == NULL) {
         rc = mgpu_err_set(err, -ENOMEM, "store server: out of memory");
@@ -954,6 +1099,8 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     s->max_conns = o->max_conns > 0 ? o->max_conns : DEFAULT_MAX_CONNS;
+    s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 10000;
+    raise_fd_limit(s->max_conns);
     s->lim = mgpu_store_limits_default();
     if (o->max_key)
         s->lim.max_key = o->max_key;
@@ -975,6 +1122,13 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     if (rc == 0) {
         fd = -1; /* the handle owns it now */
         rc = uv_listen((uv_stream_t *)&s->listener, LISTEN_BACKLOG, on_connection);
+    }
+    if (rc == 0) {
+        uint64_t every = s->hello_timeout_ms < 1000 ? s->hello_timeout_ms : 1000;
+        uv_timer_init(loop, &s->sweep);
+        s->handles++;
+        s->sweep.data = s;
+        uv_timer_start(&s->sweep, sweep, every, every);
     }
     if (rc < 0) {
         mgpu_err_set(err, rc, "uv_listen(%s): %s", addr_str, uv_strerror(rc));
@@ -1020,5 +1174,6 @@ void mgpu_store_server_close(mgpu_store_server_t *s)
     s->closing = 1;
     while (s->conns != NULL)
         conn_close(s->conns);
+    uv_close((uv_handle_t *)&s->sweep, sweep_closed);
     uv_close((uv_handle_t *)&s->listener, listener_closed);
 }

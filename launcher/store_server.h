@@ -8,7 +8,12 @@
  * A client must open with HELLO carrying the right protocol version and, when the server has a
  * token, that token (compared in constant time); otherwise it gets an error status and is
  * closed. A malformed or oversized frame closes that connection only, with a log line.
- * Connections beyond max_conns are closed as soon as they are accepted, with a log line.
+ * Connections beyond max_conns, and connections that do not say HELLO within hello_timeout_ms,
+ * get an error status (request id 0) and are closed, with a log line.
+ *
+ * Signals: the server writes with write(2), which raises SIGPIPE when a client has gone away;
+ * the process must ignore SIGPIPE (signal(SIGPIPE, SIG_IGN) in main, as libuv programs do) and
+ * restore its default in children before exec, since an ignored disposition is inherited.
  *
  * Ownership: the caller owns the loop; the server owns its handles. mgpu_store_server_close
  * starts closing them and the server frees itself once their close callbacks have run, so the
@@ -27,13 +32,16 @@ typedef struct mgpu_store_server mgpu_store_server_t;
 typedef struct mgpu_store_server_opts {
     const char *bind_host; /* numeric address or host name; NULL = "127.0.0.1" */
     int port;              /* 0 = any free port (see mgpu_store_server_port) */
-    const char *token;     /* NULL or "" = no token required */
+    const char *token;     /* NULL or "" = no token required (a warning when not on loopback) */
     int max_conns;         /* 0 = 4096 */
     size_t max_key;        /* 0 = 4 KiB */
     size_t max_value;      /* 0 = 64 MiB */
+    int hello_timeout_ms;  /* a connection that has not said HELLO by then is closed; 0 = 10 s */
 } mgpu_store_server_opts_t;
 
-/* Binds, listens and returns the running server in *out. Errors name the call, e.g.
+/* Binds, listens and returns the running server in *out. Raises the process's soft limit on
+ * descriptors (RLIMIT_NOFILE) towards max_conns when it is lower, as far as the hard limit
+ * allows (a warning when that is short). Errors name the call, e.g.
  * "bind(127.0.0.1:29500): Address already in use". o may be NULL for all defaults. */
 int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
                             mgpu_store_server_t **out, mgpu_err_t *err);
@@ -41,6 +49,9 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
 int mgpu_store_server_port(const mgpu_store_server_t *s);
 /* Open client connections now. */
 int mgpu_store_server_num_conns(const mgpu_store_server_t *s);
+/* Writes a fresh random token (32 hex digits from getrandom) and a NUL into buf, for a store
+ * reachable from other hosts; size must be at least 33. */
+int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err);
 /* Closes the listener and every connection (pending waits end without a reply); the server
  * frees itself once their close callbacks have run. NULL is allowed. */
 void mgpu_store_server_close(mgpu_store_server_t *s);

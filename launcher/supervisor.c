@@ -41,7 +41,6 @@ typedef struct stream {
     int file_fd;    /* per-rank log file, -1 when none */
     int open;       /* the handle is initialised and not yet closed */
     mgpu_linebuf_t lb;
-    char rbuf[65536];
 } stream_t;
 
 typedef struct proc {
@@ -73,6 +72,17 @@ typedef struct sup {
     int root;          /* first failure of this attempt, -1 */
     int finished;
     int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
+    pid_t keeper;        /* the keeper process (see keeper_start), -1 when none */
+    /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
+     * is written before the next read, so one of each serves all workers (and keeps the
+     * launcher small however many workers write at once). */
+    char rbuf[65536];
+    mgpu_outbuf_t ob;
+    mgpu_rdzv_t *rdzv;   /* the launchers' rendezvous */
+    int multi;           /* several nodes: failures and attempt ends go through the store */
+    int ending;          /* this node's attempt is over; waiting for the other nodes */
+    int pending_work;    /* rendezvous calls on the thread pool */
+    int keeper_fd;       /* write end of its pipe */
 } sup_t;
 
 static double now_real(void)
@@ -169,7 +179,13 @@ static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
     }
 }
 
+/* Rendezvous calls run on the thread pool (see rwork_run). */
+enum { RW_WATCH, RW_REPORT, RW_END };
+
 static void maybe_finish(sup_t *s);
+static void report_failure(sup_t *s, int rank, int local_rank, int code);
+static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
+static void resolve_exec(const char *prog, char *out, size_t len);
 
 static void on_stream_closed(uv_handle_t *h)
 {
@@ -202,16 +218,18 @@ static void stream_close(stream_t *st)
 
     if (!st->open || uv_is_closing((uv_handle_t *)&st->pipe))
         return;
-    if (mgpu_linebuf_flush(&st->lb, st->proc->prefix, &block, &blen, &raw, &rlen) == 0)
+    if (mgpu_linebuf_flush(&st->lb, &st->proc->sup->ob, st->proc->prefix, &block, &blen, &raw,
+                           &rlen) == 0)
         deliver(st, block, blen, raw, rlen);
+    mgpu_outbuf_trim(&st->proc->sup->ob);
     uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     stream_t *st = h->data;
-    buf->base = st->rbuf;
-    buf->len = sizeof st->rbuf;
+    buf->base = st->proc->sup->rbuf;
+    buf->len = sizeof st->proc->sup->rbuf;
 }
 
 static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
@@ -226,12 +244,13 @@ static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
     }
     if (n == 0)
         return;
-    if (mgpu_linebuf_feed(&st->lb, st->proc->prefix, buf->base, (size_t)n, &block, &blen, &raw,
-                          &rlen) < 0) {
+    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, buf->base, (size_t)n,
+                          &block, &blen, &raw, &rlen) < 0) {
         mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
         return;
     }
     deliver(st, block, blen, raw, rlen);
+    mgpu_outbuf_trim(&st->proc->sup->ob);
 }
 
 /* Signals every worker group still running (and their process groups). */
@@ -291,6 +310,7 @@ static int sweep_leftovers(sup_t *s, int sig)
         int worker = 0;
         for (int k = 0; k < s->nproc; k++)
             worker |= s->procs[k].pid == kids[i] && s->procs[k].running;
+        worker |= kids[i] == s->keeper;
         if (!worker && kill(kids[i], sig) == 0)
             n++;
     }
@@ -341,6 +361,28 @@ static void stop_group(sup_t *s, int sig)
         uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000), 0);
 }
 
+/* Why execve(path) failed, in words. ENOENT for a file that exists means the interpreter of
+ * its #! line is missing: say which, rather than the puzzling "No such file or directory". */
+static void exec_reason(const char *prog, int e, char *buf, size_t len)
+{
+    char exe[4096], line[512];
+    FILE *f;
+
+    resolve_exec(prog, exe, sizeof exe);
+    snprintf(buf, len, "'%s': %s", exe, strerror(e));
+    if (e != ENOENT || access(exe, F_OK) != 0 || (f = fopen(exe, "re")) == NULL)
+        return;
+    if (fgets(line, sizeof line, f) != NULL && line[0] == '#' && line[1] == '!') {
+        char *interp = line + 2;
+        while (*interp == ' ' || *interp == '\t')
+            interp++;
+        interp[strcspn(interp, " \t\r\n")] = '\0';
+        snprintf(buf, len, "'%s': its interpreter '%s' (from the #! line): %s", exe, interp,
+                 strerror(e));
+    }
+    fclose(f);
+}
+
 static void record_exit(sup_t *s, proc_t *p, int status)
 {
     mgpu_outcome_t *o = p->out;
@@ -351,6 +393,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     o->t_detected_mono = now_mono();
     if (o->exec_errno) {
         o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
+        exec_reason(s->plan->workers[p->k].argv[0], o->exec_errno, o->exec_reason,
+                    sizeof o->exec_reason);
         o->state = MGPU_W_FAILED;
     } else if (WIFSIGNALED(status)) {
         o->signal = WTERMSIG(status);
@@ -365,10 +409,10 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         s->root = p->k;
         /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
         stop_group(s, SIGTERM);
+        report_failure(s, o->rank, p->k, o->exit_code);
         if (o->exec_errno)
-            mgpu_warn("local rank %d (rank %d) could not execute '%s': %s (exit %d)", p->k,
-                      o->rank, s->plan->workers[p->k].argv[0], strerror(o->exec_errno),
-                      o->exit_code);
+            mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k,
+                       o->rank, o->exec_reason, o->exit_code);
         else
             mgpu_info("local rank %d (rank %d, pid %d) failed with exit code %d; stopping the "
                       "others",
@@ -423,6 +467,7 @@ static void on_signal(uv_signal_t *h, int sig)
     }
     if (!s->user_signal) {
         s->user_signal = sig;
+        report_failure(s, -1, -1, 128 + sig);
         mgpu_warn("received SIG%s: stopping the workers (SIGKILL after %gs%s)", sigabbrev_np(sig),
                   s->cli->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
     }
@@ -449,6 +494,14 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
         _exit(128 + SIGKILL);
     if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         goto fail;
+    /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
+     * inherited by workers, and by what they leave behind, could keep the wrapper waiting. The
+     * exec-error pipe stays open until execve closes it (close-on-exec). */
+    if ((exec_w > 3 && close_range(3, (unsigned)exec_w - 1, 0) != 0) ||
+        close_range((unsigned)exec_w + 1, ~0u, 0) != 0)
+        for (int fd = 3; fd < 4096; fd++) /* kernels before 5.9 */
+            if (fd != exec_w)
+                close(fd);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(path, argv, envp);
@@ -482,6 +535,70 @@ static void resolve_exec(const char *prog, char *out, size_t len)
     }
 }
 
+/* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
+ * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
+ * (a shell's children, data-loader processes): those would be reparented to init and hold the
+ * GPU. The launcher tells the keeper every worker's process group; when the pipe reaches EOF
+ * without the launcher's "quit" (-1), the launcher died, and the keeper SIGKILLs every group.
+ * It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
+ * one job. */
+static void keeper_main(int fd)
+{
+    int32_t pgids[4096], v;
+    int n = 0;
+    sigset_t all;
+
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    prctl(PR_SET_NAME, "mgpu-keeper");
+    for (;;) {
+        ssize_t r = read(fd, &v, sizeof v);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r != (ssize_t)sizeof v)
+            break;
+        if (v == -1)
+            _exit(0);
+        if (n < 4096)
+            pgids[n++] = v;
+    }
+    for (int i = 0; i < n; i++)
+        kill(-pgids[i], SIGKILL);
+    _exit(0);
+}
+
+static void keeper_start(sup_t *s)
+{
+    int fds[2];
+    sigset_t all, old;
+
+    s->keeper = -1;
+    s->keeper_fd = -1;
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return; /* the run goes on, with workers still tied to the launcher by PDEATHSIG */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    s->keeper = fork();
+    if (s->keeper == 0) {
+        close(fds[1]);
+        keeper_main(fds[0]);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(fds[0]);
+    if (s->keeper < 0)
+        close(fds[1]);
+    else
+        s->keeper_fd = fds[1];
+}
+
+static void keeper_tell(sup_t *s, int32_t v)
+{
+    if (s->keeper_fd >= 0 && write(s->keeper_fd, &v, sizeof v) != (ssize_t)sizeof v) {
+        close(s->keeper_fd);
+        s->keeper_fd = -1;
+    }
+}
+
 static int open_log(const char *dir, const char *name, mgpu_err_t *err)
 {
     char path[2500];
@@ -504,7 +621,9 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     int rc = 0;
 
     s->root = -1;
-    s->stopping = s->killed = s->swept = 0;
+    s->stopping = s->killed = s->swept = s->ending = 0;
+    if (s->multi)
+        rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
     s->res->attempts = s->attempt + 1;
 
@@ -579,6 +698,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             break;
         }
         p->pid = pid;
+        keeper_tell(s, pid);
         p->running = 1;
         p->out->pid = pid;
         p->out->state = MGPU_W_RUNNING;
@@ -627,48 +747,170 @@ static void close_loop_handles(sup_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
 }
 
-static void maybe_finish(sup_t *s)
+/* The attempt is over everywhere: restart it, or end the run. failed says whether any node
+ * failed; rf (may be NULL) is the first failure when it happened on another node. */
+static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
 {
-    pid_t kids[4];
+    mgpu_run_result_t *r = s->res;
     mgpu_err_t err;
+    int stopped_by_user = s->user_signal || (rf != NULL && rf->rank < 0);
 
-    if (s->finished || s->running > 0 || s->open_streams > 0)
-        return;
-    if (list_children(kids, 4) > 0 && !s->killed)
-        return; /* leftovers are stopping; their SIGCHLD brings us back */
-    uv_timer_stop(&s->grace_timer);
-    uv_timer_stop(&s->drain_timer);
-
-    if (s->root >= 0) {
-        mgpu_run_result_t *r = s->res;
+    if (!failed) {
+        r->root = r->root_attempt = -1;
+        r->remote = 0;
+    } else {
         mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
-        if (h != NULL) {
-            r->history = h;
-            r->history[r->nhistory++] = r->outcomes[s->root];
-        }
-        r->root = s->root;
+        r->root = rf == NULL ? s->root : -1;
+        r->remote = rf != NULL;
+        if (rf != NULL)
+            r->remote_failure = *rf;
         r->root_attempt = s->attempt;
-        if (!s->user_signal && s->attempt < s->cli->max_restarts) {
+        if (h != NULL && r->root >= 0) {
+            r->history = h;
+            r->history[r->nhistory++] = r->outcomes[r->root];
+        } else if (h != NULL) {
+            r->history = h;
+        }
+        if (!stopped_by_user && s->attempt < s->cli->max_restarts) {
             int left = s->cli->max_restarts - s->attempt;
-            mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, %d "
-                      "restart%s left after it",
-                      r->outcomes[s->root].rank, r->outcomes[s->root].exit_code, s->attempt + 1,
-                      left - 1, left - 1 == 1 ? "" : "s");
+            if (rf != NULL)
+                mgpu_warn("worker group failed (node %d, rank %d exited with %d); restarting: "
+                          "attempt %d, %d restart%s left after it",
+                          rf->node_rank, rf->rank, rf->exit_code, s->attempt + 1, left - 1,
+                          left - 1 == 1 ? "" : "s");
+            else
+                mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, "
+                          "%d restart%s left after it",
+                          r->outcomes[s->root].rank, r->outcomes[s->root].exit_code,
+                          s->attempt + 1, left - 1, left - 1 == 1 ? "" : "s");
             s->attempt++;
             if (start_attempt(s, &err) == 0)
                 return;
             mgpu_error("restart failed: %s", err.msg);
         }
-    } else {
-        s->res->root = -1;
-        s->res->root_attempt = -1;
     }
     s->finished = 1;
     close_loop_handles(s);
 }
 
-int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result_t *res,
-                 mgpu_err_t *err)
+/* Work on libuv's thread pool: the rendezvous calls block on the network. */
+typedef struct rwork {
+    uv_work_t req;
+    sup_t *s;
+    int kind, attempt, rc, failed, first;
+    mgpu_rdzv_failure_t f;
+    mgpu_err_t err;
+} rwork_t;
+
+static void rwork_run(uv_work_t *req)
+{
+    rwork_t *w = req->data;
+    sup_t *s = w->s;
+    switch (w->kind) {
+    case RW_WATCH: w->rc = mgpu_rdzv_wait_failure(s->rdzv, w->attempt, &w->f, &w->err); break;
+    case RW_REPORT:
+        w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
+        break;
+    case RW_END:
+        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->cli->grace_period + 30.0,
+                                      &w->failed, &w->f, &w->err);
+        break;
+    }
+}
+
+static void rwork_done(uv_work_t *req, int status)
+{
+    rwork_t *w = req->data;
+    sup_t *s = w->s;
+
+    s->pending_work--;
+    if (w->kind == RW_WATCH && w->rc == 0 && w->attempt == s->attempt && !s->finished &&
+        w->f.node_rank != s->plan->node_rank && s->root < 0) {
+        if (w->f.rank >= 0)
+            mgpu_warn("node %d (%s): rank %d failed with exit code %d; stopping this node's "
+                      "workers",
+                      w->f.node_rank, w->f.host, w->f.rank, w->f.exit_code);
+        else if (w->f.exit_code == 137)
+            mgpu_warn("node %d (%s): its launcher died; stopping this node's workers",
+                      w->f.node_rank, w->f.host);
+        else
+            mgpu_warn("node %d (%s): its launcher was stopped by signal %d; stopping this "
+                      "node's workers",
+                      w->f.node_rank, w->f.host, w->f.exit_code - 128);
+        stop_group(s, SIGTERM);
+    } else if (w->kind == RW_WATCH && w->rc < 0 && w->rc != MGPU_E_CLOSED &&
+               w->attempt == s->attempt && !s->finished && !s->ending) {
+        mgpu_error("lost the other nodes: %s; stopping this node's workers", w->err.msg);
+        s->res->rdzv_error = 1;
+        stop_group(s, SIGTERM);
+    } else if (w->kind == RW_REPORT && w->rc < 0) {
+        mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
+    } else if (w->kind == RW_END && w->attempt == s->attempt && !s->finished) {
+        if (w->rc < 0) {
+            mgpu_error("%s", w->err.msg);
+            s->res->rdzv_error = 1;
+            attempt_done(s, 1, NULL);
+        } else {
+            int remote = w->failed && w->f.node_rank != s->plan->node_rank;
+            attempt_done(s, w->failed || s->root >= 0, remote ? &w->f : NULL);
+        }
+    }
+    free(w);
+}
+
+static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f)
+{
+    rwork_t *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return;
+    w->req.data = w;
+    w->s = s;
+    w->kind = kind;
+    w->attempt = s->attempt;
+    if (f != NULL)
+        w->f = *f;
+    s->pending_work++;
+    uv_queue_work(&s->loop, &w->req, rwork_run, rwork_done);
+}
+
+static void report_failure(sup_t *s, int rank, int local_rank, int code)
+{
+    mgpu_rdzv_failure_t f = {.node_rank = s->plan->node_rank, .rank = rank,
+                             .local_rank = local_rank, .exit_code = code};
+    if (!s->multi)
+        return;
+    snprintf(f.host, sizeof f.host, "%s", s->plan->hostname);
+    rwork_queue(s, RW_REPORT, &f);
+}
+
+static void maybe_finish(sup_t *s)
+{
+    pid_t kids[4];
+
+    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0)
+        return;
+    int nk = list_children(kids, 4), others = 0;
+    for (int i = 0; i < nk; i++)
+        others += kids[i] != s->keeper;
+    if (others > 0 && !s->killed)
+        return; /* leftovers are stopping; their SIGCHLD brings us back */
+    uv_timer_stop(&s->grace_timer);
+    uv_timer_stop(&s->drain_timer);
+    if (s->multi && s->res->rdzv_error) {
+        attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
+        return;
+    }
+    if (s->multi) {
+        /* Every node must end this attempt before any restarts or leaves. */
+        s->ending = 1;
+        rwork_queue(s, RW_END, NULL);
+        return;
+    }
+    attempt_done(s, s->root >= 0, NULL);
+}
+
+int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rdzv,
+                 mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
     int rc;
@@ -681,6 +923,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     s->plan = plan;
     s->cli = cli;
     s->res = res;
+    s->rdzv = rdzv;
+    s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
     res->outcomes = calloc((size_t)plan->nproc, sizeof *res->outcomes);
@@ -717,6 +961,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    keeper_start(s);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -733,16 +978,27 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    /* Every worker is gone: release the keeper without letting it kill anything. */
+    keeper_tell(s, -1);
+    if (s->keeper_fd >= 0)
+        close(s->keeper_fd);
     res->signal = s->user_signal;
     res->t_end = now_real();
+    /* The workers' startup timelines of the last attempt, when they published any. */
+    for (int k = 0; rdzv != NULL && k < s->nproc; k++)
+        mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
+                                res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)
         res->exit_code = res->outcomes[res->root].exit_code;
+    else if (res->remote)
+        res->exit_code = res->remote_failure.exit_code;
     else
-        res->exit_code = rc < 0 ? 1 : 0;
+        res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    mgpu_outbuf_free(&s->ob);
     free(s->procs);
     free(s);
     return rc;

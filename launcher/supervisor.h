@@ -15,6 +15,7 @@
 #include "cli.h"   /* mgpu_cli_t */
 #include "error.h" /* mgpu_err_t */
 #include "plan.h"  /* mgpu_plan_t */
+#include "rdzv.h"  /* mgpu_rdzv_t */
 
 #define MGPU_TAIL_LINES 8
 
@@ -34,11 +35,13 @@ typedef struct mgpu_outcome {
     int exit_code;    /* as the launcher reports it: code, 128+signal, 126/127 */
     int signal;       /* the signal that killed it, or 0 */
     int exec_errno;   /* when it could not be executed */
+    char exec_reason[600]; /* why, in words: names the program or its missing interpreter */
     int stop_signal;  /* the signal the launcher sent it, or 0 */
     double t_start;   /* CLOCK_REALTIME seconds */
     double t_end;
     double t_detected_mono; /* CLOCK_MONOTONIC, when the launcher saw the exit */
     char error_file[2400];
+    char timeline[512]; /* what a libmgpu worker published: "event=seconds;..." ("" none) */
     char tail[MGPU_TAIL_LINES][256]; /* last stderr lines, oldest first */
     int ntail;
 } mgpu_outcome_t;
@@ -49,6 +52,9 @@ typedef struct mgpu_run_result {
     int attempts;         /* attempts started */
     int root_attempt;     /* attempt of the root cause, -1 on success */
     int root;             /* index into outcomes of the first failure, -1 on success */
+    int remote;           /* 1: the first failure was on another node (see remote_failure) */
+    mgpu_rdzv_failure_t remote_failure;
+    int rdzv_error;       /* the nodes lost each other (a launcher died, the store went away) */
     int nout;
     mgpu_outcome_t *outcomes; /* the last attempt's workers (nproc entries) */
     mgpu_outcome_t *history; /* the root cause of every failed attempt, in order */
@@ -60,8 +66,8 @@ typedef struct mgpu_run_result {
 
 /* Runs the whole job (all attempts). Returns 0 when the supervision itself worked (whatever
  * the workers did: see res), or a negative code when it could not start (err says why). */
-int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_run_result_t *res,
-                 mgpu_err_t *err);
+int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rdzv,
+                 mgpu_run_result_t *res, mgpu_err_t *err);
 /* Frees res and removes the run's folder unless logs were asked for. */
 void mgpu_run_result_free(mgpu_run_result_t *res);
 

@@ -12,6 +12,15 @@
 
 static int check_failed; /* failures inside the current test's process */
 
+/* Inside a test: stop it here and count it as skipped (no GPU on this machine, say). */
+#define SKIP(...)                                                                              \
+    do {                                                                                       \
+        printf("  skip: " __VA_ARGS__);                                                        \
+        printf("\n");                                                                          \
+        fflush(stdout);                                                                        \
+        _exit(77);                                                                             \
+    } while (0)
+
 #define CHECK(cond)                                                                            \
     do {                                                                                       \
         if (!(cond)) {                                                                         \
@@ -52,7 +61,7 @@ static int check_failed; /* failures inside the current test's process */
     } while (0)
 
 typedef void (*check_fn)(void);
-static int check_passed_total, check_failed_total;
+static int check_passed_total, check_failed_total, check_skipped_total;
 
 static void check_run(const char *name, check_fn fn)
 {
@@ -66,8 +75,11 @@ static void check_run(const char *name, check_fn fn)
         fflush(stdout);
         _exit(check_failed ? 1 : 0);
     }
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) ||
-        WEXITSTATUS(status) != 0) {
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+        WEXITSTATUS(status) == 77) {
+        printf("skip - %s\n", name);
+        check_skipped_total++;
+    } else if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         if (WIFSIGNALED(status))
             printf("  killed by signal %d\n", WTERMSIG(status));
         printf("not ok - %s\n", name);
@@ -82,7 +94,11 @@ static void check_run(const char *name, check_fn fn)
 
 static int check_done(void)
 {
-    printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
+    if (check_skipped_total)
+        printf("%d passed, %d failed, %d skipped\n", check_passed_total, check_failed_total,
+               check_skipped_total);
+    else
+        printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
     return check_failed_total ? 1 : 0;
 }
 

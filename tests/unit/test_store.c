@@ -4,13 +4,14 @@
  * Each test starts a server in a forked child running its own libuv loop; the child's stderr
  * goes to a file so tests can check the server's log lines, and on SIGTERM the child closes the
  * server and exits 0 only if the loop then closes with no handle left. */
-#include <errno.h>      /* EINVAL */
-#include <netinet/in.h> /* sockaddr_in */
-#include <signal.h>     /* kill */
-#include <stdint.h>     /* uint8_t */
-#include <stdlib.h>     /* setenv */
-#include <sys/socket.h> /* socket */
-#include <time.h>       /* clock_gettime */
+#include <errno.h>        /* EINVAL */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <signal.h>       /* kill */
+#include <stdint.h>       /* uint8_t */
+#include <stdlib.h>       /* setenv */
+#include <sys/resource.h> /* setrlimit */
+#include <sys/socket.h>   /* socket */
+#include <time.h>         /* clock_gettime */
 
 #include "check.h"
 #include "log.h"
@@ -54,6 +55,7 @@ static void srv_child(const mgpu_store_server_opts_t *o, int wr, const char *log
     FILE *f = freopen(log, "w", stderr);
 
     setvbuf(stderr, NULL, _IONBF, 0);
+    signal(SIGPIPE, SIG_IGN); /* as mgpu-launch does (store_server.h) */
     mgpu_log_init("store-test", MGPU_LOG_INFO);
     uv_loop_init(&loop);
     if (f == NULL || mgpu_store_server_start(&loop, o, &s, &err) < 0) {
@@ -536,9 +538,9 @@ static void t_token(void)
     CHECK_INT(st, MGPU_STORE_ST_PROTOCOL);
     CHECK(raw_closed(fd));
     close(fd);
-    /* another protocol version is refused */
+    /* another protocol version is refused, whatever follows its version byte */
     fd = raw_connect(s.port);
-    raw_hello(fd, 9, "s3cret");
+    raw_send(fd, "MG\x01\x00\x01\x00\x00\x00\x03\x00\x00\x00\x09\xff\xff", 15);
     CHECK_INT(raw_read_frame(fd, &st, &op), 1);
     CHECK_INT(st, MGPU_STORE_ST_VERSION);
     CHECK(raw_closed(fd));
@@ -547,6 +549,37 @@ static void t_token(void)
     CHECK_CONTAINS(srv_log(&s), "wrong store token");
     CHECK_CONTAINS(srv_log(&s), "first request is NUM_KEYS, expected HELLO");
     CHECK_CONTAINS(srv_log(&s), "protocol version 9 not supported");
+    srv_stop(&s);
+}
+
+static void t_open_bind_without_token_warns(void)
+{
+    mgpu_store_server_opts_t o = {.bind_host = "0.0.0.0"};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK_CONTAINS(srv_log(&s), "listening on 0.0.0.0:0 with no token");
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+static void t_silent_peer_is_closed(void)
+{
+    mgpu_store_server_opts_t o = {.hello_timeout_ms = 200};
+    srv_t s = srv_start(&o);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    double t0 = now_s();
+    int fd = raw_connect(s.port); /* connects and never says HELLO */
+
+    CHECK(raw_closed(fd));
+    CHECK(now_s() - t0 >= 0.15 && now_s() - t0 < 2.0);
+    close(fd);
+    sleep_s(0.3); /* an authenticated connection is not subject to it */
+    CHECK_INT(mgpu_store_ping(c, &err), 0);
+    CHECK_CONTAINS(srv_log(&s), "no HELLO within 200 ms");
+    mgpu_store_close(c);
     srv_stop(&s);
 }
 
@@ -679,6 +712,110 @@ static void t_slow_client_blocks_no_one(void)
     srv_stop(&s);
 }
 
+/* A paused connection (answers not read) resumes and gets every answer once it reads. */
+static void t_back_pressure_resumes(void)
+{
+    enum { N = 40 };
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    size_t n = 4u << 20;
+    char *val = malloc(n);
+    mgpu_store_buf_t b = {0};
+    uint8_t st = 0, op = 0;
+    int fd, got = 0;
+
+    memset(val, 'x', n);
+    CHECK_INT(mgpu_store_set(c, "big", val, n, &err), 0);
+    fd = raw_connect(s.port);
+    raw_hello(fd, MGPU_STORE_PROTO_VERSION, "");
+    for (int i = 0; i < N; i++) {
+        size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_GET, 0, (uint32_t)i + 10);
+        mgpu_store_buf_u32(&b, 0);
+        mgpu_store_buf_bytes(&b, "big", 3);
+        mgpu_store_buf_frame_end(&b, at);
+    }
+    raw_send(fd, b.p, b.len);
+    mgpu_store_buf_free(&b);
+    sleep_s(0.3); /* the server fills the socket and pauses this connection */
+    {
+        struct timeval tv = {5, 0}; /* a server that never resumes fails, not hangs, the test */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    {
+        mgpu_store_dec_t d;
+        mgpu_store_frame_t f;
+        mgpu_store_dec_init(&d, NULL, 1);
+        while (got < N + 1) { /* HELLO's answer, then N values */
+            uint8_t *p;
+            size_t avail;
+            ssize_t r;
+            if (mgpu_store_dec_next(&d, &f, NULL) == 1) {
+                if (got > 0) {
+                    st = f.status;
+                    op = f.op;
+                    CHECK(st == 0 && op == (MGPU_STORE_OP_GET | MGPU_STORE_RESP) &&
+                          f.id == (uint32_t)got - 1 + 10 && f.len == 4 + n);
+                }
+                got++;
+                continue;
+            }
+            mgpu_store_dec_reserve(&d, 0, &p, &avail);
+            r = recv(fd, p, avail, 0);
+            if (r <= 0)
+                break;
+            mgpu_store_dec_commit(&d, (size_t)r);
+        }
+        mgpu_store_dec_free(&d);
+    }
+    CHECK_INT(got, N + 1);
+    close(fd);
+    free(val);
+    mgpu_store_close(c);
+    srv_stop(&s);
+}
+
+/* Waits parked by a client that goes away, or still parked when the server stops, are freed
+ * (LeakSanitizer checks the server under ASan); keys only waited for are not counted. */
+static void t_parked_waits_of_gone_clients(void)
+{
+    srv_t s = srv_start(NULL);
+    mgpu_store_t *c = client(s.port, NULL);
+    mgpu_err_t err = {0};
+    int64_t x = -1;
+    pid_t a = fork(), b;
+
+    if (a == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        void *v;
+        size_t n;
+        mgpu_store_get(w, "never", 60.0, &v, &n, &err);
+        _exit(0);
+    }
+    b = fork();
+    if (b == 0) {
+        mgpu_store_t *w = client(s.port, NULL);
+        const char *keys[] = {"never", "x", "y"};
+        mgpu_store_wait(w, keys, 3, -1.0, &err); /* no deadline: no timer */
+        _exit(0);
+    }
+    sleep_s(0.3);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 0);
+    CHECK_INT(mgpu_store_delete(c, "never", NULL, &err), 0);
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    sleep_s(0.1);
+    CHECK_INT(mgpu_store_set(c, "never", "v", 1, &err), 0); /* b's wait still has x and y */
+    CHECK_INT(mgpu_store_set(c, "x", "v", 1, &err), 0);
+    CHECK_INT(mgpu_store_num_keys(c, &x, &err), 0);
+    CHECK_INT(x, 2);
+    mgpu_store_close(c);
+    srv_stop(&s); /* with b still parked */
+    kill(b, SIGKILL);
+    waitpid(b, NULL, 0);
+}
+
 static void t_max_conns(void)
 {
     mgpu_store_server_opts_t o = {.max_conns = 3};
@@ -806,9 +943,59 @@ static void t_bind_error_names_the_call(void)
     o.bind_host = NULL;
     o.port = 70000;
     CHECK_INT(mgpu_store_server_start(&loop, &o, &b, &err), MGPU_E_RANGE);
+    {
+        char t1[33], t2[33];
+        CHECK_INT(mgpu_store_server_token_generate(t1, sizeof t1, &err), 0);
+        CHECK_INT(mgpu_store_server_token_generate(t2, sizeof t2, &err), 0);
+        CHECK_INT(strlen(t1), 32);
+        CHECK_INT(strspn(t1, "0123456789abcdef"), 32);
+        CHECK(strcmp(t1, t2) != 0);
+        CHECK_INT(mgpu_store_server_token_generate(t1, 32, &err), MGPU_E_RANGE);
+    }
     mgpu_store_server_close(a);
     uv_run(&loop, UV_RUN_DEFAULT);
     CHECK_INT(uv_loop_close(&loop), 0); /* every handle closed and freed */
+}
+
+static void t_fd_limit_follows_max_conns(void)
+{
+    uv_loop_t loop;
+    mgpu_store_server_t *a = NULL;
+    mgpu_store_server_opts_t o = {.max_conns = 100};
+    mgpu_err_t err = {0};
+    struct rlimit rl;
+    char log[] = "/tmp/mgpu-store-test-XXXXXX";
+    FILE *f;
+    char buf[1024] = "";
+
+    close(mkstemp(log));
+    uv_loop_init(&loop);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = 64;
+    CHECK(rl.rlim_max >= 356);
+    CHECK_INT(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &a, &err), 0);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK_INT(rl.rlim_cur, 100 + 256);
+    mgpu_store_server_close(a);
+    /* a hard limit below what max_conns needs: raised to it, and a warning */
+    rl.rlim_cur = 64;
+    rl.rlim_max = 200;
+    CHECK_INT(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    CHECK(freopen(log, "w", stderr) != NULL);
+    CHECK_INT(mgpu_store_server_start(&loop, &o, &a, &err), 0);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK_INT(rl.rlim_cur, 200);
+    mgpu_store_server_close(a);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_INT(uv_loop_close(&loop), 0);
+    f = fopen(log, "r");
+    if (f) {
+        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+        fclose(f);
+    }
+    unlink(log);
+    CHECK_CONTAINS(buf, "max_conns is 100 but this process may open only 200 descriptors");
 }
 
 /* The decoder cuts frames at any byte boundary, and fails for good on a bad header. */
@@ -872,6 +1059,74 @@ static void t_decoder_incremental(void)
     mgpu_store_buf_free(&b);
 }
 
+/* Runs a shell command line, its stdout and stderr into out; returns its exit status. */
+static int sh(const char *cmd, char *out, size_t size)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, size - 1, p) : 0;
+    int st = p ? pclose(p) : -1;
+    out[n] = '\0';
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* tests/helper/store_cli, built next to this binary, as shell scripts and workers use it. */
+static void t_store_cli(void)
+{
+    mgpu_store_server_opts_t o = {.token = "tok"};
+    srv_t s = srv_start(&o);
+    char exe[4096], cli[4200], cmd[8192], out[4096], port[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+
+    exe[n > 0 ? n : 0] = '\0';
+    if (strrchr(exe, '/'))
+        *strrchr(exe, '/') = '\0';
+    snprintf(cli, sizeof cli, "%s/store_cli", exe);
+    CHECK(access(cli, X_OK) == 0);
+    snprintf(port, sizeof port, "%d", s.port);
+    setenv(MGPU_ENV_STORE_ADDR, "127.0.0.1", 1);
+    setenv(MGPU_ENV_STORE_PORT, port, 1);
+    setenv(MGPU_ENV_STORE_TOKEN, "tok", 1);
+    setenv("TORCHELASTIC_RUN_ID", "job", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+#define CLI(args) (snprintf(cmd, sizeof cmd, "%s %s 2>&1", cli, args), sh(cmd, out, sizeof out))
+    CHECK_INT(CLI("set k hello"), 0);
+    CHECK_INT(CLI("get k"), 0);
+    CHECK_STR(out, "hello\n");
+    CHECK_INT(CLI("-P job/0/ get k"), 0); /* the same key, prefix given explicitly */
+    CHECK_INT(CLI("add n 5"), 0);
+    CHECK_STR(out, "5\n");
+    CHECK_INT(CLI("cas k hello bye"), 0);
+    CHECK_STR(out, "bye\n");
+    CHECK_INT(CLI("check k missing"), 0);
+    CHECK_STR(out, "0\n");
+    CHECK_INT(CLI("get missing 0.1"), 3);
+    CHECK_CONTAINS(out, "\"job/0/missing\" not set after 100 ms");
+    CHECK_INT(CLI("delete k"), 0);
+    CHECK_STR(out, "1\n");
+    CHECK_INT(CLI("num_keys"), 0);
+    CHECK_STR(out, "1\n");
+    CHECK_INT(CLI("add"), 2);
+    CHECK_INT(CLI("garbage"), 0);
+    CHECK_STR(out, "closed\n");
+    CHECK_INT(CLI("oversized"), 0);
+    CHECK_STR(out, "closed\n");
+    snprintf(cmd, sizeof cmd, "%s -a 127.0.0.1 -p %d -t bad ping 2>&1", cli, s.port);
+    CHECK_INT(sh(cmd, out, sizeof out), 1);
+    CHECK_CONTAINS(out, "wrong store token");
+    snprintf(cmd, sizeof cmd, "%s -a 127.0.0.1 -p %d -t tok get k 0 2>&1", cli, s.port);
+    CHECK_INT(sh(cmd, out, sizeof out), 3); /* no prefix: "k" is not "job/0/k" */
+    /* three shell "workers" meet at a barrier */
+    snprintf(cmd, sizeof cmd,
+             "c=%s; $c barrier b 3 10 & p1=$!; $c barrier b 3 10 & p2=$!; "
+             "$c barrier b 3 10 || exit 1; wait $p1 && wait $p2",
+             cli);
+    CHECK_INT(sh(cmd, out, sizeof out), 0);
+    CHECK_INT(CLI("barrier b2 2 0.2"), 3);
+    CHECK_CONTAINS(out, "barrier \"b2\": 1 of 2 arrived");
+#undef CLI
+    srv_stop(&s);
+}
+
 int main(void)
 {
     RUN(t_decoder_incremental);
@@ -884,13 +1139,19 @@ int main(void)
     RUN(t_barrier_times_out_naming_arrivals);
     RUN(t_prefix_namespaces_keys);
     RUN(t_token);
+    RUN(t_open_bind_without_token_warns);
+    RUN(t_silent_peer_is_closed);
     RUN(t_garbage_closes_only_that_connection);
     RUN(t_oversized_frames);
     RUN(t_large_value_round_trip);
     RUN(t_slow_client_blocks_no_one);
+    RUN(t_back_pressure_resumes);
+    RUN(t_parked_waits_of_gone_clients);
     RUN(t_max_conns);
     RUN(t_connect_retries_until_server_is_up);
     RUN(t_reconnect_after_server_restart);
     RUN(t_bind_error_names_the_call);
+    RUN(t_fd_limit_follows_max_conns);
+    RUN(t_store_cli);
     return check_done();
 }

@@ -1,0 +1,1327 @@
+/* kernels_cuda.cu - the CUDA backend of kernels.h: the same table as kernels_cpu.c, with device
+ * memory, cuBLAS GEMMs and one kernel per op, all queued in order on one non-blocking stream
+ * that the backend owns (mgpu_kernels_cuda_stream hands it to NCCL and to event timing).
+ *
+ * Arguments arrive checked by the launchers of kernels.c; the host functions here only size
+ * grids, pick the vectorised variant where pointers allow it, and check each launch.
+ *
+ * Design choices, and why:
+ * - Elementwise and optimizer kernels are one pass over memory with 16-byte (float4) loads and
+ *   stores when every pointer they touch is 16-byte aligned (cudaMalloc's are; a sub-buffer at
+ *   an odd offset falls back to scalar accesses), in a grid-stride loop capped at 64 blocks of
+ *   256 threads per multiprocessor: one element group per thread for all but huge tensors.
+ * - Reductions (sum, MSE, cross-entropy's mean, count_correct, sum_rows) are deterministic:
+ *   each block writes one partial to a scratch buffer and one more block adds the partials in
+ *   double, in a fixed order. No atomics, so a rerun gives the same bits, which the DDP tests
+ *   (every rank must compute the same loss) rely on. A launch of one block writes the result
+ *   directly, which saves the second launch on the small models that are launch-bound.
+ * - Scalar results stay in device memory; nothing here synchronises but copy_to_host and sync.
+ * - softmax cross-entropy keeps each row in registers between its three steps (max, sum of
+ *   exponentials, gradient), so logits are read once and the gradient written once: a warp per
+ *   row up to 1024 columns (several rows per warp when they are short, so that enough loads
+ *   are in flight), a block per row up to 8192; wider rows take an online max-and-sum pass and
+ *   a gradient pass (two reads). An out-of-range label cannot be reported from the device
+ *   without a sync, so that row's loss and gradient become NaN: loud, never silently wrong.
+ * - GEMM: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so cuBLAS gets the
+ *   operands swapped (B first, then A, n before m) and no data is transposed. fp32 uses
+ *   CUBLAS_COMPUTE_32F, tf32 CUBLAS_COMPUTE_32F_FAST_TF32. bf16 mode converts both operands
+ *   to bf16 copies in a workspace (round to nearest even) and multiplies them with fp32
+ *   accumulation and an fp32 C: the master weights, the activations the backward reads and C
+ *   all stay fp32, only the products see bf16. We convert explicitly rather than ask cuBLAS
+ *   for CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands because the bf16 copies are then plain
+ *   bf16 GEMM inputs - the operand type cuBLAS's fastest Hopper kernels are built for - and
+ *   the conversion (6 bytes per element, ~0.1 ms for two 8192x8192 operands at 4 TB/s) is a
+ *   few percent of the product; tests/helper/kernels_bench.c times both to keep this honest.
+ *   cuBLAS gets a 32 MiB workspace of our own (what NVIDIA recommends for Hopper) so it never
+ *   allocates inside a step, which also keeps the stream capturable in a CUDA graph.
+ * - A bf16 GEMM (or a tf32 one with A transposed) larger than any before it grows the operand
+ *   workspace (a synchronising cudaFree/cudaMalloc): warm up with the largest shapes before
+ *   capturing a graph. */
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
+
+#include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
+
+#include <cublas_v2.h>    /* cublasGemmEx */
+#include <cuda_bf16.h>    /* __nv_bfloat16, __floats2bfloat162_rn */
+#include <cuda_runtime.h> /* streams, cudaMalloc, <<<>>> */
+
+#include <errno.h>     /* ENOMEM */
+#include <math.h>      /* INFINITY, NAN */
+#include <stdint.h>    /* uintptr_t */
+#include <stdlib.h>    /* calloc, free */
+#include <type_traits> /* std::integral_constant */
+
+namespace
+{
+
+constexpr int kThreads = 256;                /* every kernel's block size */
+constexpr int kEwBlocksPerSm = 64;           /* grid cap of elementwise kernels */
+constexpr int kRedBlocksPerSm = 8;           /* grid cap of reductions: one full wave */
+constexpr size_t kScratchFloats = 1u << 20;  /* 4 MiB of partial sums */
+constexpr size_t kBlasWorkspace = 32u << 20; /* cuBLAS's recommendation for Hopper */
+constexpr int kXentWarpMaxCols = 1024;       /* above: a block per row */
+
+struct cuda_impl {
+    int device;
+    int sms;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    mgpu_precision_t prec;
+    float *scratch; /* kScratchFloats: reduction partials, sum_rows' row-split partials */
+    void *blas_ws;
+    void *ws; /* GEMM operand copies: bf16 conversions, tf32 transposes */
+    size_t ws_bytes;
+};
+
+/* --- small helpers --------------------------------------------------------------------------- */
+
+bool is_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+template <class... P> bool aligned16(P... p)
+{
+    return (is_aligned16(p) && ...);
+}
+
+/* Blocks of kThreads for `work` items, at most per_sm blocks per multiprocessor (the kernels
+ * loop over the rest), at least one. */
+unsigned grid_for(const cuda_impl *c, size_t work, int per_sm)
+{
+    size_t blocks = (work + kThreads - 1) / kThreads;
+    size_t cap = (size_t)c->sms * per_sm;
+    if (blocks > cap)
+        blocks = cap;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+__device__ __forceinline__ float4 ld4(const float *p, size_t i)
+{
+    return reinterpret_cast<const float4 *>(p)[i];
+}
+
+__device__ __forceinline__ void st4(float *p, size_t i, float4 v)
+{
+    reinterpret_cast<float4 *>(p)[i] = v;
+}
+
+template <class T> __device__ __forceinline__ T warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32); every thread gets it. The leading
+ * barrier lets a kernel call it more than once. */
+template <class T> __device__ T block_sum(T v)
+{
+    __shared__ T part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    v = warp_sum(v);
+    if (lane == 0)
+        part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : T(0);
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v)
+{
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    v = warp_max(v);
+    if (lane == 0)
+        part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+/* A block's share of a reduction: the result itself when the grid is one block, else a
+ * partial for finish_kernel. */
+__device__ __forceinline__ void block_result(float v, float *part, float *out, double scale)
+{
+    if (threadIdx.x == 0) {
+        if (gridDim.x == 1)
+            *out = (float)((double)v * scale);
+        else
+            part[blockIdx.x] = v;
+    }
+}
+
+/* *out = scale * sum of part[0..n), added in double in a fixed order. One block. */
+__global__ void __launch_bounds__(1024)
+    finish_kernel(const float *part, int n, double scale, float *out)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        s += part[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *out = (float)(s * scale);
+}
+
+int finish(cuda_impl *c, unsigned blocks, double scale, float *out, const char *op, mgpu_err_t *err)
+{
+    if (blocks == 1)
+        return 0;
+    finish_kernel<<<1, 1024, 0, c->stream>>>(c->scratch, (int)blocks, scale, out);
+    CUDA_CHECK_LAUNCH(err, "finish_kernel for %s (%u partials)", op, blocks);
+    return 0;
+}
+
+/* --- elementwise skeleton ------------------------------------------------------------------ */
+
+/* f.vec(i) handles floats 4i..4i+3, f.one(i) float i. With VEC the float4 part runs first and
+ * the n % 4 tail after it, in the same launch. */
+template <class F, bool VEC> __global__ void __launch_bounds__(kThreads) ew_kernel(F f, size_t n)
+{
+    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t head = 0;
+    if (VEC) {
+        size_t n4 = n / 4;
+        for (size_t i = tid; i < n4; i += stride)
+            f.vec(i);
+        head = n4 * 4;
+    }
+    for (size_t i = head + tid; i < n; i += stride)
+        f.one(i);
+}
+
+template <class F>
+int launch_ew(cuda_impl *c, const F &f, size_t n, bool vec, const char *op, mgpu_err_t *err)
+{
+    unsigned blocks = grid_for(c, vec ? (n + 3) / 4 : n, kEwBlocksPerSm);
+    if (vec)
+        ew_kernel<F, true><<<blocks, kThreads, 0, c->stream>>>(f, n);
+    else
+        ew_kernel<F, false><<<blocks, kThreads, 0, c->stream>>>(f, n);
+    CUDA_CHECK_LAUNCH(err, "%s (n=%zu, %u blocks)", op, n, blocks);
+    return 0;
+}
+
+/* The same skeleton for sums: each thread adds what f returns, then the block reduces. */
+template <class F, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(F f, size_t n, float *part, float *out, double scale)
+{
+    size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t head = 0;
+    float acc = 0.0f;
+    if (VEC) {
+        size_t n4 = n / 4;
+        for (size_t i = tid; i < n4; i += stride)
+            acc += f.vec(i);
+        head = n4 * 4;
+    }
+    for (size_t i = head + tid; i < n; i += stride)
+        acc += f.one(i);
+    acc = block_sum(acc);
+    block_result(acc, part, out, scale);
+}
+
+template <class F>
+int launch_reduce(cuda_impl *c, const F &f, size_t n, bool vec, double scale, float *out,
+                  const char *op, mgpu_err_t *err)
+{
+    unsigned blocks = grid_for(c, vec ? (n + 3) / 4 : n, kRedBlocksPerSm);
+    if (vec)
+        reduce_kernel<F, true><<<blocks, kThreads, 0, c->stream>>>(f, n, c->scratch, out, scale);
+    else
+        reduce_kernel<F, false><<<blocks, kThreads, 0, c->stream>>>(f, n, c->scratch, out, scale);
+    CUDA_CHECK_LAUNCH(err, "%s (n=%zu, %u blocks)", op, n, blocks);
+    return finish(c, blocks, scale, out, op, err);
+}
+
+/* --- activations: the formulas of kernels_cpu.c -------------------------------------------- */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+__device__ __forceinline__ float sigmoid_f(float x)
+{
+    /* Never exponentiates a large positive number, as the CPU reference. */
+    if (x >= 0.0f)
+        return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+template <int A> __device__ __forceinline__ float act_f(float x)
+{
+    if constexpr (A == MGPU_ACT_RELU)
+        return x > 0.0f ? x : 0.0f;
+    else if constexpr (A == MGPU_ACT_GELU)
+        return 0.5f * x * (1.0f + tanhf(GELU_K * (x + GELU_C * x * x * x)));
+    else if constexpr (A == MGPU_ACT_TANH)
+        return tanhf(x);
+    else if constexpr (A == MGPU_ACT_SIGMOID)
+        return sigmoid_f(x);
+    else
+        return x;
+}
+
+/* dz = dy * act'(z), from z (gelu) or y = act(z) (the others). */
+template <int A> __device__ __forceinline__ float act_b(float z, float y, float dy)
+{
+    if constexpr (A == MGPU_ACT_RELU) {
+        return y > 0.0f ? dy : 0.0f;
+    } else if constexpr (A == MGPU_ACT_GELU) {
+        float u = GELU_K * (z + GELU_C * z * z * z);
+        float t = tanhf(u);
+        return dy * (0.5f * (1.0f + t) +
+                     0.5f * z * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * z * z));
+    } else if constexpr (A == MGPU_ACT_TANH) {
+        return dy * (1.0f - y * y);
+    } else if constexpr (A == MGPU_ACT_SIGMOID) {
+        return dy * (y * (1.0f - y));
+    } else {
+        return dy;
+    }
+}
+
+template <int A> __device__ __forceinline__ float4 act4(float4 v)
+{
+    return make_float4(act_f<A>(v.x), act_f<A>(v.y), act_f<A>(v.z), act_f<A>(v.w));
+}
+
+/* Runs fn(std::integral_constant<int, act>) so that each activation is its own kernel. */
+template <class Fn> int with_act(mgpu_act_t act, Fn fn)
+{
+    switch (act) {
+    case MGPU_ACT_RELU:
+        return fn(std::integral_constant<int, MGPU_ACT_RELU>());
+    case MGPU_ACT_GELU:
+        return fn(std::integral_constant<int, MGPU_ACT_GELU>());
+    case MGPU_ACT_TANH:
+        return fn(std::integral_constant<int, MGPU_ACT_TANH>());
+    case MGPU_ACT_SIGMOID:
+        return fn(std::integral_constant<int, MGPU_ACT_SIGMOID>());
+    default:
+        return fn(std::integral_constant<int, MGPU_ACT_IDENTITY>());
+    }
+}
+
+template <int A> struct ActFwd {
+    const float *x;
+    float *y;
+    __device__ void vec(size_t i) const
+    {
+        st4(y, i, act4<A>(ld4(x, i)));
+    }
+    __device__ void one(size_t i) const
+    {
+        y[i] = act_f<A>(x[i]);
+    }
+};
+
+/* z[r, c] += bias[c] (when bias), y = act(z); z is stored back only when bias changed it. */
+template <int A> struct BiasAct {
+    float *z;
+    const float *bias;
+    float *y;
+    size_t cols;
+    __device__ void vec(size_t i) const
+    {
+        float4 v = ld4(z, i);
+        if (bias != nullptr) {
+            float4 b = ld4(bias, i % (cols / 4));
+            v.x += b.x;
+            v.y += b.y;
+            v.z += b.z;
+            v.w += b.w;
+            st4(z, i, v);
+        }
+        if (A != MGPU_ACT_IDENTITY || y != z)
+            st4(y, i, act4<A>(v));
+    }
+    __device__ void one(size_t i) const
+    {
+        float v = z[i];
+        if (bias != nullptr) {
+            v += bias[i % cols];
+            z[i] = v;
+        }
+        if (A != MGPU_ACT_IDENTITY || y != z)
+            y[i] = act_f<A>(v);
+    }
+};
+
+/* Reads only what the activation's derivative needs: z for gelu, y for the others. */
+template <int A> struct ActBwd {
+    const float *z, *y, *dy;
+    float *dz;
+    static constexpr bool kNeedZ = A == MGPU_ACT_GELU;
+    __device__ void vec(size_t i) const
+    {
+        float4 d = ld4(dy, i);
+        float4 s = kNeedZ ? ld4(z, i) : ld4(y, i);
+        float4 r;
+        r.x = kNeedZ ? act_b<A>(s.x, 0.0f, d.x) : act_b<A>(0.0f, s.x, d.x);
+        r.y = kNeedZ ? act_b<A>(s.y, 0.0f, d.y) : act_b<A>(0.0f, s.y, d.y);
+        r.z = kNeedZ ? act_b<A>(s.z, 0.0f, d.z) : act_b<A>(0.0f, s.z, d.z);
+        r.w = kNeedZ ? act_b<A>(s.w, 0.0f, d.w) : act_b<A>(0.0f, s.w, d.w);
+        st4(dz, i, r);
+    }
+    __device__ void one(size_t i) const
+    {
+        dz[i] = kNeedZ ? act_b<A>(z[i], 0.0f, dy[i]) : act_b<A>(0.0f, y[i], dy[i]);
+    }
+};
+
+struct Scale {
+    float *x;
+    float alpha;
+    __device__ void vec(size_t i) const
+    {
+        float4 v = ld4(x, i);
+        st4(x, i, make_float4(v.x * alpha, v.y * alpha, v.z * alpha, v.w * alpha));
+    }
+    __device__ void one(size_t i) const
+    {
+        x[i] *= alpha;
+    }
+};
+
+struct Sum {
+    const float *x;
+    __device__ float vec(size_t i) const
+    {
+        float4 v = ld4(x, i);
+        return (v.x + v.y) + (v.z + v.w);
+    }
+    __device__ float one(size_t i) const
+    {
+        return x[i];
+    }
+};
+
+/* Returns (pred - target)^2 and writes dpred = g (pred - target) when dpred is set. */
+struct Mse {
+    const float *pred, *target;
+    float *dpred;
+    float g;
+    __device__ float vec(size_t i) const
+    {
+        float4 p = ld4(pred, i), t = ld4(target, i);
+        float4 d = make_float4(p.x - t.x, p.y - t.y, p.z - t.z, p.w - t.w);
+        if (dpred != nullptr)
+            st4(dpred, i, make_float4(g * d.x, g * d.y, g * d.z, g * d.w));
+        return (d.x * d.x + d.y * d.y) + (d.z * d.z + d.w * d.w);
+    }
+    __device__ float one(size_t i) const
+    {
+        float d = pred[i] - target[i];
+        if (dpred != nullptr)
+            dpred[i] = g * d;
+        return d * d;
+    }
+};
+
+/* --- optimizers: torch.optim.SGD / AdamW, as kernels_cpu.c -------------------------------- */
+
+/* The flags are uniform across the grid, so their branches cost nothing per element. */
+struct Sgd {
+    float *p;
+    const float *g;
+    float *buf;
+    float lr, mom, damp, wd; /* damp = 1 - dampening */
+    bool has_mom, first, nesterov;
+    __device__ __forceinline__ void upd(float &pi, float gi, float &bi) const
+    {
+        float d = gi + wd * pi;
+        if (!has_mom) {
+            pi -= lr * d;
+            return;
+        }
+        /* The first step clones d into the buffer, undamped; the old buffer is not read. */
+        float b = first ? d : mom * bi + damp * d;
+        bi = b;
+        pi -= lr * (nesterov ? d + mom * b : b);
+    }
+    __device__ void vec(size_t i) const
+    {
+        float4 pv = ld4(p, i), gv = ld4(g, i), bv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (has_mom && !first)
+            bv = ld4(buf, i);
+        upd(pv.x, gv.x, bv.x);
+        upd(pv.y, gv.y, bv.y);
+        upd(pv.z, gv.z, bv.z);
+        upd(pv.w, gv.w, bv.w);
+        st4(p, i, pv);
+        if (has_mom)
+            st4(buf, i, bv);
+    }
+    __device__ void one(size_t i) const
+    {
+        float pi = p[i], bi = has_mom && !first ? buf[i] : 0.0f;
+        upd(pi, g[i], bi);
+        p[i] = pi;
+        if (has_mom)
+            buf[i] = bi;
+    }
+};
+
+struct AdamW {
+    float *p;
+    const float *g;
+    float *m, *v;
+    float b1, b2, eps, decay, step_size, bc2_sqrt;
+    __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi) const
+    {
+        mi = mi + (1.0f - b1) * (gi - mi); /* m.lerp_(g, 1 - b1) */
+        vi = b2 * vi + (1.0f - b2) * gi * gi;
+        pi = pi * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+    __device__ void vec(size_t i) const
+    {
+        float4 pv = ld4(p, i), gv = ld4(g, i), mv = ld4(m, i), vv = ld4(v, i);
+        upd(pv.x, gv.x, mv.x, vv.x);
+        upd(pv.y, gv.y, mv.y, vv.y);
+        upd(pv.z, gv.z, mv.z, vv.z);
+        upd(pv.w, gv.w, mv.w, vv.w);
+        st4(p, i, pv);
+        st4(m, i, mv);
+        st4(v, i, vv);
+    }
+    __device__ void one(size_t i) const
+    {
+        float pi = p[i], mi = m[i], vi = v[i];
+        upd(pi, g[i], mi, vi);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+    }
+};
+
+/* --- row kernels ------------------------------------------------------------------------------ */
+
+/* GEMM with k == 0 or alpha == 0: C = beta C, and beta == 0 writes zeros without reading. */
+__global__ void __launch_bounds__(kThreads)
+    scale_matrix_kernel(int m, int n, float beta, float *c, int ldc)
+{
+    size_t total = (size_t)m * n, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        float *p = c + (i / n) * ldc + i % n;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
+}
+
+/* Packed bf16 copy of a contiguous fp32 matrix (lds == ldd == cols): a flat float4 -> 4 x bf16
+ * stream, 16 bytes in and 8 out per thread, no index arithmetic. */
+__global__ void __launch_bounds__(kThreads)
+    to_bf16_flat_kernel(size_t n4, const float4 *src, uint2 *dst)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 v = src[i];
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 o;
+        o.x = *reinterpret_cast<const unsigned int *>(&lo);
+        o.y = *reinterpret_cast<const unsigned int *>(&hi);
+        dst[i] = o;
+    }
+}
+
+/* Packed bf16 copy of a strided matrix: dst[r * ldd + c] = src[r * lds + c]. Rows along
+ * blockIdx.y, columns along x (VEC: four at a time), so no division per element. */
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    to_bf16_kernel(int rows, int cols, const float *src, int lds, __nv_bfloat16 *dst, int ldd)
+{
+    int per = VEC ? 4 : 1, groups = cols / per;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *s = src + (size_t)r * lds;
+        __nv_bfloat16 *d = dst + (size_t)r * ldd;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < groups;
+             i += gridDim.x * blockDim.x) {
+            if (VEC) {
+                float4 v = *reinterpret_cast<const float4 *>(s + 4 * i);
+                __nv_bfloat162 *d2 = reinterpret_cast<__nv_bfloat162 *>(d + 4 * i);
+                d2[0] = __floats2bfloat162_rn(v.x, v.y);
+                d2[1] = __floats2bfloat162_rn(v.z, v.w);
+            } else {
+                d[i] = __float2bfloat16_rn(s[i]);
+            }
+        }
+    }
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for a rows x cols matrix, through 32 x 32 tiles of
+ * shared memory (padded by one column against bank conflicts) so that both the reads and the
+ * writes are coalesced. Block 32 x 8. */
+__global__ void __launch_bounds__(kThreads)
+    transpose_kernel(int rows, int cols, const float *src, int lds, float *dst, int ldd)
+{
+    __shared__ float tile[32][33];
+    int tiles_y = (rows + 31) / 32;
+    for (int ty = blockIdx.y; ty < tiles_y; ty += gridDim.y) {
+        int r0 = ty * 32, c0 = blockIdx.x * 32;
+        for (int j = threadIdx.y; j < 32; j += 8) {
+            int r = r0 + j, c = c0 + threadIdx.x;
+            if (r < rows && c < cols)
+                tile[j][threadIdx.x] = src[(size_t)r * lds + c];
+        }
+        __syncthreads();
+        for (int j = threadIdx.y; j < 32; j += 8) {
+            int c = c0 + j, r = r0 + threadIdx.x;
+            if (r < rows && c < cols)
+                dst[(size_t)c * ldd + r] = tile[threadIdx.x][j];
+        }
+        __syncthreads();
+    }
+}
+
+/* Column sums of x[rows, cols] over the rows [y * rps, (y + 1) * rps) of this block's split:
+ * a block covers 32 columns with 8 row lanes (a warp reads 128 contiguous bytes of a row).
+ * direct: one split, so out = beta out + sum; else part[split * cols + col]. */
+__global__ void __launch_bounds__(kThreads)
+    sum_rows_kernel(int rows, int cols, const float *x, int rps, float *part, float beta,
+                    float *out, int direct)
+{
+    __shared__ float acc[8][33];
+    int col = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rps, r1 = min(rows, r0 + rps);
+    float s = 0.0f;
+    if (col < cols)
+        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8)
+            s += x[(size_t)r * cols + col];
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        for (int j = 1; j < 8; j++)
+            s += acc[j][threadIdx.x];
+        if (direct)
+            out[col] = (beta == 0.0f ? 0.0f : beta * out[col]) + s;
+        else
+            part[(size_t)blockIdx.y * cols + col] = s;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_rows_finish_kernel(int cols, int splits, const float *part, float beta, float *out)
+{
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= cols)
+        return;
+    double s = beta == 0.0f ? 0.0 : (double)beta * out[col];
+    for (int j = 0; j < splits; j++)
+        s += part[(size_t)j * cols + col];
+    out[col] = (float)s;
+}
+
+/* Softmax cross-entropy, a warp per row: each lane holds V values of a row (columns lane,
+ * lane + 32, ...), R rows at a time, so the row is read from memory once and R * V loads per
+ * lane are in flight together. dlogits may alias logits: the label's logit is read, and the
+ * warp synchronised, before any gradient is written. */
+template <int V, int R>
+__global__ void __launch_bounds__(kThreads)
+    xent_warp_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
+                     float inv_rows, float *part, float *out, double scale)
+{
+    int lane = threadIdx.x & 31;
+    long warp = ((long)blockIdx.x * kThreads + threadIdx.x) >> 5;
+    long nwarps = ((long)gridDim.x * kThreads) >> 5;
+    float loss = 0.0f;
+    for (long r0 = warp * R; r0 < rows; r0 += nwarps * R) {
+        float v[R][V], mx[R], s[R], ly[R];
+        int y[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            mx[i] = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int c = lane + 32 * j;
+                v[i][j] = r < rows && c < cols ? logits[(size_t)r * cols + c] : -INFINITY;
+                mx[i] = fmaxf(mx[i], v[i][j]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            mx[i] = warp_max(mx[i]);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (lane + 32 * j < cols)
+                    s[i] += expf(v[i][j] - mx[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            s[i] = warp_sum(s[i]);
+            y[i] = r < rows ? labels[r] : 0;
+            ly[i] = r < rows && y[i] >= 0 && y[i] < cols ? logits[(size_t)r * cols + y[i]] : NAN;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long r = r0 + i;
+            if (r >= rows)
+                break;
+            float lse = mx[i] + logf(s[i]);
+            bool ok = y[i] >= 0 && y[i] < cols;
+            if (dlogits != nullptr) {
+                float *d = dlogits + (size_t)r * cols;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    int c = lane + 32 * j;
+                    if (c < cols)
+                        d[c] =
+                            ok ? (expf(v[i][j] - lse) - (c == y[i] ? 1.0f : 0.0f)) * inv_rows : NAN;
+                }
+            }
+            if (lane == 0)
+                loss += lse - ly[i];
+        }
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* The same with a block per row and V values per thread (rows of up to kThreads * V). */
+template <int V>
+__global__ void __launch_bounds__(kThreads)
+    xent_block_kernel(int rows, int cols, const float *logits, const int32_t *labels,
+                      float *dlogits, float inv_rows, float *part, float *out, double scale)
+{
+    int t = threadIdx.x;
+    float loss = 0.0f;
+    for (long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *l = logits + (size_t)r * cols;
+        float v[V], mx = -INFINITY, s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int c = t + kThreads * j;
+            v[j] = c < cols ? l[c] : -INFINITY;
+            mx = fmaxf(mx, v[j]);
+        }
+        mx = block_max(mx);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (t + kThreads * j < cols)
+                s += expf(v[j] - mx);
+        s = block_sum(s);
+        float lse = mx + logf(s);
+        int y = labels[r];
+        bool ok = y >= 0 && y < cols;
+        float ly = ok ? l[y] : NAN;
+        __syncthreads(); /* every read of ly before a gradient overwrites it */
+        if (dlogits != nullptr) {
+            float *d = dlogits + (size_t)r * cols;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                int c = t + kThreads * j;
+                if (c < cols)
+                    d[c] = ok ? (expf(v[j] - lse) - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
+            }
+        }
+        if (t == 0)
+            loss += lse - ly;
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* Rows too wide for registers: one online pass for the maximum and the sum of exponentials
+ * (the sum rescaled whenever the maximum grows), then the gradient pass; two reads per row. */
+__global__ void __launch_bounds__(kThreads)
+    xent_wide_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
+                     float inv_rows, float *part, float *out, double scale)
+{
+    int t = threadIdx.x;
+    float loss = 0.0f;
+    for (long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *l = logits + (size_t)r * cols;
+        float m = -INFINITY, s = 0.0f;
+        for (int c = t; c < cols; c += kThreads) {
+            float x = l[c];
+            if (x > m) {
+                s = s * expf(m - x) + 1.0f;
+                m = x;
+            } else if (m != -INFINITY) {
+                s += expf(x - m);
+            }
+        }
+        float mx = block_max(m);
+        s = m == -INFINITY ? 0.0f : s * expf(m - mx);
+        s = block_sum(s);
+        float lse = mx + logf(s);
+        int y = labels[r];
+        bool ok = y >= 0 && y < cols;
+        float ly = ok ? l[y] : NAN;
+        __syncthreads();
+        if (dlogits != nullptr) {
+            float *d = dlogits + (size_t)r * cols;
+            for (int c = t; c < cols; c += kThreads)
+                d[c] = ok ? (expf(l[c] - lse) - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
+        }
+        if (t == 0)
+            loss += lse - ly;
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* First index of the row's largest value, over a warp; every lane gets it. */
+__device__ int warp_argmax(const float *row, int cols, int lane)
+{
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    if (lane < cols) {
+        best = row[lane];
+        bi = lane;
+    }
+    for (int c = lane + 32; c < cols; c += 32)
+        if (row[c] > best) {
+            best = row[c];
+            bi = c;
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    return bi;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    argmax_kernel(int rows, int cols, const float *x, int32_t *out)
+{
+    int lane = threadIdx.x & 31;
+    long nw = (long)gridDim.x * (kThreads / 32);
+    for (long r = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32; r < rows; r += nw) {
+        int a = warp_argmax(x + (size_t)r * cols, cols, lane);
+        if (lane == 0)
+            out[r] = a;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    count_correct_kernel(int rows, int cols, const float *x, const int32_t *labels, float *part,
+                         float *out)
+{
+    int lane = threadIdx.x & 31;
+    long nw = (long)gridDim.x * (kThreads / 32);
+    float n = 0.0f;
+    for (long r = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32; r < rows; r += nw) {
+        int a = warp_argmax(x + (size_t)r * cols, cols, lane);
+        if (lane == 0 && a == labels[r])
+            n += 1.0f;
+    }
+    n = block_sum(n);
+    block_result(n, part, out, 1.0);
+}
+
+/* --- the table's functions ---------------------------------------------------------------- */
+
+void cuda_impl_destroy(void *impl)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (c == NULL)
+        return;
+    /* Errors here have nowhere to go: destroy cannot fail. Work still queued finishes first
+     * so that nothing in flight reads freed memory. */
+    if (c->stream != NULL)
+        (void)cudaStreamSynchronize(c->stream);
+    if (c->blas != NULL)
+        (void)cublasDestroy(c->blas);
+    (void)cudaFree(c->ws);
+    (void)cudaFree(c->scratch);
+    (void)cudaFree(c->blas_ws);
+    if (c->stream != NULL)
+        (void)cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+int impl_init(cuda_impl *c, mgpu_err_t *err)
+{
+    /* The calling thread's current device becomes c->device; ops launch on the current
+     * device, so a thread that drives backends of several devices sets it between them. */
+    CUDA_CHECK(err, cudaSetDevice(c->device));
+    CUDA_CHECK(err, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->device));
+    /* Non-blocking: no implicit ordering with the legacy default stream that other code in
+     * the process (a data loader's cudaMemcpy) may use. */
+    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(err, cublasCreate(&c->blas));
+    CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream));
+    CUBLAS_CHECK(err, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    CUDA_CHECK(err, cudaMalloc(&c->blas_ws, kBlasWorkspace));
+    CUBLAS_CHECK(err, cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
+    CUDA_CHECK(err, cudaMalloc((void **)&c->scratch, kScratchFloats * sizeof(float)));
+    c->prec = MGPU_PREC_FP32;
+    return 0;
+}
+
+int cuda_impl_create(int device, void **out, mgpu_err_t *err)
+{
+    int count = 0, rc;
+    cudaError_t crc = cudaGetDeviceCount(&count);
+    if (crc != cudaSuccess || count == 0)
+        return mgpu_err_set(err, MGPU_E_DEVICE, "kernels(cuda): no CUDA device (%s)",
+                            crc != cudaSuccess ? cudaGetErrorString(crc)
+                                               : "cudaGetDeviceCount returned 0");
+    if (device < 0 || device >= count)
+        return mgpu_err_set(err, MGPU_E_DEVICE,
+                            "kernels(cuda): device %d, expected 0..%d (this process sees %d)",
+                            device, count - 1, count);
+    cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
+    if (c == NULL)
+        return mgpu_err_set(err, -ENOMEM, "kernels(cuda): calloc(%zu) failed", sizeof *c);
+    c->device = device;
+    if ((rc = impl_init(c, err)) < 0) {
+        cuda_impl_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int cuda_set_precision(void *impl, mgpu_precision_t prec, mgpu_err_t *err)
+{
+    ((cuda_impl *)impl)->prec = prec;
+    return 0;
+}
+
+int cuda_alloc(void *impl, size_t bytes, void **out, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    /* Never managed memory: oversubscribing it can hang the GPU for every user of it. */
+    cudaError_t rc = cudaMalloc(out, bytes ? bytes : 1);
+    if (rc != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError(); /* an allocation failure is not sticky; clear it */
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        *out = NULL;
+        return mgpu_err_set(err, rc == cudaErrorMemoryAllocation ? -ENOMEM : MGPU_E_CUDA,
+                            "kernels(cuda): cudaMalloc(%zu bytes) on device %d: %s (%zu of %zu "
+                            "bytes free)",
+                            bytes, c->device, cudaGetErrorString(rc), free_b, total_b);
+    }
+    return 0;
+}
+
+void cuda_free(void *impl, void *p)
+{
+    /* cudaFree waits for the device, so no queued op still reads p. */
+    (void)cudaFree(p);
+}
+
+/* Copies are ordered on the stream with the ops. A copy from pageable host memory has taken
+ * its source by the time it returns; from pinned memory the source must stay unchanged until
+ * the next sync, as for any asynchronous op. */
+int cuda_copy_to_device(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
+{
+    CUDA_CHECK(
+        err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)impl)->stream));
+    return 0;
+}
+
+int cuda_copy_to_host(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    /* The caller reads dst right after: this is the one op that waits. */
+    CUDA_CHECK(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+int cuda_copy(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
+{
+    if (dst == src)
+        return 0;
+    CUDA_CHECK(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    ((cuda_impl *)impl)->stream));
+    return 0;
+}
+
+int cuda_zero(void *impl, void *dst, size_t bytes, mgpu_err_t *err)
+{
+    CUDA_CHECK(err, cudaMemsetAsync(dst, 0, bytes, ((cuda_impl *)impl)->stream));
+    return 0;
+}
+
+int cuda_sync(void *impl, mgpu_err_t *err)
+{
+    /* Also where a fault of an earlier kernel (an illegal address) surfaces. */
+    CUDA_CHECK(err, cudaStreamSynchronize(((cuda_impl *)impl)->stream));
+    return 0;
+}
+
+int ensure_ws(cuda_impl *c, size_t bytes, mgpu_err_t *err)
+{
+    if (bytes <= c->ws_bytes)
+        return 0;
+    size_t want = bytes > 2 * c->ws_bytes ? bytes : 2 * c->ws_bytes;
+    /* The old copies may still be read by a queued GEMM. */
+    CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(err, cudaFree(c->ws));
+    c->ws = NULL;
+    c->ws_bytes = 0;
+    CUDA_CHECK(err, cudaMalloc(&c->ws, want));
+    c->ws_bytes = want;
+    return 0;
+}
+
+int to_bf16(cuda_impl *c, int rows, int cols, const float *src, int lds, __nv_bfloat16 *dst,
+            int ldd, mgpu_err_t *err)
+{
+    bool vec = cols % 4 == 0 && lds % 4 == 0 && aligned16(src);
+    if (vec && lds == cols && ldd == cols) {
+        size_t n4 = (size_t)rows * cols / 4;
+        to_bf16_flat_kernel<<<grid_for(c, n4, kEwBlocksPerSm), kThreads, 0, c->stream>>>(
+            n4, reinterpret_cast<const float4 *>(src), reinterpret_cast<uint2 *>(dst));
+        CUDA_CHECK_LAUNCH(err, "to_bf16_flat_kernel (%d x %d)", rows, cols);
+        return 0;
+    }
+    int groups = vec ? cols / 4 : cols;
+    dim3 grid((unsigned)((groups + kThreads - 1) / kThreads),
+              (unsigned)(rows < 65535 ? rows : 65535));
+    if (vec)
+        to_bf16_kernel<true><<<grid, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
+    else
+        to_bf16_kernel<false><<<grid, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, ldd);
+    CUDA_CHECK_LAUNCH(err, "to_bf16_kernel (%d x %d, ld %d)", rows, cols, lds);
+    return 0;
+}
+
+/* dst (cols x rows, ld rows) = src (rows x cols, ld lds) transposed. */
+int transpose(cuda_impl *c, int rows, int cols, const float *src, int lds, float *dst,
+              mgpu_err_t *err)
+{
+    int tiles_y = (rows + 31) / 32;
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)(tiles_y < 65535 ? tiles_y : 65535));
+    transpose_kernel<<<grid, dim3(32, 8), 0, c->stream>>>(rows, cols, src, lds, dst, rows);
+    CUDA_CHECK_LAUNCH(err, "transpose_kernel (%d x %d, ld %d)", rows, cols, lds);
+    return 0;
+}
+
+int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float alpha,
+              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc,
+              mgpu_err_t *err)
+{
+    cuda_impl *ci = (cuda_impl *)impl;
+    cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+    if (k == 0 || alpha == 0.0f) {
+        unsigned blocks = grid_for(ci, (size_t)m * n, kEwBlocksPerSm);
+        scale_matrix_kernel<<<blocks, kThreads, 0, ci->stream>>>(m, n, beta, c, ldc);
+        CUDA_CHECK_LAUNCH(err, "scale_matrix_kernel (%d x %d)", m, n);
+        return 0;
+    }
+    if (ci->prec == MGPU_PREC_TF32 && trans_a) {
+        /* Measured on the H200 (cuBLAS 13.1, 8192^3): with A transposed, which reaches cuBLAS
+         * as an MN-major second operand, tf32 ran at 55% of the plain product - Hopper's tf32
+         * tensor-core instructions take K-major operands only, and the kernel cuBLAS picks
+         * pays for it. A transposed copy (one pass over A, ~0.13 ms for 8192^2) restores the
+         * fast layout. bf16 has no such penalty (16-bit operands may be MN-major). */
+        int rc;
+        if ((rc = ensure_ws(ci, (size_t)m * k * sizeof(float), err)) < 0 ||
+            (rc = transpose(ci, k, m, a, lda, (float *)ci->ws, err)) < 0)
+            return rc;
+        a = (const float *)ci->ws;
+        lda = k;
+        opa = CUBLAS_OP_N;
+    }
+    if (ci->prec != MGPU_PREC_BF16) {
+        cublasComputeType_t ct =
+            ci->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        /* Swapped operands: see the top of this file. */
+        CUBLAS_CHECK(err, cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
+                                       CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, ct,
+                                       CUBLAS_GEMM_DEFAULT));
+        return 0;
+    }
+    /* bf16: packed copies with rows padded to 8 elements (16 bytes), the alignment cuBLAS's
+     * tensor-core kernels want whatever the fp32 leading dimensions were. */
+    int ar = trans_a ? k : m, ac = trans_a ? m : k;
+    int br = trans_b ? n : k, bc = trans_b ? k : n;
+    int lda16 = (ac + 7) / 8 * 8, ldb16 = (bc + 7) / 8 * 8;
+    size_t a_elems = ((size_t)ar * lda16 + 127) / 128 * 128, b_elems = (size_t)br * ldb16;
+    int rc;
+    if ((rc = ensure_ws(ci, (a_elems + b_elems) * sizeof(__nv_bfloat16), err)) < 0)
+        return rc;
+    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ci->ws, *b16 = a16 + a_elems;
+    if ((rc = to_bf16(ci, ar, ac, a, lda, a16, lda16, err)) < 0 ||
+        (rc = to_bf16(ci, br, bc, b, ldb, b16, ldb16, err)) < 0)
+        return rc;
+    CUBLAS_CHECK(err, cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, ldb16,
+                                   a16, CUDA_R_16BF, lda16, &beta, c, CUDA_R_32F, ldc,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+int cuda_bias_act_forward(void *impl, mgpu_act_t act, int rows, int cols, float *z,
+                          const float *bias, float *y, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    size_t n = (size_t)rows * cols;
+    if (act == MGPU_ACT_IDENTITY && bias == NULL)
+        return y == z ? 0 : cuda_copy(impl, y, z, n * sizeof(float), err);
+    bool vec = cols % 4 == 0 && aligned16(z, y, bias);
+    return with_act(act, [&](auto a) {
+        constexpr int A = decltype(a)::value;
+        return launch_ew(c, BiasAct<A>{z, bias, y, (size_t)cols}, n, vec, "bias_act_forward", err);
+    });
+}
+
+int cuda_act_forward(void *impl, mgpu_act_t act, size_t n, const float *x, float *y,
+                     mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (act == MGPU_ACT_IDENTITY)
+        return cuda_copy(impl, y, x, n * sizeof(float), err);
+    bool vec = aligned16(x, y);
+    return with_act(act, [&](auto a) {
+        constexpr int A = decltype(a)::value;
+        return launch_ew(c, ActFwd<A>{x, y}, n, vec, "act_forward", err);
+    });
+}
+
+int cuda_act_backward(void *impl, mgpu_act_t act, size_t n, const float *z, const float *y,
+                      const float *dy, float *dz, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (act == MGPU_ACT_IDENTITY)
+        return cuda_copy(impl, dz, dy, n * sizeof(float), err);
+    bool vec = aligned16(dy, dz, act == MGPU_ACT_GELU ? z : y);
+    return with_act(act, [&](auto a) {
+        constexpr int A = decltype(a)::value;
+        return launch_ew(c, ActBwd<A>{z, y, dy, dz}, n, vec, "act_backward", err);
+    });
+}
+
+int cuda_sum_rows(void *impl, int rows, int cols, const float *x, float beta, float *out,
+                  mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    /* Split the rows so the grid fills the chip (about 8 blocks per multiprocessor), at
+     * least 32 rows per split and no more partials than the scratch holds. */
+    int col_blocks = (cols + 31) / 32;
+    long target = (long)c->sms * kRedBlocksPerSm;
+    long splits = (target + col_blocks - 1) / col_blocks;
+    long max_by_rows = (rows + 31) / 32, max_by_scratch = (long)(kScratchFloats / cols);
+    if (splits > max_by_rows)
+        splits = max_by_rows;
+    if (splits > max_by_scratch)
+        splits = max_by_scratch;
+    if (splits < 1)
+        splits = 1;
+    int rps = (int)((rows + splits - 1) / splits);
+    dim3 grid((unsigned)col_blocks, (unsigned)splits), block(32, 8);
+    sum_rows_kernel<<<grid, block, 0, c->stream>>>(rows, cols, x, rps, c->scratch, beta, out,
+                                                   splits == 1);
+    CUDA_CHECK_LAUNCH(err, "sum_rows_kernel (%d x %d, %ld splits)", rows, cols, splits);
+    if (splits > 1) {
+        sum_rows_finish_kernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, c->stream>>>(
+            cols, (int)splits, c->scratch, beta, out);
+        CUDA_CHECK_LAUNCH(err, "sum_rows_finish_kernel (%d columns)", cols);
+    }
+    return 0;
+}
+
+/* Launches xent_warp_kernel<V, R> with R = 8 / V rows per warp for short rows (at least 8
+ * loads in flight per lane) and one row for long ones. */
+template <int V>
+unsigned launch_xent_warp(cuda_impl *c, int rows, int cols, const float *logits,
+                          const int32_t *labels, float *dlogits, float *loss)
+{
+    constexpr int R = V >= 8 ? 1 : 8 / V;
+    size_t warps = ((size_t)rows + R - 1) / R;
+    unsigned blocks = grid_for(c, warps * 32, kRedBlocksPerSm);
+    xent_warp_kernel<V, R><<<blocks, kThreads, 0, c->stream>>>(
+        rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    return blocks;
+}
+
+template <int V>
+unsigned launch_xent_block(cuda_impl *c, int rows, int cols, const float *logits,
+                           const int32_t *labels, float *dlogits, float *loss)
+{
+    size_t cap = (size_t)c->sms * kRedBlocksPerSm;
+    unsigned blocks = (unsigned)((size_t)rows < cap ? (size_t)rows : cap);
+    xent_block_kernel<V><<<blocks, kThreads, 0, c->stream>>>(
+        rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    return blocks;
+}
+
+int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
+                      float *loss, float *dlogits, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    unsigned blocks;
+    if (cols <= 32)
+        blocks = launch_xent_warp<1>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 64)
+        blocks = launch_xent_warp<2>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 128)
+        blocks = launch_xent_warp<4>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 256)
+        blocks = launch_xent_warp<8>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 512)
+        blocks = launch_xent_warp<16>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kXentWarpMaxCols)
+        blocks = launch_xent_warp<32>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 8)
+        blocks = launch_xent_block<8>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 16)
+        blocks = launch_xent_block<16>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= kThreads * 32)
+        blocks = launch_xent_block<32>(c, rows, cols, logits, labels, dlogits, loss);
+    else {
+        size_t cap = (size_t)c->sms * kRedBlocksPerSm;
+        blocks = (unsigned)((size_t)rows < cap ? (size_t)rows : cap);
+        xent_wide_kernel<<<blocks, kThreads, 0, c->stream>>>(
+            rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    }
+    CUDA_CHECK_LAUNCH(err, "softmax_xent kernel (%d x %d, %u blocks)", rows, cols, blocks);
+    return finish(c, blocks, 1.0 / rows, loss, "softmax_xent", err);
+}
+
+int cuda_mse(void *impl, int rows, int cols, const float *pred, const float *target, float *loss,
+             float *dpred, mgpu_err_t *err)
+{
+    size_t n = (size_t)rows * cols;
+    bool vec = aligned16(pred, target, dpred);
+    return launch_reduce((cuda_impl *)impl, Mse{pred, target, dpred, 2.0f / (float)n}, n, vec,
+                         1.0 / (double)n, loss, "mse", err);
+}
+
+int cuda_sgd_step(void *impl, size_t n, float *p, const float *g, float *buf,
+                  const mgpu_sgd_hparams_t *hp, long long step, mgpu_err_t *err)
+{
+    bool has_mom = hp->momentum != 0.0f;
+    Sgd f{p,
+          g,
+          has_mom ? buf : nullptr,
+          hp->lr,
+          hp->momentum,
+          1.0f - hp->dampening,
+          hp->weight_decay,
+          has_mom,
+          step == 1,
+          hp->nesterov != 0};
+    bool vec = aligned16(p, g, f.buf);
+    return launch_ew((cuda_impl *)impl, f, n, vec, "sgd_step", err);
+}
+
+int cuda_adamw_step(void *impl, size_t n, float *p, const float *g, float *m, float *v,
+                    const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
+{
+    /* Bias corrections in double on the host, exactly as the CPU reference computes them. */
+    double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
+    AdamW f{p,
+            g,
+            m,
+            v,
+            hp->beta1,
+            hp->beta2,
+            hp->eps,
+            1.0f - hp->lr * hp->weight_decay,
+            (float)(hp->lr / bc1),
+            (float)sqrt(bc2)};
+    bool vec = aligned16(p, g, m, v);
+    return launch_ew((cuda_impl *)impl, f, n, vec, "adamw_step", err);
+}
+
+int cuda_scale(void *impl, size_t n, float alpha, float *x, mgpu_err_t *err)
+{
+    return launch_ew((cuda_impl *)impl, Scale{x, alpha}, n, aligned16(x), "scale", err);
+}
+
+int cuda_sum(void *impl, size_t n, const float *x, float *out, mgpu_err_t *err)
+{
+    if (n == 0)
+        return cuda_zero(impl, out, sizeof(float), err);
+    return launch_reduce((cuda_impl *)impl, Sum{x}, n, aligned16(x), 1.0, out, "sum", err);
+}
+
+int cuda_argmax_rows(void *impl, int rows, int cols, const float *x, int32_t *out, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    unsigned blocks = grid_for(c, (size_t)rows * 32, kEwBlocksPerSm);
+    argmax_kernel<<<blocks, kThreads, 0, c->stream>>>(rows, cols, x, out);
+    CUDA_CHECK_LAUNCH(err, "argmax_kernel (%d x %d)", rows, cols);
+    return 0;
+}
+
+int cuda_count_correct(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
+                       float *out, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (rows == 0)
+        return cuda_zero(impl, out, sizeof(float), err);
+    unsigned blocks = grid_for(c, (size_t)rows * 32, kRedBlocksPerSm);
+    count_correct_kernel<<<blocks, kThreads, 0, c->stream>>>(rows, cols, logits, labels, c->scratch,
+                                                             out);
+    CUDA_CHECK_LAUNCH(err, "count_correct_kernel (%d x %d)", rows, cols);
+    return finish(c, blocks, 1.0, out, "count_correct", err);
+}
+
+} /* namespace */
+
+extern "C" int mgpu_kernels_cuda_device_count(mgpu_err_t *err)
+{
+    int n = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess) {
+        mgpu_err_set(err, MGPU_E_DEVICE, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(rc),
+                     cudaGetErrorName(rc));
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return NULL;
+    return (void *)((const cuda_impl *)k->impl)->stream;
+}
+
+/* Positional, in the order of mgpu_kernels_ops_t (C++17 has no designated initialisers). */
+extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {
+    "cuda",
+    cuda_impl_create,
+    cuda_impl_destroy,
+    cuda_set_precision,
+    cuda_alloc,
+    cuda_free,
+    cuda_copy_to_device,
+    cuda_copy_to_host,
+    cuda_copy,
+    cuda_zero,
+    cuda_sync,
+    cuda_gemm,
+    cuda_bias_act_forward,
+    cuda_act_forward,
+    cuda_act_backward,
+    cuda_sum_rows,
+    cuda_softmax_xent,
+    cuda_mse,
+    cuda_sgd_step,
+    cuda_adamw_step,
+    cuda_scale,
+    cuda_sum,
+    cuda_argmax_rows,
+    cuda_count_correct,
+};

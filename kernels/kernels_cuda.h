@@ -1,0 +1,33 @@
+/* kernels_cuda.h - the CUDA backend of kernels.h (kernels_cuda.cu), for C and C++ callers. No
+ * CUDA header is included here: a stream travels as void * (a cudaStream_t).
+ *
+ * kernels.c includes this header when it exists in a CUDA build, which links the backend in.
+ * Everything else goes through kernels.h; the two functions below are for code that must meet
+ * the backend's stream (NCCL, CUDA graphs, benchmarks' event timing) and for tests that must
+ * know whether a GPU is there before they try one. */
+#ifndef MGPU_KERNELS_CUDA_H
+#define MGPU_KERNELS_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Inside the linkage block: kernels.h and error.h are C headers with none of their own. */
+#include "kernels.h" /* mgpu_kernels_ops_t, mgpu_kernels_t */
+
+extern const mgpu_kernels_ops_t mgpu_kernels_cuda_ops;
+
+/* Number of CUDA devices this process sees; 0 when the driver or the device is missing (the
+ * runtime's reason goes into err when err is not NULL). Initialises the CUDA runtime: a
+ * program that forks must call it in the child, not before the fork. */
+int mgpu_kernels_cuda_device_count(mgpu_err_t *err);
+
+/* The cudaStream_t every op of k runs on, in order; NULL when k is not a CUDA backend. Work
+ * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
+void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

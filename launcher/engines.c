@@ -1,0 +1,196 @@
+/* engines.c - Slurm and Open MPI (see engines.h). */
+#include "engines.h"
+
+#include <stdarg.h> /* va_list */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* strtol */
+#include <string.h> /* strchr */
+
+/* Appends every expansion of pattern (brackets resolved left to right) to out. */
+static int expand_one(const char *pat, char *out, size_t len, size_t *used, int *count,
+                      mgpu_err_t *err)
+{
+    const char *open = strchr(pat, '['), *close;
+    char prefix[256], rest[512], ranges[512], *save = NULL;
+
+    if (open == NULL) {
+        size_t n = strlen(pat);
+        if (*used + n + 2 > len)
+            return mgpu_err_set(err, MGPU_E_RANGE, "host list too long");
+        memcpy(out + *used, pat, n);
+        *used += n;
+        out[(*used)++] = '\n';
+        out[*used] = '\0';
+        (*count)++;
+        return 0;
+    }
+    close = strchr(open, ']');
+    if (close == NULL || (size_t)(open - pat) >= sizeof prefix ||
+        (size_t)(close - open) >= sizeof ranges)
+        return mgpu_err_set(err, MGPU_E_USAGE, "host list pattern '%s': unbalanced '['", pat);
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(open - pat), pat);
+    snprintf(ranges, sizeof ranges, "%.*s", (int)(close - open - 1), open + 1);
+    snprintf(rest, sizeof rest, "%s", close + 1);
+    for (char *r = strtok_r(ranges, ",", &save); r; r = strtok_r(NULL, ",", &save)) {
+        char *dash = strchr(r, '-'), *end;
+        long lo = strtol(r, &end, 10), hi = lo;
+        int width = dash ? (int)(dash - r) : (int)strlen(r);
+        if (end == r || (dash == NULL && *end != '\0') || (dash != NULL && end != dash))
+            return mgpu_err_set(err, MGPU_E_USAGE, "host list range '%s' in '%s'", r, pat);
+        if (dash != NULL) {
+            hi = strtol(dash + 1, &end, 10);
+            if (end == dash + 1 || *end != '\0' || hi < lo || hi - lo > 100000)
+                return mgpu_err_set(err, MGPU_E_USAGE, "host list range '%s' in '%s'", r, pat);
+        }
+        for (long v = lo; v <= hi; v++) {
+            char item[1024];
+            int rc;
+            /* Zero padding follows the written width: node[01-10] -> node01 .. node10. */
+            snprintf(item, sizeof item, "%s%0*ld%s", prefix, width, v, rest);
+            if ((rc = expand_one(item, out, len, used, count, err)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int mgpu_hostlist_expand(const char *list, char *out, size_t len, mgpu_err_t *err)
+{
+    size_t used = 0;
+    int count = 0, depth = 0;
+    const char *start = list;
+
+    out[0] = '\0';
+    for (const char *p = list;; p++) {
+        if (*p == '[')
+            depth++;
+        else if (*p == ']')
+            depth--;
+        if ((*p == ',' && depth == 0) || *p == '\0') {
+            char item[1024];
+            int rc;
+            if (p == start || (size_t)(p - start) >= sizeof item)
+                return mgpu_err_set(err, MGPU_E_USAGE, "host list '%s': empty or overlong entry",
+                                    list);
+            snprintf(item, sizeof item, "%.*s", (int)(p - start), start);
+            if ((rc = expand_one(item, out, len, &used, &count, err)) < 0)
+                return rc;
+            start = p + 1;
+        }
+        if (*p == '\0')
+            break;
+    }
+    if (depth != 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "host list '%s': unbalanced brackets", list);
+    return count;
+}
+
+static int env_int(mgpu_getenv_fn g, const char *name, int *out)
+{
+    const char *v = g(name);
+    char *end;
+    long n;
+    if (v == NULL || *v == '\0')
+        return 0;
+    n = strtol(v, &end, 10);
+    if (*end != '\0' && *end != '(') /* SLURM_TASKS_PER_NODE looks like "2(x3)" */
+        return 0;
+    *out = (int)n;
+    return 1;
+}
+
+static void note(mgpu_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Adds one "option=value (source)" to what --dry-run shows as derived. */
+static void note(mgpu_cli_t *cli, const char *fmt, ...)
+{
+    size_t n = strlen(cli->derived);
+    va_list ap;
+    if (n > 0 && n + 2 < sizeof cli->derived) {
+        memcpy(cli->derived + n, ", ", 3);
+        n += 2;
+    }
+    va_start(ap, fmt);
+    vsnprintf(cli->derived + n, sizeof cli->derived - n, fmt, ap);
+    va_end(ap);
+}
+
+static int apply_slurm(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    const char *list = g("SLURM_STEP_NODELIST") ? g("SLURM_STEP_NODELIST") : g("SLURM_JOB_NODELIST");
+    int nnodes = 0, node = 0;
+
+    if (!env_int(g, "SLURM_STEP_NUM_NODES", &nnodes) && !env_int(g, "SLURM_NNODES", &nnodes))
+        return 0;
+    env_int(g, "SLURM_NODEID", &node);
+    if (!mgpu_cli_given(cli, "nnodes")) {
+        cli->nnodes_min = cli->nnodes_max = nnodes;
+        note(cli, "nnodes=%d (SLURM_NNODES)", nnodes);
+    }
+    if (!mgpu_cli_given(cli, "node_rank")) {
+        cli->node_rank = node;
+        note(cli, "node_rank=%d (SLURM_NODEID)", node);
+    }
+    if (!mgpu_cli_given(cli, "master_addr") && list != NULL && cli->nnodes_max > 1) {
+        static char hosts[65536];
+        int n = mgpu_hostlist_expand(list, hosts, sizeof hosts, err);
+        if (n < 0)
+            return n;
+        hosts[strcspn(hosts, "\n")] = '\0';
+        snprintf(cli->master_addr, sizeof cli->master_addr, "%s", hosts);
+        note(cli, "master_addr=%s (first of SLURM_JOB_NODELIST)", cli->master_addr);
+    }
+    if (!mgpu_cli_given(cli, "rdzv_id") && g("SLURM_JOB_ID") != NULL) {
+        snprintf(cli->rdzv_id, sizeof cli->rdzv_id, "slurm-%s%s%s", g("SLURM_JOB_ID"),
+                 g("SLURM_STEP_ID") ? "." : "", g("SLURM_STEP_ID") ? g("SLURM_STEP_ID") : "");
+        note(cli, "rdzv_id=%s (SLURM_JOB_ID)", cli->rdzv_id);
+    }
+    return 1;
+}
+
+static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    int size = 0, rank = 0, local_size = 0;
+
+    if (!env_int(g, "OMPI_COMM_WORLD_SIZE", &size))
+        return 0;
+    env_int(g, "OMPI_COMM_WORLD_RANK", &rank);
+    env_int(g, "OMPI_COMM_WORLD_LOCAL_SIZE", &local_size);
+    if (!mgpu_cli_given(cli, "nnodes")) {
+        cli->nnodes_min = cli->nnodes_max = size;
+        note(cli, "nnodes=%d (OMPI_COMM_WORLD_SIZE)", size);
+    }
+    if (!mgpu_cli_given(cli, "node_rank")) {
+        cli->node_rank = rank;
+        note(cli, "node_rank=%d (OMPI_COMM_WORLD_RANK)", rank);
+    }
+    if (!mgpu_cli_given(cli, "master_addr") && cli->nnodes_max > 1) {
+        /* Open MPI does not name rank 0's host; when every launcher is on this host, loopback
+         * is right, otherwise the user must say where node 0 is. */
+        if (local_size != size)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "under mpirun across %d hosts, give --master_addr (the address of "
+                                "the host of OMPI_COMM_WORLD_RANK 0)",
+                                size);
+        note(cli, "master_addr=%s (every rank on this host)", cli->master_addr);
+    }
+    if (!mgpu_cli_given(cli, "rdzv_id") && g("OMPI_MCA_orte_ess_jobid") != NULL) {
+        snprintf(cli->rdzv_id, sizeof cli->rdzv_id, "ompi-%s", g("OMPI_MCA_orte_ess_jobid"));
+        note(cli, "rdzv_id=%s (OMPI_MCA_orte_ess_jobid)", cli->rdzv_id);
+    }
+    return 1;
+}
+
+int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    int rc = apply_slurm(cli, g, err);
+    if (rc == 0)
+        rc = apply_ompi(cli, g, err);
+    if (rc < 0)
+        return rc;
+    if (cli->node_rank >= cli->nnodes_max)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "node rank %d from the environment is not below nnodes %d (%s)",
+                            cli->node_rank, cli->nnodes_max, cli->derived);
+    return 0;
+}

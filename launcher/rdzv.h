@@ -1,0 +1,91 @@
+/* rdzv.h - launchers meeting through the store: who is in the job, which global ranks each
+ * node owns, and, during the run, failures and restarts agreed by every node.
+ *
+ * Static mode (torchrun's default): every node is started with --nnodes N --node_rank R
+ * --master_addr A --master_port P. Node 0 serves the store at A:P (a thread of its own); every
+ * launcher, node 0 included, connects with the blocking client, announces itself
+ * (node rank, local workers, host), and waits for all N. Global ranks follow node ranks; nodes
+ * may run different numbers of workers. Elastic mode (--nnodes MIN:MAX): nodes get their rank
+ * in arrival order; once MIN have come the rendezvous waits last_call_timeout for more (or
+ * until MAX), then closes.
+ *
+ * Keys live under "mgpu/<run_id>/" so two jobs sharing a store never mix. Every key of one
+ * attempt lives under "mgpu/<run_id>/attempt/<n>/", so a restarted group never reads the last
+ * attempt's values.
+ *
+ * Single node (--nnodes 1): the same path with N = 1; the store listens on loopback at a free
+ * port unless --master_port is given, and the token is generated.
+ *
+ * Ownership: mgpu_rdzv_join returns a handle that mgpu_rdzv_close frees (stopping the store
+ * thread on the node that serves it). Blocking calls below run on the caller's thread; the
+ * supervisor runs them on libuv's thread pool so its loop never waits on the network. */
+#ifndef MGPU_RDZV_H
+#define MGPU_RDZV_H
+
+#include <stddef.h> /* size_t */
+
+#include "error.h" /* mgpu_err_t */
+
+typedef struct mgpu_rdzv mgpu_rdzv_t;
+
+typedef struct mgpu_rdzv_opts {
+    const char *run_id;       /* --rdzv_id */
+    int nnodes_min, nnodes_max;
+    int node_rank;            /* static mode: --node_rank; ignored in elastic mode */
+    int nproc;                /* this node's workers */
+    const char *hostname;
+    const char *store_host;   /* where the store is: --master_addr (static) or the endpoint */
+    int store_port;           /* 0 on one node: any free port */
+    int serve;                /* 1: this launcher serves the store (node 0, or endpoint host) */
+    const char *bind_host;    /* where to listen when serving: "127.0.0.1" for one node */
+    const char *token;        /* --rdzv_token; NULL: generate one (one node only) */
+    double join_timeout;      /* --rdzv_conf join_timeout (default 600 s) */
+    double last_call_timeout; /* --rdzv_conf last_call_timeout (default 30 s) */
+    const char *master_addr;  /* MASTER_ADDR the workers get: node 0's address as others see it */
+    int master_port;          /* MASTER_PORT the workers get; 0: a free port on that node */
+    int elastic;              /* ranks in arrival order (--nnodes MIN:MAX, --rdzv_backend c10d) */
+} mgpu_rdzv_opts_t;
+
+typedef struct mgpu_rdzv_world {
+    int nnodes, node_rank;
+    int base_rank;            /* global rank of this node's local rank 0 */
+    int world_size;
+    char master_addr[256];    /* MASTER_ADDR for workers */
+    int master_port;          /* a free port on the node of global rank 0, agreed via the store */
+    char store_addr[256];     /* MGPU_STORE_ADDR for workers of this node */
+    int store_port;           /* MGPU_STORE_PORT */
+    char token[80];           /* MGPU_STORE_TOKEN */
+} mgpu_rdzv_world_t;
+
+/* Serves the store if asked, connects, announces this node, waits for the others. A node
+ * that never comes fails after join_timeout with a message naming who is missing. */
+int mgpu_rdzv_join(const mgpu_rdzv_opts_t *opts, mgpu_rdzv_t **out, mgpu_rdzv_world_t *world,
+                   mgpu_err_t *err);
+
+/* The first failure of an attempt, as every node sees it. */
+typedef struct mgpu_rdzv_failure {
+    int node_rank, rank, local_rank, exit_code;
+    char host[256];
+} mgpu_rdzv_failure_t;
+
+/* Records a failure of attempt n; the first one recorded by any node wins. *first = 1 when
+ * this call's failure is that first one. */
+int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f,
+                             int *first, mgpu_err_t *err);
+/* Blocks until some node records a failure of attempt n (returns 0 with *f filled), or until
+ * this node ends the attempt (mgpu_rdzv_end_attempt, from another thread: returns
+ * MGPU_E_CLOSED). Uses a connection of its own. */
+int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, mgpu_err_t *err);
+/* The end of attempt n on this node: waits (up to timeout) until every node has ended it, then
+ * says whether any failed (*failed, *f = the first failure). All nodes then restart together or
+ * all finish. */
+int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
+                          mgpu_rdzv_failure_t *f, mgpu_err_t *err);
+/* The startup timeline a libmgpu worker of global rank `rank` published in attempt n (key
+ * "<run_id>/<attempt>/timeline/<rank>", text "event=seconds;event=seconds..."), into buf.
+ * Returns 0, or a negative code when there is none. Does not wait. */
+int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
+                            size_t len);
+void mgpu_rdzv_close(mgpu_rdzv_t *r);
+
+#endif

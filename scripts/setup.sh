@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what mgpu needs on Debian/Ubuntu: the build (gcc, make, libuv, cJSON) and the tests'
+# real clients (Debian's PyTorch 1.13 with gloo, scikit-learn, clang for the fuzzer). The CUDA
+# toolkit is optional: without nvcc the CUDA parts are not built and workers run on the CPU.
+set -euo pipefail
+pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
+      clang libclang-rt-14-dev procps iproute2 time gnuplot-nox)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "setup: dependencies present"

@@ -1,0 +1,314 @@
+# test_output.sh - worker output through the launcher: whole lines, exactly once, in order per
+# rank, prefixed; partial writes; lines without a newline at exit; prefix templates and
+# --no_prefix; per-rank files in torchrun's --log_dir layout; -r/--redirects, -t/--tee (maps
+# too) and --local_ranks_filter.
+
+export MGPU_SIM_GPUS=0
+unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE PET_LOG_DIR \
+    PET_REDIRECTS PET_TEE PET_LOCAL_RANKS_FILTER
+export OMP_NUM_THREADS=1
+
+NLINES=20000
+PREFIX='[rank${rank}]:'
+
+# verify FILE STREAM RANKS [TEMPLATE] [ROLE] [SEED]
+verify() {
+    "$TW" verify "$1" "$2" "$3" "$NLINES" "${6:-1234}" "${4-$PREFIX}" "${5:-default}" >verify.out 2>&1 ||
+        fail "$(cat verify.out)"
+}
+
+t_output_integrity_4_workers_20000_lines() {
+    # 4 workers x 20,000 lines to stdout and to stderr, 0 B..100 KB, written in random pieces
+    run_launch --nproc_per_node=4 "$TW" output $NLINES 1234
+    expect_eq "$rc" 0 "exit status ($(tail -n 3 err))"
+    verify out 1 0,1,2,3
+    verify err 2 0,1,2,3
+}
+
+t_output_integrity_with_tee_files_and_template() {
+    run_launch --nproc_per_node=4 --role trainer --log_dir logs --rdzv_id run7 --tee 3 \
+        --log_line_prefix_template '${role_name}-${local_rank}|${rank}> ' "$TW" output $NLINES 99
+    expect_eq "$rc" 0 "exit status ($(tail -n 3 err))"
+    verify out 1 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
+    verify err 2 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
+    local d; d=$(echo logs/run7_*)
+    for k in 0 1 2 3; do
+        verify "$d/attempt_0/$k/stdout.log" 1 $k "" trainer 99
+        verify "$d/attempt_0/$k/stderr.log" 2 $k "" trainer 99
+    done
+}
+
+t_output_slow_reader_console() {
+    # the launcher's stdout is a pipe read slowly: nothing lost, nothing torn
+    command -v python3 >/dev/null || skip "python3 needed"
+    NLINES=3000
+    "$LAUNCH" --nproc_per_node=3 "$TW" output $NLINES 5 2>err |
+        python3 -c 'import sys,time
+out=open("out","wb")
+while True:
+    b=sys.stdin.buffer.read(4096)
+    if not b: break
+    out.write(b); time.sleep(0.0005)'
+    rc=${PIPESTATUS[0]}
+    expect_eq "$rc" 0
+    verify out 1 0,1,2 "$PREFIX" default 5
+}
+
+t_output_partial_line_at_exit_delivered() {
+    run_launch --nproc_per_node=2 "$TW" print "first %r" noeol "no newline from %r" eprint "e-first %r" enoeol "e-no newline %r" exit 0
+    expect_eq "$rc" 0
+    for k in 0 1; do
+        expect_grep out "^\[rank$k\]:first $k$"
+        expect_grep out "^\[rank$k\]:no newline from $k$"
+        expect_grep err "^\[rank$k\]:e-first $k$"
+        expect_grep err "^\[rank$k\]:e-no newline $k$"
+    done
+    expect_eq "$(wc -l <out)" 4 "stdout lines"
+    # output ends with a newline
+    expect_eq "$(tail -c 1 out | od -An -c | tr -d ' ')" '\n' "last byte"
+}
+
+t_output_partial_line_of_killed_worker_delivered() {
+    run_launch --nproc_per_node=1 "$TW" noeol "dying words" eprint "about to die" raise KILL
+    expect_eq "$rc" 137
+    expect_grep out '^\[rank0\]:dying words$'
+    expect_grep err 'about to die'
+}
+
+t_output_all_output_before_exit_delivered() {
+    # a worker that writes a lot and exits at once: everything arrives before the launcher exits
+    NLINES=5000
+    run_launch --nproc_per_node=1 "$TW" output $NLINES 77 exit 3
+    expect_eq "$rc" 3
+    verify out 1 0 "$PREFIX" default 77
+    # stderr ends with the launcher's report: keep the workers' lines
+    grep -a '^\[rank' err >err.workers
+    verify err.workers 2 0 "$PREFIX" default 77
+    # two workers: both write everything; rank 1 then fails, rank 0 is stopped; what rank 0
+    # wrote before it was stopped still arrives whole
+    run_launch --nproc_per_node=2 "$TW" output $NLINES 78 touch done.%l waitall done. 2 only 1 exit 3 pause
+    expect_eq "$rc" 3
+    verify out 1 0,1 "$PREFIX" default 78
+    grep -a '^\[rank' err >err.workers
+    verify err.workers 2 0,1 "$PREFIX" default 78
+}
+
+t_output_stopped_worker_output_delivered() {
+    # the output of a worker stopped by the launcher, written in its SIGTERM handler time,
+    # is delivered too
+    run_launch --nproc_per_node=2 "$TW" print "hello %r" touch ready.%l only 1 waitall ready. 2 only 1 exit 1 pause
+    expect_eq "$rc" 1
+    expect_grep out '^\[rank0\]:hello 0$'
+    expect_grep out '^\[rank1\]:hello 1$'
+}
+
+t_output_prefix_template_option() {
+    run_launch --nproc_per_node=2 --role trainer --log_line_prefix_template '[${role_name}${local_rank}]: ' \
+        "$TW" print "x%r"
+    expect_eq "$rc" 0
+    expect_grep out '^\[trainer0\]: x0$'
+    expect_grep out '^\[trainer1\]: x1$'
+}
+
+t_output_prefix_template_env() {
+    # torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='<${rank}/${local_rank}/${role_name}> ' \
+        run_launch --nproc_per_node=2 --role=tr "$TW" print "y%l"
+    expect_eq "$rc" 0
+    expect_grep out '^<0/0/tr> y0$'
+    expect_grep out '^<1/1/tr> y1$'
+}
+
+t_output_prefix_template_option_beats_env() {
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='env${rank}: ' \
+        run_launch --nproc_per_node=1 --log_line_prefix_template 'opt${rank}: ' "$TW" print "z"
+    expect_eq "$rc" 0
+    expect_grep out '^opt0: z$'
+}
+
+t_output_default_prefix_multi_node_uses_global_rank() {
+    # two nodes on this host: node 1's workers print with their global ranks 2 and 3
+    local port; port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$LAUNCH" --nnodes=2 --node_rank=0 --master_addr=127.0.0.1 --master_port=$port --nproc_per_node=2 \
+        "$TW" print "g%l" >out.0 2>err.0 &
+    local p0=$!
+    "$LAUNCH" --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 --master_port=$port --nproc_per_node=2 \
+        "$TW" print "g%l" >out.1 2>err.1
+    rc=$?
+    wait $p0
+    expect_eq "$rc/$?" 0/0 "exit statuses ($(cat err.0 err.1))"
+    expect_grep out.0 '^\[rank0\]:g0$'
+    expect_grep out.0 '^\[rank1\]:g1$'
+    expect_grep out.1 '^\[rank2\]:g0$'
+    expect_grep out.1 '^\[rank3\]:g1$'
+}
+
+t_output_no_prefix() {
+    run_launch --nproc_per_node=2 --no_prefix "$TW" print "plain %r" eprint "eplain %r"
+    expect_eq "$rc" 0
+    expect_grep out '^plain 0$'
+    expect_grep out '^plain 1$'
+    expect_grep err '^eplain 1$'
+    expect_no_grep out '\[rank'
+}
+
+t_output_worker_closes_stdout_early() {
+    # a worker closing its stdout early must not confuse the launcher (EOF before exit)
+    cat >w.sh <<'EOF'
+#!/bin/sh
+echo "before close $RANK"
+exec 1>&-
+sleep 0.3
+echo "on stderr $RANK" >&2
+exit 0
+EOF
+    chmod +x w.sh
+    run_launch --nproc_per_node=2 ./w.sh
+    expect_eq "$rc" 0
+    expect_grep out '^\[rank1\]:before close 1$'
+    expect_grep err '^\[rank1\]:on stderr 1$'
+}
+
+t_output_launcher_stdout_closed_by_reader() {
+    # `mgpu-launch ... | head -1`: the launcher keeps supervising, exits with the workers' status
+    "$LAUNCH" --nproc_per_node=2 "$TW" output 2000 3 exit 0 2>err | head -n 1 >first
+    rc=${PIPESTATUS[0]}
+    expect_eq "$rc" 0 "exit status when the reader goes away ($(tail -n 3 err))"
+    expect_grep first '^\[rank[01]\]:'
+}
+
+# --- logs ---
+
+t_logs_layout_and_tee() {
+    run_launch --nproc_per_node=2 --log_dir "$PWD/logs" --rdzv_id myrun --tee 3 "$TW" \
+        print "out %r" eprint "err %r" env e.%l
+    expect_eq "$rc" 0
+    local d n
+    n=$(ls -d logs/myrun_* | wc -l)
+    expect_eq "$n" 1 "run folders"
+    d=$(ls -d logs/myrun_*)
+    [[ "$(basename "$d")" =~ ^myrun_[A-Za-z0-9_]{8}$ ]] || fail "run folder '$d' is not <run_id>_<8 chars>"
+    for k in 0 1; do
+        expect_eq "$(cat "$d/attempt_0/$k/stdout.log")" "out $k" "rank $k stdout.log"
+        expect_eq "$(cat "$d/attempt_0/$k/stderr.log")" "err $k" "rank $k stderr.log"
+        expect_grep out "^\[rank$k\]:out $k$"
+        expect_grep err "^\[rank$k\]:err $k$"
+        expect_grep e.$k "^TORCHELASTIC_ERROR_FILE=$PWD/$d/attempt_0/$k/error.json$"
+    done
+}
+
+t_logs_redirects_file_only() {
+    run_launch --nproc_per_node=2 --log_dir logs -r 3 "$TW" print "out %r" eprint "err %r"
+    expect_eq "$rc" 0
+    local d; d=$(ls -d logs/none_*)
+    expect_no_grep out 'out [01]'
+    expect_no_grep err 'err [01]'
+    for k in 0 1; do
+        expect_eq "$(cat "$d/attempt_0/$k/stdout.log")" "out $k"
+        expect_eq "$(cat "$d/attempt_0/$k/stderr.log")" "err $k"
+    done
+}
+
+t_logs_redirects_stdout_only() {
+    run_launch --nproc_per_node=2 --log_dir logs --redirects=1 "$TW" print "out %r" eprint "err %r"
+    expect_eq "$rc" 0
+    local d; d=$(ls -d logs/none_*)
+    expect_no_grep out 'out [01]'
+    expect_grep err '^\[rank0\]:err 0$'
+    expect_grep "$d/attempt_0/1/stdout.log" '^out 1$'
+}
+
+t_logs_per_rank_maps() {
+    # -t 0:1,1:2: rank 0 stdout to file and console; rank 1 stderr to file and console
+    # -r 2:3: rank 2 everything to files only
+    run_launch --nproc_per_node=4 --log_dir logs -t 0:1,1:2 -r 2:3 "$TW" print "out %r" eprint "err %r"
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    local d; d=$(ls -d logs/none_*)/attempt_0
+    expect_grep "$d/0/stdout.log" '^out 0$'
+    expect_grep out '^\[rank0\]:out 0$'
+    expect_grep err '^\[rank0\]:err 0$'
+    expect_grep "$d/1/stderr.log" '^err 1$'
+    expect_grep err '^\[rank1\]:err 1$'
+    expect_grep out '^\[rank1\]:out 1$'
+    expect_grep "$d/2/stdout.log" '^out 2$'
+    expect_grep "$d/2/stderr.log" '^err 2$'
+    expect_no_grep out 'out 2'
+    expect_no_grep err 'err 2'
+    expect_grep out '^\[rank3\]:out 3$'
+    expect_grep err '^\[rank3\]:err 3$'
+    [ ! -s "$d/3/stdout.log" ] || fail "rank 3 stdout went to a file"
+}
+
+t_logs_redirect_and_tee_long_option_forms() {
+    run_launch --nproc_per_node=2 --log_dir=logs --redirects 0:3,1:3 --tee=1:1 "$TW" print "out %r"
+    expect_eq "$rc" 0
+    local d; d=$(ls -d logs/none_*)/attempt_0
+    expect_no_grep out 'out 0'
+    expect_grep out '^\[rank1\]:out 1$'
+    expect_grep "$d/0/stdout.log" '^out 0$'
+    expect_grep "$d/1/stdout.log" '^out 1$'
+}
+
+t_logs_local_ranks_filter() {
+    run_launch --nproc_per_node=3 --log_dir logs --tee 3 --local_ranks_filter 0,2 "$TW" print "out %r" eprint "err %r"
+    expect_eq "$rc" 0
+    expect_grep out '^\[rank0\]:out 0$'
+    expect_grep out '^\[rank2\]:out 2$'
+    expect_no_grep out 'out 1'
+    expect_no_grep err 'err 1'
+    # files are unaffected by the filter
+    local d; d=$(ls -d logs/none_*)/attempt_0
+    expect_grep "$d/1/stdout.log" '^out 1$'
+    expect_grep "$d/1/stderr.log" '^err 1$'
+}
+
+t_logs_local_ranks_filter_without_logs() {
+    run_launch --nproc_per_node=3 --local_ranks_filter=1 "$TW" print "out %r" eprint "err %r"
+    expect_eq "$rc" 0
+    expect_eq "$(cat out)" "[rank1]:out 1"
+    expect_no_grep err 'err [02]'
+}
+
+t_logs_filtered_rank_failure_still_reported() {
+    # output hidden by the filter, but the failing rank's stderr still makes the report
+    run_launch --nproc_per_node=2 --local_ranks_filter=0 "$TW" only 1 eprint "secret failure reason" only 1 exit 3 exit 0
+    expect_eq "$rc" 3
+    expect_grep err 'secret failure reason'
+}
+
+t_logs_no_log_dir_leaves_nothing() {
+    # without --log_dir the launcher's temporary folder (error files) is removed at exit
+    local tmp; tmp=$(mktemp -d)
+    TMPDIR=$tmp run_launch --nproc_per_node=2 "$TW" env e.%l exit 0
+    expect_eq "$rc" 0
+    case "$(grep '^TORCHELASTIC_ERROR_FILE=' e.0)" in
+        "TORCHELASTIC_ERROR_FILE=$tmp/"*) ;;
+        *) fail "error file not under TMPDIR: $(grep '^TORCHELASTIC_ERROR_FILE=' e.0)" ;;
+    esac
+    expect_eq "$(ls -A "$tmp")" "" "leftovers in TMPDIR"
+    rm -rf "$tmp"
+}
+
+t_output_bytes_passed_unchanged() {
+    # NUL, CR, tabs, invalid UTF-8, escape sequences: bytes pass through as they are
+    printf '#!/bin/sh\nprintf "a\\000b\\rc\\td\\377\\033[1m\\n"\n' >bytes.sh
+    chmod +x bytes.sh
+    run_launch --nproc_per_node=1 ./bytes.sh
+    expect_eq "$rc" 0
+    printf '[rank0]:a\000b\rc\td\377\033[1m\n' >expected
+    cmp expected out || fail "bytes changed: $(od -c out | head)"
+}
+
+t_logs_redirect_without_log_dir_kept() {
+    # -r 3 without --log_dir: the output goes to files in a folder the launcher makes and keeps
+    # (torchrun: a torchelastic_* temporary folder), and says where
+    local tmp; tmp=$(mktemp -d)
+    TMPDIR=$tmp run_launch --nproc_per_node=2 -r 3 "$TW" print "out %r"
+    expect_eq "$rc" 0
+    expect_no_grep out 'out [01]'
+    local f; f=$(find "$tmp" -name stdout.log -path '*/attempt_0/1/*')
+    [ -n "$f" ] || fail "no rank 1 stdout.log under TMPDIR: $(find "$tmp")"
+    expect_grep "$f" '^out 1$'
+    expect_grep err "$tmp"
+    rm -rf "$tmp"
+}

@@ -1,0 +1,117 @@
+/* test_engines.c - Slurm host lists, and options taken from Slurm and Open MPI variables. */
+#include <stdlib.h> /* calloc */
+
+#include "check.h"
+#include "cli.h"
+#include "engines.h"
+
+static const char *env[16][2];
+
+static const char *env_get(const char *name)
+{
+    for (int i = 0; i < 16 && env[i][0]; i++)
+        if (strcmp(env[i][0], name) == 0)
+            return env[i][1];
+    return NULL;
+}
+
+static const char *expand(const char *list)
+{
+    static char out[4096];
+    mgpu_err_t e;
+    int n = mgpu_hostlist_expand(list, out, sizeof out, &e);
+    if (n < 0)
+        return "ERR";
+    for (char *p = out; *p; p++)
+        if (*p == '\n')
+            *p = p[1] ? ' ' : '\0';
+    return out;
+}
+
+static void test_hostlists(void)
+{
+    CHECK_STR(expand("node1"), "node1");
+    CHECK_STR(expand("a,b"), "a b");
+    CHECK_STR(expand("gpu[01-03,07]"), "gpu01 gpu02 gpu03 gpu07");
+    CHECK_STR(expand("gpu[8-10],login"), "gpu8 gpu9 gpu10 login");
+    CHECK_STR(expand("r[1-2]n[1-2]"), "r1n1 r1n2 r2n1 r2n2");
+    CHECK_STR(expand("x[001-002]-ib"), "x001-ib x002-ib");
+    CHECK_STR(expand("bad[1-"), "ERR");
+    CHECK_STR(expand("bad[3-1]"), "ERR");
+    CHECK_STR(expand("a,,b"), "ERR");
+    CHECK_STR(expand("a[x]"), "ERR");
+}
+
+static mgpu_cli_t *parse(char **argv, int argc)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(mgpu_cli_parse(c, argc, argv, env_get, &e), 0);
+    return c;
+}
+
+static void test_slurm(void)
+{
+    char *argv[] = {"mgpu-launch", "prog"};
+    char *argv2[] = {"mgpu-launch", "--nnodes=3", "--node_rank=0", "--master_addr=h0", "prog"};
+    mgpu_err_t e;
+    env[0][0] = "SLURM_NNODES", env[0][1] = "3";
+    env[1][0] = "SLURM_NODEID", env[1][1] = "2";
+    env[2][0] = "SLURM_JOB_NODELIST", env[2][1] = "gpu[07-09]";
+    env[3][0] = "SLURM_JOB_ID", env[3][1] = "4242";
+    mgpu_cli_t *c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 3);
+    CHECK_INT(c->node_rank, 2);
+    CHECK_STR(c->master_addr, "gpu07");
+    CHECK_STR(c->rdzv_id, "slurm-4242");
+    CHECK_CONTAINS(c->derived, "node_rank=2 (SLURM_NODEID)");
+    free(c);
+    /* explicit options win */
+    c = parse(argv2, 5);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->node_rank, 0);
+    CHECK_STR(c->master_addr, "h0");
+    free(c);
+    /* a node rank the node count cannot hold */
+    env[1][1] = "5";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "node rank 5");
+    free(c);
+    env[0][0] = NULL;
+}
+
+static void test_openmpi(void)
+{
+    char *argv[] = {"mgpu-launch", "prog"};
+    mgpu_err_t e;
+    env[0][0] = "OMPI_COMM_WORLD_SIZE", env[0][1] = "2";
+    env[1][0] = "OMPI_COMM_WORLD_RANK", env[1][1] = "1";
+    env[2][0] = "OMPI_COMM_WORLD_LOCAL_SIZE", env[2][1] = "2";
+    mgpu_cli_t *c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 2);
+    CHECK_INT(c->node_rank, 1);
+    CHECK_STR(c->master_addr, "127.0.0.1");
+    free(c);
+    env[2][1] = "1"; /* one launcher per host, over two hosts: node 0 must be named */
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--master_addr");
+    free(c);
+    env[0][0] = NULL;
+    c = parse(argv, 2); /* neither engine: nothing changes */
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 1);
+    CHECK_STR(c->derived, "");
+    free(c);
+}
+
+int main(void)
+{
+    RUN(test_hostlists);
+    RUN(test_slurm);
+    RUN(test_openmpi);
+    return check_done();
+}

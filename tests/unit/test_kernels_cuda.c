@@ -1,0 +1,808 @@
+/* test_kernels_cuda.c - every op of the CUDA backend against the plain-C reference
+ * (kernels_cpu.c), both called through kernels.h on the same random inputs of awkward sizes
+ * (1, 3, 127, 1000, 4099, ...), on 16-byte aligned buffers (the float4 paths) and on buffers
+ * one float off (the scalar paths). GPU outputs are poisoned with NaN before each op so an
+ * element the kernel forgot to write fails. Mismatches print the first few elements and the
+ * largest difference. Tolerances per op and per GEMM precision are given where they are used.
+ *
+ * Skips when the build has no CUDA or the machine has no CUDA device (CI, laptops); run it on
+ * a GPU machine: build/tests/test_kernels_cuda. */
+#include "check.h"
+#include "kernels.h"
+
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_device_count, mgpu_kernels_cuda_stream */
+#endif
+
+#include <math.h>   /* fabs, sqrt, NAN, isnan */
+#include <stdint.h> /* int32_t */
+#include <stdlib.h> /* aligned_alloc, free */
+
+typedef struct env {
+    mgpu_kernels_t *cpu, *gpu;
+    mgpu_err_t err;
+} env_t;
+
+/* Fails the test (not the binary) with the backend's message when call returns non-zero. */
+#define OK(e, call)                                                                                \
+    do {                                                                                           \
+        int ok_rc_ = (call);                                                                       \
+        if (ok_rc_ != 0) {                                                                         \
+            printf("  %s:%d: %s = %d: %s\n", __FILE__, __LINE__, #call, ok_rc_, (e)->err.msg);     \
+            check_failed++;                                                                        \
+        }                                                                                          \
+    } while (0)
+
+static void env_open(env_t *e)
+{
+    e->cpu = e->gpu = NULL;
+    e->err.msg[0] = '\0';
+#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
+    SKIP("built without CUDA (CUDA=0 or no nvcc)");
+#else
+    /* Initialises CUDA here, in the test's own forked process, never in the parent. */
+    if (mgpu_kernels_cuda_device_count(&e->err) <= 0)
+        SKIP("no CUDA device%s%s", e->err.msg[0] ? ": " : "", e->err.msg);
+    if (mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &e->cpu, &e->err) != 0 ||
+        mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &e->gpu, &e->err) != 0) {
+        printf("  mgpu_kernels_create: %s\n", e->err.msg);
+        exit(1);
+    }
+#endif
+}
+
+static void env_close(env_t *e)
+{
+    OK(e, mgpu_k_sync(e->gpu, &e->err));
+    mgpu_kernels_destroy(e->gpu);
+    mgpu_kernels_destroy(e->cpu);
+}
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ULL;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) / (double)(1ULL << 24)) * 2.0f - 1.0f;
+}
+
+static float *hbuf(size_t n)
+{
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes ? bytes : 64);
+    if (p == NULL) {
+        printf("  aligned_alloc(%zu) failed\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static float *hrand(size_t n, float scale)
+{
+    float *p = hbuf(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * scale;
+    return p;
+}
+
+static float *hcopy(const float *src, size_t n)
+{
+    float *p = hbuf(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = src[i];
+    return p;
+}
+
+/* A GPU buffer of n + off floats; returns its base in *base (to free) and base + off. */
+static float *dalloc(env_t *e, size_t n, size_t off, void **base)
+{
+    void *p = NULL;
+    if (mgpu_k_alloc(e->gpu, (n + off + 1) * sizeof(float), &p, &e->err) != 0) {
+        printf("  mgpu_k_alloc(%zu floats): %s\n", n + off + 1, e->err.msg);
+        exit(1);
+    }
+    *base = p;
+    return (float *)p + off;
+}
+
+/* GPU copy of h[0..n) at offset off. */
+static float *dupd(env_t *e, const float *h, size_t n, size_t off, void **base)
+{
+    float *d = dalloc(e, n, off, base);
+    OK(e, mgpu_k_copy_to_device(e->gpu, d, h, n * sizeof(float), &e->err));
+    return d;
+}
+
+/* GPU buffer of n NaNs at offset off: what a kernel leaves unwritten stays NaN. */
+static float *dpoison(env_t *e, size_t n, size_t off, void **base)
+{
+    float *h = hbuf(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    float *d = dupd(e, h, n, off, base);
+    free(h);
+    return d;
+}
+
+static float *down(env_t *e, const float *d, size_t n)
+{
+    float *h = hbuf(n);
+    OK(e, mgpu_k_copy_to_host(e->gpu, h, d, n * sizeof(float), &e->err));
+    return h;
+}
+
+/* |got - want| <= atol + rtol * |want| element by element (NaN never passes); prints the
+ * first mismatches and the largest difference. */
+static int close_to(const char *what, const float *got, const float *want, size_t n, double atol,
+                    double rtol)
+{
+    size_t bad = 0, worst_i = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (isnan(got[i]) != isnan(want[i]))
+            d = INFINITY;
+        else if (isnan(got[i]))
+            d = 0.0; /* both NaN: the reference says NaN too */
+        if (d > worst) {
+            worst = d;
+            worst_i = i;
+        }
+        if (!(d <= atol + rtol * fabs((double)want[i]))) {
+            if (bad < 5)
+                printf("  %s[%zu] = %.9g, expected %.9g (diff %.3g)\n", what, i, got[i], want[i],
+                       d);
+            bad++;
+        }
+    }
+    if (bad) {
+        printf("  %s: %zu of %zu mismatched (atol %.2g, rtol %.2g), largest difference %.3g at "
+               "[%zu]\n",
+               what, bad, n, atol, rtol, worst, worst_i);
+        check_failed++;
+    }
+    return bad == 0;
+}
+
+/* --- memory ---------------------------------------------------------------------------------- */
+
+static void test_memory_round_trip(void)
+{
+    env_t e;
+    env_open(&e);
+    size_t sizes[] = {1, 3, 127, 1000, 4099, (1u << 20) + 3};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s];
+        void *b1, *b2;
+        float *h = hrand(n, 1.0f);
+        float *d1 = dupd(&e, h, n, 0, &b1);
+        float *d2 = dpoison(&e, n, 1, &b2);
+        OK(&e, mgpu_k_copy(e.gpu, d2, d1, n * sizeof(float), &e.err));
+        float *back = down(&e, d2, n);
+        close_to("copy", back, h, n, 0.0, 0.0);
+        OK(&e, mgpu_k_zero(e.gpu, d2, n * sizeof(float), &e.err));
+        free(back);
+        back = down(&e, d2, n);
+        for (size_t i = 0; i < n; i++)
+            h[i] = 0.0f;
+        close_to("zero", back, h, n, 0.0, 0.0);
+        free(back);
+        free(h);
+        mgpu_k_free(e.gpu, b1);
+        mgpu_k_free(e.gpu, b2);
+    }
+    env_close(&e);
+}
+
+static void test_create_errors_and_stream(void)
+{
+    env_t e;
+    env_open(&e);
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    mgpu_kernels_t *bad = NULL;
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 1000, &bad, &e.err), MGPU_E_DEVICE);
+    CHECK_CONTAINS(e.err.msg, "device 1000");
+    CHECK(bad == NULL);
+    CHECK(mgpu_kernels_cuda_stream(e.gpu) != NULL);
+    CHECK(mgpu_kernels_cuda_stream(e.cpu) == NULL);
+    CHECK_STR(e.gpu->ops->name, "cuda");
+    /* An allocation no GPU can hold fails with a message naming the call and the size. */
+    void *huge = NULL;
+    CHECK(mgpu_k_alloc(e.gpu, (size_t)1 << 50, &huge, &e.err) < 0);
+    CHECK_CONTAINS(e.err.msg, "cudaMalloc(1125899906842624 bytes)");
+    CHECK(huge == NULL);
+#endif
+    env_close(&e);
+}
+
+/* --- GEMM --------------------------------------------------------------------------------------
+ */
+
+/* Per-element tolerance for a k-term dot product of values in [-1, 1]: rounding of the
+ * operands (tf32 keeps 10 mantissa bits, bf16 7) grows like sqrt(k). Also checked: the
+ * relative Frobenius error, which METHOD-style references put near 1e-7 for fp32, 3e-4 for
+ * tf32 and 1e-3..1e-2 for bf16. */
+static void gemm_case(env_t *e, mgpu_precision_t prec, int ta, int tb, int m, int n, int k,
+                      float alpha, float beta, int pad)
+{
+    static const double elem_tol[] = {1e-5, 3e-3, 2e-2}, norm_tol[] = {1e-5, 2e-3, 1.5e-2};
+    int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t asz = (size_t)(ta ? k : m) * lda, bsz = (size_t)(tb ? n : k) * ldb,
+           csz = (size_t)m * ldc;
+    float *a = hrand(asz, 1.0f), *b = hrand(bsz, 1.0f), *c = hrand(csz, 1.0f);
+    void *ba, *bb, *bc;
+    float *da = dupd(e, a, asz, 0, &ba), *db = dupd(e, b, bsz, 0, &bb);
+    /* beta == 0 must not read C: poison it then. */
+    float *dc = beta == 0.0f ? dpoison(e, csz, 0, &bc) : dupd(e, c, csz, 0, &bc);
+
+    OK(e, mgpu_kernels_set_precision(e->gpu, prec, &e->err));
+    OK(e, mgpu_k_gemm(e->cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &e->err));
+    OK(e, mgpu_k_gemm(e->gpu, ta, tb, m, n, k, alpha, da, lda, db, ldb, beta, dc, ldc, &e->err));
+    float *got = down(e, dc, csz);
+
+    /* Compare the m x n part only: padding columns are not the op's to write. */
+    double num = 0.0, den = 0.0;
+    float *g2 = hbuf((size_t)m * n), *w2 = hbuf((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float gv = got[(size_t)i * ldc + j], wv = c[(size_t)i * ldc + j];
+            g2[(size_t)i * n + j] = gv;
+            w2[(size_t)i * n + j] = wv;
+            num += ((double)gv - wv) * ((double)gv - wv);
+            den += (double)wv * wv;
+        }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    char what[128];
+    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d %dx%dx%d alpha=%g beta=%g pad=%d",
+             mgpu_precision_name(prec), ta, tb, m, n, k, alpha, beta, pad);
+    double tol = elem_tol[prec] * (sqrt((double)k) + 1.0) * (fabs(alpha) > 1 ? fabs(alpha) : 1);
+    close_to(what, g2, w2, (size_t)m * n, tol, 1e-5);
+    if (!(rel <= norm_tol[prec]) && k > 0) {
+        printf("  %s: relative error %.3g, expected <= %.2g\n", what, rel, norm_tol[prec]);
+        check_failed++;
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(got);
+    free(g2);
+    free(w2);
+    mgpu_k_free(e->gpu, ba);
+    mgpu_k_free(e->gpu, bb);
+    mgpu_k_free(e->gpu, bc);
+}
+
+static void gemm_shapes(mgpu_precision_t prec)
+{
+    static const int shapes[][3] = {{1, 1, 1},        {3, 5, 7},     {127, 33, 65},
+                                    {1000, 257, 129}, {64, 4099, 3}, {512, 384, 1024},
+                                    {2, 3, 4099}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int t = 0; t < 4; t++) {
+            gemm_case(&e, prec, t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f,
+                      0);
+            gemm_case(&e, prec, t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 0.5f, 2.0f,
+                      3);
+        }
+    env_close(&e);
+}
+
+static void test_gemm_fp32(void)
+{
+    gemm_shapes(MGPU_PREC_FP32);
+}
+
+static void test_gemm_tf32(void)
+{
+    gemm_shapes(MGPU_PREC_TF32);
+}
+
+static void test_gemm_bf16(void)
+{
+    gemm_shapes(MGPU_PREC_BF16);
+}
+
+static void test_gemm_k0_alpha0(void)
+{
+    env_t e;
+    env_open(&e);
+    for (int p = 0; p < 3; p++) {
+        gemm_case(&e, (mgpu_precision_t)p, 0, 0, 5, 7, 0, 1.0f, 0.0f, 1);
+        gemm_case(&e, (mgpu_precision_t)p, 0, 1, 5, 7, 0, 1.0f, 3.0f, 0);
+        gemm_case(&e, (mgpu_precision_t)p, 1, 0, 127, 9, 13, 0.0f, 0.5f, 2);
+        gemm_case(&e, (mgpu_precision_t)p, 1, 1, 127, 9, 13, 0.0f, 0.0f, 0);
+    }
+    env_close(&e);
+}
+
+/* --- activations ------------------------------------------------------------------------------ */
+
+/* Transcendentals differ by a few ulp between glibc and CUDA's libdevice. */
+#define ACT_ATOL 2e-6
+#define ACT_RTOL 1e-5
+
+static const size_t ew_sizes[] = {1, 3, 127, 1000, 4099, (1u << 20) + 3};
+
+static void test_act_forward(void)
+{
+    env_t e;
+    env_open(&e);
+    for (int act = 0; act < MGPU_ACT_COUNT; act++)
+        for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
+            for (size_t off = 0; off < 2; off++) {
+                size_t n = ew_sizes[s];
+                void *bx, *by;
+                float *x = hrand(n, 6.0f), *want = hbuf(n);
+                float *dx = dupd(&e, x, n, off, &bx), *dy = dpoison(&e, n, off, &by);
+                OK(&e, mgpu_k_act_forward(e.cpu, act, n, x, want, &e.err));
+                OK(&e, mgpu_k_act_forward(e.gpu, act, n, dx, dy, &e.err));
+                float *got = down(&e, dy, n);
+                char what[96];
+                snprintf(what, sizeof what, "act_forward %s n=%zu off=%zu", mgpu_act_name(act), n,
+                         off);
+                close_to(what, got, want, n, ACT_ATOL, ACT_RTOL);
+                free(got);
+                /* In place: y == x. */
+                OK(&e, mgpu_k_act_forward(e.gpu, act, n, dx, dx, &e.err));
+                got = down(&e, dx, n);
+                close_to(what, got, want, n, ACT_ATOL, ACT_RTOL);
+                free(got);
+                free(x);
+                free(want);
+                mgpu_k_free(e.gpu, bx);
+                mgpu_k_free(e.gpu, by);
+            }
+    env_close(&e);
+}
+
+static void test_bias_act_forward(void)
+{
+    static const int shapes[][2] = {{1, 1}, {3, 5}, {127, 33}, {7, 128}, {1000, 4099}, {4099, 4}};
+    env_t e;
+    env_open(&e);
+    for (int act = 0; act < MGPU_ACT_COUNT; act++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (int variant = 0; variant < 3; variant++) {
+                /* 0: aligned with bias; 1: one float off with bias; 2: no bias. */
+                int rows = shapes[s][0], cols = shapes[s][1];
+                size_t n = (size_t)rows * cols, off = variant == 1;
+                int has_bias = variant != 2;
+                void *bz, *bb = NULL, *by;
+                float *z = hrand(n, 4.0f), *bias = hrand(cols, 1.0f), *y = hbuf(n);
+                float *dz = dupd(&e, z, n, off, &bz), *dy = dpoison(&e, n, off, &by);
+                float *dbias = has_bias ? dupd(&e, bias, cols, off, &bb) : NULL;
+                OK(&e, mgpu_k_bias_act_forward(e.cpu, act, rows, cols, z, has_bias ? bias : NULL, y,
+                                               &e.err));
+                OK(&e, mgpu_k_bias_act_forward(e.gpu, act, rows, cols, dz, dbias, dy, &e.err));
+                float *gz = down(&e, dz, n), *gy = down(&e, dy, n);
+                char what[112];
+                snprintf(what, sizeof what, "bias_act_forward %s %dx%d variant %d z",
+                         mgpu_act_name(act), rows, cols, variant);
+                close_to(what, gz, z, n, 0.0, 0.0); /* one fp32 add: exact */
+                what[strlen(what) - 1] = 'y';
+                close_to(what, gy, y, n, ACT_ATOL, ACT_RTOL);
+                free(gz);
+                free(gy);
+                if (act == MGPU_ACT_IDENTITY && has_bias) {
+                    /* y == z is allowed for identity: z gets the bias once, in place. */
+                    float *z2 = hrand(n, 4.0f), *w = hcopy(z2, n);
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, dz, z2, n * sizeof(float), &e.err));
+                    OK(&e, mgpu_k_bias_act_forward(e.cpu, act, rows, cols, w, bias, w, &e.err));
+                    OK(&e, mgpu_k_bias_act_forward(e.gpu, act, rows, cols, dz, dbias, dz, &e.err));
+                    gz = down(&e, dz, n);
+                    close_to("bias_act_forward identity in place", gz, w, n, 0.0, 0.0);
+                    free(gz);
+                    free(z2);
+                    free(w);
+                }
+                free(z);
+                free(bias);
+                free(y);
+                mgpu_k_free(e.gpu, bz);
+                mgpu_k_free(e.gpu, bb);
+                mgpu_k_free(e.gpu, by);
+            }
+    env_close(&e);
+}
+
+static void test_act_backward(void)
+{
+    env_t e;
+    env_open(&e);
+    for (int act = 0; act < MGPU_ACT_COUNT; act++)
+        for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
+            for (size_t off = 0; off < 2; off++) {
+                size_t n = ew_sizes[s];
+                void *bz, *by, *bdy, *bdz;
+                float *z = hrand(n, 6.0f), *y = hbuf(n), *dy = hrand(n, 1.0f), *want = hbuf(n);
+                OK(&e, mgpu_k_act_forward(e.cpu, act, n, z, y, &e.err));
+                OK(&e, mgpu_k_act_backward(e.cpu, act, n, z, y, dy, want, &e.err));
+                float *dz_ = dupd(&e, z, n, off, &bz), *dy_ = dupd(&e, y, n, off, &by);
+                float *ddy = dupd(&e, dy, n, off, &bdy), *ddz = dpoison(&e, n, off, &bdz);
+                OK(&e, mgpu_k_act_backward(e.gpu, act, n, dz_, dy_, ddy, ddz, &e.err));
+                float *got = down(&e, ddz, n);
+                char what[96];
+                snprintf(what, sizeof what, "act_backward %s n=%zu off=%zu", mgpu_act_name(act), n,
+                         off);
+                close_to(what, got, want, n, ACT_ATOL, ACT_RTOL);
+                free(got);
+                /* In place: dz == dy. */
+                OK(&e, mgpu_k_act_backward(e.gpu, act, n, dz_, dy_, ddy, ddy, &e.err));
+                got = down(&e, ddy, n);
+                close_to(what, got, want, n, ACT_ATOL, ACT_RTOL);
+                free(got);
+                free(z);
+                free(y);
+                free(dy);
+                free(want);
+                mgpu_k_free(e.gpu, bz);
+                mgpu_k_free(e.gpu, by);
+                mgpu_k_free(e.gpu, bdy);
+                mgpu_k_free(e.gpu, bdz);
+            }
+    env_close(&e);
+}
+
+/* --- reductions and losses ---------------------------------------------------------------------
+ */
+
+static void test_sum_rows(void)
+{
+    static const int shapes[][2] = {{1, 1},    {3, 5},      {127, 33}, {1000, 257},
+                                    {4099, 3}, {8192, 130}, {0, 5},    {2, 4099}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int with_beta = 0; with_beta < 2; with_beta++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            size_t n = (size_t)rows * cols;
+            float beta = with_beta ? 0.5f : 0.0f;
+            void *bx, *bo;
+            float *x = hrand(n, 1.0f), *out = hrand(cols, 1.0f);
+            float *dx = dupd(&e, x, n, 0, &bx);
+            float *dout = with_beta ? dupd(&e, out, cols, 0, &bo) : dpoison(&e, cols, 0, &bo);
+            OK(&e, mgpu_k_sum_rows(e.cpu, rows, cols, x, beta, out, &e.err));
+            OK(&e, mgpu_k_sum_rows(e.gpu, rows, cols, dx, beta, dout, &e.err));
+            float *got = down(&e, dout, cols);
+            char what[80];
+            snprintf(what, sizeof what, "sum_rows %dx%d beta=%g", rows, cols, beta);
+            /* fp32 partial sums against the reference's double: error ~ eps * sqrt(rows). */
+            close_to(what, got, out, cols, 1e-6 * (sqrt((double)rows) + 1.0), 1e-6);
+            free(got);
+            free(x);
+            free(out);
+            mgpu_k_free(e.gpu, bx);
+            mgpu_k_free(e.gpu, bo);
+        }
+    env_close(&e);
+}
+
+static void test_softmax_xent(void)
+{
+    /* Every path: a warp per row with 1..32 values per lane (columns up to 32, 64, 128, 256,
+     * 512, 1024), a block per row with 8, 16, 32 values per thread (up to 8192), and the
+     * two-pass kernel for wider rows. */
+    static const int shapes[][2] = {{1, 1},     {3, 5},    {127, 10},  {4099, 3},    {77, 50},
+                                    {9, 100},   {65, 200}, {31, 300},  {1000, 1000}, {5, 1025},
+                                    {33, 4099}, {2, 8192}, {3, 10000}, {4, 40000}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int variant = 0; variant < 3; variant++) {
+            /* 0: separate dlogits; 1: no dlogits; 2: dlogits == logits. Logits up to +-20
+             * so the max subtraction matters. */
+            int rows = shapes[s][0], cols = shapes[s][1];
+            size_t n = (size_t)rows * cols;
+            void *bl, *blab, *bloss, *bd = NULL;
+            float *l = hrand(n, 20.0f), *dl = hbuf(n), loss = 0.0f;
+            int32_t *lab = malloc(sizeof(int32_t) * rows);
+            for (int r = 0; r < rows; r++)
+                lab[r] = (int32_t)((frand() * 0.5f + 0.5f) * cols) % cols;
+            OK(&e, mgpu_k_softmax_xent(e.cpu, rows, cols, l, lab, &loss, dl, &e.err));
+            float *dlog = dupd(&e, l, n, 0, &bl), *dloss = dpoison(&e, 1, 0, &bloss);
+            int32_t *dlab = (int32_t *)dalloc(&e, rows, 0, &blab);
+            OK(&e, mgpu_k_copy_to_device(e.gpu, dlab, lab, sizeof(int32_t) * rows, &e.err));
+            float *ddl = variant == 0 ? dpoison(&e, n, 0, &bd) : variant == 2 ? dlog : NULL;
+            OK(&e, mgpu_k_softmax_xent(e.gpu, rows, cols, dlog, dlab, dloss, ddl, &e.err));
+            float *gl = down(&e, dloss, 1);
+            char what[80];
+            snprintf(what, sizeof what, "softmax_xent %dx%d variant %d loss", rows, cols, variant);
+            close_to(what, gl, &loss, 1, 1e-5, 1e-5);
+            if (ddl != NULL) {
+                float *gd = down(&e, ddl, n);
+                snprintf(what, sizeof what, "softmax_xent %dx%d variant %d dlogits", rows, cols,
+                         variant);
+                /* The float log-sum-exp (|lse| <= ~25) is off by up to ~2e-6, which moves every
+                 * probability by that much relative: up to ~3e-6 / rows where p is near 1. */
+                close_to(what, gd, dl, n, 5e-6 / rows, 2e-5);
+                free(gd);
+            }
+            free(gl);
+            free(l);
+            free(dl);
+            free(lab);
+            mgpu_k_free(e.gpu, bl);
+            mgpu_k_free(e.gpu, blab);
+            mgpu_k_free(e.gpu, bloss);
+            mgpu_k_free(e.gpu, bd);
+        }
+    env_close(&e);
+}
+
+/* The GPU cannot report a bad label without a sync: that row's loss and gradient are NaN. */
+static void test_softmax_xent_bad_label_is_nan(void)
+{
+    env_t e;
+    env_open(&e);
+    float l[6] = {1, 2, 3, 4, 5, 6};
+    int32_t lab[2] = {1, 3}; /* 3 is out of range for 3 classes */
+    void *bl, *blab, *bloss;
+    float *dl = dupd(&e, l, 6, 0, &bl), *dloss = dalloc(&e, 1, 0, &bloss);
+    int32_t *dlab = (int32_t *)dalloc(&e, 2, 0, &blab);
+    OK(&e, mgpu_k_copy_to_device(e.gpu, dlab, lab, sizeof lab, &e.err));
+    OK(&e, mgpu_k_softmax_xent(e.gpu, 2, 3, dl, dlab, dloss, dl, &e.err));
+    float *loss = down(&e, dloss, 1), *grad = down(&e, dl, 6);
+    CHECK(isnan(loss[0]));
+    CHECK(!isnan(grad[0]) && !isnan(grad[2]));
+    CHECK(isnan(grad[3]) && isnan(grad[5]));
+    free(loss);
+    free(grad);
+    mgpu_k_free(e.gpu, bl);
+    mgpu_k_free(e.gpu, blab);
+    mgpu_k_free(e.gpu, bloss);
+    env_close(&e);
+}
+
+static void test_mse(void)
+{
+    static const int shapes[][2] = {{1, 1}, {3, 5}, {127, 1}, {1000, 2}, {4099, 7}, {1024, 1025}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int variant = 0; variant < 3; variant++) {
+            /* 0: aligned with dpred; 1: one float off with dpred; 2: no dpred. */
+            int rows = shapes[s][0], cols = shapes[s][1];
+            size_t n = (size_t)rows * cols, off = variant == 1;
+            void *bp, *bt, *bloss, *bd = NULL;
+            float *p = hrand(n, 3.0f), *t = hrand(n, 3.0f), *dp = hbuf(n), loss = 0.0f;
+            OK(&e, mgpu_k_mse(e.cpu, rows, cols, p, t, &loss, dp, &e.err));
+            float *gp = dupd(&e, p, n, off, &bp), *gt = dupd(&e, t, n, off, &bt);
+            float *gloss = dpoison(&e, 1, 0, &bloss);
+            float *gd = variant == 2 ? NULL : dpoison(&e, n, off, &bd);
+            OK(&e, mgpu_k_mse(e.gpu, rows, cols, gp, gt, gloss, gd, &e.err));
+            float *hl = down(&e, gloss, 1);
+            char what[80];
+            snprintf(what, sizeof what, "mse %dx%d variant %d loss", rows, cols, variant);
+            close_to(what, hl, &loss, 1, 0.0, 1e-5);
+            if (gd != NULL) {
+                float *hd = down(&e, gd, n);
+                snprintf(what, sizeof what, "mse %dx%d variant %d dpred", rows, cols, variant);
+                close_to(what, hd, dp, n, 0.0, 1e-6);
+                free(hd);
+            }
+            free(hl);
+            free(p);
+            free(t);
+            free(dp);
+            mgpu_k_free(e.gpu, bp);
+            mgpu_k_free(e.gpu, bt);
+            mgpu_k_free(e.gpu, bloss);
+            mgpu_k_free(e.gpu, bd);
+        }
+    env_close(&e);
+}
+
+static void test_scale_and_sum(void)
+{
+    static const size_t sizes[] = {0, 1, 3, 127, 1000, 4099, (1u << 22) + 3};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (size_t off = 0; off < 2; off++) {
+            size_t n = sizes[s];
+            void *bx, *bs;
+            float *x = hrand(n, 1.0f), sum = 0.0f;
+            float *dx = dupd(&e, x, n, off, &bx), *ds = dpoison(&e, 1, 0, &bs);
+            double abs_sum = 0.0;
+            for (size_t i = 0; i < n; i++)
+                abs_sum += fabs(x[i]);
+            OK(&e, mgpu_k_sum(e.cpu, n, x, &sum, &e.err));
+            OK(&e, mgpu_k_sum(e.gpu, n, dx, ds, &e.err));
+            float *got = down(&e, ds, 1);
+            char what[64];
+            snprintf(what, sizeof what, "sum n=%zu off=%zu", n, off);
+            /* Float partials against double: bounded by a few eps of the sum of |x|. */
+            close_to(what, got, &sum, 1, 1e-6 * abs_sum + 1e-7, 0.0);
+            free(got);
+            if (n > 0) {
+                OK(&e, mgpu_k_scale(e.cpu, n, -0.375f, x, &e.err));
+                OK(&e, mgpu_k_scale(e.gpu, n, -0.375f, dx, &e.err));
+                got = down(&e, dx, n);
+                snprintf(what, sizeof what, "scale n=%zu off=%zu", n, off);
+                close_to(what, got, x, n, 0.0, 0.0);
+                free(got);
+            }
+            free(x);
+            mgpu_k_free(e.gpu, bx);
+            mgpu_k_free(e.gpu, bs);
+        }
+    env_close(&e);
+}
+
+static void test_argmax_and_count_correct(void)
+{
+    static const int shapes[][2] = {{1, 1},     {3, 5},     {127, 10}, {1000, 1000},
+                                    {17, 4099}, {4099, 33}, {0, 4}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int ties = 0; ties < 2; ties++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            size_t n = (size_t)rows * cols;
+            /* ties: values from {-2, -1, 0, 1}, so most rows hold their maximum more than once
+             * and only "the first index" decides. */
+            float *x = hrand(n, 2.0f);
+            if (ties)
+                for (size_t i = 0; i < n; i++)
+                    x[i] = floorf(x[i]);
+            int32_t *lab = malloc(sizeof(int32_t) * (rows + 1)),
+                    *want = malloc(sizeof(int32_t) * (rows + 1));
+            for (int r = 0; r < rows; r++)
+                lab[r] = (int32_t)((frand() * 0.5f + 0.5f) * cols) % cols;
+            float count = -1.0f;
+            void *bx, *blab, *bout, *bc;
+            float *dx = dupd(&e, x, n, 0, &bx);
+            int32_t *dlab = (int32_t *)dalloc(&e, rows, 0, &blab);
+            int32_t *dout = (int32_t *)dalloc(&e, rows, 0, &bout);
+            float *dcount = dpoison(&e, 1, 0, &bc);
+            OK(&e, mgpu_k_copy_to_device(e.gpu, dlab, lab, sizeof(int32_t) * rows, &e.err));
+            OK(&e, mgpu_k_argmax_rows(e.cpu, rows, cols, x, want, &e.err));
+            OK(&e, mgpu_k_count_correct(e.cpu, rows, cols, x, lab, &count, &e.err));
+            OK(&e, mgpu_k_argmax_rows(e.gpu, rows, cols, dx, dout, &e.err));
+            OK(&e, mgpu_k_count_correct(e.gpu, rows, cols, dx, dlab, dcount, &e.err));
+            if (rows > 0) {
+                int32_t *got = malloc(sizeof(int32_t) * rows);
+                OK(&e, mgpu_k_copy_to_host(e.gpu, got, dout, sizeof(int32_t) * rows, &e.err));
+                int bad = 0;
+                for (int r = 0; r < rows; r++)
+                    if (got[r] != want[r] && bad++ < 5)
+                        printf("  argmax_rows %dx%d ties=%d: row %d = %d, expected %d\n", rows,
+                               cols, ties, r, got[r], want[r]);
+                CHECK_INT(bad, 0);
+                free(got);
+            }
+            float *gc = down(&e, dcount, 1);
+            char what[80];
+            snprintf(what, sizeof what, "count_correct %dx%d ties=%d", rows, cols, ties);
+            close_to(what, gc, &count, 1, 0.0, 0.0);
+            free(gc);
+            free(x);
+            free(lab);
+            free(want);
+            mgpu_k_free(e.gpu, bx);
+            mgpu_k_free(e.gpu, blab);
+            mgpu_k_free(e.gpu, bout);
+            mgpu_k_free(e.gpu, bc);
+        }
+    env_close(&e);
+}
+
+/* --- optimizers ------------------------------------------------------------------------------ */
+
+/* FMA contraction on the GPU and separate rounding on the CPU differ by an ulp or so a step. */
+#define OPT_ATOL 1e-6
+#define OPT_RTOL 1e-5
+
+static void test_sgd(void)
+{
+    static const mgpu_sgd_hparams_t hps[] = {
+        {.lr = 0.1f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.01f, .nesterov = 0},
+        {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.1f, .weight_decay = 0.0f, .nesterov = 0},
+        {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-3f, .nesterov = 1},
+    };
+    static const size_t sizes[] = {1, 3, 127, 4099, (1u << 20) + 1};
+    env_t e;
+    env_open(&e);
+    for (size_t h = 0; h < sizeof hps / sizeof *hps; h++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (size_t off = 0; off < 2; off++) {
+                size_t n = sizes[s];
+                void *bp, *bg, *bb;
+                float *p = hrand(n, 1.0f), *buf = hbuf(n);
+                float *dp = dupd(&e, p, n, off, &bp), *dg = dalloc(&e, n, off, &bg);
+                /* The first step must not read the buffer: NaN there must not leak. */
+                float *dbuf = dpoison(&e, n, off, &bb);
+                for (long long step = 1; step <= 3; step++) {
+                    float *g = hrand(n, 1.0f);
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, dg, g, n * sizeof(float), &e.err));
+                    OK(&e, mgpu_k_sgd_step(e.cpu, n, p, g, buf, &hps[h], step, &e.err));
+                    OK(&e, mgpu_k_sgd_step(e.gpu, n, dp, dg, dbuf, &hps[h], step, &e.err));
+                    free(g);
+                }
+                float *gp = down(&e, dp, n);
+                char what[80];
+                snprintf(what, sizeof what, "sgd hp%zu n=%zu off=%zu p", h, n, off);
+                close_to(what, gp, p, n, OPT_ATOL, OPT_RTOL);
+                if (hps[h].momentum != 0.0f) {
+                    float *gb = down(&e, dbuf, n);
+                    what[strlen(what) - 1] = 'b';
+                    close_to(what, gb, buf, n, OPT_ATOL, OPT_RTOL);
+                    free(gb);
+                }
+                free(gp);
+                free(p);
+                free(buf);
+                mgpu_k_free(e.gpu, bp);
+                mgpu_k_free(e.gpu, bg);
+                mgpu_k_free(e.gpu, bb);
+            }
+    env_close(&e);
+}
+
+static void test_adamw(void)
+{
+    static const mgpu_adamw_hparams_t hp = {
+        .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+    static const size_t sizes[] = {1, 3, 127, 4099, (1u << 20) + 1};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (size_t off = 0; off < 2; off++) {
+            size_t n = sizes[s];
+            void *bp, *bg, *bm, *bv;
+            float *p = hrand(n, 1.0f), *m = hbuf(n), *v = hbuf(n);
+            for (size_t i = 0; i < n; i++)
+                m[i] = v[i] = 0.0f;
+            float *dp = dupd(&e, p, n, off, &bp), *dg = dalloc(&e, n, off, &bg);
+            float *dm = dupd(&e, m, n, off, &bm), *dv = dupd(&e, v, n, off, &bv);
+            for (long long step = 1; step <= 3; step++) {
+                float *g = hrand(n, 1.0f);
+                OK(&e, mgpu_k_copy_to_device(e.gpu, dg, g, n * sizeof(float), &e.err));
+                OK(&e, mgpu_k_adamw_step(e.cpu, n, p, g, m, v, &hp, step, &e.err));
+                OK(&e, mgpu_k_adamw_step(e.gpu, n, dp, dg, dm, dv, &hp, step, &e.err));
+                free(g);
+            }
+            float *gp = down(&e, dp, n), *gm = down(&e, dm, n), *gv = down(&e, dv, n);
+            char what[80];
+            snprintf(what, sizeof what, "adamw n=%zu off=%zu p", n, off);
+            close_to(what, gp, p, n, OPT_ATOL, OPT_RTOL);
+            what[strlen(what) - 1] = 'm';
+            close_to(what, gm, m, n, OPT_ATOL, OPT_RTOL);
+            what[strlen(what) - 1] = 'v';
+            close_to(what, gv, v, n, OPT_ATOL, OPT_RTOL);
+            free(gp);
+            free(gm);
+            free(gv);
+            free(p);
+            free(m);
+            free(v);
+            mgpu_k_free(e.gpu, bp);
+            mgpu_k_free(e.gpu, bg);
+            mgpu_k_free(e.gpu, bm);
+            mgpu_k_free(e.gpu, bv);
+        }
+    env_close(&e);
+}
+
+int main(void)
+{
+    RUN(test_memory_round_trip);
+    RUN(test_create_errors_and_stream);
+    RUN(test_gemm_fp32);
+    RUN(test_gemm_tf32);
+    RUN(test_gemm_bf16);
+    RUN(test_gemm_k0_alpha0);
+    RUN(test_act_forward);
+    RUN(test_bias_act_forward);
+    RUN(test_act_backward);
+    RUN(test_sum_rows);
+    RUN(test_softmax_xent);
+    RUN(test_softmax_xent_bad_label_is_nan);
+    RUN(test_mse);
+    RUN(test_scale_and_sum);
+    RUN(test_argmax_and_count_correct);
+    RUN(test_sgd);
+    RUN(test_adamw);
+    return check_done();
+}

@@ -1,0 +1,242 @@
+/* checkpoint.c - atomic write (temp file, fsync, rename, fsync of the directory) and verified
+ * read of a checkpoint. */
+#include "checkpoint.h"
+
+#include <errno.h>    /* errno, EBADMSG */
+#include <fcntl.h>    /* open, O_CLOEXEC */
+#include <stdio.h>    /* snprintf, rename */
+#include <stdlib.h>   /* malloc */
+#include <string.h>   /* memcpy, strerror */
+#include <sys/stat.h> /* fstat */
+#include <unistd.h>   /* write, fsync, close, getpid */
+
+#define CKPT_MAGIC "MGPUCKPT"
+#define CKPT_VERSION 1
+
+typedef struct ckpt_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_bytes;
+    uint64_t model_hash;
+    uint64_t n_params;
+    uint64_t n_state;
+    uint64_t epoch;
+    uint64_t batch_in_epoch;
+    uint64_t step;
+    uint64_t optim_step;
+    uint32_t optim_kind;
+    uint32_t world_size;
+    uint64_t seed;
+    uint64_t rng[4];
+    uint64_t checksum; /* FNV-1a over this header (with checksum = 0) and the payload */
+} ckpt_header_t;
+_Static_assert(sizeof(ckpt_header_t) == 128, "the on-disk header is 128 bytes");
+
+uint64_t mgpu_fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static uint64_t checksum(const ckpt_header_t *hdr, const float *params, const float *state)
+{
+    ckpt_header_t h = *hdr;
+    h.checksum = 0;
+    uint64_t x = mgpu_fnv1a(MGPU_FNV_OFFSET, &h, sizeof h);
+    x = mgpu_fnv1a(x, params, sizeof(float) * hdr->n_params);
+    if (hdr->n_state > 0)
+        x = mgpu_fnv1a(x, state, sizeof(float) * hdr->n_state);
+    return x;
+}
+
+/* write(2) until done: a regular file may still take a write in pieces (signals, quotas). */
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err)
+{
+    char tmp[4200], dir[4096];
+    ckpt_header_t h;
+    int fd, rc;
+
+    if (c->n_params > 0 && c->params == NULL)
+        return mgpu_err_set(err, -EINVAL, "checkpoint: %zu params but params is NULL", c->n_params);
+    if (c->n_state > 0 && c->state == NULL)
+        return mgpu_err_set(err, -EINVAL, "checkpoint: %zu state floats but state is NULL",
+                            c->n_state);
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return mgpu_err_set(err, -ENAMETOOLONG, "checkpoint: path too long: %s", path);
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CKPT_MAGIC, 8);
+    h.version = CKPT_VERSION;
+    h.header_bytes = sizeof h;
+    h.model_hash = c->model_hash;
+    h.n_params = c->n_params;
+    h.n_state = c->n_state;
+    h.epoch = c->epoch;
+    h.batch_in_epoch = c->batch_in_epoch;
+    h.step = c->step;
+    h.optim_step = c->optim_step;
+    h.optim_kind = c->optim_kind;
+    h.world_size = c->world_size;
+    h.seed = c->seed;
+    memcpy(h.rng, c->rng, sizeof h.rng);
+    h.checksum = checksum(&h, c->params, c->state);
+
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return mgpu_err_set(err, -errno, "checkpoint: open(%s): %s", tmp, strerror(errno));
+    if ((rc = write_all(fd, &h, sizeof h)) < 0 ||
+        (rc = write_all(fd, c->params, sizeof(float) * c->n_params)) < 0 ||
+        (c->n_state > 0 && (rc = write_all(fd, c->state, sizeof(float) * c->n_state)) < 0)) {
+        mgpu_err_set(err, rc, "checkpoint: write(%s): %s", tmp, strerror(-rc));
+        goto fail;
+    }
+    /* The data must be on disk before the rename makes it the checkpoint; otherwise a crash
+     * can leave the new name pointing at an empty or partial file (ext4 data=ordered aside). */
+    if (fsync(fd) != 0) {
+        rc = mgpu_err_set(err, -errno, "checkpoint: fsync(%s): %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        rc = mgpu_err_set(err, -errno, "checkpoint: close(%s): %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        rc =
+            mgpu_err_set(err, -errno, "checkpoint: rename(%s, %s): %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    /* The rename itself lives in the directory: fsync it so the new name survives a crash. */
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return mgpu_err_set(err, -errno, "checkpoint: open(%s): %s", dir, strerror(errno));
+    rc = fsync(dfd) != 0 ? -errno : 0;
+    close(dfd);
+    if (rc < 0)
+        return mgpu_err_set(err, rc, "checkpoint: fsync(%s): %s", dir, strerror(-rc));
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return rc;
+}
+
+void mgpu_ckpt_free(mgpu_ckpt_t *c)
+{
+    if (c == NULL)
+        return;
+    free(c->params);
+    free(c->state);
+    c->params = NULL;
+    c->state = NULL;
+}
+
+int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err)
+{
+    ckpt_header_t h;
+    struct stat st;
+    int fd, rc = 0;
+    FILE *f;
+
+    memset(c, 0, sizeof *c);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return mgpu_err_set(err, -errno, "checkpoint: open(%s): %s", path, strerror(errno));
+    f = fdopen(fd, "rb");
+    if (f == NULL) {
+        rc = mgpu_err_set(err, -errno, "checkpoint: fdopen(%s): %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (fstat(fd, &st) != 0) {
+        rc = mgpu_err_set(err, -errno, "checkpoint: fstat(%s): %s", path, strerror(errno));
+        goto out;
+    }
+    if ((size_t)st.st_size < sizeof h || fread(&h, sizeof h, 1, f) != 1) {
+        rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: %lld bytes, shorter than its header", path,
+                          (long long)st.st_size);
+        goto out;
+    }
+    if (memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
+        rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: not an mgpu checkpoint (bad magic)", path);
+        goto out;
+    }
+    if (h.version != CKPT_VERSION || h.header_bytes != sizeof h) {
+        rc = mgpu_err_set(err, -EBADMSG,
+                          "checkpoint %s: version %u with a %u-byte header, expected version "
+                          "%d with %zu",
+                          path, h.version, h.header_bytes, CKPT_VERSION, sizeof h);
+        goto out;
+    }
+    uint64_t want = sizeof h + sizeof(float) * (h.n_params + h.n_state);
+    if (h.n_params > ((uint64_t)1 << 40) || h.n_state > ((uint64_t)1 << 41) ||
+        (uint64_t)st.st_size != want) {
+        rc = mgpu_err_set(err, -EBADMSG,
+                          "checkpoint %s: %lld bytes, expected %llu for %llu params and %llu "
+                          "state floats (truncated or damaged)",
+                          path, (long long)st.st_size, (unsigned long long)want,
+                          (unsigned long long)h.n_params, (unsigned long long)h.n_state);
+        goto out;
+    }
+    c->params = malloc(sizeof(float) * (h.n_params ? h.n_params : 1));
+    c->state = h.n_state ? malloc(sizeof(float) * h.n_state) : NULL;
+    if (c->params == NULL || (h.n_state && c->state == NULL)) {
+        rc = mgpu_err_set(err, -ENOMEM, "checkpoint %s: cannot allocate %llu floats", path,
+                          (unsigned long long)(h.n_params + h.n_state));
+        goto out;
+    }
+    if (fread(c->params, sizeof(float), h.n_params, f) != h.n_params ||
+        (h.n_state && fread(c->state, sizeof(float), h.n_state, f) != h.n_state)) {
+        rc = mgpu_err_set(err, -EIO, "checkpoint %s: short read", path);
+        goto out;
+    }
+    if (checksum(&h, c->params, c->state) != h.checksum) {
+        rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: checksum mismatch (the file is damaged)",
+                          path);
+        goto out;
+    }
+    c->model_hash = h.model_hash;
+    c->epoch = h.epoch;
+    c->batch_in_epoch = h.batch_in_epoch;
+    c->step = h.step;
+    c->optim_step = h.optim_step;
+    c->optim_kind = h.optim_kind;
+    c->world_size = h.world_size;
+    c->seed = h.seed;
+    memcpy(c->rng, h.rng, sizeof c->rng);
+    c->n_params = h.n_params;
+    c->n_state = h.n_state;
+out:
+    fclose(f);
+    if (rc < 0)
+        mgpu_ckpt_free(c);
+    return rc;
+}

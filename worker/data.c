@@ -1,0 +1,619 @@
+/* data.c - data set generators, the .npy reader/writer, the held-out split, batch gathering.
+ *
+ * A malformed or unsupported .npy file is MGPU_E_CONFIG (the user's input, like the cfg that
+ * names it: the worker exits 2); a file that cannot be read is the negated errno. */
+#include "data.h"
+
+#include <errno.h>  /* errno, EINVAL, ENOMEM */
+#include <limits.h> /* INT32_MAX */
+#include <math.h>   /* floor */
+#include <stdio.h>  /* fopen */
+#include <stdlib.h> /* malloc, strtoull */
+#include <string.h> /* memcpy, strstr */
+
+#include "rng.h" /* mgpu_rng_* */
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the .npy reader assumes a little-endian host"
+#endif
+
+/* Streams of mgpu_rng_seed2 for one data seed: the samples and the split draw from their own,
+ * so changing eval_fraction never changes the samples. */
+#define RNG_STREAM_DATA 0
+#define RNG_STREAM_SPLIT 1
+
+void mgpu_data_free(mgpu_dataset_t *ds)
+{
+    if (ds == NULL)
+        return;
+    free(ds->x);
+    free(ds->labels);
+    free(ds->targets);
+    memset(ds, 0, sizeof *ds);
+}
+
+static int alloc_dataset(mgpu_dataset_t *ds, size_t n, int features, int classes, int target_dim,
+                         mgpu_err_t *err)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->n = n;
+    ds->features = features;
+    ds->classes = classes;
+    ds->target_dim = target_dim;
+    /* At least one element each, so that an empty split half still has valid pointers. */
+    size_t nx = n * (size_t)features, nt = n * (size_t)target_dim;
+    ds->x = malloc(sizeof(float) * (nx > 0 ? nx : 1));
+    ds->labels = classes > 0 ? malloc(sizeof(int32_t) * (n > 0 ? n : 1)) : NULL;
+    ds->targets = target_dim > 0 ? malloc(sizeof(float) * (nt > 0 ? nt : 1)) : NULL;
+    if (ds->x == NULL || (classes > 0 && ds->labels == NULL) ||
+        (target_dim > 0 && ds->targets == NULL)) {
+        mgpu_data_free(ds);
+        return mgpu_err_set(err, -ENOMEM, "data: cannot allocate %zu samples of %d features", n,
+                            features);
+    }
+    return 0;
+}
+
+int mgpu_data_random(mgpu_dataset_t *ds, size_t n, int features, int outputs, uint64_t seed,
+                     mgpu_err_t *err)
+{
+    mgpu_rng_t rng;
+    int rc;
+
+    if (n < 1 || features < 1 || outputs < 1)
+        return mgpu_err_set(err, -EINVAL,
+                            "data: random with %zu samples, %d features, %d outputs, expected "
+                            ">= 1 each",
+                            n, features, outputs);
+    if ((rc = alloc_dataset(ds, n, features, outputs, outputs, err)) < 0)
+        return rc;
+    mgpu_rng_seed2(&rng, seed, RNG_STREAM_DATA);
+    for (size_t i = 0; i < n * (size_t)features; i++)
+        ds->x[i] = (float)mgpu_rng_normal(&rng); /* torch.randn(length, size) */
+    for (size_t i = 0; i < n * (size_t)outputs; i++)
+        ds->targets[i] = (float)mgpu_rng_normal(&rng);
+    for (size_t i = 0; i < n; i++)
+        ds->labels[i] = (int32_t)mgpu_rng_below(&rng, (uint64_t)outputs);
+    return 0;
+}
+
+int mgpu_data_synthetic(mgpu_dataset_t *ds, size_t n, int features, int classes,
+                        int clusters_per_class, double class_sep, double std, uint64_t seed,
+                        mgpu_err_t *err)
+{
+    mgpu_rng_t rng;
+    float *centers;
+    int rc, n_centers;
+
+    if (n < 1 || features < 1 || classes < 2 || clusters_per_class < 1)
+        return mgpu_err_set(err, -EINVAL,
+                            "data: synthetic with %zu samples, %d features, %d classes, %d "
+                            "clusters per class, expected >= 1, >= 1, >= 2, >= 1",
+                            n, features, classes, clusters_per_class);
+    if (!(class_sep > 0.0) || !(std >= 0.0))
+        return mgpu_err_set(err, -EINVAL,
+                            "data: synthetic with class_sep %g and std %g, expected > 0 and >= 0",
+                            class_sep, std);
+    n_centers = classes * clusters_per_class;
+    centers = malloc(sizeof(float) * (size_t)n_centers * features);
+    if (centers == NULL)
+        return mgpu_err_set(err, -ENOMEM, "data: cannot allocate %d cluster centers", n_centers);
+    if ((rc = alloc_dataset(ds, n, features, classes, 0, err)) < 0) {
+        free(centers);
+        return rc;
+    }
+    mgpu_rng_seed2(&rng, seed, RNG_STREAM_DATA);
+    for (size_t i = 0; i < (size_t)n_centers * features; i++)
+        centers[i] = (float)(class_sep * mgpu_rng_normal(&rng));
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)mgpu_rng_below(&rng, (uint64_t)classes);
+        int q = (int)mgpu_rng_below(&rng, (uint64_t)clusters_per_class);
+        const float *ctr = centers + (size_t)(c * clusters_per_class + q) * features;
+        ds->labels[i] = c;
+        for (int f = 0; f < features; f++)
+            ds->x[i * features + f] = ctr[f] + (float)(std * mgpu_rng_normal(&rng));
+    }
+    free(centers);
+    return 0;
+}
+
+/* --- .npy ---------------------------------------------------------------------------------- */
+
+static int read_file(const char *path, unsigned char **buf, size_t *len, mgpu_err_t *err)
+{
+    FILE *f = fopen(path, "rb");
+    long size;
+    int rc = 0;
+
+    *buf = NULL;
+    if (f == NULL)
+        return mgpu_err_set(err, -errno, "data: fopen(%s): %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        rc = mgpu_err_set(err, -errno, "data: seek(%s): %s", path, strerror(errno));
+        goto out;
+    }
+    *buf = malloc((size_t)size + 1);
+    if (*buf == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "data: malloc(%ld) for %s failed", size, path);
+        goto out;
+    }
+    if (fread(*buf, 1, (size_t)size, f) != (size_t)size) {
+        rc = mgpu_err_set(err, -EIO, "data: fread(%s): short read of %ld bytes", path, size);
+        free(*buf);
+        *buf = NULL;
+        goto out;
+    }
+    (*buf)[size] = 0;
+    *len = (size_t)size;
+out:
+    fclose(f);
+    return rc;
+}
+
+/* Finds 'key': in the header dict and returns a pointer just past the colon and spaces. */
+static const char *dict_value(const char *hdr, const char *key)
+{
+    char pat[32];
+    const char *p;
+    snprintf(pat, sizeof pat, "'%s'", key);
+    p = strstr(hdr, pat);
+    if (p == NULL)
+        return NULL;
+    p += strlen(pat);
+    while (*p == ' ')
+        p++;
+    if (*p != ':')
+        return NULL;
+    p++;
+    while (*p == ' ')
+        p++;
+    return p;
+}
+
+typedef struct npy_raw {
+    unsigned char *file;
+    const unsigned char *data;
+    size_t itemsize;
+} npy_raw_t;
+
+#define NPY_ACCEPTED "<f4, <f8, <i8, <i4, <i2, |u1, |i1"
+
+static int npy_itemsize(const char *descr)
+{
+    if (strcmp(descr, "<f4") == 0 || strcmp(descr, "<i4") == 0)
+        return 4;
+    if (strcmp(descr, "<f8") == 0 || strcmp(descr, "<i8") == 0)
+        return 8;
+    if (strcmp(descr, "<i2") == 0)
+        return 2;
+    if (strcmp(descr, "|u1") == 0 || strcmp(descr, "|i1") == 0)
+        return 1;
+    return 0;
+}
+
+static int npy_open(const char *path, mgpu_npy_t *a, npy_raw_t *raw, mgpu_err_t *err)
+{
+    unsigned char *buf;
+    size_t len = 0, hlen, off;
+    char *hdr;
+    const char *v;
+    int rc;
+
+    memset(a, 0, sizeof *a);
+    memset(raw, 0, sizeof *raw);
+    if ((rc = read_file(path, &buf, &len, err)) < 0)
+        return rc;
+    raw->file = buf;
+    if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: not a NumPy .npy file (no \\x93NUMPY magic); save arrays with "
+                          "numpy.save",
+                          path);
+        goto fail;
+    }
+    if (buf[6] == 1) {
+        hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
+        off = 10;
+    } else if ((buf[6] == 2 || buf[6] == 3) && len >= 12) {
+        hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+        off = 12;
+    } else {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: .npy format version %d.%d, expected 1, 2 or 3",
+                          path, buf[6], buf[7]);
+        goto fail;
+    }
+    if (off + hlen > len) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: header of %zu bytes runs past the end (%zu)",
+                          path, hlen, len);
+        goto fail;
+    }
+    /* The header is text; terminate it in place (its last byte is a '\n'). */
+    hdr = (char *)buf + off;
+    hdr[hlen - 1] = 0;
+    off += hlen;
+
+    v = dict_value(hdr, "descr");
+    if (v == NULL || (*v != '\'' && *v != '"')) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'descr' in the header {%s}", path, hdr);
+        goto fail;
+    }
+    {
+        char q = *v++;
+        size_t i = 0;
+        while (*v && *v != q && i + 1 < sizeof a->descr)
+            a->descr[i++] = *v++;
+        a->descr[i] = 0;
+    }
+    raw->itemsize = (size_t)npy_itemsize(a->descr);
+    if (raw->itemsize == 0) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: dtype '%s' is not supported, expected one of " NPY_ACCEPTED
+                          " (little-endian float32/float64/int64/int32/int16/uint8/int8); "
+                          "convert with arr.astype(numpy.float32)",
+                          path, a->descr);
+        goto fail;
+    }
+    v = dict_value(hdr, "fortran_order");
+    if (v == NULL || (strncmp(v, "False", 5) != 0 && strncmp(v, "True", 4) != 0)) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'fortran_order' in the header", path);
+        goto fail;
+    }
+    int fortran = strncmp(v, "True", 4) == 0;
+    v = dict_value(hdr, "shape");
+    if (v == NULL || *v != '(') {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'shape' in the header", path);
+        goto fail;
+    }
+    v++;
+    a->count = 1;
+    for (;;) {
+        while (*v == ' ' || *v == ',')
+            v++;
+        if (*v == ')')
+            break;
+        char *end;
+        unsigned long long d = strtoull(v, &end, 10);
+        if (end == v || a->ndim == 8) {
+            rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot read the shape in {%s}", path, hdr);
+            goto fail;
+        }
+        a->shape[a->ndim++] = (size_t)d;
+        a->count *= (size_t)d;
+        v = end;
+    }
+    if (fortran) {
+        int big_dims = 0;
+        for (int i = 0; i < a->ndim; i++)
+            big_dims += a->shape[i] > 1;
+        if (big_dims > 1) {
+            rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                              "%s: Fortran-ordered array, expected C order; save "
+                              "numpy.ascontiguousarray(arr)",
+                              path);
+            goto fail;
+        }
+    }
+    if (len - off < a->count * raw->itemsize) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: %zu bytes of data, expected %zu (%zu elements of %s): truncated",
+                          path, len - off, a->count * raw->itemsize, a->count, a->descr);
+        goto fail;
+    }
+    raw->data = buf + off;
+    return 0;
+fail:
+    free(buf);
+    raw->file = NULL;
+    return rc;
+}
+
+static int npy_is_float(const char *descr)
+{
+    return descr[1] == 'f';
+}
+
+/* Element i of the raw array as a double (exact for every supported integer up to 2^53). */
+static double npy_get(const npy_raw_t *raw, const char *descr, size_t i)
+{
+    const unsigned char *p = raw->data + i * raw->itemsize;
+    switch (descr[1]) {
+    case 'f':
+        if (raw->itemsize == 4) {
+            float f;
+            memcpy(&f, p, 4);
+            return f;
+        } else {
+            double d;
+            memcpy(&d, p, 8);
+            return d;
+        }
+    case 'u':
+        return *p;
+    default:
+        switch (raw->itemsize) {
+        case 1:
+            return (int8_t)*p;
+        case 2: {
+            int16_t v;
+            memcpy(&v, p, 2);
+            return v;
+        }
+        case 4: {
+            int32_t v;
+            memcpy(&v, p, 4);
+            return v;
+        }
+        default: {
+            int64_t v;
+            memcpy(&v, p, 8);
+            return (double)v;
+        }
+        }
+    }
+}
+
+int mgpu_npy_read_f32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
+{
+    npy_raw_t raw;
+    int rc = npy_open(path, out, &raw, err);
+    if (rc < 0)
+        return rc;
+    out->f32 = malloc(sizeof(float) * (out->count ? out->count : 1));
+    if (out->f32 == NULL) {
+        free(raw.file);
+        return mgpu_err_set(err, -ENOMEM, "%s: cannot allocate %zu floats", path, out->count);
+    }
+    if (strcmp(out->descr, "<f4") == 0)
+        memcpy(out->f32, raw.data, sizeof(float) * out->count);
+    else
+        for (size_t i = 0; i < out->count; i++)
+            out->f32[i] = (float)npy_get(&raw, out->descr, i);
+    free(raw.file);
+    return 0;
+}
+
+int mgpu_npy_read_i32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
+{
+    npy_raw_t raw;
+    int rc = npy_open(path, out, &raw, err);
+    if (rc < 0)
+        return rc;
+    if (npy_is_float(out->descr)) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: labels of dtype '%s', expected integers (<i8, <i4, <i2, |u1, "
+                          "|i1); convert with arr.astype(numpy.int64)",
+                          path, out->descr);
+        free(raw.file);
+        return rc;
+    }
+    out->i32 = malloc(sizeof(int32_t) * (out->count ? out->count : 1));
+    if (out->i32 == NULL) {
+        free(raw.file);
+        return mgpu_err_set(err, -ENOMEM, "%s: cannot allocate %zu labels", path, out->count);
+    }
+    for (size_t i = 0; i < out->count; i++) {
+        double v = npy_get(&raw, out->descr, i);
+        if (v < INT32_MIN || v > INT32_MAX) {
+            rc = mgpu_err_set(err, MGPU_E_RANGE, "%s: element %zu is %.0f, outside int32", path, i,
+                              v);
+            free(raw.file);
+            mgpu_npy_free(out);
+            return rc;
+        }
+        out->i32[i] = (int32_t)v;
+    }
+    free(raw.file);
+    return 0;
+}
+
+void mgpu_npy_free(mgpu_npy_t *a)
+{
+    if (a == NULL)
+        return;
+    free(a->f32);
+    free(a->i32);
+    a->f32 = NULL;
+    a->i32 = NULL;
+}
+
+int mgpu_npy_write_f32(const char *path, const float *data, size_t rows, size_t cols,
+                       mgpu_err_t *err)
+{
+    char hdr[128];
+    int n;
+    size_t count = cols ? rows * cols : rows;
+    FILE *f;
+
+    if (cols)
+        n = snprintf(hdr, sizeof hdr,
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%zu, %zu), }", rows, cols);
+    else
+        n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%zu,), }",
+                     rows);
+    /* Pad with spaces and a final '\n' so that the data starts at a multiple of 64. */
+    int total = (10 + n + 1 + 63) / 64 * 64;
+    int hlen = total - 10;
+    memset(hdr + n, ' ', (size_t)(hlen - 1 - n));
+    hdr[hlen - 1] = '\n';
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(hlen & 0xff),
+                             (unsigned char)(hlen >> 8)};
+    f = fopen(path, "wb");
+    if (f == NULL)
+        return mgpu_err_set(err, -errno, "data: fopen(%s): %s", path, strerror(errno));
+    if (fwrite(pre, 1, 10, f) != 10 || fwrite(hdr, 1, (size_t)hlen, f) != (size_t)hlen ||
+        fwrite(data, sizeof(float), count, f) != count) {
+        int e = errno ? errno : EIO;
+        fclose(f);
+        return mgpu_err_set(err, -e, "data: fwrite(%s): %s", path, strerror(e));
+    }
+    if (fclose(f) != 0)
+        return mgpu_err_set(err, -errno, "data: fclose(%s): %s", path, strerror(errno));
+    return 0;
+}
+
+int mgpu_data_load_npy(mgpu_dataset_t *ds, const char *x_path, const char *y_path, int want_labels,
+                       int classes, mgpu_err_t *err)
+{
+    mgpu_npy_t xa, ya;
+    size_t n, feat = 1;
+    int rc;
+
+    memset(ds, 0, sizeof *ds);
+    if ((rc = mgpu_npy_read_f32(x_path, &xa, err)) < 0)
+        return rc;
+    if (xa.ndim < 1 || xa.shape[0] == 0) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: %d-dimensional array of %zu samples, "
+                          "expected shape (N, features) with N >= 1",
+                          x_path, xa.ndim, xa.ndim ? xa.shape[0] : 0);
+        mgpu_npy_free(&xa);
+        return rc;
+    }
+    n = xa.shape[0];
+    for (int i = 1; i < xa.ndim; i++)
+        feat *= xa.shape[i];
+    if (feat < 1 || feat > INT32_MAX) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: %zu features per sample, expected 1..%d", x_path,
+                          feat, INT32_MAX);
+        mgpu_npy_free(&xa);
+        return rc;
+    }
+    rc = want_labels ? mgpu_npy_read_i32(y_path, &ya, err) : mgpu_npy_read_f32(y_path, &ya, err);
+    if (rc < 0) {
+        mgpu_npy_free(&xa);
+        return rc;
+    }
+    size_t ycols = ya.ndim >= 2 ? ya.count / (ya.shape[0] ? ya.shape[0] : 1) : 1;
+    if (ya.ndim < 1 || ya.ndim > 2 || ya.shape[0] != n || (want_labels && ycols != 1)) {
+        char shape[64] = "(";
+        for (int i = 0; i < ya.ndim; i++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%zu", i ? ", " : "",
+                     ya.shape[i]);
+        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: shape %s, expected %s with N = %zu as in %s",
+                          y_path, shape, want_labels ? "(N) or (N, 1)" : "(N) or (N, targets)", n,
+                          x_path);
+        goto out;
+    }
+    if (want_labels) {
+        int32_t mx = -1;
+        for (size_t i = 0; i < n; i++) {
+            int32_t l = ya.i32[i];
+            if (l < 0 || (classes > 0 && l >= classes)) {
+                rc =
+                    mgpu_err_set(err, MGPU_E_CONFIG, "%s: label %d at sample %zu, expected 0..%d%s",
+                                 y_path, (int)l, i, classes > 0 ? classes - 1 : INT32_MAX - 1,
+                                 classes > 0 ? " (classes in the cfg)" : "");
+                goto out;
+            }
+            mx = l > mx ? l : mx;
+        }
+        int k = classes > 0 ? classes : mx + 1;
+        if (k < 2) {
+            rc =
+                mgpu_err_set(err, MGPU_E_CONFIG,
+                             "%s: every label is %d, expected at least 2 classes", y_path, (int)mx);
+            goto out;
+        }
+        ds->classes = k;
+        ds->labels = ya.i32;
+        ya.i32 = NULL;
+    } else {
+        ds->target_dim = (int)ycols;
+        ds->targets = ya.f32;
+        ya.f32 = NULL;
+    }
+    ds->n = n;
+    ds->features = (int)feat;
+    ds->x = xa.f32;
+    xa.f32 = NULL;
+    rc = 0;
+out:
+    mgpu_npy_free(&xa);
+    mgpu_npy_free(&ya);
+    return rc;
+}
+
+/* --- split and gather ---------------------------------------------------------------------- */
+
+void mgpu_data_gather(const mgpu_dataset_t *ds, const size_t *idx, size_t count, float *x,
+                      int32_t *labels, float *targets)
+{
+    for (size_t i = 0; i < count; i++) {
+        size_t r = idx[i];
+        if (x != NULL)
+            memcpy(x + i * ds->features, ds->x + r * ds->features, sizeof(float) * ds->features);
+        if (labels != NULL && ds->labels != NULL)
+            labels[i] = ds->labels[r];
+        if (targets != NULL && ds->targets != NULL)
+            memcpy(targets + i * ds->target_dim, ds->targets + r * ds->target_dim,
+                   sizeof(float) * ds->target_dim);
+    }
+}
+
+int mgpu_data_split(const mgpu_dataset_t *all, double eval_fraction, uint64_t seed,
+                    mgpu_dataset_t *train, mgpu_dataset_t *eval, mgpu_err_t *err)
+{
+    size_t n_eval, *perm;
+    mgpu_rng_t rng;
+    int rc;
+
+    memset(train, 0, sizeof *train);
+    memset(eval, 0, sizeof *eval);
+    if (!(eval_fraction >= 0.0 && eval_fraction < 1.0))
+        return mgpu_err_set(err, -EINVAL, "data: eval_fraction %g, expected in [0, 1)",
+                            eval_fraction);
+    n_eval = (size_t)floor((double)all->n * eval_fraction + 0.5);
+    if (n_eval >= all->n)
+        return mgpu_err_set(err, -EINVAL,
+                            "data: eval_fraction %g of %zu samples leaves none to train on",
+                            eval_fraction, all->n);
+    perm = malloc(sizeof *perm * all->n);
+    if (perm == NULL)
+        return mgpu_err_set(err, -ENOMEM, "data: cannot allocate the split permutation");
+    mgpu_rng_seed2(&rng, seed, RNG_STREAM_SPLIT);
+    mgpu_rng_permutation(&rng, perm, all->n);
+    /* Both halves keep the original order of their samples (sorted positions), so a split
+     * is a subset, never a reshuffle: the sampler does the shuffling. */
+    int *is_eval = calloc(all->n, sizeof *is_eval);
+    if (is_eval == NULL) {
+        free(perm);
+        return mgpu_err_set(err, -ENOMEM, "data: cannot allocate the split mask");
+    }
+    for (size_t i = 0; i < n_eval; i++)
+        is_eval[perm[i]] = 1;
+    size_t *tr_idx = perm, *ev_idx = perm + (all->n - n_eval), ti = 0, ei = 0;
+    for (size_t i = 0; i < all->n; i++) {
+        if (is_eval[i])
+            ev_idx[ei++] = i;
+        else
+            tr_idx[ti++] = i;
+    }
+    free(is_eval);
+    rc = alloc_dataset(train, all->n - n_eval, all->features, all->labels ? all->classes : 0,
+                       all->targets ? all->target_dim : 0, err);
+    if (rc == 0 && n_eval > 0)
+        rc = alloc_dataset(eval, n_eval, all->features, all->labels ? all->classes : 0,
+                           all->targets ? all->target_dim : 0, err);
+    if (rc < 0) {
+        mgpu_data_free(train);
+        free(perm);
+        return rc;
+    }
+    eval->features = all->features;
+    eval->classes = all->classes;
+    eval->target_dim = all->target_dim;
+    mgpu_data_gather(all, tr_idx, train->n, train->x, train->labels, train->targets);
+    if (n_eval > 0)
+        mgpu_data_gather(all, ev_idx, n_eval, eval->x, eval->labels, eval->targets);
+    free(perm);
+    return 0;
+}

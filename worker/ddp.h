@@ -1,0 +1,64 @@
+/* ddp.h - the DistributedDataParallel training loop of mgpu-worker, over any communicator.
+ *
+ * mgpu_ddp_run does what a PyTorch DDP script does, rank by rank: build the cfg's data set
+ * (the same on every rank, from data_seed), resume from the checkpoint if there is one (rank 0
+ * reads it and broadcasts it) or broadcast rank 0's initial parameters, then per epoch draw the
+ * DistributedSampler's shard, and per batch forward, backward, all-reduce (average) the
+ * gradient in buckets, step. Rank 0 prints progress lines, writes metrics_file (JSON lines)
+ * and checkpoints; evaluation is sharded over the ranks and reduced.
+ *
+ * The collectives are callbacks, so the loop runs over libmgpu's communicator (mgpu.h:
+ * mgpu_allreduce_f32 / mgpu_broadcast, wired by worker_main), over threads standing in for
+ * ranks (tests), or alone (world_size 1, callbacks may be NULL). Buffers passed to them are
+ * backend memory (the kernels object's): device memory for NCCL, host memory for the CPU.
+ *
+ * Wiring to libmgpu (worker_main), one line each:
+ *   static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
+ *   { return mgpu_allreduce_f32(c, b, n, MGPU_AVG, NULL, e); }
+ *   static int sum(void *c, float *b, size_t n, mgpu_err_t *e)
+ *   { return mgpu_allreduce_f32(c, b, n, MGPU_SUM, NULL, e); }
+ *   static int bcast(void *c, void *b, size_t n, int root, mgpu_err_t *e)
+ *   { return mgpu_broadcast(c, b, n, root, NULL, e); }
+ *   mgpu_ddp_comm_t dc = {rank, world, comm, avg, sum, bcast};
+ * (a CUDA backend passes its stream instead of NULL).
+ *
+ * Every rank must call mgpu_ddp_run with the same cfg; ranks run the same sequence of
+ * collectives, so a rank that fails makes the others fail in their next collective (the
+ * communicator's timeout / peer-failure detection), never hang. */
+#ifndef MGPU_DDP_H
+#define MGPU_DDP_H
+
+#include <stddef.h> /* size_t */
+#include <stdio.h>  /* FILE */
+
+#include "cfg.h"     /* mgpu_cfg_t */
+#include "error.h"   /* mgpu_err_t */
+#include "kernels.h" /* mgpu_kernels_t */
+
+typedef struct mgpu_ddp_comm {
+    int rank, world_size;
+    void *ctx;
+    /* In place over all ranks: the average (gradients) and the sum (metrics). */
+    int (*allreduce_avg)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
+    int (*allreduce_sum)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
+    int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, mgpu_err_t *err);
+} mgpu_ddp_comm_t;
+
+typedef struct mgpu_ddp_result {
+    long long steps;        /* optimizer steps done in all (resumed ones included) */
+    long long resumed_step; /* the step a checkpoint resumed from (-1: a fresh start) */
+    double loss;            /* the last logged training loss, averaged over ranks */
+    double eval_loss;       /* the last evaluation (NAN when there is no eval split) */
+    double eval_accuracy;   /* cross_entropy only (NAN otherwise) */
+    double samples_per_s;   /* global training samples per second of this run */
+    double seconds;         /* wall time of the training loop */
+    size_t n_params;
+    float *params; /* the final parameters (host copy, malloc'd; the caller frees) */
+} mgpu_ddp_result_t;
+
+/* out (may be NULL: stdout) receives rank 0's progress lines and, with demo_prints, every
+ * rank's "In Model: ..." / "Outside: ..." lines. result may be NULL. */
+int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t *comm, FILE *out,
+                 mgpu_ddp_result_t *result, mgpu_err_t *err);
+
+#endif

@@ -1,0 +1,287 @@
+/* model.c - linear/MLP forward and backward as a sequence of kernels.h calls: per layer one
+ * GEMM and one fused bias+activation forward; backward one activation backward, two GEMMs and
+ * a column sum. */
+#include "model.h"
+
+#include <errno.h>   /* EINVAL, ENOMEM */
+#include <math.h>    /* sqrt */
+#include <stdlib.h>  /* calloc, free */
+#include <strings.h> /* strcasecmp */
+
+#include "rng.h" /* mgpu_rng_seed2, mgpu_rng_uniform */
+
+/* Streams of mgpu_rng_seed2 for one user seed: parameter init draws from its own. */
+#define RNG_STREAM_INIT 2
+
+const char *mgpu_loss_name(mgpu_loss_t loss)
+{
+    return loss == MGPU_LOSS_MSE ? "mse" : loss == MGPU_LOSS_CROSS_ENTROPY ? "cross_entropy" : "?";
+}
+
+int mgpu_loss_parse(const char *s)
+{
+    if (strcasecmp(s, "mse") == 0)
+        return MGPU_LOSS_MSE;
+    if (strcasecmp(s, "cross_entropy") == 0)
+        return MGPU_LOSS_CROSS_ENTROPY;
+    return -1;
+}
+
+static int check_spec(const mgpu_model_spec_t *s, int max_batch, mgpu_err_t *err)
+{
+    if (s->inputs < 1 || s->outputs < 1)
+        return mgpu_err_set(err, -EINVAL, "model: %d inputs and %d outputs, expected >= 1 each",
+                            s->inputs, s->outputs);
+    if (s->n_hidden < 0 || s->n_hidden > MGPU_MODEL_MAX_LAYERS - 1)
+        return mgpu_err_set(err, -EINVAL, "model: %d hidden layers, expected 0..%d", s->n_hidden,
+                            MGPU_MODEL_MAX_LAYERS - 1);
+    for (int i = 0; i < s->n_hidden; i++)
+        if (s->hidden[i] < 1)
+            return mgpu_err_set(err, -EINVAL, "model: hidden layer %d has %d units, expected >= 1",
+                                i, s->hidden[i]);
+    if ((unsigned)s->activation >= MGPU_ACT_COUNT)
+        return mgpu_err_set(err, -EINVAL, "model: activation %d unknown", (int)s->activation);
+    if (s->loss != MGPU_LOSS_MSE && s->loss != MGPU_LOSS_CROSS_ENTROPY)
+        return mgpu_err_set(err, -EINVAL, "model: loss %d, expected mse or cross_entropy",
+                            (int)s->loss);
+    if (s->loss == MGPU_LOSS_CROSS_ENTROPY && s->outputs < 2)
+        return mgpu_err_set(
+            err, -EINVAL, "model: cross_entropy over %d class, expected >= 2 classes", s->outputs);
+    if (max_batch < 1)
+        return mgpu_err_set(err, -EINVAL, "model: max_batch %d, expected >= 1", max_batch);
+    return 0;
+}
+
+void mgpu_model_destroy(mgpu_model_t *m)
+{
+    if (m == NULL)
+        return;
+    for (int l = 0; l < m->n_layers; l++) {
+        if (m->y[l] != m->z[l])
+            mgpu_k_free(m->k, m->y[l]);
+        mgpu_k_free(m->k, m->z[l]);
+    }
+    mgpu_k_free(m->k, m->params);
+    mgpu_k_free(m->k, m->grads);
+    mgpu_k_free(m->k, m->dy_a);
+    mgpu_k_free(m->k, m->dy_b);
+    mgpu_k_free(m->k, m->scalars);
+    free(m);
+}
+
+static int alloc_floats(mgpu_kernels_t *k, size_t n, float **out, mgpu_err_t *err)
+{
+    void *p = NULL;
+    int rc = mgpu_k_alloc(k, n * sizeof(float), &p, err);
+    *out = p;
+    if (rc == 0)
+        rc = mgpu_k_zero(k, p, n * sizeof(float), err);
+    return rc;
+}
+
+int mgpu_model_create(mgpu_kernels_t *k, const mgpu_model_spec_t *spec, int max_batch,
+                      mgpu_model_t **out, mgpu_err_t *err)
+{
+    mgpu_model_t *m;
+    int rc, widest;
+    size_t off = 0;
+
+    *out = NULL;
+    if ((rc = check_spec(spec, max_batch, err)) < 0)
+        return rc;
+    m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return mgpu_err_set(err, -ENOMEM, "model: calloc(%zu) failed", sizeof *m);
+    m->k = k;
+    m->spec = *spec;
+    m->max_batch = max_batch;
+    m->n_layers = spec->n_hidden + 1;
+    widest = spec->inputs;
+    for (int l = 0; l < m->n_layers; l++) {
+        mgpu_layer_t *ly = &m->layers[l];
+        ly->in = l == 0 ? spec->inputs : spec->hidden[l - 1];
+        ly->out = l == spec->n_hidden ? spec->outputs : spec->hidden[l];
+        ly->act = l == spec->n_hidden ? MGPU_ACT_IDENTITY : spec->activation;
+        ly->w_off = off;
+        off += (size_t)ly->out * ly->in;
+        ly->b_off = off;
+        off += (size_t)ly->out;
+        widest = ly->out > widest ? ly->out : widest;
+    }
+    m->n_params = off;
+    if ((rc = alloc_floats(k, off, &m->params, err)) < 0 ||
+        (rc = alloc_floats(k, off, &m->grads, err)) < 0 ||
+        (rc = alloc_floats(k, (size_t)max_batch * widest, &m->dy_a, err)) < 0 ||
+        (rc = alloc_floats(k, (size_t)max_batch * widest, &m->dy_b, err)) < 0 ||
+        (rc = alloc_floats(k, 2, &m->scalars, err)) < 0)
+        goto fail;
+    for (int l = 0; l < m->n_layers; l++) {
+        size_t n = (size_t)max_batch * m->layers[l].out;
+        if ((rc = alloc_floats(k, n, &m->z[l], err)) < 0)
+            goto fail;
+        m->y[l] = m->z[l];
+        if (m->layers[l].act != MGPU_ACT_IDENTITY && (rc = alloc_floats(k, n, &m->y[l], err)) < 0)
+            goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    mgpu_model_destroy(m);
+    return rc;
+}
+
+int mgpu_model_init(mgpu_model_t *m, uint64_t seed, mgpu_err_t *err)
+{
+    mgpu_rng_t rng;
+    float *host = malloc(sizeof(float) * m->n_params);
+    int rc;
+
+    if (host == NULL)
+        return mgpu_err_set(err, -ENOMEM, "model: malloc(%zu) for init failed",
+                            sizeof(float) * m->n_params);
+    mgpu_rng_seed2(&rng, seed, RNG_STREAM_INIT);
+    for (int l = 0; l < m->n_layers; l++) {
+        const mgpu_layer_t *ly = &m->layers[l];
+        /* kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
+         * = 1 / sqrt(fan_in); the bias uses the same bound. */
+        double bound = 1.0 / sqrt((double)ly->in);
+        for (size_t i = 0; i < (size_t)ly->out * ly->in; i++)
+            host[ly->w_off + i] = (float)((2.0 * mgpu_rng_uniform(&rng) - 1.0) * bound);
+        for (int i = 0; i < ly->out; i++)
+            host[ly->b_off + i] = (float)((2.0 * mgpu_rng_uniform(&rng) - 1.0) * bound);
+    }
+    rc = mgpu_k_copy_to_device(m->k, m->params, host, sizeof(float) * m->n_params, err);
+    free(host);
+    return rc;
+}
+
+int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float **out,
+                       mgpu_err_t *err)
+{
+    const float *in = x;
+    int rc;
+
+    if (batch < 1 || batch > m->max_batch)
+        return mgpu_err_set(err, -EINVAL, "model: batch of %d rows, expected 1..%d", batch,
+                            m->max_batch);
+    for (int l = 0; l < m->n_layers; l++) {
+        const mgpu_layer_t *ly = &m->layers[l];
+        /* z = in . W^T (W is [out, in] as nn.Linear stores it), then z += b, y = act(z). */
+        rc = mgpu_k_gemm(m->k, 0, 1, batch, ly->out, ly->in, 1.0f, in, ly->in,
+                         m->params + ly->w_off, ly->in, 0.0f, m->z[l], ly->out, err);
+        if (rc == 0)
+            rc = mgpu_k_bias_act_forward(m->k, ly->act, batch, ly->out, m->z[l],
+                                         m->params + ly->b_off, m->y[l], err);
+        if (rc < 0)
+            return rc;
+        in = m->y[l];
+    }
+    m->last_batch = batch;
+    if (out != NULL)
+        *out = m->y[m->n_layers - 1];
+    return 0;
+}
+
+static int loss_forward(mgpu_model_t *m, const int32_t *labels, const float *targets, float *dout,
+                        mgpu_err_t *err)
+{
+    const float *logits = m->y[m->n_layers - 1];
+    int batch = m->last_batch;
+
+    if (batch < 1)
+        return mgpu_err_set(err, -EINVAL, "model: loss before any forward");
+    if (m->spec.loss == MGPU_LOSS_CROSS_ENTROPY) {
+        if (labels == NULL)
+            return mgpu_err_set(err, -EINVAL, "model: cross_entropy needs labels, got NULL");
+        return mgpu_k_softmax_xent(m->k, batch, m->spec.outputs, logits, labels, &m->scalars[0],
+                                   dout, err);
+    }
+    if (targets == NULL)
+        return mgpu_err_set(err, -EINVAL, "model: mse needs targets, got NULL");
+    return mgpu_k_mse(m->k, batch, m->spec.outputs, logits, targets, &m->scalars[0], dout, err);
+}
+
+int mgpu_model_eval_loss(mgpu_model_t *m, const int32_t *labels, const float *targets,
+                         mgpu_err_t *err)
+{
+    int rc = loss_forward(m, labels, targets, NULL, err);
+    if (rc == 0 && m->spec.loss == MGPU_LOSS_CROSS_ENTROPY)
+        rc = mgpu_k_count_correct(m->k, m->last_batch, m->spec.outputs, m->y[m->n_layers - 1],
+                                  labels, &m->scalars[1], err);
+    return rc;
+}
+
+int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
+                        const float *targets, mgpu_err_t *err)
+{
+    int batch = m->last_batch, rc;
+    float *d = m->dy_a, *other = m->dy_b;
+
+    /* d = dLoss/dlogits (the output layer has no activation). */
+    if ((rc = loss_forward(m, labels, targets, d, err)) < 0)
+        return rc;
+    for (int l = m->n_layers - 1; l >= 0; l--) {
+        const mgpu_layer_t *ly = &m->layers[l];
+        const float *in = l > 0 ? m->y[l - 1] : x;
+        /* dz = d * act'(z), in place. */
+        rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
+                                 err);
+        /* dW [out, in] = dz^T [out, batch] . in [batch, in] */
+        if (rc == 0)
+            rc = mgpu_k_gemm(m->k, 1, 0, ly->out, ly->in, batch, 1.0f, d, ly->out, in, ly->in, 0.0f,
+                             m->grads + ly->w_off, ly->in, err);
+        /* db [out] = column sums of dz */
+        if (rc == 0)
+            rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
+        /* d(in) [batch, in] = dz [batch, out] . W [out, in]; not needed for the input. */
+        if (rc == 0 && l > 0)
+            rc = mgpu_k_gemm(m->k, 0, 0, batch, ly->in, ly->out, 1.0f, d, ly->out,
+                             m->params + ly->w_off, ly->in, 0.0f, other, ly->in, err);
+        if (rc < 0)
+            return rc;
+        float *t = d;
+        d = other;
+        other = t;
+    }
+    return 0;
+}
+
+int mgpu_model_compute_grads(mgpu_model_t *m, const float *x, const int32_t *labels,
+                             const float *targets, int batch, mgpu_err_t *err)
+{
+    int rc = mgpu_model_forward(m, x, batch, NULL, err);
+    return rc < 0 ? rc : mgpu_model_backward(m, x, labels, targets, err);
+}
+
+int mgpu_model_read_scalars(mgpu_model_t *m, float *loss, float *correct, mgpu_err_t *err)
+{
+    float s[2];
+    int rc = mgpu_k_copy_to_host(m->k, s, m->scalars, sizeof s, err);
+    if (rc < 0)
+        return rc;
+    if (loss != NULL)
+        *loss = s[0];
+    if (correct != NULL)
+        *correct = s[1];
+    return 0;
+}
+
+uint64_t mgpu_model_shape_hash(const mgpu_model_t *m)
+{
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64 */
+    int words[3 * MGPU_MODEL_MAX_LAYERS + 2];
+    int n = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        words[n++] = m->layers[l].in;
+        words[n++] = m->layers[l].out;
+        words[n++] = (int)m->layers[l].act;
+    }
+    words[n++] = (int)m->spec.loss;
+    words[n++] = m->n_layers;
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint64_t)(((unsigned)words[i] >> (8 * b)) & 0xff);
+            h *= 0x100000001b3ULL;
+        }
+    return h;
+}

@@ -1,0 +1,100 @@
+/* mgpu-worker: reads a train.cfg and trains, as every rank of an mgpu-launch (or torchrun,
+ * srun, mpirun) job. Exit status: 0 done, 2 bad cfg or data, 1 anything else. */
+#include <stdio.h>  /* fprintf */
+#include <stdlib.h> /* free */
+
+#include "cfg.h"     /* mgpu_cfg_load */
+#include "ddp.h"     /* mgpu_ddp_run */
+#include "dp.h"      /* mgpu_dp_run */
+#include "kernels.h" /* mgpu_kernels_create */
+#include "log.h"     /* mgpu_log_init */
+#include "mgpu.h"    /* mgpu_init, collectives */
+
+static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
+{
+    return mgpu_allreduce_f32(c, b, n, MGPU_AVG, NULL, e);
+}
+
+static int sum(void *c, float *b, size_t n, mgpu_err_t *e)
+{
+    return mgpu_allreduce_f32(c, b, n, MGPU_SUM, NULL, e);
+}
+
+static int bcast(void *c, void *b, size_t n, int root, mgpu_err_t *e)
+{
+    return mgpu_broadcast(c, b, n, root, NULL, e);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    mgpu_cfg_t cfg;
+    mgpu_err_t err = {0};
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_comm_t *comm = NULL;
+    mgpu_kernels_t *k = NULL;
+    int rc;
+
+    mgpu_log_init("mgpu-worker", MGPU_LOG_WARN);
+    if (argc < 2 || argv[1][0] == '-')
+        return usage();
+    /* Step 1: the cfg and the command-line overrides. */
+    if ((rc = mgpu_cfg_load(argv[1], &cfg, &err)) < 0)
+        goto fail;
+    for (int i = 2; i < argc; i++)
+        if ((rc = mgpu_cfg_override(&cfg, argv[i], &err)) < 0)
+            goto fail;
+    if (argc > 2 && (rc = mgpu_cfg_check(&cfg, &err)) < 0)
+        goto fail;
+    /* Step 2: who am I, which device. */
+    if ((rc = mgpu_init(NULL, &ctx, &err)) < 0)
+        goto fail;
+    const mgpu_rank_info_t *ri = mgpu_rank(ctx);
+    const mgpu_device_info_t *dev = mgpu_device(ctx);
+    if (cfg.demo_prints) {
+        printf("local_rank %d\n", ri->local_rank);
+        printf("Let's use %d GPUs!\n", dev->visible_count);
+        fflush(stdout);
+    }
+    /* Step 3: train. */
+    if (cfg.mode == MGPU_MODE_DP) {
+        int n = cfg.dp_devices > 0 ? cfg.dp_devices : dev->is_gpu ? dev->visible_count : 2;
+        mgpu_dp_result_t res;
+        rc = mgpu_dp_run(dev->is_gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, &cfg, n, stdout,
+                         &res, &err);
+        if (rc == 0)
+            free(res.run.params);
+    } else {
+        mgpu_ddp_result_t res;
+        if ((rc = mgpu_kernels_create(dev->is_gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU,
+                                      dev->ordinal, &k, &err)) < 0 ||
+            (rc = mgpu_comm_create(ctx, cfg.backend, cfg.timeout_s, &comm, &err)) < 0)
+            goto fail;
+        mgpu_ddp_comm_t dc = {.rank = ri->rank,
+                              .world_size = ri->world_size,
+                              .ctx = comm,
+                              .allreduce_avg = avg,
+                              .allreduce_sum = sum,
+                              .broadcast = bcast};
+        rc = mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
+        if (rc == 0)
+            free(res.params);
+    }
+    if (rc < 0)
+        goto fail;
+    mgpu_comm_destroy(comm);
+    mgpu_kernels_destroy(k);
+    mgpu_finalize(ctx);
+    return 0;
+fail:
+    mgpu_error("%s", err.msg);
+    mgpu_comm_destroy(comm);
+    mgpu_kernels_destroy(k);
+    mgpu_finalize(ctx);
+    return rc == MGPU_E_CONFIG ? 2 : 1;
+}
