@@ -11,6 +11,7 @@
 #include <stdlib.h>     /* calloc, getenv */
 #include <string.h>     /* memmove */
 #include <sys/random.h> /* getrandom */
+#include <time.h>       /* clock_gettime */
 #include <unistd.h>     /* getppid */
 
 #include "device.h"  /* mgpu_device_select */
@@ -28,6 +29,7 @@ struct mgpu_ctx {
     mgpu_store_t *store; /* NULL without MGPU_STORE_ADDR */
     int comms;           /* communicators created so far: names their segments */
     char token[512];     /* what makes this job's shared-memory names unique on the host */
+    char timeline[512];  /* "event=seconds;..." (mgpu_timeline_mark) */
 };
 
 /* Across nodes the CPU backend is hierarchical: ranks of a node meet in shared memory, and
@@ -76,8 +78,52 @@ static void mgpu_job_token(mgpu_ctx_t *c)
         c->token[0] = '\0';
 }
 
+static double mgpu_realtime(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Appends event=t (unless the event is there already), then publishes when a store is
+ * connected. Wall-clock time: the launcher compares it with its own spawn times. */
+static int mgpu_timeline_add(mgpu_ctx_t *c, const char *event, double t, mgpu_err_t *err)
+{
+    size_t n = strlen(c->timeline), el = strlen(event);
+    char key[32];
+
+    if (el == 0 || el > 31 ||
+        strspn(event, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                      "0123456789_") != el)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_timeline_mark(\"%.40s\"): an event is 1-31 of [A-Za-z0-9_]",
+                            event);
+    for (const char *p = c->timeline; (p = strstr(p, event)) != NULL; p += el)
+        if ((p == c->timeline || p[-1] == ';') && p[el] == '=')
+            return 0;
+    if (n + el + 24 >= sizeof c->timeline)
+        return mgpu_err_set(err, MGPU_E_RANGE, "mgpu_timeline_mark(%s): the timeline is full",
+                            event);
+    snprintf(c->timeline + n, sizeof c->timeline - n, "%s%s=%.6f", n ? ";" : "", event, t);
+    if (c->store == NULL)
+        return 0;
+    snprintf(key, sizeof key, "timeline/%d", c->rank.rank);
+    return mgpu_store_set(c->store, key, c->timeline, strlen(c->timeline), err);
+}
+
+int mgpu_timeline_mark(mgpu_ctx_t *ctx, const char *event, mgpu_err_t *err)
+{
+    return mgpu_timeline_add(ctx, event, mgpu_realtime(), err);
+}
+
+const char *mgpu_timeline(const mgpu_ctx_t *ctx)
+{
+    return ctx->timeline;
+}
+
 int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
 {
+    double t_init = mgpu_realtime(), t_device;
     mgpu_init_opts_t o = {1, MGPU_DEFAULT_STORE_TIMEOUT_S};
     mgpu_gpu_list_t *installed = NULL;
     mgpu_visible_t *vis = NULL;
@@ -114,10 +160,18 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
     req.described = described;
     if ((rc = mgpu_device_select(installed, vis, &req, &c->dev, err)) < 0)
         goto fail;
+    t_device = mgpu_realtime();
     if (getenv(MGPU_ENV_STORE_ADDR) != NULL &&
         (rc = mgpu_store_connect_env(o.store_timeout_s, &c->store, err)) < 0)
         goto fail;
     mgpu_job_token(c);
+    /* Recorded as they happened, published once the store is there. */
+    if ((rc = mgpu_timeline_add(c, "init", t_init, err)) < 0 ||
+        (rc = mgpu_timeline_add(c, "device", t_device, err)) < 0 ||
+        (c->store != NULL && (rc = mgpu_timeline_mark(c, "store", err)) < 0)) {
+        mgpu_store_close(c->store);
+        goto fail;
+    }
     free(installed);
     free(vis);
     *out = c;
@@ -265,6 +319,8 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
         if ((rc = mgpu_barrier(c, err)) < 0)
             goto fail;
     }
+    if ((rc = mgpu_timeline_mark(ctx, "comm", err)) < 0)
+        goto fail;
     *out = c;
     return 0;
 fail:

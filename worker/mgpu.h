@@ -78,6 +78,16 @@ const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx);
 typedef struct mgpu_store mgpu_store_t;
 mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
 
+/* The startup timeline: mgpu_init records "init" (its start), "device" and "store" (when
+ * connected), mgpu_comm_create "comm" (the first communicator ready); the program adds its
+ * own events (the trainer: "first_step"). Each mark publishes the whole timeline to the
+ * store as "timeline/<rank>" = "event=seconds;..." (CLOCK_REALTIME), which mgpu-launch
+ * prints after the run; without a store it is only kept in ctx. event: [A-Za-z0-9_], at most
+ * 31 characters; a repeated event keeps its first time. */
+int mgpu_timeline_mark(mgpu_ctx_t *ctx, const char *event, mgpu_err_t *err);
+/* The timeline so far, "event=seconds;..." (owned by ctx). */
+const char *mgpu_timeline(const mgpu_ctx_t *ctx);
+
 /* A communicator over all ranks; every rank calls it (and every collective) in the same
  * order. timeout_s (<= 0: 300 s) bounds joining and every collective: one that does not
  * finish fails with MGPU_E_TIMEOUT naming the operation and the ranks that never arrived; a

@@ -15,6 +15,7 @@
 
 #include "mgpu.h"
 #include "ranks.h"
+#include "store.h"        /* mgpu_store_get */
 #include "store_server.h" /* mgpu_store_server_start */
 
 typedef struct job {
@@ -115,6 +116,32 @@ static void rank_all_ops(int rank, int size, void *arg)
     if (comm == NULL)
         return;
     CHECK(mgpu_comm_backend(comm) == MGPU_BACKEND_CPU);
+    /* The startup timeline: in ctx, and in the store as "timeline/<rank>" when there is one. */
+    CHECK_CONTAINS(mgpu_timeline(ctx), "init=");
+    CHECK_CONTAINS(mgpu_timeline(ctx), ";device=");
+    CHECK_CONTAINS(mgpu_timeline(ctx), ";comm=");
+    CHECK_INT(mgpu_timeline_mark(ctx, "first_step", &err), 0);
+    CHECK_INT(mgpu_timeline_mark(ctx, "first_step", &err), 0); /* kept once */
+    CHECK_INT(mgpu_timeline_mark(ctx, "bad name", &err), MGPU_E_USAGE);
+    if (j->nodes > 1) {
+        char key[32];
+        void *v = NULL;
+        size_t vl = 0;
+        snprintf(key, sizeof key, "timeline/%d", rank);
+        CHECK_INT(mgpu_store_get(mgpu_ctx_store(ctx), key, 5, &v, &vl, &err), 0);
+        CHECK_INT(vl, strlen(mgpu_timeline(ctx)));
+        CHECK(v != NULL && memcmp(v, mgpu_timeline(ctx), vl) == 0);
+        CHECK_CONTAINS(mgpu_timeline(ctx), ";store=");
+        free(v);
+    } else {
+        CHECK(strstr(mgpu_timeline(ctx), "store=") == NULL);
+    }
+    {
+        const char *t = mgpu_timeline(ctx), *p = strstr(t, "first_step=");
+        CHECK(p != NULL && strstr(p + 1, "first_step=") == NULL);
+        CHECK(atof(strstr(t, "init=") + 5) > 1.7e9); /* wall-clock seconds */
+        CHECK(atof(strstr(t, "init=") + 5) <= atof(strstr(t, "comm=") + 5));
+    }
     CHECK_STR(mgpu_rank(ctx)->source, j->nodes > 1 ? "mgpu-launch" : "torchrun");
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t n = sizes[k];
