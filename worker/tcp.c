@@ -29,8 +29,20 @@ struct tcp_hello {
     uint32_t member, n;
 };
 
+/* Sent round the ring at the start of every collective: members calling different
+ * collectives (or sizes) fail with a message instead of reading each other's data as theirs. */
+struct tcp_desc {
+    uint64_t magic, seq, n;
+    uint32_t kind;
+    int32_t root;
+};
+
+enum { TCP_ALLREDUCE = 1, TCP_BROADCAST, TCP_ALLGATHER, TCP_BARRIER };
+static const char *const tcp_kinds[] = {"?", "all-reduce", "broadcast", "all-gather", "barrier"};
+
 struct mgpu_tcp {
     int member, n, per;
+    uint64_t seq; /* collectives started */
     int next_fd, prev_fd;
     double timeout_s, deadline;
     const char *what;
@@ -127,8 +139,14 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
     return 0;
 }
 
-static int tcp_begin(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+static int tcp_end(mgpu_tcp_t *t, int rc, mgpu_err_t *err);
+
+static int tcp_begin(mgpu_tcp_t *t, int kind, uint64_t n, int root, const char *what,
+                     mgpu_err_t *err)
 {
+    struct tcp_desc mine, prev;
+    int rc;
+
     t->what = what;
     t->deadline = tcp_now() + t->timeout_s;
     if (t->broken)
@@ -136,6 +154,28 @@ static int tcp_begin(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
                             "%s: the ring between nodes is unusable after an earlier failure "
                             "(%.400s)",
                             what, t->broken_msg);
+    if (t->n == 1)
+        return 0;
+    memset(&mine, 0, sizeof mine);
+    mine.magic = TCP_MAGIC;
+    mine.seq = ++t->seq;
+    mine.n = n;
+    mine.kind = (uint32_t)kind;
+    mine.root = root;
+    if ((rc = tcp_xfer(t, &mine, sizeof mine, &prev, sizeof prev, err)) < 0)
+        return tcp_end(t, rc, err);
+    if (prev.magic != TCP_MAGIC || prev.seq != mine.seq || prev.kind != mine.kind ||
+        prev.n != mine.n || prev.root != mine.root)
+        return tcp_end(
+            t,
+            mgpu_err_set(err, MGPU_E_PROTOCOL,
+                         "%s: node %d (rank %d) called %s(n=%llu, root=%d) as its collective "
+                         "#%llu between nodes: all ranks must call the same collectives with the "
+                         "same sizes, in the same order",
+                         what, tcp_prev(t), tcp_prev(t) * t->per,
+                         tcp_kinds[prev.kind <= TCP_BARRIER ? prev.kind : 0],
+                         (unsigned long long)prev.n, prev.root, (unsigned long long)prev.seq),
+            err);
     return 0;
 }
 
@@ -164,7 +204,7 @@ int mgpu_tcp_allreduce_sum_f32(mgpu_tcp_t *t, float *buf, size_t count, const ch
     int rc, n = t->n;
     size_t maxseg = count / (size_t)n + 1;
 
-    if ((rc = tcp_begin(t, what, err)) < 0 || n == 1 || count == 0)
+    if ((rc = tcp_begin(t, TCP_ALLREDUCE, count, -1, what, err)) < 0 || n == 1 || count == 0)
         return rc;
     if (t->tmp_len < maxseg) {
         float *p = realloc(t->tmp, maxseg * sizeof *p);
@@ -202,7 +242,7 @@ int mgpu_tcp_broadcast(mgpu_tcp_t *t, void *buf, size_t bytes, int root, const c
     int rc;
     char *p = buf;
 
-    if ((rc = tcp_begin(t, what, err)) < 0 || t->n == 1)
+    if ((rc = tcp_begin(t, TCP_BROADCAST, bytes, root, what, err)) < 0 || t->n == 1)
         return rc;
     for (size_t off = 0; off < bytes; off += TCP_RELAY_CHUNK) {
         size_t m = bytes - off < TCP_RELAY_CHUNK ? bytes - off : TCP_RELAY_CHUNK;
@@ -214,13 +254,10 @@ int mgpu_tcp_broadcast(mgpu_tcp_t *t, void *buf, size_t bytes, int root, const c
     return 0;
 }
 
-int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what, mgpu_err_t *err)
+static int tcp_allgather_steps(mgpu_tcp_t *t, char *p, size_t block, mgpu_err_t *err)
 {
     int rc, n = t->n;
-    char *p = buf;
 
-    if ((rc = tcp_begin(t, what, err)) < 0)
-        return rc;
     for (int s = 0; s < n - 1; s++) {
         int ss = (t->member - s + n) % n, rs = (t->member - s - 1 + 2 * n) % n;
         if ((rc = tcp_xfer(t, p + (size_t)ss * block, block, p + (size_t)rs * block, block, err)) <
@@ -230,15 +267,27 @@ int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what,
     return 0;
 }
 
-int mgpu_tcp_barrier(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what, mgpu_err_t *err)
 {
-    char stack[256], *b = t->n <= (int)sizeof stack ? stack : malloc((size_t)t->n);
     int rc;
 
+    if ((rc = tcp_begin(t, TCP_ALLGATHER, block, -1, what, err)) < 0)
+        return rc;
+    return tcp_allgather_steps(t, buf, block, err);
+}
+
+int mgpu_tcp_barrier(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+{
+    char stack[256], *b;
+    int rc;
+
+    if ((rc = tcp_begin(t, TCP_BARRIER, 0, -1, what, err)) < 0 || t->n == 1)
+        return rc;
+    b = t->n <= (int)sizeof stack ? stack : malloc((size_t)t->n);
     if (b == NULL)
         return mgpu_err_set(err, -ENOMEM, "%s: out of memory", what);
     /* Everyone's byte reaches everyone: nobody leaves before all have arrived. */
-    rc = mgpu_tcp_allgather(t, b, 1, what, err);
+    rc = tcp_allgather_steps(t, b, 1, err);
     if (b != stack)
         free(b);
     return rc;

@@ -472,6 +472,43 @@ static void test_nodes_creation_fails_together(void)
     store_stop(st);
 }
 
+/* Node 1 reduces a different count: the leaders see it at once, the others learn it from
+ * their leader or a peer; nobody reads the other node's data as its own or waits for the
+ * deadline (30 s). */
+static void rank_node_mismatch(int rank, int size, void *arg)
+{
+    const job_t *j = arg;
+    mgpu_ctx_t *ctx;
+    mgpu_comm_t *comm = job_join(j, rank, size, &ctx);
+    mgpu_err_t err = {0, ""};
+    float buf[200] = {0};
+    double t0;
+    int rc;
+
+    if (comm == NULL)
+        return;
+    t0 = ranks_now();
+    rc = mgpu_allreduce_f32(comm, buf, rank < 2 ? 100 : 200, MGPU_SUM, NULL, &err);
+    CHECK(rc == MGPU_E_PROTOCOL || rc == MGPU_E_PEER);
+    if (rc == MGPU_E_PROTOCOL && (rank == 0 || rank == 2))
+        CHECK_CONTAINS(err.msg, "called all-reduce(n=");
+    CHECK(ranks_now() - t0 < RANKS_FAST_S);
+    j->shared[rank] = rc;
+    job_leave(ctx, comm);
+}
+
+static void test_nodes_mismatch(void)
+{
+    job_t j;
+    pid_t st;
+    job_init(&j, 30);
+    j.nodes = 2;
+    st = store_start(&j.store_port);
+    CHECK_INT(ranks_run(4, rank_node_mismatch, &j, 30), 0);
+    CHECK(j.shared[0] == MGPU_E_PROTOCOL || j.shared[2] == MGPU_E_PROTOCOL);
+    store_stop(st);
+}
+
 static void test_nodes_timeout(void)
 {
     job_t j;
@@ -553,6 +590,7 @@ int main(void)
     RUN(test_nodes_2x2);
     RUN(test_nodes_3x1_and_2x3);
     RUN(test_nodes_timeout);
+    RUN(test_nodes_mismatch);
     RUN(test_nodes_creation_fails_together);
     RUN(test_nodes_leader_killed);
     return check_done();
