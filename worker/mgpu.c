@@ -164,12 +164,21 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
         (rc = mgpu_store_connect_env(o.store_timeout_s, &c->store, err)) < 0)
         goto fail;
     mgpu_job_token(c);
-    /* Recorded as they happened, published once the store is there. */
-    if ((rc = mgpu_timeline_add(c, "init", t_init, err)) < 0 ||
-        (rc = mgpu_timeline_add(c, "device", t_device, err)) < 0 ||
-        (c->store != NULL && (rc = mgpu_timeline_mark(c, "store", err)) < 0)) {
-        mgpu_store_close(c->store);
-        goto fail;
+    /* Recorded as they happened, published in one go once the store is there. */
+    {
+        mgpu_store_t *store = c->store;
+        c->store = NULL;
+        rc = mgpu_timeline_add(c, "init", t_init, err);
+        if (rc == 0)
+            rc = mgpu_timeline_add(c, "device", t_device, err);
+        c->store = store;
+        if (rc == 0 && store != NULL)
+            rc = mgpu_timeline_mark(c, "store", err);
+        if (rc < 0) {
+            if (store != NULL)
+                mgpu_store_close(store);
+            goto fail;
+        }
     }
     free(installed);
     free(vis);
