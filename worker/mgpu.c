@@ -12,6 +12,7 @@
 #include <stdlib.h>     /* calloc, getenv */
 #include <string.h>     /* memmove */
 #include <sys/random.h> /* getrandom */
+#include <time.h>       /* clock_gettime */
 #include <unistd.h>     /* getppid */
 
 #include "comm_nccl.h" /* mgpu_nccl_* (defined in CUDA builds only) */
@@ -70,20 +71,18 @@ static int mgpu_env_flag(const char *name, int *out, mgpu_err_t *err)
     return mgpu_err_set(err, MGPU_E_USAGE, "%s=\"%s\": expected 0 or 1", name, v);
 }
 
-/* Two jobs on one host must never meet in the same segment. The run id and attempt are
- * part of the name already; add whatever identifies the job's rendezvous: the store's
- * address and token (mgpu-launch), MASTER_ADDR:MASTER_PORT (torchrun binds that port, so two
- * live jobs cannot share it), else the parent process (ranks started by hand from one shell
- * share it; Slurm and Open MPI give unique run ids anyway). */
+/* Two jobs on one host must never meet in the same segment. With a store, the segment's
+ * token is a random value drawn per job (mgpu_shm_token); without, the run id and attempt are
+ * part of the name already, and this adds what identifies the job's rendezvous:
+ * MASTER_ADDR:MASTER_PORT (torchrun binds that port, so two live jobs cannot share it), else
+ * the parent process (ranks started by hand from one shell share it; Slurm and Open MPI give
+ * unique run ids anyway). */
 static void mgpu_job_token(mgpu_ctx_t *c)
 {
-    const char *sa = getenv("MGPU_STORE_ADDR"), *sp = getenv("MGPU_STORE_PORT");
-    const char *st = getenv("MGPU_STORE_TOKEN");
     const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
 
-    if (sa != NULL || mp != NULL)
-        snprintf(c->token, sizeof c->token, "store=%s:%s/%s master=%s:%s", sa ? sa : "",
-                 sp ? sp : "", st ? st : "", ma ? ma : "", mp ? mp : "");
+    if (mp != NULL)
+        snprintf(c->token, sizeof c->token, "master=%s:%s", ma ? ma : "", mp);
     else if (strcmp(c->rank.run_id, "none") == 0)
         snprintf(c->token, sizeof c->token, "ppid=%d", (int)getppid());
     else

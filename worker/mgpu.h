@@ -55,9 +55,10 @@ typedef struct mgpu_init_opts {
 
 /* Reads the rank from the environment only (no device, no store). Sources, first match:
  * RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (+ GROUP_RANK, GROUP_WORLD_SIZE,
- * TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT); SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/
- * SLURM_NODEID/SLURM_NNODES + SLURM_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE);
- * OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; else rank 0 of 1. A missing, non-numeric or
+ * TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT); OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
+ * LOCAL_SIZE (before Slurm: mpirun inside sbatch leaves a stale SLURM_PROCID=0);
+ * SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NODEID/SLURM_NNODES + SLURM_TASKS_PER_NODE
+ * (or SLURM_NTASKS_PER_NODE); else rank 0 of 1. A missing, non-numeric or
  * inconsistent value (RANK >= WORLD_SIZE, ...) fails with MGPU_E_USAGE or MGPU_E_RANGE naming
  * the variable and its value. */
 int mgpu_rank_info_from_env(mgpu_rank_info_t *out, mgpu_err_t *err);
@@ -76,6 +77,7 @@ const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx);
  * ctx; its key prefix is "<run id>/<attempt>/". */
 typedef struct mgpu_store mgpu_store_t;
 mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
+
 
 /* A communicator over all ranks; every rank calls it (and every collective) in the same
  * order. timeout_s (<= 0: 300 s) bounds joining and every collective: one that does not

@@ -1,8 +1,8 @@
 /* rank.c - who this process is, read from the environment a launcher leaves behind.
  *
  * Sources, in order: the torchrun contract (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
- * GROUP_RANK; given by mgpu-launch and torchrun), Slurm's srun (SLURM_PROCID, ...), Open MPI's
- * mpirun (OMPI_COMM_WORLD_*), else a single process. Numbers are parsed strictly (decimal, no
+ * GROUP_RANK; given by mgpu-launch and torchrun), Open MPI's mpirun (OMPI_COMM_WORLD_*),
+ * Slurm's srun (SLURM_PROCID, ...), else a single process. Numbers are parsed strictly (decimal, no
  * sign games, no trailing text) and every error names the variable and its value, because the
  * usual failure is a wrapper script that exported one variable too few or a stale value. */
 #include "mgpu.h"
@@ -255,10 +255,14 @@ int mgpu_rank_info_from_env(mgpu_rank_info_t *out, mgpu_err_t *err)
     memset(&r, 0, sizeof r);
     if (getenv("RANK") != NULL || getenv("WORLD_SIZE") != NULL)
         rc = rank_torchrun(&r, err);
-    else if (getenv("SLURM_PROCID") != NULL)
-        rc = rank_slurm(&r, err);
+    /* Open MPI before Slurm: mpirun inside an sbatch script gives its ranks OMPI_* on top of
+     * the batch step's stale SLURM_PROCID=0, which would make every rank rank 0. A program
+     * srun starts directly has no OMPI_COMM_WORLD_* in its environment (MPI_Init learns
+     * its rank from PMIx), so Slurm still describes it. */
     else if (getenv("OMPI_COMM_WORLD_RANK") != NULL || getenv("OMPI_COMM_WORLD_SIZE") != NULL)
         rc = rank_openmpi(&r, err);
+    else if (getenv("SLURM_PROCID") != NULL)
+        rc = rank_slurm(&r, err);
     else {
         r.world_size = r.local_world_size = r.nnodes = 1;
         rank_copy(r.source, sizeof r.source, "single");

@@ -17,7 +17,8 @@
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* memcpy */
 #include <sys/random.h>  /* getrandom */
-#include <sys/socket.h>  /* socket */
+#include <sys/socket.h>  /* socket, sendmsg */
+#include <sys/uio.h>     /* struct iovec */
 #include <time.h>        /* clock_gettime */
 #include <unistd.h>      /* close */
 
@@ -29,8 +30,23 @@ struct tcp_hello {
     uint32_t member, n;
 };
 
+/* Sent round the ring at the start of every collective: members calling different
+ * collectives (or sizes) fail with a message instead of reading each other's data as theirs. */
+struct tcp_desc {
+    uint64_t magic, seq, n;
+    uint32_t kind;
+    int32_t root;
+};
+
+enum { TCP_ALLREDUCE = 1, TCP_BROADCAST, TCP_ALLGATHER, TCP_BARRIER };
+static const char *const tcp_kinds[] = {"?", "all-reduce", "broadcast", "all-gather", "barrier"};
+
 struct mgpu_tcp {
     int member, n, per;
+    uint64_t seq; /* collectives started */
+    /* This collective's descriptor travels in front of its first bytes each way: */
+    struct tcp_desc desc_out, desc_in;
+    size_t dsend_left, drecv_left; /* descriptor bytes still to send / to receive */
     int next_fd, prev_fd;
     double timeout_s, deadline;
     const char *what;
@@ -71,21 +87,39 @@ static void tcp_setup_fd(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/* Sends slen bytes to the next member while receiving rlen bytes from the previous one. */
+static int tcp_desc_check(mgpu_tcp_t *t, mgpu_err_t *err)
+{
+    const struct tcp_desc *a = &t->desc_out, *b = &t->desc_in;
+
+    if (b->magic == TCP_MAGIC && b->seq == a->seq && b->kind == a->kind && b->n == a->n &&
+        b->root == a->root)
+        return 0;
+    return mgpu_err_set(err, MGPU_E_PROTOCOL,
+                        "%s: node %d (rank %d) called %s(n=%llu, root=%d) as its collective "
+                        "#%llu between nodes: all ranks must call the same collectives with the "
+                        "same sizes, in the same order",
+                        t->what, tcp_prev(t), tcp_prev(t) * t->per,
+                        tcp_kinds[b->kind <= TCP_BARRIER ? b->kind : 0], (unsigned long long)b->n,
+                        b->root, (unsigned long long)b->seq);
+}
+
+/* Sends slen bytes to the next member while receiving rlen bytes from the previous one; the
+ * collective's descriptor goes first each way (once per collective), and the one received
+ * is checked before any data behind it is read. */
 static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, size_t rlen,
                     mgpu_err_t *err)
 {
     const char *sp = sbuf;
     char *rp = rbuf;
 
-    while (slen > 0 || rlen > 0) {
+    while (slen + t->dsend_left > 0 || rlen + t->drecv_left > 0) {
         struct pollfd p[2];
         int np = 0, si = -1, ri = -1, rc;
-        if (slen > 0) {
+        if (slen + t->dsend_left > 0) {
             p[np] = (struct pollfd){t->next_fd, POLLOUT, 0};
             si = np++;
         }
-        if (rlen > 0) {
+        if (rlen + t->drecv_left > 0) {
             p[np] = (struct pollfd){t->prev_fd, POLLIN, 0};
             ri = np++;
         }
@@ -95,30 +129,49 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
         if (rc < 0)
             return mgpu_err_set(err, -errno, "%s: poll: %s", t->what, strerror(errno));
         if (rc == 0) {
-            int m = rlen > 0 ? tcp_prev(t) : tcp_next(t);
+            int m = ri >= 0 ? tcp_prev(t) : tcp_next(t);
             return mgpu_err_set(err, MGPU_E_TIMEOUT,
                                 "%s: timed out after %.1f s %s node %d (rank %d): it never "
                                 "arrived or is stuck",
                                 t->what, t->timeout_s,
-                                rlen > 0 ? "waiting for data from" : "sending to", m, m * t->per);
+                                ri >= 0 ? "waiting for data from" : "sending to", m, m * t->per);
         }
         if (si >= 0 && p[si].revents) {
-            ssize_t w = send(t->next_fd, sp, slen, MSG_NOSIGNAL);
+            struct iovec iov[2];
+            struct msghdr mh;
+            size_t dl = t->dsend_left;
+            ssize_t w;
+            memset(&mh, 0, sizeof mh);
+            iov[0].iov_base = (char *)&t->desc_out + sizeof t->desc_out - dl;
+            iov[0].iov_len = dl;
+            iov[1].iov_base = (void *)sp;
+            iov[1].iov_len = slen;
+            mh.msg_iov = dl > 0 ? iov : iov + 1;
+            mh.msg_iovlen = dl > 0 ? 2 : 1;
+            w = sendmsg(t->next_fd, &mh, MSG_NOSIGNAL);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
                 return mgpu_err_set(err, MGPU_E_PEER, "%s: node %d (rank %d) went away: send: %s",
                                     t->what, tcp_next(t), tcp_next(t) * t->per, strerror(errno));
             if (w > 0) {
-                sp += w;
-                slen -= (size_t)w;
+                size_t d = (size_t)w < dl ? (size_t)w : dl;
+                t->dsend_left -= d;
+                sp += (size_t)w - d;
+                slen -= (size_t)w - d;
             }
         }
         if (ri >= 0 && p[ri].revents) {
-            ssize_t r = recv(t->prev_fd, rp, rlen, 0);
+            size_t dl = t->drecv_left;
+            char *dst = dl > 0 ? (char *)&t->desc_in + sizeof t->desc_in - dl : rp;
+            ssize_t r = recv(t->prev_fd, dst, dl > 0 ? dl : rlen, 0);
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
                 return mgpu_err_set(err, MGPU_E_PEER, "%s: node %d (rank %d) went away: %s",
                                     t->what, tcp_prev(t), tcp_prev(t) * t->per,
                                     r == 0 ? "connection closed" : strerror(errno));
-            if (r > 0) {
+            if (r > 0 && dl > 0) {
+                t->drecv_left -= (size_t)r;
+                if (t->drecv_left == 0 && (rc = tcp_desc_check(t, err)) < 0)
+                    return rc;
+            } else if (r > 0) {
                 rp += r;
                 rlen -= (size_t)r;
             }
@@ -127,7 +180,12 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
     return 0;
 }
 
-static int tcp_begin(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+static int tcp_end(mgpu_tcp_t *t, int rc, mgpu_err_t *err);
+
+/* sends/receives: whether this member sends to the next / receives from the previous one
+ * in this collective; the descriptor rides on that traffic, costing no extra round trip. */
+static int tcp_begin(mgpu_tcp_t *t, int kind, uint64_t n, int root, int sends, int receives,
+                     const char *what, mgpu_err_t *err)
 {
     t->what = what;
     t->deadline = tcp_now() + t->timeout_s;
@@ -136,6 +194,14 @@ static int tcp_begin(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
                             "%s: the ring between nodes is unusable after an earlier failure "
                             "(%.400s)",
                             what, t->broken_msg);
+    memset(&t->desc_out, 0, sizeof t->desc_out);
+    t->desc_out.magic = TCP_MAGIC;
+    t->desc_out.seq = ++t->seq;
+    t->desc_out.n = n;
+    t->desc_out.kind = (uint32_t)kind;
+    t->desc_out.root = root;
+    t->dsend_left = t->n > 1 && sends ? sizeof t->desc_out : 0;
+    t->drecv_left = t->n > 1 && receives ? sizeof t->desc_in : 0;
     return 0;
 }
 
@@ -164,7 +230,13 @@ int mgpu_tcp_allreduce_sum_f32(mgpu_tcp_t *t, float *buf, size_t count, const ch
     int rc, n = t->n;
     size_t maxseg = count / (size_t)n + 1;
 
-    if ((rc = tcp_begin(t, what, err)) < 0 || n == 1 || count == 0)
+    float none = 0;
+
+    /* Even for count 0 the steps run (moving nothing): the descriptors still meet, so a
+     * node that passes another count is caught instead of left waiting. */
+    if (buf == NULL)
+        buf = &none;
+    if ((rc = tcp_begin(t, TCP_ALLREDUCE, count, -1, 1, 1, what, err)) < 0 || n == 1)
         return rc;
     if (t->tmp_len < maxseg) {
         float *p = realloc(t->tmp, maxseg * sizeof *p);
@@ -202,9 +274,12 @@ int mgpu_tcp_broadcast(mgpu_tcp_t *t, void *buf, size_t bytes, int root, const c
     int rc;
     char *p = buf;
 
-    if ((rc = tcp_begin(t, what, err)) < 0 || t->n == 1)
+    if ((rc = tcp_begin(t, TCP_BROADCAST, bytes, root, tcp_next(t) != root, t->member != root, what,
+                        err)) < 0 ||
+        t->n == 1)
         return rc;
-    for (size_t off = 0; off < bytes; off += TCP_RELAY_CHUNK) {
+    /* One pass even for 0 bytes, for the descriptors. */
+    for (size_t off = 0; off < bytes || off == 0; off += TCP_RELAY_CHUNK) {
         size_t m = bytes - off < TCP_RELAY_CHUNK ? bytes - off : TCP_RELAY_CHUNK;
         if (t->member != root && (rc = tcp_xfer(t, NULL, 0, p + off, m, err)) < 0)
             return tcp_end(t, rc, err);
@@ -214,13 +289,10 @@ int mgpu_tcp_broadcast(mgpu_tcp_t *t, void *buf, size_t bytes, int root, const c
     return 0;
 }
 
-int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what, mgpu_err_t *err)
+static int tcp_allgather_steps(mgpu_tcp_t *t, char *p, size_t block, mgpu_err_t *err)
 {
     int rc, n = t->n;
-    char *p = buf;
 
-    if ((rc = tcp_begin(t, what, err)) < 0)
-        return rc;
     for (int s = 0; s < n - 1; s++) {
         int ss = (t->member - s + n) % n, rs = (t->member - s - 1 + 2 * n) % n;
         if ((rc = tcp_xfer(t, p + (size_t)ss * block, block, p + (size_t)rs * block, block, err)) <
@@ -230,15 +302,27 @@ int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what,
     return 0;
 }
 
-int mgpu_tcp_barrier(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+int mgpu_tcp_allgather(mgpu_tcp_t *t, void *buf, size_t block, const char *what, mgpu_err_t *err)
 {
-    char stack[256], *b = t->n <= (int)sizeof stack ? stack : malloc((size_t)t->n);
     int rc;
 
+    if ((rc = tcp_begin(t, TCP_ALLGATHER, block, -1, 1, 1, what, err)) < 0)
+        return rc;
+    return tcp_allgather_steps(t, buf, block, err);
+}
+
+int mgpu_tcp_barrier(mgpu_tcp_t *t, const char *what, mgpu_err_t *err)
+{
+    char stack[256], *b;
+    int rc;
+
+    if ((rc = tcp_begin(t, TCP_BARRIER, 0, -1, 1, 1, what, err)) < 0 || t->n == 1)
+        return rc;
+    b = t->n <= (int)sizeof stack ? stack : malloc((size_t)t->n);
     if (b == NULL)
         return mgpu_err_set(err, -ENOMEM, "%s: out of memory", what);
     /* Everyone's byte reaches everyone: nobody leaves before all have arrived. */
-    rc = mgpu_tcp_allgather(t, b, 1, what, err);
+    rc = tcp_allgather_steps(t, b, 1, err);
     if (b != stack)
         free(b);
     return rc;

@@ -92,10 +92,11 @@ static int bench_rank(const bench_opts_t *o)
         return 1;
     }
     if (rank == 0)
-        printf("# mgpu CPU all-reduce (shared memory), float32 sum, %d ranks (%s)\n"
+        printf("# mgpu CPU all-reduce (%s), float32 sum, %d ranks on %d node%s (%s)\n"
                "# %12s %8s %12s %10s %10s %7s\n",
-               world, ri->source, "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s",
-               "#wrong");
+               ri->nnodes > 1 ? "shared memory + TCP between nodes" : "shared memory", world,
+               ri->nnodes, ri->nnodes > 1 ? "s" : "", ri->source, "bytes", "iters", "time_us",
+               "algbw_GB/s", "busbw_GB/s", "#wrong");
     for (size_t bytes = o->min; bytes <= o->max && rc == 0; bytes *= 4) {
         size_t n = bytes / sizeof(float);
         long iters, wrong = 0;

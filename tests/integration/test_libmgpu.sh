@@ -7,11 +7,45 @@ t_launch_allreduce_checks_itself() {
     for n in 3 4; do
         run_launch --nproc_per_node=$n -- "$BENCH" --min 4K --max 1M --seconds 0.01
         expect_eq "$rc" 0 "exit status with $n ranks"
-        expect_grep out "\[rank0\]:# mgpu CPU all-reduce .* $n ranks \(mgpu-launch\)"
+        expect_grep out "\[rank0\]:# mgpu CPU all-reduce .* $n ranks on 1 node \(mgpu-launch\)"
         expect_eq "$(grep -cE '^\[rank0\]: +[0-9]+ ' out)" 5 "sizes measured with $n ranks"
         expect_eq "$(grep -E '^\[rank0\]: +[0-9]+ ' out | awk '$NF != 0' | wc -l)" 0 \
             "sizes with wrong elements"
+        # libmgpu published each rank's startup timeline; the launcher printed it (a value
+        # may be slightly negative: the launcher stamps a worker after its spawn returns).
+        expect_grep err 'rank +init +device +store +comm'
+        for r in $(seq 0 $((n - 1))); do expect_grep err "^ +$r( +-?[0-9.]+){4}$"; done
     done
     # Nothing left behind in /dev/shm by these jobs.
     expect_eq "$(ls /dev/shm | grep -c "^mgpu-$(id -u)-")" 0 "leftover segments"
+}
+
+# The same program under Open MPI's mpirun: rank from OMPI_COMM_WORLD_*, one host's shm.
+t_mpirun_allreduce_checks_itself() {
+    command -v mpirun >/dev/null || skip "mpirun not installed (apt-get install openmpi-bin)"
+    mpirun --allow-run-as-root --oversubscribe -np 3 "$BENCH" --min 4K --max 256K \
+        --seconds 0.01 >out 2>err
+    rc=$?
+    expect_eq "$rc" 0 "mpirun exit status"
+    expect_grep out "^# mgpu CPU all-reduce .* 3 ranks on 1 node \(openmpi\)"
+    expect_eq "$(grep -cE '^ +[0-9]+ ' out)" 4 "sizes measured"
+    expect_eq "$(grep -E '^ +[0-9]+ ' out | awk '$NF != 0' | wc -l)" 0 "sizes with wrong elements"
+}
+
+# Two launchers on this host as nodes 0 and 1 of one job: shared memory inside each node, TCP
+# between the leaders, addresses through the launchers' store.
+t_two_nodes_allreduce_checks_itself() {
+    local port i pids=() rcs=()
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    for i in 0 1; do
+        "$LAUNCH" --nnodes=2 --node_rank=$i --nproc_per_node=2 --master_addr=127.0.0.1 \
+            --master_port=$port -- "$BENCH" --min 4K --max 1M --seconds 0.01 >out.$i 2>err.$i &
+        pids+=($!)
+    done
+    for i in 0 1; do wait ${pids[$i]}; rcs+=($?); done
+    expect_eq "${rcs[*]}" "0 0" "exit statuses of the two launchers"
+    expect_grep out.0 "\[rank0\]:# mgpu CPU all-reduce .* 4 ranks on 2 nodes \(mgpu-launch\)"
+    expect_eq "$(grep -cE '^\[rank0\]: +[0-9]+ ' out.0)" 5 "sizes measured"
+    expect_eq "$(grep -E '^\[rank0\]: +[0-9]+ ' out.0 | awk '$NF != 0' | wc -l)" 0 \
+        "sizes with wrong elements"
 }

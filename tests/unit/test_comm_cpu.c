@@ -15,6 +15,7 @@
 
 #include "mgpu.h"
 #include "ranks.h"
+#include "store.h"        /* mgpu_store_get */
 #include "store_server.h" /* mgpu_store_server_start */
 
 typedef struct job {
@@ -115,6 +116,35 @@ static void rank_all_ops(int rank, int size, void *arg)
     if (comm == NULL)
         return;
     CHECK(mgpu_comm_backend(comm) == MGPU_BACKEND_CPU);
+    /* The startup timeline: in ctx, and in the store as "timeline/<rank>" when there is one. */
+    {
+        char t[1024];
+        const char *p;
+        mgpu_timeline_get(ctx, t, sizeof t);
+        CHECK_CONTAINS(t, "init=");
+        CHECK_CONTAINS(t, ";device=");
+        CHECK_CONTAINS(t, ";comm=");
+        mgpu_timeline_mark(ctx, "first_step");
+        mgpu_timeline_mark(ctx, "first_step"); /* kept once */
+        mgpu_timeline_get(ctx, t, sizeof t);
+        p = strstr(t, "first_step=");
+        CHECK(p != NULL && strstr(p + 1, "first_step=") == NULL);
+        CHECK(atof(strstr(t, "init=") + 5) > 1.7e9); /* wall-clock seconds */
+        CHECK(atof(strstr(t, "init=") + 5) <= atof(strstr(t, "comm=") + 5));
+        if (j->nodes > 1) {
+            char key[32];
+            void *v = NULL;
+            size_t vl = 0;
+            snprintf(key, sizeof key, "timeline/%d", rank);
+            CHECK_INT(mgpu_store_get(mgpu_ctx_store(ctx), key, 5, &v, &vl, &err), 0);
+            CHECK_INT(vl, strlen(t));
+            CHECK(v != NULL && memcmp(v, t, vl) == 0);
+            CHECK_CONTAINS(t, ";store=");
+            free(v);
+        } else {
+            CHECK(strstr(t, "store=") == NULL);
+        }
+    }
     CHECK_STR(mgpu_rank(ctx)->source, j->nodes > 1 ? "mgpu-launch" : "torchrun");
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t n = sizes[k];
@@ -449,6 +479,43 @@ static void test_nodes_creation_fails_together(void)
     store_stop(st);
 }
 
+/* Node 1 reduces a different count: the leaders see it at once, the others learn it from
+ * their leader or a peer; nobody reads the other node's data as its own or waits for the
+ * deadline (30 s). */
+static void rank_node_mismatch(int rank, int size, void *arg)
+{
+    const job_t *j = arg;
+    mgpu_ctx_t *ctx;
+    mgpu_comm_t *comm = job_join(j, rank, size, &ctx);
+    mgpu_err_t err = {0, ""};
+    float buf[200] = {0};
+    double t0;
+    int rc;
+
+    if (comm == NULL)
+        return;
+    t0 = ranks_now();
+    rc = mgpu_allreduce_f32(comm, buf, rank < 2 ? 100 : 200, MGPU_SUM, NULL, &err);
+    CHECK(rc == MGPU_E_PROTOCOL || rc == MGPU_E_PEER);
+    if (rc == MGPU_E_PROTOCOL && (rank == 0 || rank == 2))
+        CHECK_CONTAINS(err.msg, "called all-reduce(n=");
+    CHECK(ranks_now() - t0 < RANKS_FAST_S);
+    j->shared[rank] = rc;
+    job_leave(ctx, comm);
+}
+
+static void test_nodes_mismatch(void)
+{
+    job_t j;
+    pid_t st;
+    job_init(&j, 30);
+    j.nodes = 2;
+    st = store_start(&j.store_port);
+    CHECK_INT(ranks_run(4, rank_node_mismatch, &j, 30), 0);
+    CHECK(j.shared[0] == MGPU_E_PROTOCOL || j.shared[2] == MGPU_E_PROTOCOL);
+    store_stop(st);
+}
+
 static void test_nodes_timeout(void)
 {
     job_t j;
@@ -530,6 +597,7 @@ int main(void)
     RUN(test_nodes_2x2);
     RUN(test_nodes_3x1_and_2x3);
     RUN(test_nodes_timeout);
+    RUN(test_nodes_mismatch);
     RUN(test_nodes_creation_fails_together);
     RUN(test_nodes_leader_killed);
     return check_done();

@@ -288,11 +288,17 @@ static void test_precedence(void)
     CHECK_INT(parse(&r, &err), 0);
     CHECK_STR(r.source, "env");
     CHECK_INT(r.world_size, 2);
-    /* srun of an mpirun-built program: Slurm first. */
+    /* mpirun inside an sbatch script: the batch step's SLURM_PROCID=0 is stale, Open MPI's
+     * variables describe the rank. */
     env_slurm();
-    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
     CHECK_INT(parse(&r, &err), 0);
-    CHECK_STR(r.source, "slurm");
+    CHECK_STR(r.source, "openmpi");
+    CHECK_INT(r.rank, 3);
 }
 
 /* ---- devices: the article's scenarios on 5 simulated GPUs ------------------------------ */
