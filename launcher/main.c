@@ -105,11 +105,13 @@ static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const c
         ro->store_host = eh;
         ro->store_port = cli->endpoint_host[0] ? cli->endpoint_port
                                                : (cli->master_port >= 0 ? cli->master_port : 29400);
-        ro->serve = cli->is_host >= 0 ? cli->is_host
-                                      : is_loopback(eh) || strcmp(eh, host) == 0 ||
-                                            (cli->local_addr[0] && strcmp(eh, cli->local_addr) == 0);
-        /* The node that gets rank 0 publishes its own address for MASTER_ADDR. */
+        /* torchrun's c10d: the launcher on the endpoint's host serves it. Which host that is,
+         * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
+         * another launcher here serves already with EADDRINUSE; main then joins as a client. */
+        ro->serve = cli->is_host >= 0 ? cli->is_host : 1;
         ro->master_addr = is_loopback(eh) ? "127.0.0.1" : ro->hostname;
+        ro->bind_host = is_loopback(eh) ? "127.0.0.1" : (cli->is_host == 1 ? "0.0.0.0" : eh);
+        return;
     } else {
         ro->store_host = cli->master_addr;
         ro->store_port = cli->master_port >= 0 ? cli->master_port : 29500;
@@ -221,8 +223,9 @@ int main(int argc, char **argv)
     /* Meet the other launchers (or, on one node, just start the store for the workers). */
     rdzv_options(cli, &plan, host, &ro);
     rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
-    if (rc < 0 && ro.serve && ro.elastic && cli->is_host < 0 && err.code == -EADDRINUSE) {
-        /* torchrun's c10d: another launcher on this host serves the endpoint; join it. */
+    if (rc < 0 && ro.serve && ro.elastic && cli->is_host < 0 &&
+        (err.code == -EADDRINUSE || err.code == -EADDRNOTAVAIL)) {
+        /* The endpoint is another host's, or another launcher here serves it: join it. */
         ro.serve = 0;
         rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
     }

@@ -82,6 +82,7 @@ typedef struct sup {
     int multi;           /* several nodes: failures and attempt ends go through the store */
     int ending;          /* this node's attempt is over; waiting for the other nodes */
     int pending_work;    /* rendezvous calls on the thread pool */
+    int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
     int keeper_fd;       /* write end of its pipe */
 } sup_t;
 
@@ -843,8 +844,12 @@ static void rwork_done(uv_work_t *req, int status)
         mgpu_error("lost the other nodes: %s; stopping this node's workers", w->err.msg);
         s->res->rdzv_error = 1;
         stop_group(s, SIGTERM);
-    } else if (w->kind == RW_REPORT && w->rc < 0) {
-        mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
+    } else if (w->kind == RW_REPORT) {
+        if (w->rc < 0)
+            mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
+        /* The end of the attempt waited for this report, so every node reads the failure. */
+        if (--s->reports_pending == 0)
+            maybe_finish(s);
     } else if (w->kind == RW_END && w->attempt == s->attempt && !s->finished) {
         if (w->rc < 0) {
             mgpu_error("%s", w->err.msg);
@@ -880,6 +885,7 @@ static void report_failure(sup_t *s, int rank, int local_rank, int code)
     if (!s->multi)
         return;
     snprintf(f.host, sizeof f.host, "%s", s->plan->hostname);
+    s->reports_pending++;
     rwork_queue(s, RW_REPORT, &f);
 }
 
@@ -887,7 +893,8 @@ static void maybe_finish(sup_t *s)
 {
     pid_t kids[4];
 
-    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0)
+    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0 ||
+        s->reports_pending > 0)
         return;
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)

@@ -51,6 +51,8 @@ failures() { awk '$2 != 0' "$1" | wc -l; }
 
 echo "mgpu-launch benchmark: $(uname -n), $(getconf _NPROCESSORS_ONLN) CPUs, $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "  $("$LAUNCH" --version)  ($LAUNCH)"
+load=$(cut -d' ' -f1 /proc/loadavg)
+echo "  load average at start: $load$(awk -v l="$load" 'BEGIN { if (l > 0.5) print "  (a busy machine: timings are inflated; run again when idle)" }')"
 echo
 
 # --- 1. start to exit -----------------------------------------------------------------------
@@ -105,7 +107,7 @@ hwm() {
     "$LAUNCH" --nproc_per_node=8 "$TW" "$@" touch "$work/done.%l" waitfile "$work/go" >/dev/null 2>&1 &
     local lp=$! n kb
     for _ in $(seq 1 2000); do
-        n=$(ls "$work"/done.* 2>/dev/null | wc -l)
+        n=$(find "$work" -maxdepth 1 -name "done.*" | wc -l)
         [ "$n" -ge 8 ] && break
         sleep 0.01
     done
@@ -143,7 +145,7 @@ for i in $(seq 1 "$DEATH_RUNS"); do
     echo "$worst" >>"$work/delays"
     rm -rf "$d"
 done
-read -r d_med d_p90 d_min d_max < <(stats "$work/delays")
+read -r d_med d_p90 _ d_max < <(stats "$work/delays")
 read -r a_med _ _ _ < <(stats "$work/delays_all")
 printf '   last of the 3 others to get SIGTERM: median %.3f ms  p90 %.3f ms  max %.3f ms   target < 5 ms: %s\n' \
     "$d_med" "$d_p90" "$d_max" "$(verdict "$d_med" 5)"

@@ -7,6 +7,11 @@
  *   env FILE                writes the whole environment, one VAR=value a line
  *   argv FILE               writes argv (argv[0] included), one a line, then exits 0
  *   touch FILE              creates FILE (a "ready" marker)
+ *   fds FILE                writes the open descriptors, "N -> target" a line
+ *   ids FILE                writes "pid pgid sid ppid"
+ *   cuda FILE               asks the CUDA driver (libcuda.so.1, loaded at run time) what this
+ *                           process sees: "count N", then "ORDINAL GPU-uuid" a line (count 0
+ *                           when cuInit says CUDA_ERROR_NO_DEVICE); or "nodriver" / "error CODE"
  *   waitall PREFIX N        waits until files PREFIX0 .. PREFIX<N-1> all exist
  *   waitfile FILE           waits until FILE exists
  *   print TEXT / eprint TEXT      a line to stdout / stderr
@@ -42,7 +47,9 @@
  * And a stopwatch for the benchmark:
  *   testworker timeit N OUTFILE CMD [ARGS...]
  *     runs CMD N times, one after the other (fork, execvp, waitpid), and writes one line a run
- *     to OUTFILE: "<start-to-exit nanoseconds> <exit status>" (128+N when killed by N). */
+ *     to OUTFILE: "<start-to-exit ns> <exit status> <start> <end>" (exit status 128+N when
+ *     killed by N; start and end in CLOCK_MONOTONIC ns). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -533,11 +540,62 @@ static int timeit(int argc, char **argv)
         if (pid < 0 || waitpid(pid, &status, 0) != pid)
             return 3;
         int64_t t1 = mono_ns();
-        fprintf(out, "%lld %d\n", (long long)(t1 - t0),
-                WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        fprintf(out, "%lld %d %lld %lld\n", (long long)(t1 - t0),
+                WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), (long long)t0,
+                (long long)t1);
     }
     fclose(out);
     return 0;
+}
+
+/* ---------------------------------------------------------------- the CUDA driver's view */
+
+static void cuda_view(const char *path)
+{
+    typedef int (*init_t)(unsigned);
+    typedef int (*count_t)(int *);
+    typedef int (*get_t)(int *, int);
+    typedef int (*uuid_t_)(unsigned char *, int);
+    char text[8192];
+    size_t n = 0;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+    if (h == NULL) {
+        write_file_atomic(path, "nodriver\n");
+        return;
+    }
+    init_t cu_init = (init_t)dlsym(h, "cuInit");
+    count_t cu_count = (count_t)dlsym(h, "cuDeviceGetCount");
+    get_t cu_get = (get_t)dlsym(h, "cuDeviceGet");
+    uuid_t_ cu_uuid = (uuid_t_)dlsym(h, "cuDeviceGetUuid_v2");
+    if (cu_uuid == NULL)
+        cu_uuid = (uuid_t_)dlsym(h, "cuDeviceGetUuid");
+    if (cu_init == NULL || cu_count == NULL || cu_get == NULL || cu_uuid == NULL) {
+        write_file_atomic(path, "nodriver\n");
+        return;
+    }
+    int rc = cu_init(0), count = 0;
+    if (rc == 100) /* CUDA_ERROR_NO_DEVICE: nothing visible */
+        rc = 0;
+    else if (rc == 0)
+        rc = cu_count(&count);
+    if (rc != 0) {
+        snprintf(text, sizeof text, "error %d\n", rc);
+        write_file_atomic(path, text);
+        return;
+    }
+    n += (size_t)snprintf(text + n, sizeof text - n, "count %d\n", count);
+    for (int k = 0; k < count && n < sizeof text - 100; k++) {
+        int dev;
+        unsigned char u[16];
+        if (cu_get(&dev, k) != 0 || cu_uuid(u, dev) != 0)
+            continue;
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "%d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+                              k, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+                              u[11], u[12], u[13], u[14], u[15]);
+    }
+    write_file_atomic(path, text);
 }
 
 /* ---------------------------------------------------------------- grandchildren */
@@ -642,6 +700,33 @@ int main(int argc, char **argv)
                         sleep_s(0.002);
                 }
             }
+        } else if (strcmp(a, "fds") == 0) {
+            if (DO(1)) {
+                char text[65536], path[64], target[4096];
+                size_t n = 0;
+                for (int fd = 0; fd < 65536 && n < sizeof text - 5000; fd++) {
+                    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+                    ssize_t l = readlink(path, target, sizeof target - 1);
+                    if (l < 0)
+                        continue;
+                    target[l] = '\0';
+                    if (strncmp(target, "/proc/", 6) == 0 && strstr(target, "/fd") != NULL)
+                        continue; /* the directory being read, if any */
+                    n += (size_t)snprintf(text + n, sizeof text - n, "%d -> %s\n", fd, target);
+                }
+                text[n] = '\0';
+                write_file_atomic(expand(argv[i]), text);
+            }
+        } else if (strcmp(a, "ids") == 0) {
+            if (DO(1)) {
+                char text[128];
+                snprintf(text, sizeof text, "%d %d %d %d\n", (int)getpid(), (int)getpgid(0),
+                         (int)getsid(0), (int)getppid());
+                write_file_atomic(expand(argv[i]), text);
+            }
+        } else if (strcmp(a, "cuda") == 0) {
+            if (DO(1))
+                cuda_view(expand(argv[i]));
         } else if (strcmp(a, "waitfile") == 0) {
             if (DO(1)) {
                 struct stat st;

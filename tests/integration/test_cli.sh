@@ -3,9 +3,11 @@
 # .py / -m / --no_python / --run_path, --legacy_local_rank, --dry-run, --summary, --version,
 # --help.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
-unset CUDA_VISIBLE_DEVICES OMP_NUM_THREADS PYTHON_EXEC
-for v in $(env | grep -o '^PET_[A-Z_]*'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES OMP_NUM_THREADS
 
 envval() { local l; l=$(grep -m1 "^$2=" "$1") || { echo "<unset>"; return; }; echo "${l#*=}"; }
 
@@ -311,13 +313,13 @@ assert d["result"] == "succeeded" and d["exit_code"] == 0, d
 assert d["attempts"] == 1 and d["root_cause"] is None, d
 assert len(d["workers"]) == 2 and all(w["exit_code"] == 0 for w in d["workers"]), d["workers"]
 ' || fail "summary: $(cat sum.json)"
-    expect_eq "$(ls -A | grep -c 'sum.json.')" 0 "temporary files left next to the summary"
+    expect_eq "$(find . -maxdepth 1 -name 'sum.json?*' | wc -l)" 0 "temporary files left next to the summary"
     # an existing summary is replaced whole
     echo garbage >sum.json
     run_launch --nproc_per_node=1 --summary sum.json "$TW" exit 3
     expect_eq "$rc" 3
     python3 -c 'import json; assert json.load(open("sum.json"))["exit_code"] == 3' || fail "summary not replaced: $(cat sum.json)"
-    expect_eq "$(ls -A | grep -c 'sum.json.')" 0 "temporary files left"
+    expect_eq "$(find . -maxdepth 1 -name 'sum.json?*' | wc -l)" 0 "temporary files left"
 }
 
 t_opt_summary_after_signal() {
@@ -376,4 +378,12 @@ t_opt_nproc_cpu_auto() {
     expect_eq "$(nworkers)" 2 "--nproc_per_node=auto with 2 visible"
     rm -f e.*
     MGPU_SIM_GPUS=0 bad 'gpu' --nproc_per_node=gpu
+}
+
+t_opt_repeated_option_last_wins() {
+    # argparse: the last occurrence wins
+    run_launch --nproc_per_node=4 --nproc_per_node=2 --rdzv_id=a --rdzv_id=b "$TW" env e.%l
+    expect_eq "$rc" 0
+    expect_eq "$(nworkers)" 2 "workers"
+    expect_eq "$(envval e.0 TORCHELASTIC_RUN_ID)" b
 }

@@ -3,6 +3,9 @@
 # Each t_* runs in its own subshell, in a fresh folder, with lib.sh sourced.
 
 # CPU workers unless a test asks for simulated GPUs: a CI machine may have real ones.
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING PET_NPROC_PER_NODE
 
@@ -325,7 +328,7 @@ t_devices_repeated_device_refused() {
 
 t_devices_none_visible_runs_on_cpu() {
     # CUDA_VISIBLE_DEVICES="" hides every GPU: the workers run on the CPU, with a warning
-    MGPU_SIM_GPUS=2 CUDA_VISIBLE_DEVICES= run_launch --nproc_per_node=3 "$TW" env e.%l
+    MGPU_SIM_GPUS=2 CUDA_VISIBLE_DEVICES='' run_launch --nproc_per_node=3 "$TW" env e.%l
     expect_eq "$rc" 0 "exit status ($(cat err))"
     expect_var e.2 MGPU_DEVICE cpu
     expect_var e.2 CUDA_VISIBLE_DEVICES ""

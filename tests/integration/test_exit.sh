@@ -1,6 +1,9 @@
 # test_exit.sh - mgpu-launch's exit status: every worker exit code, deaths by signal, exec
 # failures (126/127), and the report that names them.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
@@ -175,4 +178,49 @@ t_exit_launcher_with_closed_stdout() {
     "$LAUNCH" --nproc_per_node=2 "$TW" print hello only 1 exit 6 pause >&- 2>&-
     rc=$?
     expect_eq "$rc" 6
+}
+
+t_worker_fds_no_launcher_leak() {
+    # workers get 0, 1, 2 and nothing of the launcher's own (its pipes, sockets, store,
+    # helper processes' pipes): compared with what a program started by this shell gets
+    "$TW" fds base </dev/null
+    run_launch --nproc_per_node=3 --max_restarts=1 "$TW" fds w.%l.%a touch r.%a.%l waitall r.%a. 3 fail_until 1 3 exit 0 </dev/null
+    expect_eq "$rc" 0
+    local f fd
+    for f in w.0.0 w.2.0 w.0.1 w.2.1; do
+        [ -f $f ] || fail "no $f"
+        grep -q '^1 -> pipe:' $f || fail "$f: stdout is not a pipe: $(cat $f)"
+        grep -q '^2 -> pipe:' $f || fail "$f: stderr is not a pipe: $(cat $f)"
+        for fd in $(awk '$1 > 2 { print $1 }' $f); do
+            grep -qxF "$(grep "^$fd -> " $f)" base ||
+                fail "$f: descriptor $fd ($(grep "^$fd -> " $f)) comes from the launcher, not from its caller; all: $(cat $f)"
+        done
+    done
+}
+
+t_worker_fds_inherited_closed_like_torchrun() {
+    # torchrun starts workers with Popen(close_fds=True): descriptors of the launcher's caller
+    # (a wrapper's pipe on fd 7 here) do not reach the workers
+    run_launch --nproc_per_node=2 "$TW" fds w.%l 7>held </dev/null
+    expect_eq "$rc" 0
+    local extra; extra=$(awk '$1 > 2' w.0)
+    [ -z "$extra" ] || fail "descriptors beyond 0-2 reached the worker: $extra"
+}
+
+t_worker_own_session_and_group() {
+    run_launch --nproc_per_node=2 "$TW" ids i.%l
+    expect_eq "$rc" 0
+    local pid pgid sid ppid
+    for k in 0 1; do
+        read -r pid pgid sid ppid <i.$k
+        expect_eq "$pgid" "$pid" "rank $k process group"
+        expect_eq "$sid" "$pid" "rank $k session"
+    done
+}
+
+t_exit_success_silent_with_common_fd_limit() {
+    # ulimit -n 1024 is the usual default soft limit: a plain successful run prints nothing
+    ( ulimit -Sn 1024 && "$LAUNCH" --nproc_per_node=4 "$TW" exit 0 >out 2>err ); rc=$?
+    expect_eq "$rc" 0
+    expect_eq "$(cat err)" "" "stderr of a successful run under ulimit -n 1024"
 }

@@ -3,6 +3,9 @@
 # --no_prefix; per-rank files in torchrun's --log_dir layout; -r/--redirects, -t/--tee (maps
 # too) and --local_ranks_filter.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE PET_LOG_DIR \
     PET_REDIRECTS PET_TEE PET_LOCAL_RANKS_FILTER

@@ -2,6 +2,9 @@
 # incremented; success after restarts exits 0; always failing exits with the failing code after
 # max_restarts+1 attempts.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE PET_MAX_RESTARTS
 export OMP_NUM_THREADS=1

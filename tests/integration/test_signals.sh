@@ -2,6 +2,9 @@
 # kills at once; SIGUSR1/2 are forwarded and the run goes on; no orphan survives kill -9 of the
 # launcher; what workers leave behind is stopped when the launcher exits.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
@@ -10,7 +13,7 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 all_exist() { local f; for f; do [ -e "$f" ] || return 1; done; }
 alive() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 none_alive() { local p; for p; do alive "$p" && return 1; done; return 0; }
-no_marked() { [ -z "$(procs_with_mark "$1")" ]; }
+no_marked() { [ -z "$(procs_with_mark "$1" 2>/dev/null)" ]; }
 
 # forward SIG: 3 workers, each with a grandchild in its process group, all record the signal
 # and die by it; the launcher gets SIG and must exit 128+SIG with everything gone.
@@ -246,4 +249,52 @@ t_nothing_left_after_normal_exit() {
     MGPU_TEST_MARK=$mark run_launch --nproc_per_node=4 "$TW" only 2 exit 3 pause
     expect_eq "$rc" 3
     wait_until 5 no_marked "$mark" || fail "left after a failed run: $(procs_with_mark "$mark" | xargs -r ps -o pid,ppid,pgid,stat,args -p)"
+}
+
+t_forward_terminal_ctrl_c_reaches_workers_once() {
+    # a terminal's Ctrl-C goes to the launcher's whole foreground process group; workers are
+    # in sessions of their own, so they get SIGINT once, from the launcher
+    command -v setsid >/dev/null || skip "setsid not found"
+    setsid "$LAUNCH" --nproc_per_node=2 --grace_period=20 "$TW" trap sig.%l INT,TERM touch ready.%l pause >out 2>err &
+    local lp=$!
+    wait_until 20 all_exist ready.0 ready.1 || fail "workers not ready"
+    local pg; pg=$(awk '{print $5}' /proc/$lp/stat)
+    expect_eq "$pg" "$lp" "the launcher leads its process group"
+    kill -INT -- -"$pg"
+    wait $lp; rc=$?
+    expect_eq "$rc" 130
+    for k in 0 1; do expect_eq "$(grep -c '^INT' sig.$k)" 1 "SIGINTs received by rank $k"; done
+}
+
+t_forward_sigint_to_plain_workers_started_in_background() {
+    # a non-interactive shell starts background jobs with SIGINT and SIGQUIT ignored; the
+    # workers must not inherit that: a forwarded SIGINT stops plain workers at once
+    local t0 t1 mark="bg-$$-$RANDOM"
+    MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=2 --grace_period=30 sleep 60 >out 2>err &
+    local lp=$!
+    wait_until 20 eval "[ \$(procs_with_mark $mark 2>/dev/null | wc -l) -ge 3 ]" || fail "workers not started"
+    sleep 0.2
+    t0=$(now_ms)
+    kill -INT $lp
+    wait $lp; rc=$?
+    t1=$(now_ms)
+    expect_eq "$rc" 130
+    [ $((t1 - t0)) -lt 10000 ] || fail "plain workers ignored the forwarded SIGINT: $((t1 - t0)) ms"
+    expect_grep err 'rank 0 .*killed by SIGINT'
+    expect_grep err 'rank 1 .*killed by SIGINT'
+}
+
+t_signal_during_startup_leaves_nothing() {
+    # SIGTERM at random moments while 4 workers start: exit 143, nothing left
+    local i mark lp
+    for i in $(seq 1 10); do
+        mark="st-$$-$i-$RANDOM"
+        MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=4 "$TW" pause >out 2>err &
+        lp=$!
+        sleep "0.0$((RANDOM % 3))$((RANDOM % 10))"
+        kill -TERM $lp
+        wait $lp; rc=$?
+        expect_eq "$rc" 143 "round $i: exit status ($(cat err))"
+        wait_until 5 no_marked "$mark" || fail "round $i: left: $(procs_with_mark "$mark" | xargs -r ps -o pid,ppid,pgid,stat,args -p)"
+    done
 }

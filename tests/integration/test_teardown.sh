@@ -2,6 +2,9 @@
 # period; the launcher exits with the failing code promptly; the report tells root cause, other
 # failures and the workers the launcher stopped apart; torchrun's error file is read.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
@@ -148,4 +151,36 @@ t_teardown_promptly_many_workers() {
     expect_eq "$rc" 42
     for k in 0 1 2 3 4 6 7; do expect_grep sig.$k '^TERM'; done
     [ $((t1 - t0)) -lt 5000 ] || fail "took $((t1 - t0)) ms"
+}
+
+t_teardown_error_file_newer_layout() {
+    # the newer layout: "message" a plain string, "timestamp" at the top
+    cat >w.sh <<'EOS'
+#!/bin/sh
+if [ "$RANK" = 1 ]; then
+    printf '{"message": "ValueError: newer layout", "timestamp": %s}\n' "$(date +%s)" >"$TORCHELASTIC_ERROR_FILE"
+    exit 2
+fi
+sleep 30
+EOS
+    chmod +x w.sh
+    run_launch --nproc_per_node=2 --summary s.json ./w.sh
+    expect_eq "$rc" 2
+    expect_grep err 'ValueError: newer layout'
+    python3 -c 'import json; d=json.load(open("s.json")); assert d["root_cause"]["error_file"]["message"] == "ValueError: newer layout", d["root_cause"]' ||
+        fail "summary: $(cat s.json)"
+}
+
+t_teardown_error_file_garbage() {
+    # an error file that is not JSON: the report still comes, with the exit code
+    cat >w.sh <<'EOS'
+#!/bin/sh
+printf 'this is { not json' >"$TORCHELASTIC_ERROR_FILE"
+exit 9
+EOS
+    chmod +x w.sh
+    run_launch --nproc_per_node=1 --summary s.json ./w.sh
+    expect_eq "$rc" 9
+    expect_grep err 'exitcode +: 9'
+    python3 -c 'import json; json.load(open("s.json"))' || fail "summary not JSON: $(cat s.json)"
 }

@@ -3,6 +3,9 @@
 # Debian's python3-torch is importable from /usr/bin/python3 only (the python3 first on PATH
 # is a separate build), so the tests name that interpreter through PYTHON_EXEC.
 
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1

@@ -1,0 +1,175 @@
+# test_store_abuse.sh - the launcher's store under abuse while a job runs (issue 3): garbage
+# bytes, an oversized frame header (payload length 0xFFFFFFFF), requests before HELLO, a wrong
+# token, a wrong version, half frames held open: each such connection is closed with a log line,
+# nothing else is harmed (the job ends normally, a good client still gets answers). And the
+# token rules: several nodes on a non-loopback address need --rdzv_token (exit 2 otherwise); a
+# node with the wrong token is turned away.
+
+source "$(dirname "${BASH_SOURCE[0]}")/multinode/common.sh"
+ABUSE="$(dirname "${BASH_SOURCE[0]}")/multinode/store_abuse.py"
+
+# abuse_job NNODES TOKEN_OPTION: workers of every node write their env and wait for "go";
+# store_abuse.py runs against the store the workers see, then releases them.
+abuse_job() {
+    local nn=$1 tokopt=$2
+    local port; port=$(free_port)
+    local k
+    for k in $(seq 0 $((nn - 1))); do
+        if [ "$nn" -gt 1 ]; then
+            start_node $k - --nnodes=$nn --node_rank=$k --master_addr=127.0.0.1 --master_port=$port \
+                $tokopt --nproc_per_node=2 "$TW" env e.$k.%l touch up.$k.%l waitfile go exit 0
+        else
+            start_node $k - --nproc_per_node=2 $tokopt "$TW" env e.$k.%l touch up.$k.%l waitfile go exit 0
+        fi
+    done
+    local ups=()
+    for k in $(seq 0 $((nn - 1))); do ups+=(up.$k.0 up.$k.1); done
+    wait_until 30 all_exist "${ups[@]}" ||
+        { dump_nodes err.*; fail "the workers did not start"; }
+    local addr sport tok
+    addr=$(envval e.$((nn - 1)).1 MGPU_STORE_ADDR) sport=$(envval e.$((nn - 1)).1 MGPU_STORE_PORT)
+    tok=$(envval e.$((nn - 1)).1 MGPU_STORE_TOKEN)
+    [ "$addr" != "<unset>" ] && [ "$sport" != "<unset>" ] || fail "MGPU_STORE_ADDR/PORT not given to the workers"
+    [ "$tok" != "<unset>" ] || tok=""
+    # abuse, then release the workers (touch go) while two bad connections are still held open
+    "$PY3" "$ABUSE" "$addr" "$sport" "$tok" released >abuse.out 2>&1 &
+    local ap=$!
+    MN_KILL+=("$ap")
+    wait_until 60 eval "grep -q 'store answers ok after the abuse' abuse.out || ! alive $ap" &&
+        grep -q 'store answers ok after the abuse' abuse.out ||
+        { cat abuse.out >&2; fail "the abuse script did not finish"; }
+    touch go
+    for k in $(seq 0 $((nn - 1))); do wait_node $k 40; done
+    touch released
+    wait $ap || { cat abuse.out >&2; fail "abuse script failed"; }
+    cat abuse.out
+    for k in $(seq 0 $((nn - 1))); do
+        expect_eq "${MN_RC[$k]}" 0 "exit status of node $k after the abuse ($(dump_nodes err.$k abuse.out 2>&1))"
+    done
+    # the serving launcher (node 0) logged every connection it closed
+    expect_grep err.0 'store: .*closing connection from 127\.0\.0\.1:[0-9]+: .*'
+    [ -z "$tok" ] || expect_grep err.0 'wrong store token'
+    local n want; n=$(grep -c 'store: .*clos' err.0) want=$(grep -c '^closed ok' abuse.out)
+    [ "$n" -ge "$want" ] || fail "$n log lines about closed connections for $want abuses: $(cat err.0)"
+    echo "$port" >store_port
+}
+
+t_store_abuse_mid_job_two_nodes() {
+    # a 2-node job on loopback with a token: the store serves both launchers while it is abused,
+    # and they need it to end the attempt together
+    abuse_job 2 --rdzv_token=abuse-secret
+    expect_eq "$(envval e.1.0 MGPU_STORE_TOKEN)" abuse-secret "MGPU_STORE_TOKEN"
+}
+
+t_store_abuse_mid_job_single_node() {
+    # one node: the store is the launcher's own, on loopback, with a generated token
+    abuse_job 1 ""
+    local tok; tok=$(envval e.0.0 MGPU_STORE_TOKEN)
+    [ ${#tok} -ge 16 ] || fail "single-node store token '$tok': expected a generated secret"
+    expect_eq "$(envval e.0.1 MGPU_STORE_TOKEN)" "$tok" "one token for every local worker"
+    expect_eq "$(envval e.0.0 MGPU_STORE_ADDR)" 127.0.0.1 "single-node store address"
+}
+
+t_store_abuse_two_nodes_without_token_on_loopback() {
+    # all nodes on this host: no token needed, the abuse is still refused frame by frame
+    abuse_job 2 ""
+}
+
+# a non-loopback address of this machine, or nothing
+host_addr() { hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$' | grep -v '^127\.' | head -n 1; }
+
+t_store_token_required_off_loopback() {
+    # several nodes on a non-loopback address without --rdzv_token: exit 2, nothing started
+    local port; port=$(free_port)
+    local addr; addr=$(host_addr)
+    [ -n "$addr" ] || addr=10.255.255.1
+    local k
+    for k in 0 1; do
+        run_launch --nnodes=2 --node_rank=$k --master_addr=$addr --master_port=$port --nproc_per_node=1 \
+            --rdzv_conf join_timeout=2 "$TW" touch ran
+        expect_eq "$rc" 2 "exit status of node $k on $addr without a token ($(cat err))"
+        expect_grep err '--rdzv_token'
+    done
+    # the elastic form too
+    run_launch --nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=$addr:$port --nproc_per_node=1 \
+        --rdzv_conf join_timeout=2 "$TW" touch ran
+    expect_eq "$rc" 2 "exit status of an elastic node on $addr without a token ($(cat err))"
+    expect_grep err '--rdzv_token'
+    [ ! -e ran ] || fail "a worker started without a token"
+}
+
+t_store_token_from_env_off_loopback() {
+    # PET_RDZV_TOKEN is as good as --rdzv_token: two nodes on this host's own non-loopback
+    # address meet and run
+    local addr; addr=$(host_addr)
+    [ -n "$addr" ] || skip "this machine has no non-loopback IPv4 address"
+    local port; port=$(free_port)
+    export PET_RDZV_TOKEN=env-secret
+    start_node 1 - --nnodes=2 --node_rank=1 --master_addr=$addr --master_port=$port --nproc_per_node=1 \
+        --rdzv_conf join_timeout=20 "$TW" env e.1.%l
+    start_node 0 - --nnodes=2 --node_rank=0 --master_addr=$addr --master_port=$port --nproc_per_node=1 \
+        --rdzv_conf join_timeout=20 "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses ($(dump_nodes err.0 err.1 2>&1))"
+    check_world "1 1" "$port"
+    expect_eq "$(envval e.1.0 MGPU_STORE_TOKEN)" env-secret "MGPU_STORE_TOKEN"
+    expect_eq "$(envval e.1.0 MASTER_ADDR)" "$addr" "MASTER_ADDR"
+}
+
+t_store_wrong_token_node_refused() {
+    # node 1 brings the wrong token: it is turned away at once with a message about the token,
+    # node 0 logs the refusal and gives up after its join timeout, naming node 1
+    local addr; addr=$(host_addr)
+    [ -n "$addr" ] || skip "this machine has no non-loopback IPv4 address"
+    local port; port=$(free_port)
+    start_node 0 - --nnodes=2 --node_rank=0 --master_addr=$addr --master_port=$port --nproc_per_node=1 \
+        --rdzv_token=right --rdzv_conf join_timeout=6 "$TW" touch ran.0
+    local t0; t0=$(now_ms)
+    start_node 1 - --nnodes=2 --node_rank=1 --master_addr=$addr --master_port=$port --nproc_per_node=1 \
+        --rdzv_token=wrong --rdzv_conf join_timeout=6 "$TW" touch ran.1
+    wait_node 1 20
+    local ms=$(($(now_ms) - t0))
+    wait_node 0 20
+    [ "${MN_RC[1]}" -ne 0 ] || fail "node 1 with the wrong token exited 0"
+    [ "${MN_RC[0]}" -ne 0 ] || fail "node 0 exited 0 without node 1"
+    expect_grep err.1 'token'
+    [ "$ms" -lt 4500 ] || fail "node 1 took ${ms} ms to give up on a wrong token (it cannot get better by retrying)"
+    expect_grep err.0 'wrong store token'
+    expect_grep err.0 'node rank\(s\) 1 of 2'
+    [ ! -e ran.0 ] && [ ! -e ran.1 ] || fail "workers started"
+}
+
+t_store_connection_flood_mid_job() {
+    # 300 connections that never say HELLO, held open while a 2-node job ends: the store turns
+    # away those beyond its limit (with a log line) and the launchers, already connected, finish
+    local port; port=$(free_port)
+    local k
+    for k in 0 1; do
+        start_node $k - --nnodes=2 --node_rank=$k --master_addr=127.0.0.1 --master_port=$port \
+            --rdzv_token=flood --nproc_per_node=2 "$TW" touch up.$k.%l waitfile go exit 0
+    done
+    wait_until 30 all_exist up.0.0 up.0.1 up.1.0 up.1.1 || { dump_nodes err.0 err.1; fail "the workers did not start"; }
+    "$PY3" - "$port" >flood.out 2>&1 <<'EOF' &
+import os, socket, sys, time
+socks = []
+for i in range(300):
+    try:
+        socks.append(socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5))
+    except OSError as e:
+        print("connect %d: %s" % (i, e))
+print("flooding with %d connections" % len(socks), flush=True)
+end = time.time() + 60
+while not os.path.exists("released") and time.time() < end:
+    time.sleep(0.05)
+EOF
+    local fp=$!
+    MN_KILL+=("$fp")
+    wait_until 30 grep -q '^flooding' flood.out || { cat flood.out >&2; fail "the flood did not start"; }
+    touch go
+    wait_node 0 40; wait_node 1 40
+    touch released
+    wait $fp
+    cat flood.out
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses during the flood ($(dump_nodes err.0 err.1 2>&1 | tail -n 20))"
+    expect_grep err.0 'too many connections'
+}
