@@ -689,6 +689,8 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             break;
         }
         resolve_exec(plan->workers[k].argv[0], exe, sizeof exe);
+        /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
+        p->out->t_start = now_real();
         pid = fork();
         if (pid == 0)
             child_exec(exe, plan->workers[k].argv, envp, pipes[k][0][1], pipes[k][1][1],
@@ -703,7 +705,6 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         p->running = 1;
         p->out->pid = pid;
         p->out->state = MGPU_W_RUNNING;
-        p->out->t_start = now_real();
         s->running++;
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
