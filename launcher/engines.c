@@ -174,9 +174,15 @@ static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
                                 size);
         note(cli, "master_addr=%s (every rank on this host)", cli->master_addr);
     }
-    if (!mgpu_cli_given(cli, "rdzv_id") && g("OMPI_MCA_orte_ess_jobid") != NULL) {
-        snprintf(cli->rdzv_id, sizeof cli->rdzv_id, "ompi-%s", g("OMPI_MCA_orte_ess_jobid"));
-        note(cli, "rdzv_id=%s (OMPI_MCA_orte_ess_jobid)", cli->rdzv_id);
+    /* The job's id: Open MPI 4 (PMIx) names it PMIX_NAMESPACE, older ones orte_ess_jobid. */
+    const char *job = g("PMIX_NAMESPACE") ? g("PMIX_NAMESPACE") : g("OMPI_MCA_orte_ess_jobid");
+    if (!mgpu_cli_given(cli, "rdzv_id") && job != NULL) {
+        snprintf(cli->rdzv_id, sizeof cli->rdzv_id, "ompi-%s", job);
+        for (char *c = cli->rdzv_id; *c; c++)
+            if (*c == '/')
+                *c = '_'; /* a run id names folders and store keys */
+        note(cli, "rdzv_id=%s (%s)", cli->rdzv_id,
+             g("PMIX_NAMESPACE") ? "PMIX_NAMESPACE" : "OMPI_MCA_orte_ess_jobid");
     }
     return 1;
 }

@@ -365,6 +365,16 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     history = cJSON_AddArrayToObject(root, "failed_attempts");
     for (int i = 0; i < res->nhistory; i++)
         cJSON_AddItemToArray(history, outcome_json(plan, &res->history[i]));
+    for (int i = 0; i < res->nremote_history; i++) {
+        const mgpu_rdzv_failure_t *f = &res->remote_history[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "node_rank", f->node_rank);
+        cJSON_AddStringToObject(o, "host", f->host);
+        cJSON_AddNumberToObject(o, "rank", f->rank);
+        cJSON_AddNumberToObject(o, "local_rank", f->local_rank);
+        cJSON_AddNumberToObject(o, "exit_code", f->exit_code);
+        cJSON_AddItemToArray(history, o);
+    }
 
     text = cJSON_Print(root);
     cJSON_Delete(root);

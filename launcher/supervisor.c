@@ -764,8 +764,15 @@ static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
         mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
         r->root = rf == NULL ? s->root : -1;
         r->remote = rf != NULL;
-        if (rf != NULL)
+        if (rf != NULL) {
+            mgpu_rdzv_failure_t *rh = realloc(r->remote_history,
+                                              (size_t)(r->nremote_history + 1) * sizeof *rh);
             r->remote_failure = *rf;
+            if (rh != NULL) {
+                r->remote_history = rh;
+                r->remote_history[r->nremote_history++] = *rf;
+            }
+        }
         r->root_attempt = s->attempt;
         if (h != NULL && r->root >= 0) {
             r->history = h;
@@ -1018,5 +1025,6 @@ void mgpu_run_result_free(mgpu_run_result_t *res)
         remove_tree(res->log_root);
     free(res->outcomes);
     free(res->history);
+    free(res->remote_history);
     memset(res, 0, sizeof *res);
 }

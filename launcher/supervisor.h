@@ -57,8 +57,10 @@ typedef struct mgpu_run_result {
     int rdzv_error;       /* the nodes lost each other (a launcher died, the store went away) */
     int nout;
     mgpu_outcome_t *outcomes; /* the last attempt's workers (nproc entries) */
-    mgpu_outcome_t *history; /* the root cause of every failed attempt, in order */
+    mgpu_outcome_t *history; /* the root cause of every failed attempt on this node, in order */
     int nhistory;
+    mgpu_rdzv_failure_t *remote_history; /* those that failed first on another node */
+    int nremote_history;
     char log_root[2048];  /* the run's log folder */
     int keep_logs;
     double t_start, t_end;
