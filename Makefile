@@ -54,7 +54,9 @@ HELPER_SRC   := $(wildcard tests/helper/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(1)))
 COMMON_OBJ   := $(call obj,$(COMMON_SRC))
-LAUNCHER_OBJ := $(call obj,$(LAUNCHER_SRC))
+# The launcher checks a train.cfg before it starts anything, with the worker's own parser
+# (plain C, no CUDA).
+LAUNCHER_OBJ := $(call obj,$(LAUNCHER_SRC) $(wildcard worker/cfg.c))
 WORKER_OBJ   := $(call obj,$(WORKER_SRC) $(CU_SRC))
 
 LAUNCH_BIN := $(BUILD)/bin/mgpu-launch

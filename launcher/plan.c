@@ -9,6 +9,8 @@
 #include <sys/stat.h>    /* stat */
 #include <unistd.h>      /* access */
 
+#include "cfg.h" /* mgpu_cfg_load: a train.cfg is checked before anything starts */
+
 static void set_var(mgpu_worker_plan_t *w, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -159,8 +161,22 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         if ((rc = check_file("python script", prog, err)) < 0)
             return rc;
     } else if (!cli->no_python && ends_with(prog, ".cfg")) {
-        if ((rc = check_file("training config", prog, err)) < 0)
+        mgpu_cfg_t *cfg = malloc(sizeof *cfg);
+        if ((rc = check_file("training config", prog, err)) < 0) {
+            free(cfg);
             return rc;
+        }
+        /* The worker's own parser, with the key=value overrides it will get: a bad cfg is one
+         * message and exit 2 here, not the same error from every rank after they started. */
+        rc = cfg == NULL ? mgpu_err_set(err, -ENOMEM, "out of memory")
+                         : mgpu_cfg_load(prog, cfg, err);
+        for (int i = 1; rc >= 0 && i < cli->prog_argc; i++)
+            rc = mgpu_cfg_override(cfg, cli->prog_argv[i], err);
+        if (rc >= 0)
+            rc = mgpu_cfg_check(cfg, err);
+        free(cfg);
+        if (rc < 0)
+            return err->code = MGPU_E_USAGE; /* the message names file:line already */
         if (access(in->worker_bin, X_OK) != 0)
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "'%s' needs mgpu-worker, but '%s' is missing (%s); build it with "

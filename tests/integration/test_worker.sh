@@ -1,0 +1,97 @@
+# test_worker.sh - mgpu-worker under mgpu-launch, as a user runs it: the main job, bad cfgs,
+# DataParallel, and a worker killed mid-run resuming from its checkpoint.
+
+final() { # final FILE KEY: a value of the metrics file's final object
+    python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    o = json.loads(l)
+    if o.get("final"): print(o[sys.argv[2]])' "$1" "$2"
+}
+
+t_main_job_trains_to_95_percent() {
+    local t0=$SECONDS
+    "$LAUNCH" --nproc_per_node=4 "$MGPU_ROOT/configs/train.cfg" metrics_file=m.jsonl >out 2>err ||
+        { cat err >&2; fail "train.cfg exited $?"; }
+    [ $((SECONDS - t0)) -lt 30 ] || fail "took $((SECONDS - t0)) s (target < 30 s)"
+    python3 -c "import sys; a = float('$(final m.jsonl eval_accuracy)'); sys.exit(a < 0.95)" ||
+        fail "held-out accuracy $(final m.jsonl eval_accuracy) < 0.95"
+    expect_eq "$(final m.jsonl world_size)" 4 "world size in the metrics"
+    expect_grep out '^\[rank0\]:epoch [0-9]+/4 step [0-9]+/[0-9]+ loss [0-9.]+ samples/s [0-9]+ eta'
+    expect_no_grep out '^\[rank[123]\]:epoch'
+}
+
+t_bad_cfg_exits_2_with_file_line() {
+    printf 'model = mlp\nhidden = 8\nlearning_rate = 0.1\n' >bad.cfg
+    # checked by the launcher before anything starts: one message, exit 2, no worker output
+    "$LAUNCH" --nproc_per_node=2 bad.cfg >out 2>err
+    expect_eq $? 2 "exit status"
+    expect_grep err "^mgpu-launch: error: bad.cfg:3: unknown key 'learning_rate'"
+    expect_eq "$(wc -l <err)" 1 "lines of error"
+    expect_eq "$(wc -c <out)" 0 "worker output"
+    printf 'optimizer = rmsprop\n' >bad2.cfg
+    "$LAUNCH" bad2.cfg >out 2>err
+    expect_eq $? 2 "exit status"
+    expect_grep err 'bad2.cfg:1.*rmsprop.*sgd, adamw'
+    "$LAUNCH" "$MGPU_ROOT/configs/train.cfg" epochs=x >out 2>err
+    expect_eq $? 2 "exit status of a bad override"
+    expect_grep err "override 'epochs=x'"
+    # the worker alone says the same (exit 2)
+    "$WORKER" bad.cfg >out 2>err
+    expect_eq $? 2 "mgpu-worker's exit status"
+    expect_grep err 'bad.cfg:3'
+}
+
+t_dp_mode_reports_each_device_share() {
+    sed 's/^mode.*//' "$MGPU_ROOT/configs/demo.cfg" >dp.cfg
+    printf 'mode = dp\ndp_devices = 4\n' >>dp.cfg
+    "$LAUNCH" dp.cfg >out 2>err || { cat err out >&2; fail "dp exited $?"; }
+    # the article's DataParallel: batch 30 scattered as 8/8/8/6 over 4 devices
+    expect_grep out 'In Model: input size \[8, 5\]'
+    expect_grep out 'In Model: input size \[6, 5\]'
+    expect_grep out '[Dd]evice 0'
+}
+
+# A worker killed with SIGKILL mid-run: the group restarts (--max_restarts), resumes from the
+# last checkpoint by itself, and ends with the same parameters (checkpoint bytes) and loss as
+# an uninterrupted run.
+t_killed_worker_resumes_from_checkpoint() {
+    cat >ck.cfg <<'EOF2'
+dataset = synthetic
+samples = 16000
+features = 16
+classes = 4
+data_seed = 3
+eval_fraction = 0.25
+model = mlp
+hidden = 256,256
+loss = cross_entropy
+optimizer = adamw
+lr = 0.003
+batch_size = 32
+epochs = 6
+shuffle = true
+seed = 5
+log_interval = 0
+checkpoint_interval = 50
+EOF2
+    sed 's/^checkpoint_interval.*/&\ncheckpoint = a.ck/' ck.cfg >a.cfg
+    sed 's/^checkpoint_interval.*/&\ncheckpoint = b.ck/' ck.cfg >b.cfg
+    "$LAUNCH" --nproc_per_node=2 a.cfg metrics_file=a.jsonl >out.a 2>err.a ||
+        { cat err.a >&2; fail "uninterrupted run exited $?"; }
+    local mark="ck-$$-$RANDOM"
+    MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=2 --max_restarts=1 --summary s.json b.cfg \
+        metrics_file=b.jsonl >out.b 2>err.b &
+    local lp=$! victim=""
+    wait_until 60 test -e b.ck || fail "no checkpoint written"
+    for p in $(procs_with_mark $mark 2>/dev/null); do
+        tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx 'RANK=1' &&
+            grep -q mgpu-worker /proc/$p/cmdline 2>/dev/null && victim=$p
+    done
+    [ -n "$victim" ] || fail "rank 1 not found (the run ended before the kill?)"
+    kill -9 "$victim"
+    wait $lp || { cat err.b >&2; fail "the restarted run exited $?"; }
+    python3 -c 'import json; s = json.load(open("s.json")); assert s["attempts"] == 2, s["attempts"]' ||
+        fail "expected 2 attempts"
+    expect_eq "$(final b.jsonl loss)" "$(final a.jsonl loss)" "final loss"
+    cmp a.ck b.ck || fail "the resumed run's parameters differ from the uninterrupted run's"
+}
