@@ -210,8 +210,7 @@ void mgpu_devices_describe(const mgpu_gpu_list_t *inst, const mgpu_visible_t *vi
     }
     for (int k = 0; k < vis->count && n < len; k++) {
         const mgpu_gpu_t *g = &inst->gpus[vis->physical[k]];
-        n += (size_t)snprintf(buf + n, len - n, "%sordinal %d = GPU %d (%s, %s%s)",
-                              k ? "; " : "", k, g->index, g->uuid, g->bus_id,
-                              g->simulated ? ", simulated" : "");
+        n += (size_t)snprintf(buf + n, len - n, "%sordinal %d = GPU %d (%s, %s%s)", k ? "; " : "",
+                              k, g->index, g->uuid, g->bus_id, g->simulated ? ", simulated" : "");
     }
 }

@@ -18,11 +18,11 @@
 #define MGPU_MAX_GPUS 64
 
 typedef struct mgpu_gpu {
-    int index;         /* physical index: position in PCI bus order, as nvidia-smi numbers it */
-    char uuid[80];     /* "GPU-xxxxxxxx-xxxx-..." */
-    char bus_id[32];   /* "0000:18:00.0" */
-    char name[96];     /* model, e.g. "NVIDIA H200" */
-    int simulated;     /* 1 when invented by MGPU_SIM_GPUS */
+    int index;       /* physical index: position in PCI bus order, as nvidia-smi numbers it */
+    char uuid[80];   /* "GPU-xxxxxxxx-xxxx-..." */
+    char bus_id[32]; /* "0000:18:00.0" */
+    char name[96];   /* model, e.g. "NVIDIA H200" */
+    int simulated;   /* 1 when invented by MGPU_SIM_GPUS */
 } mgpu_gpu_t;
 
 typedef struct mgpu_gpu_list {
@@ -50,7 +50,7 @@ int mgpu_devices_discover(mgpu_gpu_list_t *out, const char *sim, const char *pro
 void mgpu_devices_visible(const mgpu_gpu_list_t *installed, const char *cvd, mgpu_visible_t *out);
 
 /* "0 (GPU-19b5..., 0000:18:00.0)" style one-line list of the visible devices, for messages. */
-void mgpu_devices_describe(const mgpu_gpu_list_t *installed, const mgpu_visible_t *vis,
-                           char *buf, size_t len);
+void mgpu_devices_describe(const mgpu_gpu_list_t *installed, const mgpu_visible_t *vis, char *buf,
+                           size_t len);
 
 #endif

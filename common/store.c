@@ -30,7 +30,7 @@
 #define BACKOFF_MAX_S 1.0
 
 struct mgpu_store {
-    int fd; /* -1 after the connection broke: the next call reconnects */
+    int fd;           /* -1 after the connection broke: the next call reconnects */
     int no_reconnect; /* mgpu_store_set_reconnect(s, 0): a broken connection stays broken */
     char *host;
     int port;
@@ -440,8 +440,8 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
     for (int attempt = 0;; attempt++) {
         int sent = 0;
         if (s->fd < 0 && s->no_reconnect)
-            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection is lost",
-                                s->host, s->port);
+            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection is lost", s->host,
+                                s->port);
         if (s->fd < 0) {
             /* Reconnecting before anything was sent is always safe. */
             rc = reconnect(s, now_s() + s->io_timeout_s, err);

@@ -438,7 +438,7 @@ void mgpu_store_buf_raw(mgpu_store_buf_t *b, const void *p, size_t n)
 
 const char *mgpu_store_op_name(uint8_t op)
 {
-    static const char *names[] = {"?",    "HELLO", "SET",    "GET",      "ADD", "COMPARE_SET",
+    static const char *names[] = {"?",    "HELLO", "SET",    "GET",      "ADD",  "COMPARE_SET",
                                   "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING", "ON_CLOSE"};
     op &= (uint8_t)~MGPU_STORE_RESP;
     return op <= MGPU_STORE_OP_LAST ? names[op] : "?";

@@ -10,56 +10,95 @@
 #include <string.h> /* strcmp */
 
 typedef enum {
-    O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE,
-    O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_RDZV_TOKEN, O_MAX_RESTARTS, O_MONITOR,
-    O_START_METHOD, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_NO_PYTHON, O_MODULE,
-    O_RUN_PATH, O_USE_ENV, O_LEGACY, O_LOCAL_ADDR, O_PREFIX_TEMPLATE, O_NO_PREFIX, O_DRY_RUN,
-    O_GRACE, O_SUMMARY, O_SHARING, O_QUIET, O_VERBOSE, O_HELP, O_VERSION,
+    O_NPROC,
+    O_NNODES,
+    O_NODE_RANK,
+    O_MASTER_ADDR,
+    O_MASTER_PORT,
+    O_STANDALONE,
+    O_RDZV_BACKEND,
+    O_RDZV_ENDPOINT,
+    O_RDZV_ID,
+    O_RDZV_CONF,
+    O_RDZV_TOKEN,
+    O_MAX_RESTARTS,
+    O_MONITOR,
+    O_START_METHOD,
+    O_ROLE,
+    O_LOG_DIR,
+    O_REDIRECTS,
+    O_TEE,
+    O_FILTER,
+    O_NO_PYTHON,
+    O_MODULE,
+    O_RUN_PATH,
+    O_USE_ENV,
+    O_LEGACY,
+    O_LOCAL_ADDR,
+    O_PREFIX_TEMPLATE,
+    O_NO_PREFIX,
+    O_DRY_RUN,
+    O_GRACE,
+    O_SUMMARY,
+    O_SHARING,
+    O_QUIET,
+    O_VERBOSE,
+    O_HELP,
+    O_VERSION,
 } opt_id;
 
 typedef enum { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL } arg_kind;
 
 typedef struct opt {
-    const char *name;  /* underscore spelling; the dash spelling is accepted too */
-    char shortopt;     /* 0 when none */
+    const char *name; /* underscore spelling; the dash spelling is accepted too */
+    char shortopt;    /* 0 when none */
     arg_kind arg;
     opt_id id;
     const char *help;
 } opt_t;
 
 static const opt_t opts[] = {
-    {"nproc_per_node", 0, ARG_REQUIRED, O_NPROC, "N|gpu|cpu|auto  workers on this node (default 1)"},
+    {"nproc_per_node", 0, ARG_REQUIRED, O_NPROC,
+     "N|gpu|cpu|auto  workers on this node (default 1)"},
     {"nnodes", 0, ARG_REQUIRED, O_NNODES, "N|MIN:MAX  number of nodes (default 1)"},
     {"node_rank", 0, ARG_REQUIRED, O_NODE_RANK, "R  this node's rank (default 0)"},
     {"master_addr", 0, ARG_REQUIRED, O_MASTER_ADDR, "HOST  address of node 0 (default 127.0.0.1)"},
-    {"master_port", 0, ARG_REQUIRED, O_MASTER_PORT, "PORT  default: a free port on one node, else 29500"},
+    {"master_port", 0, ARG_REQUIRED, O_MASTER_PORT,
+     "PORT  default: a free port on one node, else 29500"},
     {"standalone", 0, ARG_NONE, O_STANDALONE, "single node, free port, random run id"},
     {"rdzv_backend", 0, ARG_REQUIRED, O_RDZV_BACKEND, "static|c10d (default static)"},
     {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
-    {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF, "k=v,...  join_timeout, last_call_timeout, is_host"},
+    {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF,
+     "k=v,...  join_timeout, last_call_timeout, is_host"},
     {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN, "SECRET  the store's token (several hosts)"},
-    {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS, "N  group restarts before failing (default 0)"},
+    {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS,
+     "N  group restarts before failing (default 0)"},
     {"monitor_interval", 0, ARG_REQUIRED, O_MONITOR, "SECONDS  accepted; mgpu does not poll"},
     {"start_method", 0, ARG_REQUIRED, O_START_METHOD, "spawn|fork|forkserver  accepted"},
     {"role", 0, ARG_REQUIRED, O_ROLE, "NAME  ROLE_NAME of the workers (default default)"},
     {"log_dir", 0, ARG_REQUIRED, O_LOG_DIR, "DIR  per-rank logs in torchrun's layout"},
-    {"redirects", 'r', ARG_REQUIRED, O_REDIRECTS, "0-3|R:V,...  streams to files only (1 out, 2 err, 3 both)"},
+    {"redirects", 'r', ARG_REQUIRED, O_REDIRECTS,
+     "0-3|R:V,...  streams to files only (1 out, 2 err, 3 both)"},
     {"tee", 't', ARG_REQUIRED, O_TEE, "0-3|R:V,...  streams to files and console"},
-    {"local_ranks_filter", 0, ARG_REQUIRED, O_FILTER, "R,R,...  console output of these local ranks only"},
+    {"local_ranks_filter", 0, ARG_REQUIRED, O_FILTER,
+     "R,R,...  console output of these local ranks only"},
     {"no_python", 0, ARG_NONE, O_NO_PYTHON, "execute the program directly"},
     {"module", 'm', ARG_NONE, O_MODULE, "run the program as python -m MODULE"},
     {"run_path", 0, ARG_NONE, O_RUN_PATH, "run the program with python whatever its name"},
     {"use_env", 0, ARG_NONE, O_USE_ENV, "accepted (the environment is always set)"},
-    {"legacy_local_rank", 0, ARG_NONE, O_LEGACY, "pass --local_rank=N first, as torch.distributed.launch"},
+    {"legacy_local_rank", 0, ARG_NONE, O_LEGACY,
+     "pass --local_rank=N first, as torch.distributed.launch"},
     {"local_addr", 0, ARG_REQUIRED, O_LOCAL_ADDR, "HOST  this node's address"},
-    {"log_line_prefix_template", 0, ARG_REQUIRED, O_PREFIX_TEMPLATE, "T  e.g. '[${role_name}${local_rank}]:'"},
+    {"log_line_prefix_template", 0, ARG_REQUIRED, O_PREFIX_TEMPLATE,
+     "T  e.g. '[${role_name}${local_rank}]:'"},
     {"no_prefix", 0, ARG_NONE, O_NO_PREFIX, "worker lines without a prefix"},
     {"dry_run", 0, ARG_OPTIONAL, O_DRY_RUN, "[=json]  print the plan, start nothing"},
     {"grace_period", 0, ARG_REQUIRED, O_GRACE, "SECONDS  SIGTERM to SIGKILL (default 30)"},
     {"shutdown_timeout", 0, ARG_REQUIRED, O_GRACE, "SECONDS  same as --grace_period"},
     {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
-    {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING, "more workers than GPUs: rank k on ordinal k mod n"},
+    {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
+     "more workers than GPUs: rank k on ordinal k mod n"},
     {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
@@ -76,8 +115,8 @@ static int parse_long(const char *what, const char *s, long min, long max, long 
     errno = 0;
     v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || errno != 0 || v < min || v > max)
-        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected an integer from %ld to %ld",
-                            what, s, min, max);
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected an integer from %ld to %ld", what,
+                            s, min, max);
     *out = v;
     return 0;
 }
@@ -91,8 +130,8 @@ static int parse_seconds(const char *what, const char *s, double min, double max
     errno = 0;
     v = strtod(s, &end);
     if (*s == '\0' || *end != '\0' || errno != 0 || !isfinite(v) || v < min || v > max)
-        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected seconds from %g to %g", what,
-                            s, min, max);
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected seconds from %g to %g", what, s,
+                            min, max);
     *out = v;
     return 0;
 }
@@ -122,8 +161,8 @@ int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err)
             r = r * 10 + (*p++ - '0');
             digits++;
         }
-        if (digits == 0 || *p != ':' || p[1] < '0' || p[1] > '3' ||
-            (p[2] != ',' && p[2] != '\0') || spec->nmap >= MGPU_MAX_LOCAL)
+        if (digits == 0 || *p != ':' || p[1] < '0' || p[1] > '3' || (p[2] != ',' && p[2] != '\0') ||
+            spec->nmap >= MGPU_MAX_LOCAL)
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "'%s': expected 0, 1, 2 or 3 (1 stdout, 2 stderr, 3 both) or a map "
                                 "of local rank to value like 0:1,1:2",
@@ -182,10 +221,11 @@ static int parse_nnodes(const char *what, const char *v, mgpu_cli_t *cli, mgpu_e
     if (parse_long(what, buf, 1, 100000, &lo, err) < 0 ||
         parse_long(what, colon + 1, 1, 100000, &hi, err) < 0)
         return mgpu_err_set(err, MGPU_E_USAGE,
-                            "%s='%s': expected N or MIN:MAX with 1 <= MIN <= MAX <= 100000", what, v);
+                            "%s='%s': expected N or MIN:MAX with 1 <= MIN <= MAX <= 100000", what,
+                            v);
     if (lo > hi)
-        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': MIN (%ld) is larger than MAX (%ld)",
-                            what, v, lo, hi);
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': MIN (%ld) is larger than MAX (%ld)", what,
+                            v, lo, hi);
     cli->nnodes_min = (int)lo;
     cli->nnodes_max = (int)hi;
     return 0;
@@ -204,8 +244,8 @@ static int parse_filter(const char *what, const char *v, mgpu_cli_t *cli, mgpu_e
         long r;
         if (parse_long(what, tok, 0, MGPU_MAX_LOCAL - 1, &r, err) < 0)
             return mgpu_err_set(err, MGPU_E_USAGE,
-                                "%s='%s': expected local ranks separated by commas, like 0,2",
-                                what, v);
+                                "%s='%s': expected local ranks separated by commas, like 0,2", what,
+                                v);
         if (cli->nfilter < MGPU_MAX_LOCAL)
             cli->filter[cli->nfilter++] = (int)r;
     }
@@ -323,7 +363,8 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
                                 what, v, MGPU_MAX_LOCAL);
         snprintf(cli->nproc, sizeof cli->nproc, "%ld", n);
         return 0;
-    case O_NNODES: return parse_nnodes(what, v, cli, err);
+    case O_NNODES:
+        return parse_nnodes(what, v, cli, err);
     case O_NODE_RANK:
         rc = parse_long(what, v, 0, 99999, &n, err);
         cli->node_rank = (int)n;
@@ -336,13 +377,17 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         rc = parse_long(what, v, 0, 65535, &n, err);
         cli->master_port = (int)n;
         return rc;
-    case O_STANDALONE: cli->standalone = 1; return 0;
+    case O_STANDALONE:
+        cli->standalone = 1;
+        return 0;
     case O_RDZV_BACKEND:
         if (strcmp(v, "static") != 0 && strcmp(v, "c10d") != 0)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected static or c10d", what, v);
         return copy_str(what, cli->rdzv_backend, sizeof cli->rdzv_backend, v, err);
-    case O_RDZV_ENDPOINT: return parse_endpoint(what, v, cli, err);
-    case O_RDZV_TOKEN: return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
+    case O_RDZV_ENDPOINT:
+        return parse_endpoint(what, v, cli, err);
+    case O_RDZV_TOKEN:
+        return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
     case O_RDZV_ID:
         if (*v == '\0' || strchr(v, '/') != NULL)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
@@ -356,7 +401,8 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         rc = parse_long(what, v, 0, 1000000, &n, err);
         cli->max_restarts = (int)n;
         return rc;
-    case O_MONITOR: return parse_seconds(what, v, 0.0, 3600.0, &cli->monitor_interval, err);
+    case O_MONITOR:
+        return parse_seconds(what, v, 0.0, 3600.0, &cli->monitor_interval, err);
     case O_START_METHOD:
         if (strcmp(v, "spawn") != 0 && strcmp(v, "fork") != 0 && strcmp(v, "forkserver") != 0)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected spawn, fork or forkserver",
@@ -379,16 +425,29 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
             return mgpu_err_set(err, rc, "%s=%s", what, msg);
         }
         return 0;
-    case O_FILTER: return parse_filter(what, v, cli, err);
-    case O_NO_PYTHON: cli->no_python = 1; return 0;
-    case O_MODULE: cli->module = 1; return 0;
-    case O_RUN_PATH: cli->run_path = 1; return 0;
-    case O_USE_ENV: return 0;
-    case O_LEGACY: cli->legacy_local_rank = 1; return 0;
-    case O_LOCAL_ADDR: return copy_str(what, cli->local_addr, sizeof cli->local_addr, v, err);
+    case O_FILTER:
+        return parse_filter(what, v, cli, err);
+    case O_NO_PYTHON:
+        cli->no_python = 1;
+        return 0;
+    case O_MODULE:
+        cli->module = 1;
+        return 0;
+    case O_RUN_PATH:
+        cli->run_path = 1;
+        return 0;
+    case O_USE_ENV:
+        return 0;
+    case O_LEGACY:
+        cli->legacy_local_rank = 1;
+        return 0;
+    case O_LOCAL_ADDR:
+        return copy_str(what, cli->local_addr, sizeof cli->local_addr, v, err);
     case O_PREFIX_TEMPLATE:
         return copy_str(what, cli->prefix_template, sizeof cli->prefix_template, v, err);
-    case O_NO_PREFIX: cli->no_prefix = 1; return 0;
+    case O_NO_PREFIX:
+        cli->no_prefix = 1;
+        return 0;
     case O_DRY_RUN:
         if (v == NULL || strcmp(v, "text") == 0 || (from_env && strcmp(v, "1") == 0))
             cli->dry_run = MGPU_DRY_TEXT;
@@ -399,16 +458,27 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         else
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected text or json", what, v);
         return 0;
-    case O_GRACE: return parse_seconds(what, v, 0.0, 86400.0, &cli->grace_period, err);
+    case O_GRACE:
+        return parse_seconds(what, v, 0.0, 86400.0, &cli->grace_period, err);
     case O_SUMMARY:
         if (*v == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a file name", what);
         return copy_str(what, cli->summary, sizeof cli->summary, v, err);
-    case O_SHARING: cli->allow_gpu_sharing = 1; return 0;
-    case O_QUIET: cli->quiet = 1; return 0;
-    case O_VERBOSE: cli->verbose = 1; return 0;
-    case O_HELP: cli->show_help = 1; return 0;
-    case O_VERSION: cli->show_version = 1; return 0;
+    case O_SHARING:
+        cli->allow_gpu_sharing = 1;
+        return 0;
+    case O_QUIET:
+        cli->quiet = 1;
+        return 0;
+    case O_VERBOSE:
+        cli->verbose = 1;
+        return 0;
+    case O_HELP:
+        cli->show_help = 1;
+        return 0;
+    case O_VERSION:
+        cli->show_version = 1;
+        return 0;
     }
     return 0;
 }
@@ -588,9 +658,10 @@ void mgpu_cli_usage(FILE *out)
             snprintf(left, sizeof left, "    --%s", opts[i].name);
         fprintf(out, "  %-32s %s\n", left, opts[i].help);
     }
-    fprintf(out, "\nexit status: 0 when every worker succeeded; else the first failing worker's\n"
-                 "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
-                 "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
-                 "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
-                 "N GPUs on a machine without any.\n");
+    fprintf(out,
+            "\nexit status: 0 when every worker succeeded; else the first failing worker's\n"
+            "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
+            "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
+            "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
+            "N GPUs on a machine without any.\n");
 }

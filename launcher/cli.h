@@ -14,8 +14,8 @@
 /* torchrun's -r/-t value: one value for every local rank, or a map "0:1,1:2". Bit 1 is
  * stdout, bit 2 is stderr. */
 typedef struct mgpu_std_spec {
-    int all;                /* value for ranks absent from the map */
-    int nmap;               /* entries in the map */
+    int all;  /* value for ranks absent from the map */
+    int nmap; /* entries in the map */
     int rank[MGPU_MAX_LOCAL];
     int value[MGPU_MAX_LOCAL];
 } mgpu_std_spec_t;
@@ -45,7 +45,7 @@ typedef struct mgpu_cli {
     char role[64];
     char log_dir[1024]; /* "" : not given */
     mgpu_std_spec_t redirects, tee;
-    int nfilter;        /* --local_ranks_filter entries; 0 = every rank */
+    int nfilter; /* --local_ranks_filter entries; 0 = every rank */
     int filter[MGPU_MAX_LOCAL];
     int no_python, module, run_path;
     int legacy_local_rank;

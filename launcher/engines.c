@@ -117,7 +117,8 @@ static void note(mgpu_cli_t *cli, const char *fmt, ...)
 
 static int apply_slurm(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
 {
-    const char *list = g("SLURM_STEP_NODELIST") ? g("SLURM_STEP_NODELIST") : g("SLURM_JOB_NODELIST");
+    const char *list =
+        g("SLURM_STEP_NODELIST") ? g("SLURM_STEP_NODELIST") : g("SLURM_JOB_NODELIST");
     int nnodes = 0, node = 0;
 
     if (!env_int(g, "SLURM_STEP_NUM_NODES", &nnodes) && !env_int(g, "SLURM_NNODES", &nnodes))

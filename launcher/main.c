@@ -2,13 +2,11 @@
 #include <errno.h>        /* errno */
 #include <fcntl.h>        /* open */
 #include <libgen.h>       /* dirname */
-#include <netinet/in.h>   /* sockaddr_in */
 #include <stdio.h>        /* printf */
 #include <stdlib.h>       /* getenv */
 #include <string.h>       /* strcmp */
 #include <sys/random.h>   /* getrandom */
 #include <sys/resource.h> /* setrlimit */
-#include <sys/socket.h>   /* socket */
 #include <unistd.h>       /* sysconf */
 
 #include "cli.h"        /* mgpu_cli_parse */
@@ -17,6 +15,7 @@
 #include "plan.h"       /* mgpu_plan_build */
 #include "rdzv.h"       /* mgpu_rdzv_join */
 #include "report.h"     /* mgpu_report_print */
+#include "sock.h"       /* mgpu_sock_free_port */
 #include "supervisor.h" /* mgpu_sup_run */
 
 static const char *env_lookup(const char *name)
@@ -33,23 +32,6 @@ static void ensure_std_fds(void)
             open("/dev/null", O_RDWR);
 }
 
-/* A port nobody listens on now, for MASTER_PORT on a single node. The workers' rank 0 binds
- * it moments later (PyTorch's TCPStore sets SO_REUSEADDR). */
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-
-    if (fd < 0)
-        return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 static void random_run_id(char *buf, size_t len)
 {
     unsigned char b[16] = {0};
@@ -58,15 +40,9 @@ static void random_run_id(char *buf, size_t len)
             b[i] = (unsigned char)(rand() ^ getpid());
     b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
     b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-             b[13], b[14], b[15]);
-}
-
-static int is_loopback(const char *host)
-{
-    return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
-           strcmp(host, "::1") == 0;
+    snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
 }
 
 /* Where the launchers meet, and whether this one serves the store there. */
@@ -109,8 +85,9 @@ static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const c
          * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
          * another launcher here serves already with EADDRINUSE; main then joins as a client. */
         ro->serve = cli->is_host >= 0 ? cli->is_host : 1;
-        ro->master_addr = is_loopback(eh) ? "127.0.0.1" : ro->hostname;
-        ro->bind_host = is_loopback(eh) ? "127.0.0.1" : (cli->is_host == 1 ? "0.0.0.0" : eh);
+        ro->master_addr = mgpu_sock_is_loopback(eh) ? "127.0.0.1" : ro->hostname;
+        ro->bind_host =
+            mgpu_sock_is_loopback(eh) ? "127.0.0.1" : (cli->is_host == 1 ? "0.0.0.0" : eh);
         return;
     } else {
         ro->store_host = cli->master_addr;
@@ -118,7 +95,7 @@ static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const c
         ro->serve = cli->node_rank == 0;
         ro->master_addr = cli->master_addr;
     }
-    ro->bind_host = is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
+    ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
 }
 
 static void raise_fd_limit(void)
@@ -185,7 +162,9 @@ int main(int argc, char **argv)
     in.cvd = getenv("CUDA_VISIBLE_DEVICES");
     in.sim_gpus = getenv("MGPU_SIM_GPUS");
     in.cpu_count = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    in.free_port = (cli->master_port < 0 || cli->standalone) && cli->nnodes_max == 1 ? free_port() : -1;
+    in.free_port = (cli->master_port < 0 || cli->standalone) && cli->nnodes_max == 1
+                       ? mgpu_sock_free_port()
+                       : -1;
     in.worker_bin = worker_bin;
     in.python = getenv("PYTHON_EXEC") && *getenv("PYTHON_EXEC") ? getenv("PYTHON_EXEC") : "python3";
     in.omp_threads = getenv("OMP_NUM_THREADS");
@@ -237,9 +216,8 @@ int main(int argc, char **argv)
     mgpu_plan_set_world(&plan, &world);
     if (cli->nnodes_max > 1)
         mgpu_info("node %d of %d: global ranks %d..%d of %d; MASTER_ADDR=%s MASTER_PORT=%d",
-                  world.node_rank, world.nnodes, world.base_rank,
-                  world.base_rank + plan.nproc - 1, world.world_size, world.master_addr,
-                  world.master_port);
+                  world.node_rank, world.nnodes, world.base_rank, world.base_rank + plan.nproc - 1,
+                  world.world_size, world.master_addr, world.master_port);
     fflush(stdout);
     fflush(stderr);
 

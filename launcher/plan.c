@@ -2,7 +2,7 @@
 #include "plan.h"
 
 #include <cjson/cJSON.h> /* --dry-run=json */
-#include <stdarg.h>       /* va_list */
+#include <stdarg.h>      /* va_list */
 #include <errno.h>       /* errno */
 #include <stdlib.h>      /* calloc */
 #include <string.h>      /* strcmp */
@@ -85,15 +85,16 @@ static int resolve_nproc(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_pl
 {
     if (strcmp(cli->nproc, "gpu") == 0) {
         if (plan->vis.count == 0)
-            return mgpu_err_set(err, MGPU_E_USAGE,
-                                "--nproc_per_node=gpu: no GPU is visible (%d installed%s%s%s)",
-                                plan->gpus.count, plan->vis.cvd_set ? ", CUDA_VISIBLE_DEVICES='" : "",
-                                plan->vis.cvd_set ? plan->vis.cvd : "", plan->vis.cvd_set ? "'" : "");
+            return mgpu_err_set(
+                err, MGPU_E_USAGE, "--nproc_per_node=gpu: no GPU is visible (%d installed%s%s%s)",
+                plan->gpus.count, plan->vis.cvd_set ? ", CUDA_VISIBLE_DEVICES='" : "",
+                plan->vis.cvd_set ? plan->vis.cvd : "", plan->vis.cvd_set ? "'" : "");
         plan->nproc = plan->vis.count;
     } else if (strcmp(cli->nproc, "cpu") == 0) {
         plan->nproc = in->cpu_count > 0 ? in->cpu_count : 1;
     } else if (strcmp(cli->nproc, "auto") == 0) {
-        plan->nproc = plan->vis.count > 0 ? plan->vis.count : (in->cpu_count > 0 ? in->cpu_count : 1);
+        plan->nproc =
+            plan->vis.count > 0 ? plan->vis.count : (in->cpu_count > 0 ? in->cpu_count : 1);
     } else {
         plan->nproc = atoi(cli->nproc);
     }
@@ -308,7 +309,8 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     plan->max_restarts = cli->max_restarts;
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->master_addr);
     snprintf(plan->role, sizeof plan->role, "%s", cli->role);
-    snprintf(plan->hostname, sizeof plan->hostname, "%s", in->hostname ? in->hostname : "localhost");
+    snprintf(plan->hostname, sizeof plan->hostname, "%s",
+             in->hostname ? in->hostname : "localhost");
     snprintf(plan->run_id, sizeof plan->run_id, "%s",
              cli->standalone && in->run_id ? in->run_id : cli->rdzv_id);
     if (cli->master_port >= 0 && !cli->standalone) {
@@ -324,7 +326,8 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     snprintf(plan->derived, sizeof plan->derived, "%s", cli->derived);
     snprintf(plan->omp_threads, sizeof plan->omp_threads, "%s",
              in->omp_threads ? in->omp_threads : (plan->nproc > 1 ? "1" : ""));
-    snprintf(plan->nccl_async, sizeof plan->nccl_async, "%s", in->nccl_async ? in->nccl_async : "1");
+    snprintf(plan->nccl_async, sizeof plan->nccl_async, "%s",
+             in->nccl_async ? in->nccl_async : "1");
 
     plan->workers = calloc((size_t)plan->nproc, sizeof *plan->workers);
     if (plan->workers == NULL)
@@ -389,8 +392,7 @@ char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attemp
     return out;
 }
 
-static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, char *buf,
-                        size_t len)
+static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, char *buf, size_t len)
 {
     if (w->physical < 0) {
         snprintf(buf, len, "CPU");
@@ -412,14 +414,16 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
             plan->node_rank, plan->nnodes, plan->nproc, plan->world_size);
     fprintf(out, "  GPUs installed: %d%s\n", plan->gpus.count,
             plan->gpus.simulated ? " (simulated: MGPU_SIM_GPUS)" : "");
-    fprintf(out, "  CUDA_VISIBLE_DEVICES: %s%s%s -> %d visible: %s\n",
-            plan->vis.cvd_set ? "'" : "", plan->vis.cvd_set ? plan->vis.cvd : "unset (all)",
-            plan->vis.cvd_set ? "'" : "", plan->vis.count, list);
+    fprintf(out, "  CUDA_VISIBLE_DEVICES: %s%s%s -> %d visible: %s\n", plan->vis.cvd_set ? "'" : "",
+            plan->vis.cvd_set ? plan->vis.cvd : "unset (all)", plan->vis.cvd_set ? "'" : "",
+            plan->vis.count, list);
     if (plan->cpu_reason[0])
         fprintf(out, "  workers run on the CPU: %s\n", plan->cpu_reason);
     if (plan->sharing)
-        fprintf(out, "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
-                plan->nproc, plan->vis.count, plan->vis.count);
+        fprintf(
+            out,
+            "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
+            plan->nproc, plan->vis.count, plan->vis.count);
     if (plan->derived[0])
         fprintf(out, "  from the environment: %s\n", plan->derived);
     if (plan->nnodes > 1)

@@ -29,8 +29,8 @@ typedef struct mgpu_plan_input {
     const char *omp_threads; /* OMP_NUM_THREADS, NULL when unset */
     const char *nccl_async;  /* TORCH_NCCL_ASYNC_ERROR_HANDLING, NULL when unset */
     const char *hostname;
-    const char *run_id;      /* used with --standalone (a fresh random id) */
-    const char *path_env;    /* PATH, to check that the program exists */
+    const char *run_id;   /* used with --standalone (a fresh random id) */
+    const char *path_env; /* PATH, to check that the program exists */
 } mgpu_plan_input_t;
 
 typedef struct mgpu_kv {
@@ -48,15 +48,15 @@ typedef struct mgpu_worker_plan {
 } mgpu_worker_plan_t;
 
 typedef struct mgpu_plan {
-    int nproc;       /* local workers */
-    int nnodes;      /* nodes (the static rendezvous takes the maximum) */
+    int nproc;  /* local workers */
+    int nnodes; /* nodes (the static rendezvous takes the maximum) */
     int node_rank;
     int world_size;
-    int base_rank;   /* global rank of local rank 0 */
+    int base_rank; /* global rank of local rank 0 */
     int master_port;
     int port_is_free_pick; /* 1 when the launcher chose it */
-    int omp_warning; /* print torchrun's OMP_NUM_THREADS banner */
-    int sharing;     /* --allow_gpu_sharing took effect */
+    int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */
+    int sharing;           /* --allow_gpu_sharing took effect */
     int max_restarts;
     char master_addr[256];
     char run_id[128];

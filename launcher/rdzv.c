@@ -2,16 +2,15 @@
  * races between rounds: a restarted group uses fresh keys under attempt/<n+1>/. */
 #include "rdzv.h"
 
-#include <errno.h>        /* ENOMEM */
-#include <pthread.h>      /* pthread_mutex_t */
-#include <netinet/in.h>   /* sockaddr_in */
-#include <stdio.h>        /* snprintf */
-#include <stdlib.h>       /* calloc */
-#include <string.h>       /* strcmp */
-#include <sys/random.h>   /* getrandom */
-#include <sys/socket.h>   /* socket */
-#include <unistd.h>       /* close */
+#include <errno.h>      /* ENOMEM */
+#include <pthread.h>    /* pthread_mutex_t */
+#include <stdio.h>      /* snprintf */
+#include <stdlib.h>     /* calloc */
+#include <string.h>     /* strcmp */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* close */
 
+#include "sock.h"         /* mgpu_sock_free_port */
 #include "log.h"          /* mgpu_info */
 #include "store.h"        /* the blocking client */
 #include "store_thread.h" /* the server, when this node serves it */
@@ -24,17 +23,11 @@ struct mgpu_rdzv {
     pthread_mutex_t lock;        /* report and end may run on two pool threads at once */
     mgpu_store_t *watch;         /* blocked in mgpu_rdzv_wait_failure */
     int nnodes, node_rank;
-    int joined;                  /* every node met: leaving is agreed too (mgpu_rdzv_close) */
-    char host[256];              /* this node's name, for the others' reports */
-    volatile int lost;           /* the store went away: no call may wait on it again */
-    char where[300];             /* "host:port" for messages */
+    int joined;        /* every node met: leaving is agreed too (mgpu_rdzv_close) */
+    char host[256];    /* this node's name, for the others' reports */
+    volatile int lost; /* the store went away: no call may wait on it again */
+    char where[300];   /* "host:port" for messages */
 };
-
-static int is_loopback(const char *host)
-{
-    return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
-           strcmp(host, "::1") == 0;
-}
 
 static void random_hex(char *buf, size_t len)
 {
@@ -44,20 +37,6 @@ static void random_hex(char *buf, size_t len)
             b[i] = (unsigned char)(rand() ^ getpid());
     for (size_t i = 0; i < sizeof b && 2 * i + 2 < len; i++)
         snprintf(buf + 2 * i, 3, "%02x", b[i]);
-}
-
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-    if (fd < 0)
-        return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 /* "1, 3 and 4" of the nodes whose key is missing now. */
@@ -114,8 +93,8 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
             return 0;
         snprintf(key, sizeof key, "ack/%d", r->node_rank);
         mgpu_store_set(r->client, key, "1", 1, NULL);
-        return mgpu_err_set(err, MGPU_E_TIMEOUT, "rendezvous '%s' at %s: %s", o->run_id,
-                            r->where, verdict);
+        return mgpu_err_set(err, MGPU_E_TIMEOUT, "rendezvous '%s' at %s: %s", o->run_id, r->where,
+                            verdict);
     }
     keys = calloc((size_t)r->nnodes, sizeof *keys);
     if (keys == NULL)
@@ -237,7 +216,8 @@ static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *m
         if ((rc = mgpu_store_set(r->client, "closed", closed, strlen(closed), err)) < 0)
             return rc;
     }
-    rc = mgpu_store_get(r->client, "closed", o->join_timeout + o->last_call_timeout, &val, &len, err);
+    rc = mgpu_store_get(r->client, "closed", o->join_timeout + o->last_call_timeout, &val, &len,
+                        err);
     if (rc < 0)
         return rc;
     snprintf(closed, sizeof closed, "%.*s", (int)(len < 31 ? len : 31), (char *)val);
@@ -270,7 +250,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
         snprintf(token, sizeof token, "%s", o->token);
     else if (o->nnodes_max == 1)
         random_hex(token, sizeof token); /* handed to the local workers only */
-    else if (!is_loopback(o->store_host))
+    else if (!mgpu_sock_is_loopback(o->store_host))
         return free(r), mgpu_err_set(err, MGPU_E_USAGE,
                                      "several nodes meet through a store open to the network at "
                                      "%s:%d: give every node the same secret with --rdzv_token "
@@ -278,8 +258,8 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
                                      o->store_host, o->store_port);
 
     if (o->serve) {
-        mgpu_store_server_opts_t so = {.bind_host = o->bind_host, .port = port, .token = token,
-                                       .max_conns = o->max_conns};
+        mgpu_store_server_opts_t so = {
+            .bind_host = o->bind_host, .port = port, .token = token, .max_conns = o->max_conns};
         rc = mgpu_store_thread_start(&so, &r->server, &port, err);
         if (rc < 0) {
             free(r);
@@ -324,7 +304,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
      * hosts its own store (TORCHELASTIC_USE_AGENT_STORE=False). */
     if (r->node_rank == 0) {
         char master[400];
-        int mport = o->master_port > 0 ? o->master_port : free_port();
+        int mport = o->master_port > 0 ? o->master_port : mgpu_sock_free_port();
         snprintf(master, sizeof master, "%d %s", mport, o->master_addr);
         if ((rc = mgpu_store_set(r->client, "master", master, strlen(master), err)) < 0)
             goto fail;
@@ -366,8 +346,8 @@ static int failure_parse(const char *v, size_t len, mgpu_rdzv_failure_t *f)
     char buf[400];
     snprintf(buf, sizeof buf, "%.*s", (int)(len < 399 ? len : 399), v);
     memset(f, 0, sizeof *f);
-    return sscanf(buf, "%d %d %d %d %255s", &f->node_rank, &f->rank, &f->local_rank,
-                  &f->exit_code, f->host) == 5
+    return sscanf(buf, "%d %d %d %d %255s", &f->node_rank, &f->rank, &f->local_rank, &f->exit_code,
+                  f->host) == 5
                ? 0
                : MGPU_E_PROTOCOL;
 }
@@ -501,8 +481,8 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
     return rc;
 }
 
-int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f,
-                             int *first, mgpu_err_t *err)
+int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
+                             mgpu_err_t *err)
 {
     if (r->lost)
         return mgpu_err_set(err, MGPU_E_PEER, "the store at %s is gone", r->where);

@@ -29,10 +29,10 @@
 typedef struct mgpu_rdzv mgpu_rdzv_t;
 
 typedef struct mgpu_rdzv_opts {
-    const char *run_id;       /* --rdzv_id */
+    const char *run_id; /* --rdzv_id */
     int nnodes_min, nnodes_max;
-    int node_rank;            /* static mode: --node_rank; ignored in elastic mode */
-    int nproc;                /* this node's workers */
+    int node_rank; /* static mode: --node_rank; ignored in elastic mode */
+    int nproc;     /* this node's workers */
     const char *hostname;
     const char *store_host;   /* where the store is: --master_addr (static) or the endpoint */
     int store_port;           /* 0 on one node: any free port */
@@ -49,13 +49,13 @@ typedef struct mgpu_rdzv_opts {
 
 typedef struct mgpu_rdzv_world {
     int nnodes, node_rank;
-    int base_rank;            /* global rank of this node's local rank 0 */
+    int base_rank; /* global rank of this node's local rank 0 */
     int world_size;
-    char master_addr[256];    /* MASTER_ADDR for workers */
-    int master_port;          /* a free port on the node of global rank 0, agreed via the store */
-    char store_addr[256];     /* MGPU_STORE_ADDR for workers of this node */
-    int store_port;           /* MGPU_STORE_PORT */
-    char token[80];           /* MGPU_STORE_TOKEN */
+    char master_addr[256]; /* MASTER_ADDR for workers */
+    int master_port;       /* a free port on the node of global rank 0, agreed via the store */
+    char store_addr[256];  /* MGPU_STORE_ADDR for workers of this node */
+    int store_port;        /* MGPU_STORE_PORT */
+    char token[80];        /* MGPU_STORE_TOKEN */
 } mgpu_rdzv_world_t;
 
 /* Serves the store if asked, connects, announces this node, waits for the others. A node
@@ -71,8 +71,8 @@ typedef struct mgpu_rdzv_failure {
 
 /* Records a failure of attempt n; the first one recorded by any node wins. *first = 1 when
  * this call's failure is that first one. */
-int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f,
-                             int *first, mgpu_err_t *err);
+int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
+                             mgpu_err_t *err);
 /* Blocks until some node records a failure of attempt n (returns 0 with *f filled), or until
  * this node ends the attempt (mgpu_rdzv_end_attempt, from another thread: returns
  * MGPU_E_CLOSED). Uses a connection of its own. */

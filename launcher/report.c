@@ -80,11 +80,16 @@ static void fmt_time(double t, char *buf, size_t len)
 static const char *state_name(mgpu_wstate_t s)
 {
     switch (s) {
-    case MGPU_W_NEW: return "not started";
-    case MGPU_W_RUNNING: return "running";
-    case MGPU_W_SUCCEEDED: return "succeeded";
-    case MGPU_W_FAILED: return "failed";
-    case MGPU_W_STOPPED: return "stopped";
+    case MGPU_W_NEW:
+        return "not started";
+    case MGPU_W_RUNNING:
+        return "running";
+    case MGPU_W_SUCCEEDED:
+        return "succeeded";
+    case MGPU_W_FAILED:
+        return "failed";
+    case MGPU_W_STOPPED:
+        return "stopped";
     }
     return "?";
 }
@@ -123,7 +128,8 @@ static void print_failure(const mgpu_plan_t *plan, const mgpu_outcome_t *o, int 
         fprintf(out, "  traceback : Signal %d (SIG%s) received by PID %d\n", o->signal,
                 sigabbrev_np(o->signal), (int)o->pid);
     } else {
-        fprintf(out, "  traceback : none (a Python worker wrapped in torch's @record writes one)\n");
+        fprintf(out,
+                "  traceback : none (a Python worker wrapped in torch's @record writes one)\n");
     }
     if (o->ntail > 0) {
         fprintf(out, "  last stderr lines:\n");
@@ -396,8 +402,7 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     }
     close(fd);
     if (rename(tmp, path) != 0) {
-        rc = mgpu_err_set(err, -errno, "--summary: rename(%s, %s): %s", tmp, path,
-                          strerror(errno));
+        rc = mgpu_err_set(err, -errno, "--summary: rename(%s, %s): %s", tmp, path, strerror(errno));
         unlink(tmp);
     }
 out:

@@ -86,7 +86,7 @@ struct conn {
     int counted;          /* counts towards max_conns (refused connections do not) */
     uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
     waiter_t *waiters;
-    uint8_t *on_close;    /* ON_CLOSE's encoded key/value list, set when this one closes */
+    uint8_t *on_close; /* ON_CLOSE's encoded key/value list, set when this one closes */
     uint32_t on_close_len, on_close_n;
     char peer[64];
 };

@@ -8,20 +8,20 @@
  * once, with its errno, and is never signalled as if it were running. */
 #include "supervisor.h"
 
-#include <dirent.h>     /* opendir */
-#include <errno.h>      /* errno */
-#include <fcntl.h>      /* open, O_CLOEXEC */
-#include <poll.h>       /* poll */
-#include <signal.h>     /* kill, sigprocmask */
-#include <stdio.h>      /* snprintf */
-#include <stdlib.h>     /* calloc, mkdtemp */
-#include <string.h>     /* strerror */
-#include <sys/prctl.h>  /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
-#include <sys/stat.h>   /* mkdir */
-#include <sys/wait.h>   /* waitpid */
-#include <time.h>       /* clock_gettime */
-#include <unistd.h>     /* fork, execve */
-#include <uv.h>         /* the event loop */
+#include <dirent.h>    /* opendir */
+#include <errno.h>     /* errno */
+#include <fcntl.h>     /* open, O_CLOEXEC */
+#include <poll.h>      /* poll */
+#include <signal.h>    /* kill, sigprocmask */
+#include <stdio.h>     /* snprintf */
+#include <stdlib.h>    /* calloc, mkdtemp */
+#include <string.h>    /* strerror */
+#include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
+#include <sys/stat.h>  /* mkdir */
+#include <sys/wait.h>  /* waitpid */
+#include <time.h>      /* clock_gettime */
+#include <unistd.h>    /* fork, execve */
+#include <uv.h>        /* the event loop */
 
 #include "log.h"    /* mgpu_warn */
 #include "output.h" /* mgpu_linebuf_t */
@@ -63,13 +63,13 @@ typedef struct sup {
     proc_t *procs;
     int nproc;
     int attempt;
-    int running;       /* workers of this attempt still alive */
-    int open_streams;  /* stream handles not yet closed */
-    int stopping;      /* the launcher has started stopping this attempt */
-    int killed;        /* SIGKILL sent to everything left */
-    int swept;         /* leftovers of exited workers were signalled */
-    int user_signal;   /* a terminating signal the launcher received */
-    int root;          /* first failure of this attempt, -1 */
+    int running;      /* workers of this attempt still alive */
+    int open_streams; /* stream handles not yet closed */
+    int stopping;     /* the launcher has started stopping this attempt */
+    int killed;       /* SIGKILL sent to everything left */
+    int swept;        /* leftovers of exited workers were signalled */
+    int user_signal;  /* a terminating signal the launcher received */
+    int root;         /* first failure of this attempt, -1 */
     int finished;
     int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
     pid_t keeper;        /* the keeper process (see keeper_start), -1 when none */
@@ -412,8 +412,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         stop_group(s, SIGTERM);
         report_failure(s, o->rank, p->k, o->exit_code);
         if (o->exec_errno)
-            mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k,
-                       o->rank, o->exec_reason, o->exit_code);
+            mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k, o->rank,
+                       o->exec_reason, o->exit_code);
         else
             mgpu_info("local rank %d (rank %d, pid %d) failed with exit code %d; stopping the "
                       "others",
@@ -423,8 +423,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         /* Every worker exited: stop what they left behind, SIGKILL after the grace period. */
         if (!s->swept && sweep_leftovers(s, SIGTERM) > 0 && !s->stopping) {
             s->stopping = 1;
-            uv_timer_start(&s->grace_timer, on_grace_timer,
-                           (uint64_t)(s->cli->grace_period * 1000), 0);
+            uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000),
+                           0);
         }
         s->swept = 1;
         /* Nothing is left to read when no process holds the pipes any more. */
@@ -765,8 +765,8 @@ static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
         r->root = rf == NULL ? s->root : -1;
         r->remote = rf != NULL;
         if (rf != NULL) {
-            mgpu_rdzv_failure_t *rh = realloc(r->remote_history,
-                                              (size_t)(r->nremote_history + 1) * sizeof *rh);
+            mgpu_rdzv_failure_t *rh =
+                realloc(r->remote_history, (size_t)(r->nremote_history + 1) * sizeof *rh);
             r->remote_failure = *rf;
             if (rh != NULL) {
                 r->remote_history = rh;
@@ -790,8 +790,8 @@ static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
             else
                 mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, "
                           "%d restart%s left after it",
-                          r->outcomes[s->root].rank, r->outcomes[s->root].exit_code,
-                          s->attempt + 1, left - 1, left - 1 == 1 ? "" : "s");
+                          r->outcomes[s->root].rank, r->outcomes[s->root].exit_code, s->attempt + 1,
+                          left - 1, left - 1 == 1 ? "" : "s");
             s->attempt++;
             if (start_attempt(s, &err) == 0)
                 return;
@@ -816,13 +816,15 @@ static void rwork_run(uv_work_t *req)
     rwork_t *w = req->data;
     sup_t *s = w->s;
     switch (w->kind) {
-    case RW_WATCH: w->rc = mgpu_rdzv_wait_failure(s->rdzv, w->attempt, &w->f, &w->err); break;
+    case RW_WATCH:
+        w->rc = mgpu_rdzv_wait_failure(s->rdzv, w->attempt, &w->f, &w->err);
+        break;
     case RW_REPORT:
         w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
         break;
     case RW_END:
-        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->cli->grace_period + 30.0,
-                                      &w->failed, &w->f, &w->err);
+        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->cli->grace_period + 30.0, &w->failed,
+                                      &w->f, &w->err);
         break;
     }
 }
@@ -888,8 +890,8 @@ static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f)
 
 static void report_failure(sup_t *s, int rank, int local_rank, int code)
 {
-    mgpu_rdzv_failure_t f = {.node_rank = s->plan->node_rank, .rank = rank,
-                             .local_rank = local_rank, .exit_code = code};
+    mgpu_rdzv_failure_t f = {
+        .node_rank = s->plan->node_rank, .rank = rank, .local_rank = local_rank, .exit_code = code};
     if (!s->multi)
         return;
     snprintf(f.host, sizeof f.host, "%s", s->plan->hostname);
@@ -901,8 +903,7 @@ static void maybe_finish(sup_t *s)
 {
     pid_t kids[4];
 
-    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0 ||
-        s->reports_pending > 0)
+    if (s->finished || s->ending || s->running > 0 || s->open_streams > 0 || s->reports_pending > 0)
         return;
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
@@ -964,8 +965,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rd
         }
     } else {
         const char *tmp = getenv("TMPDIR");
-        snprintf(res->log_root, sizeof res->log_root, "%s/mgpu_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp",
-                 plan->run_id);
+        snprintf(res->log_root, sizeof res->log_root, "%s/mgpu_%s_XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp", plan->run_id);
         if (mkdtemp(res->log_root) == NULL) {
             rc = mgpu_err_set(err, -errno, "mkdtemp(%s): %s", res->log_root, strerror(errno));
             goto out;

@@ -20,11 +20,11 @@
 #define MGPU_TAIL_LINES 8
 
 typedef enum {
-    MGPU_W_NEW = 0,     /* not started in this attempt */
+    MGPU_W_NEW = 0, /* not started in this attempt */
     MGPU_W_RUNNING,
-    MGPU_W_SUCCEEDED,   /* exited 0 */
-    MGPU_W_FAILED,      /* died by itself: exit code != 0, a signal it was not sent, no exec */
-    MGPU_W_STOPPED,     /* ended after the launcher signalled it */
+    MGPU_W_SUCCEEDED, /* exited 0 */
+    MGPU_W_FAILED,    /* died by itself: exit code != 0, a signal it was not sent, no exec */
+    MGPU_W_STOPPED,   /* ended after the launcher signalled it */
 } mgpu_wstate_t;
 
 /* How one worker ended in one attempt (what the report and the summary show). */
@@ -32,12 +32,12 @@ typedef struct mgpu_outcome {
     int local_rank, rank;
     pid_t pid;
     mgpu_wstate_t state;
-    int exit_code;    /* as the launcher reports it: code, 128+signal, 126/127 */
-    int signal;       /* the signal that killed it, or 0 */
-    int exec_errno;   /* when it could not be executed */
+    int exit_code;         /* as the launcher reports it: code, 128+signal, 126/127 */
+    int signal;            /* the signal that killed it, or 0 */
+    int exec_errno;        /* when it could not be executed */
     char exec_reason[600]; /* why, in words: names the program or its missing interpreter */
-    int stop_signal;  /* the signal the launcher sent it, or 0 */
-    double t_start;   /* CLOCK_REALTIME seconds */
+    int stop_signal;       /* the signal the launcher sent it, or 0 */
+    double t_start;        /* CLOCK_REALTIME seconds */
     double t_end;
     double t_detected_mono; /* CLOCK_MONOTONIC, when the launcher saw the exit */
     char error_file[2400];
@@ -47,21 +47,21 @@ typedef struct mgpu_outcome {
 } mgpu_outcome_t;
 
 typedef struct mgpu_run_result {
-    int exit_code;        /* what mgpu-launch exits with */
-    int signal;           /* a signal the launcher itself received and stopped for, or 0 */
-    int attempts;         /* attempts started */
-    int root_attempt;     /* attempt of the root cause, -1 on success */
-    int root;             /* index into outcomes of the first failure, -1 on success */
-    int remote;           /* 1: the first failure was on another node (see remote_failure) */
+    int exit_code;    /* what mgpu-launch exits with */
+    int signal;       /* a signal the launcher itself received and stopped for, or 0 */
+    int attempts;     /* attempts started */
+    int root_attempt; /* attempt of the root cause, -1 on success */
+    int root;         /* index into outcomes of the first failure, -1 on success */
+    int remote;       /* 1: the first failure was on another node (see remote_failure) */
     mgpu_rdzv_failure_t remote_failure;
-    int rdzv_error;       /* the nodes lost each other (a launcher died, the store went away) */
+    int rdzv_error; /* the nodes lost each other (a launcher died, the store went away) */
     int nout;
     mgpu_outcome_t *outcomes; /* the last attempt's workers (nproc entries) */
-    mgpu_outcome_t *history; /* the root cause of every failed attempt on this node, in order */
+    mgpu_outcome_t *history;  /* the root cause of every failed attempt on this node, in order */
     int nhistory;
     mgpu_rdzv_failure_t *remote_history; /* those that failed first on another node */
     int nremote_history;
-    char log_root[2048];  /* the run's log folder */
+    char log_root[2048]; /* the run's log folder */
     int keep_logs;
     double t_start, t_end;
 } mgpu_run_result_t;

@@ -1,0 +1,13 @@
+/* sock.h - small socket facts shared by the launcher's modules. */
+#ifndef MGPU_SOCK_H
+#define MGPU_SOCK_H
+
+/* A TCP port nobody listens on now (bind to port 0 on every address, read it, close), or -1.
+ * Racy by nature: a process that binds it later must tolerate losing it; PyTorch's TCPStore
+ * sets SO_REUSEADDR and mgpu's store reports a taken port by name. */
+int mgpu_sock_free_port(void);
+
+/* 1 when host names the loopback interface ("localhost", 127.x.y.z, "::1"). */
+int mgpu_sock_is_loopback(const char *host);
+
+#endif
