@@ -51,7 +51,8 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
             mgpu_store_buf_bytes(&b, m->val2.p, m->val2.len);
             break;
         case MGPU_STORE_OP_WAIT:
-        case MGPU_STORE_OP_CHECK: {
+        case MGPU_STORE_OP_CHECK:
+        case MGPU_STORE_OP_ON_CLOSE: {
             uint32_t pos = 0, n = 0;
             mgpu_store_slice_t k;
             if (op == MGPU_STORE_OP_WAIT)
@@ -85,6 +86,7 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
             break;
         case MGPU_STORE_OP_SET:
         case MGPU_STORE_OP_WAIT:
+        case MGPU_STORE_OP_ON_CLOSE:
             break;
         case MGPU_STORE_OP_GET:
             mgpu_store_buf_bytes(&b, m->val.p, m->val.len);
