@@ -228,6 +228,8 @@ typedef struct tl_cols {
 static void tl_header(void *arg, const char *name, double t)
 {
     tl_cols_t *c = arg;
+    if (strcmp(name, "exec") == 0)
+        return; /* the launcher's own exec time is exact; /proc's start time is in 10 ms ticks */
     for (int i = 0; i < c->n; i++)
         if (strcmp(c->names[i], name) == 0)
             return;
@@ -238,8 +240,8 @@ static void tl_header(void *arg, const char *name, double t)
 static void tl_cell(void *arg, const char *name, double t)
 {
     tl_cols_t *c = arg;
-    (void)name;
-    fprintf(c->out, " %11.1f", (t - c->o->t_start) * 1e3);
+    if (strcmp(name, "exec") != 0)
+        fprintf(c->out, " %11.1f", (t - c->o->t_start) * 1e3);
 }
 
 void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
@@ -249,7 +251,8 @@ void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
         timeline_each(res->outcomes[k].timeline, tl_header, &c);
     if (c.n == 0)
         return;
-    fprintf(out, "startup timeline (ms after mgpu-launch spawned each worker):\n  rank");
+    fprintf(out, "startup timeline (ms after mgpu-launch spawned each worker):\n  rank %11s",
+            "exec");
     for (int i = 0; i < c.n; i++)
         fprintf(out, " %11s", c.names[i]);
     fprintf(out, "\n");
@@ -257,7 +260,8 @@ void mgpu_report_timeline(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
         if (!res->outcomes[k].timeline[0])
             continue;
         c.o = &res->outcomes[k];
-        fprintf(out, "  %4d", res->outcomes[k].rank);
+        fprintf(out, "  %4d %11.1f", res->outcomes[k].rank,
+                (res->outcomes[k].t_exec - res->outcomes[k].t_start) * 1e3);
         timeline_each(res->outcomes[k].timeline, tl_cell, &c);
         fprintf(out, "\n");
     }
@@ -311,8 +315,13 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
     }
     free(msg);
     free(trace);
-    if (o->timeline[0])
-        timeline_each(o->timeline, tl_json, cJSON_AddObjectToObject(j, "timeline"));
+    if (o->timeline[0]) {
+        cJSON *t = cJSON_AddObjectToObject(j, "timeline");
+        cJSON_AddNumberToObject(t, "spawn", o->t_start);
+        timeline_each(o->timeline, tl_json, t);
+        cJSON_DeleteItemFromObject(t, "exec");
+        cJSON_AddNumberToObject(t, "exec", o->t_exec);
+    }
     if (o->ntail) {
         cJSON *t = cJSON_AddArrayToObject(j, "stderr_tail");
         for (int i = 0; i < o->ntail; i++)

@@ -505,6 +505,16 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
                 close(fd);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* The moment of exec, for the startup timeline: the pipe carries it first (8 bytes), then
+     * either EOF (exec succeeded and closed the pipe) or the errno of a failed exec. */
+    {
+        struct timespec ts;
+        int64_t ns;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+        while (write(exec_w, &ns, sizeof ns) < 0 && errno == EINTR)
+            ;
+    }
     execve(path, argv, envp);
 fail:
     e = errno;
@@ -714,12 +724,22 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         for (int i = 0; i < 3; i++)
             close(pipes[k][i][1]);
         if (p->pid > 0) {
-            int e = 0;
+            /* [int64 ns of exec] [int errno, only if exec failed]; a child that died before
+             * exec (its launcher gone) sends neither. */
+            char buf[sizeof(int64_t) + sizeof(int)];
+            size_t got = 0;
             ssize_t r;
-            while ((r = read(pipes[k][2][0], &e, sizeof e)) < 0 && errno == EINTR)
-                ;
-            if (r == (ssize_t)sizeof e)
-                p->out->exec_errno = e;
+            while (got < sizeof buf &&
+                   ((r = read(pipes[k][2][0], buf + got, sizeof buf - got)) > 0 ||
+                    (r < 0 && errno == EINTR)))
+                got += r > 0 ? (size_t)r : 0;
+            if (got >= sizeof(int64_t)) {
+                int64_t ns;
+                memcpy(&ns, buf, sizeof ns);
+                p->out->t_exec = (double)ns * 1e-9;
+            }
+            if (got == sizeof buf)
+                memcpy(&p->out->exec_errno, buf + sizeof(int64_t), sizeof(int));
         }
         close(pipes[k][2][0]);
         for (int i = 0; i < 2; i++) {

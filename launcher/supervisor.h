@@ -37,7 +37,8 @@ typedef struct mgpu_outcome {
     int exec_errno;        /* when it could not be executed */
     char exec_reason[600]; /* why, in words: names the program or its missing interpreter */
     int stop_signal;       /* the signal the launcher sent it, or 0 */
-    double t_start;        /* CLOCK_REALTIME seconds */
+    double t_start;        /* CLOCK_REALTIME seconds, just before fork */
+    double t_exec;         /* when the child called execve (0 when it never did) */
     double t_end;
     double t_detected_mono; /* CLOCK_MONOTONIC, when the launcher saw the exit */
     char error_file[2400];

@@ -13,8 +13,10 @@ t_timeline_printed_and_in_summary() {
     python3 - <<'PY' || fail "summary timeline"
 import json
 w = json.load(open("s.json"))["workers"]
-assert all(set(x["timeline"]) == {"exec", "device", "first_step"} for x in w), w
-assert all(x["timeline"]["exec"] <= x["timeline"]["first_step"] for x in w)
+# the launcher adds spawn (before fork) and exec (the child's execve) itself
+assert all(set(x["timeline"]) == {"spawn", "exec", "device", "first_step"} for x in w), w
+assert all(x["timeline"]["spawn"] <= x["timeline"]["exec"] <= x["timeline"]["first_step"]
+           for x in w), w
 PY
 }
 
@@ -23,7 +25,7 @@ t_timeline_of_the_last_attempt_only() {
     "$LAUNCH" --nproc_per_node=1 --max_restarts=1 -- bash -c \
         "if [ \$TORCHELASTIC_RESTART_COUNT = 0 ]; then $SC set timeline/0 first=\$(date +%s.%N); exit 3; fi; $SC set timeline/0 second=\$(date +%s.%N)" \
         >out 2>err || fail "launcher exit $?"
-    expect_grep err 'rank +second'
+    expect_grep err 'rank +exec +second$'
     expect_no_grep err 'first'
 }
 
