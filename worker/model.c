@@ -230,9 +230,12 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
     for (int l = m->n_layers - 1; l >= 0; l--) {
         const mgpu_layer_t *ly = &m->layers[l];
         const float *in = l > 0 ? m->y[l - 1] : x;
-        /* dz = d * act'(z), in place. */
-        rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
-                                 err);
+        /* dz = d * act'(z), in place; nothing to do for identity (the output layer), which
+         * saves a launch per step on a GPU. */
+        rc = ly->act == MGPU_ACT_IDENTITY
+                 ? 0
+                 : mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d,
+                                       d, err);
         /* dW [out, in] = dz^T [out, batch] . in [batch, in] */
         if (rc == 0)
             rc = mgpu_k_gemm(m->k, 1, 0, ly->out, ly->in, batch, 1.0f, d, ly->out, in, ly->in, 0.0f,

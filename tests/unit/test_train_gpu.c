@@ -381,7 +381,7 @@ static void test_graph_equals_eager(void)
      * cuBLAS choosing another algorithm inside a capture (it should not). */
     CHECK(compare("graph vs eager", a[0].res.params, b[0].res.params, a[0].res.n_params, 1e-6) <=
           1e-6);
-    CHECK(a[0].res.loss == b[0].res.loss);
+    CHECK(fabs(a[0].res.loss - b[0].res.loss) <= 1e-6 * (1 + fabs(b[0].res.loss)));
     free(a[0].res.params);
     free(b[0].res.params);
 }
@@ -390,21 +390,30 @@ static void test_eager_paths_match_cpu(void)
 {
     need_gpu();
     /* A last batch of 512 % 96 = 32 rows (not graphable), then AdamW (not graphable). */
-    const char *extra[] = {"batch_size = 96\n", "optimizer = adamw\nlr = 0.003\n"};
+    const char *extra[2][2] = {{"batch_size=96", NULL}, {"optimizer=adamw", "lr=0.003"}};
     for (int i = 0; i < 2; i++) {
-        char text[1024];
         mgpu_cfg_t cfg;
+        mgpu_err_t err = {0};
         job_t cpu[1], gpu[1];
-        snprintf(text, sizeof text, "%s%s", kMlp, extra[i]);
-        cfg_text(&cfg, text);
+        cfg_text(&cfg, kMlp);
+        for (int j = 0; j < 2 && extra[i][j] != NULL; j++)
+            CHECK_INT(mgpu_cfg_override(&cfg, extra[i][j], &err), 0);
+        CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
+        CHECK_INT(cfg.batch_size, i == 0 ? 96 : 64);
+        CHECK_INT(cfg.optimizer, i == 0 ? MGPU_OPTIM_SGD : MGPU_OPTIM_ADAMW);
         run_world(&cfg, 1, 0, cpu);
         run_world(&cfg, 1, 1, gpu);
         if (cpu[0].rc || gpu[0].rc)
             return;
         CHECK_INT(gpu[0].res.graphed, 0);
+        CHECK_INT(gpu[0].res.steps, i == 0 ? 36 : 48);
         CHECK_INT(gpu[0].res.steps, cpu[0].res.steps);
+        /* AdamW divides by sqrt(v): a gradient near zero, summed in another order, moves its
+         * parameter by a visible fraction of lr, so its tolerance is wider (a wrong update
+         * would be off by about lr x steps = 0.14). */
+        double tol = i == 0 ? 2e-4 : 3e-3;
         CHECK(compare(i == 0 ? "partial batch" : "adamw", gpu[0].res.params, cpu[0].res.params,
-                      gpu[0].res.n_params, 5e-4) <= 5e-4);
+                      gpu[0].res.n_params, tol) <= tol);
         free(cpu[0].res.params);
         free(gpu[0].res.params);
     }
