@@ -8,7 +8,8 @@
 #      bench_large_bf16.cfg (c): mgpu-worker's "step time" (CUDA events over the steps after
 #      timing_warmup; CUDA graph replay where the step is eligible) against PyTorch eager and
 #      torch.compile(mode="reduce-overhead") (tests/bench/torch_train_bench.py). (a) and (b)
-#      also run mgpu-worker eagerly (cuda_graph=false) for reference.
+#      also run mgpu-worker eagerly (cuda_graph=false) for reference, and (b) runs a second
+#      time with TF32 GEMMs on both sides (mlp_tf32).
 #   2. the peak reference of (c): bare 8192^3 matmuls through PyTorch in the same run.
 #   3. start to first step, RUNS times each (median): the host clock before the launcher
 #      starts to the end of the first step (after a device sync), as each worker reports it
@@ -67,6 +68,7 @@ mgpu_case linear bench_linear.cfg
 mgpu_case linear_eager bench_linear.cfg cuda_graph=false
 mgpu_case mlp bench_mlp.cfg
 mgpu_case mlp_eager bench_mlp.cfg cuda_graph=false
+mgpu_case mlp_tf32 bench_mlp.cfg precision=tf32
 mgpu_case large_tf32 bench_large_tf32.cfg
 mgpu_case large_bf16 bench_large_bf16.cfg
 
@@ -77,7 +79,7 @@ tail -3 "$W/torch_peak.err" >>"$log"
 if [ "${SKIP_TORCH_COMPILE:-0}" = 1 ]; then
     export TORCH_BENCH_NO_COMPILE=1
 fi
-"$PY" "$here/torch_train_bench.py" steps linear mlp large_tf32 large_bf16 2>"$W/torch_steps.err" |
+"$PY" "$here/torch_train_bench.py" steps linear mlp mlp_tf32 large_tf32 large_bf16 2>"$W/torch_steps.err" |
     tee -a "$W/torch.jsonl" | tee -a "$log"
 grep -v Warning "$W/torch_steps.err" | tail -5 >>"$log"
 
@@ -134,7 +136,7 @@ flops = {"large_tf32": 11 * 2 * 8192.0 ** 3, "large_bf16": 11 * 2 * 8192.0 ** 3}
 print()
 print("| case | mgpu step us | graph | torch eager us | torch compile us | mgpu/eager time | mgpu/compile time |")
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-for case in ("linear", "mlp", "large_tf32", "large_bf16"):
+for case in ("linear", "mlp", "mlp_tf32", "large_tf32", "large_bf16"):
     us = last(f"{W}/{case}.jsonl", "step_us")
     g = last(f"{W}/{case}.jsonl", "cuda_graph")
     te = torch.get((case, "eager"), {}).get("step_us")

@@ -6,7 +6,7 @@
   torchrun --nproc_per_node=1 torch_train_bench.py first_step mlp
                                                         start-to-first-step (JSON line)
 
-CASE is linear | mlp | large_tf32 | large_bf16, the models of configs/bench_*.cfg: the same
+CASE is linear | mlp | mlp_tf32 | large_tf32 | large_bf16, the models of configs/bench_*.cfg: the same
 layers, batch, loss, optimizer and precision as mgpu-worker runs. The batches are staged on
 the GPU before timing (a list of device tensors, the cheapest input path PyTorch has), so
 PyTorch's step is forward + loss + backward + SGD step + zero_grad and nothing else.
@@ -29,6 +29,7 @@ CASES = {
     # name: (features, hidden, outputs, batch, samples, loss, precision, steps, warmup)
     "linear": (5, [], 2, 30, 90, "mse", "fp32", 3000, 300),
     "mlp": (784, [256, 256], 10, 256, 10240, "xent", "fp32", 2000, 200),
+    "mlp_tf32": (784, [256, 256], 10, 256, 10240, "xent", "tf32", 2000, 200),
     "large_tf32": (8192, [8192, 8192, 8192], 8192, 8192, 8192, "mse", "tf32", 20, 5),
     "large_bf16": (8192, [8192, 8192, 8192], 8192, 8192, 8192, "mse", "bf16", 20, 5),
 }
