@@ -346,6 +346,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     long long evaluated_at = -1;
     int stopped = 0;
     double first_step_unix = 0, timer_t0 = 0;
+    long long logged_step = -1;
     s.t0 = now_s();
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
@@ -408,6 +409,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 if ((rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
                     goto out;
                 res->loss = loss;
+                logged_step = step;
                 if (rank == 0) {
                     double el = now_s() - s.t0, sps = s.samples_this_run / (el > 0 ? el : 1e-9);
                     double eta = (double)(planned - step) * el / (double)s.steps_this_run;
@@ -448,6 +450,15 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         res->step_us = 1000.0 * ms / (double)res->timed_steps;
     }
     res->seconds = now_s() - s.t0;
+    if (s.steps_this_run > 0 && logged_step != step) {
+        /* The last step's loss, so that the final metrics never report a loss of 0 that no
+         * step had (read after the timer stopped: it waits for the device). */
+        float loss = 0;
+        if ((rc = mgpu_model_read_scalars(s.t->model, &loss, NULL, err)) < 0 ||
+            (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+            goto out;
+        res->loss = loss;
+    }
 #ifdef MGPU_HAVE_CUDA
     res->graphed = s.g != NULL && mgpu_gpustep_graphed(s.g);
 #endif
