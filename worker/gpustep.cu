@@ -23,6 +23,7 @@
 
 #include <errno.h>  /* EINVAL, ENOMEM */
 #include <stdint.h> /* int32_t, INT32_MAX */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, free */
 
 namespace
@@ -291,18 +292,28 @@ static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     int rc = queue_step(g, count, err);
     cudaGraph_t graph = nullptr;
     cudaError_t ce = cudaStreamEndCapture(g->s, &graph);
+    /* Nothing captured has run: the step is not done. */
+    g->t->optim->step = step_before;
     if (rc < 0) {
         if (graph != nullptr)
             (void)cudaGraphDestroy(graph);
-        return rc;
+        /* Something in the step (an all-reduce that synchronises, say) cannot be captured:
+         * say how to run without a graph. */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return mgpu_err_set(err, rc,
+                            "gpustep: capturing the step in a CUDA graph: %s (set "
+                            "cuda_graph = false to run eagerly)",
+                            msg);
     }
     if (ce != cudaSuccess)
-        return mgpu_err_set(err, MGPU_E_CUDA, "gpustep: cudaStreamEndCapture: %s (%s)",
+        return mgpu_err_set(err, MGPU_E_CUDA,
+                            "gpustep: cudaStreamEndCapture: %s (%s) (set cuda_graph = false to "
+                            "run eagerly)",
                             cudaGetErrorString(ce), cudaGetErrorName(ce));
     g->graph = graph;
+    /* queue_step counted the captured update (undone above); the launch performs it. */
     CUDA_CHECK(err, cudaGraphInstantiate(&g->exec, g->graph, 0));
-    /* queue_step counted the captured update; the launch below performs it. */
-    g->t->optim->step = step_before;
     return 0;
 }
 
