@@ -35,6 +35,7 @@ typedef struct ddp_state {
     mgpu_trainer_t *t;
     struct mgpu_gpustep *g; /* the GPU's step, NULL on the CPU */
     void *scratch;          /* backend memory for small collectives: the resume header, metrics */
+    float *last_loss;       /* backend memory: the last step's loss when no log line read it */
     float *h_params, *h_state;
     double t0;
     long long steps_this_run;
@@ -289,6 +290,11 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                 err)) < 0 ||
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
+    void *p_loss = NULL;
+    rc = mgpu_k_alloc(k, sizeof(float), &p_loss, err);
+    s.last_loss = p_loss;
+    if (rc < 0)
+        goto out;
     idx = malloc(sizeof *idx * samp.num_samples);
     s.h_params = malloc(sizeof(float) * s.t->model->n_params);
     s.h_state = malloc(sizeof(float) * (s.t->optim->n_state + 1));
@@ -346,7 +352,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     long long evaluated_at = -1;
     int stopped = 0;
     double first_step_unix = 0, timer_t0 = 0;
-    long long logged_step = -1;
+    int last_loss_kept = 0;
     s.t0 = now_s();
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
@@ -402,6 +408,12 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 /* TODO(lead): mgpu_timeline_mark(ctx, "first_step") here once branch nccl's
                  * timeline is merged (ddp.c has no ctx: pass it in mgpu_ddp_comm_t). */
             }
+            if (step == planned && !log) {
+                /* Kept aside without a sync: an evaluation overwrites the model's scalars. */
+                if ((rc = mgpu_k_copy(k, s.last_loss, s.t->model->scalars, sizeof(float), err)) < 0)
+                    goto out;
+                last_loss_kept = 1;
+            }
             if (cfg->timing_warmup > 0 && s.steps_this_run == cfg->timing_warmup &&
                 (rc = timer_start(&s, &timer_t0, err)) < 0)
                 goto out;
@@ -409,7 +421,6 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 if ((rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
                     goto out;
                 res->loss = loss;
-                logged_step = step;
                 if (rank == 0) {
                     double el = now_s() - s.t0, sps = s.samples_this_run / (el > 0 ? el : 1e-9);
                     double eta = (double)(planned - step) * el / (double)s.steps_this_run;
@@ -450,11 +461,11 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         res->step_us = 1000.0 * ms / (double)res->timed_steps;
     }
     res->seconds = now_s() - s.t0;
-    if (s.steps_this_run > 0 && logged_step != step) {
+    if (last_loss_kept) {
         /* The last step's loss, so that the final metrics never report a loss of 0 that no
          * step had (read after the timer stopped: it waits for the device). */
         float loss = 0;
-        if ((rc = mgpu_model_read_scalars(s.t->model, &loss, NULL, err)) < 0 ||
+        if ((rc = mgpu_k_copy_to_host(k, &loss, s.last_loss, sizeof loss, err)) < 0 ||
             (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
             goto out;
         res->loss = loss;
@@ -515,6 +526,8 @@ out:
         fclose(s.metrics);
     if (s.scratch != NULL)
         mgpu_k_free(k, s.scratch);
+    if (s.last_loss != NULL)
+        mgpu_k_free(k, s.last_loss);
     free(idx);
     free(s.h_params);
     free(s.h_state);
