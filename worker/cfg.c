@@ -133,6 +133,13 @@ static const cfg_key_t keys[] = {
      "steps between checkpoints (0: at the end of every epoch)"},
     {"demo_prints", T_BOOL, F(demo_prints), NULL, 0, 0,
      "print the article's lines per batch: \"In Model: input size ...\" and \"Outside: ...\""},
+    {"cuda_graph", T_BOOL, F(cuda_graph), NULL, 0, 0,
+     "GPU: after a warm-up step, capture the whole step (forward, backward, all-reduce, update) "
+     "in a CUDA graph and replay it; needs full batches (drop_last_batch or a batch size that "
+     "divides each rank's samples) and sgd"},
+    {"timing_warmup", T_LL, F(timing_warmup), NULL, 0, BIG,
+     "time the steps after the first timing_warmup ones (CUDA events on a GPU): a \"step time\" "
+     "line and step_us in the final metrics line (0: no timing)"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 _Static_assert(sizeof keys / sizeof keys[0] <= sizeof(((mgpu_cfg_t *)0)->line) / sizeof(int),
@@ -179,6 +186,7 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
     cfg->bucket_mb = 25;
     cfg->log_interval = 10;
     cfg->eval_interval = 1;
+    cfg->cuda_graph = 1;
     snprintf(cfg->file, sizeof cfg->file, "(defaults)");
 }
 

@@ -81,6 +81,9 @@ typedef struct mgpu_cfg {
     char checkpoint[MGPU_CFG_PATH_MAX];
     long long checkpoint_interval; /* steps between checkpoints (0: at the end of each epoch) */
     int demo_prints;               /* the article's "In Model: ..." / "Outside: ..." lines */
+    /* GPU */
+    int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
+    long long timing_warmup; /* steps before the step timer starts (0: no timing) */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];

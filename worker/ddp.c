@@ -11,8 +11,12 @@
 #include <time.h>        /* clock_gettime */
 
 #include "checkpoint.h" /* mgpu_ckpt_* */
+#include "log.h"        /* mgpu_info */
 #include "sampler.h"    /* mgpu_sampler_* */
 #include "train.h"      /* mgpu_trainer_* */
+#ifdef MGPU_HAVE_CUDA
+#include "gpustep.h" /* mgpu_gpustep_*: the step on a GPU */
+#endif
 
 /* What rank 0 tells everyone about the checkpoint before anything else. */
 typedef struct resume_hdr {
@@ -29,7 +33,9 @@ typedef struct ddp_state {
     FILE *out;
     FILE *metrics;
     mgpu_trainer_t *t;
-    void *scratch; /* backend memory for small collectives: the resume header, metrics */
+    struct mgpu_gpustep *g; /* the GPU's step, NULL on the CPU */
+    void *scratch;          /* backend memory for small collectives: the resume header, metrics */
+    float *last_loss;       /* backend memory: the last step's loss when no log line read it */
     float *h_params, *h_state;
     double t0;
     long long steps_this_run;
@@ -43,9 +49,40 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static double realtime_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static int world(const ddp_state_t *s)
 {
     return s->comm->world_size;
+}
+
+/* The step timer: CUDA events on the step stream on a GPU (no sync at the start), the host
+ * clock after a sync elsewhere. */
+static int timer_start(ddp_state_t *s, double *t0, mgpu_err_t *err)
+{
+#ifdef MGPU_HAVE_CUDA
+    if (s->g != NULL)
+        return mgpu_gpustep_timer_start(s->g, err);
+#endif
+    int rc = mgpu_k_sync(s->k, err);
+    *t0 = now_s();
+    return rc;
+}
+
+static int timer_stop(ddp_state_t *s, double t0, double *ms, mgpu_err_t *err)
+{
+#ifdef MGPU_HAVE_CUDA
+    if (s->g != NULL)
+        return mgpu_gpustep_timer_stop(s->g, ms, err);
+#endif
+    int rc = mgpu_k_sync(s->k, err);
+    *ms = 1000.0 * (now_s() - t0);
+    return rc;
 }
 
 /* Broadcast of host bytes from rank 0 through backend memory. */
@@ -253,6 +290,11 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                 err)) < 0 ||
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
+    void *p_loss = NULL;
+    rc = mgpu_k_alloc(k, sizeof(float), &p_loss, err);
+    s.last_loss = p_loss;
+    if (rc < 0)
+        goto out;
     idx = malloc(sizeof *idx * samp.num_samples);
     s.h_params = malloc(sizeof(float) * s.t->model->n_params);
     s.h_state = malloc(sizeof(float) * (s.t->optim->n_state + 1));
@@ -262,6 +304,27 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = resume_or_broadcast(&s, &h, err)) < 0)
         goto out;
+    if (k->backend == MGPU_KBACKEND_CUDA) {
+#ifdef MGPU_HAVE_CUDA
+        char why[256];
+        int graph = mgpu_train_graph_eligible(cfg, samp.num_samples, why, sizeof why);
+        if (W > 1 && comm->allreduce_avg_stream == NULL) {
+            rc = mgpu_err_set(err, -EINVAL,
+                              "ddp: world size %d on a GPU needs allreduce_avg_stream", W);
+            goto out;
+        }
+        if ((rc = mgpu_gpustep_create(s.t, &tr, samp.num_samples, graph,
+                                      W > 1 ? comm->allreduce_avg_stream : NULL, comm->ctx, &s.g,
+                                      err)) < 0)
+            goto out;
+        if (!graph && rank == 0)
+            mgpu_info("ddp: eager GPU steps, no CUDA graph: %s", why);
+#else
+        rc =
+            mgpu_err_set(err, MGPU_E_DEVICE, "ddp: a CUDA kernels backend in a build without CUDA");
+        goto out;
+#endif
+    }
     if (rank == 0 && cfg->metrics_file[0] != 0) {
         /* A resumed run continues the log of the run it resumes. */
         s.metrics = fopen(cfg->metrics_file, h.status == 1 ? "a" : "w");
@@ -288,10 +351,22 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     long long evaluated_at = -1;
     int stopped = 0;
+    double first_step_unix = 0, timer_t0 = 0;
+    int last_loss_kept = 0;
     s.t0 = now_s();
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
             goto out;
+#ifdef MGPU_HAVE_CUDA
+        if (s.g != NULL && batch < (long long)nb) {
+            /* The rows this epoch's remaining steps consume, in order. */
+            size_t first, last, c0, c1;
+            mgpu_sampler_batch(&samp, B, (size_t)batch, &first, &c0);
+            mgpu_sampler_batch(&samp, B, nb - 1, &last, &c1);
+            if ((rc = mgpu_gpustep_epoch(s.g, idx + first, last + c1 - first, err)) < 0)
+                goto out;
+        }
+#endif
         for (; batch < (long long)nb; batch++) {
             size_t start, count;
             if (cfg->max_steps > 0 && step >= cfg->max_steps) {
@@ -301,8 +376,16 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             mgpu_sampler_batch(&samp, B, (size_t)batch, &start, &count);
             int log = cfg->log_interval > 0 && (step + 1) % cfg->log_interval == 0;
             float loss = 0;
-            rc = mgpu_trainer_step(s.t, &tr, idx + start, count, W > 1 ? comm->allreduce_avg : NULL,
-                                   comm->ctx, log ? &loss : NULL, err);
+#ifdef MGPU_HAVE_CUDA
+            if (s.g != NULL) {
+                rc = mgpu_gpustep_step(s.g, count, err);
+                if (rc == 0 && log)
+                    rc = mgpu_model_read_scalars(s.t->model, &loss, NULL, err);
+            } else
+#endif
+                rc = mgpu_trainer_step(s.t, &tr, idx + start, count,
+                                       W > 1 ? comm->allreduce_avg : NULL, comm->ctx,
+                                       log ? &loss : NULL, err);
             if (rc < 0)
                 goto out;
             if (cfg->demo_prints) {
@@ -317,6 +400,23 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             step++;
             s.steps_this_run++;
             s.samples_this_run += (double)count * W;
+            if (s.steps_this_run == 1) {
+                /* Start to first step: the step has finished, not merely been queued. */
+                if ((rc = mgpu_k_sync(k, err)) < 0)
+                    goto out;
+                first_step_unix = realtime_s();
+                /* TODO(lead): mgpu_timeline_mark(ctx, "first_step") here once branch nccl's
+                 * timeline is merged (ddp.c has no ctx: pass it in mgpu_ddp_comm_t). */
+            }
+            if (step == planned && !log) {
+                /* Kept aside without a sync: an evaluation overwrites the model's scalars. */
+                if ((rc = mgpu_k_copy(k, s.last_loss, s.t->model->scalars, sizeof(float), err)) < 0)
+                    goto out;
+                last_loss_kept = 1;
+            }
+            if (cfg->timing_warmup > 0 && s.steps_this_run == cfg->timing_warmup &&
+                (rc = timer_start(&s, &timer_t0, err)) < 0)
+                goto out;
             if (log) {
                 if ((rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
                     goto out;
@@ -353,7 +453,34 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             evaluated_at = step;
         }
     }
+    if (cfg->timing_warmup > 0 && s.steps_this_run > cfg->timing_warmup) {
+        double ms;
+        if ((rc = timer_stop(&s, timer_t0, &ms, err)) < 0)
+            goto out;
+        res->timed_steps = s.steps_this_run - cfg->timing_warmup;
+        res->step_us = 1000.0 * ms / (double)res->timed_steps;
+    }
     res->seconds = now_s() - s.t0;
+    if (last_loss_kept) {
+        /* The last step's loss, so that the final metrics never report a loss of 0 that no
+         * step had (read after the timer stopped: it waits for the device). */
+        float loss = 0;
+        if ((rc = mgpu_k_copy_to_host(k, &loss, s.last_loss, sizeof loss, err)) < 0 ||
+            (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+            goto out;
+        res->loss = loss;
+    }
+#ifdef MGPU_HAVE_CUDA
+    res->graphed = s.g != NULL && mgpu_gpustep_graphed(s.g);
+#endif
+    if (rank == 0 && res->timed_steps > 0) {
+        fprintf(s.out, "step time: %.2f us per step over %lld steps (%s, %s)\n", res->step_us,
+                res->timed_steps, s.g != NULL ? "cuda events" : "host clock after a sync",
+                s.g == NULL    ? "cpu"
+                : res->graphed ? "cuda graph replay"
+                               : "eager cuda");
+        fflush(s.out);
+    }
     /* The final evaluation, unless the last epoch's already saw these parameters; a run
      * stopped by max_steps reports the epoch it stopped in. */
     if (ev.n > 0 && evaluated_at != step &&
@@ -373,6 +500,14 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddNumberToObject(o, "samples_per_s", res->samples_per_s);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
         cJSON_AddNumberToObject(o, "world_size", W);
+        if (res->timed_steps > 0) {
+            cJSON_AddNumberToObject(o, "step_us", res->step_us);
+            cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);
+        }
+        if (first_step_unix > 0)
+            cJSON_AddNumberToObject(o, "first_step_unix_s", first_step_unix);
+        cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
+        cJSON_AddStringToObject(o, "backend", k->ops->name);
         metrics_line(&s, o);
     }
     res->n_params = s.t->model->n_params;
@@ -384,10 +519,15 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     rc =
         mgpu_k_copy_to_host(k, res->params, s.t->model->params, sizeof(float) * res->n_params, err);
 out:
+#ifdef MGPU_HAVE_CUDA
+    mgpu_gpustep_destroy(s.g);
+#endif
     if (s.metrics != NULL)
         fclose(s.metrics);
     if (s.scratch != NULL)
         mgpu_k_free(k, s.scratch);
+    if (s.last_loss != NULL)
+        mgpu_k_free(k, s.last_loss);
     free(idx);
     free(s.h_params);
     free(s.h_state);

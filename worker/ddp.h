@@ -42,6 +42,9 @@ typedef struct mgpu_ddp_comm {
     int (*allreduce_avg)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
     int (*allreduce_sum)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, mgpu_err_t *err);
+    /* A CUDA kernels backend with world size > 1: the gradient average queued on stream (a
+     * cudaStream_t) without waiting, so buckets overlap backward (gpustep.h). */
+    int (*allreduce_avg_stream)(void *ctx, float *buf, size_t count, void *stream, mgpu_err_t *err);
 } mgpu_ddp_comm_t;
 
 typedef struct mgpu_ddp_result {
@@ -52,6 +55,9 @@ typedef struct mgpu_ddp_result {
     double eval_accuracy;   /* cross_entropy only (NAN otherwise) */
     double samples_per_s;   /* global training samples per second of this run */
     double seconds;         /* wall time of the training loop */
+    double step_us;         /* timing_warmup > 0: mean step time after the warm-up (else 0) */
+    long long timed_steps;  /* steps behind step_us */
+    int graphed;            /* 1: a GPU replayed the steps from a CUDA graph */
     size_t n_params;
     float *params; /* the final parameters (host copy, malloc'd; the caller frees) */
 } mgpu_ddp_result_t;

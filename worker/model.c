@@ -214,6 +214,13 @@ int mgpu_model_eval_loss(mgpu_model_t *m, const int32_t *labels, const float *ta
 int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
                         const float *targets, mgpu_err_t *err)
 {
+    return mgpu_model_backward_hooked(m, x, labels, targets, NULL, NULL, err);
+}
+
+int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
+                               const float *targets, mgpu_model_layer_hook hook, void *hook_ctx,
+                               mgpu_err_t *err)
+{
     int batch = m->last_batch, rc;
     float *d = m->dy_a, *other = m->dy_b;
 
@@ -223,9 +230,12 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
     for (int l = m->n_layers - 1; l >= 0; l--) {
         const mgpu_layer_t *ly = &m->layers[l];
         const float *in = l > 0 ? m->y[l - 1] : x;
-        /* dz = d * act'(z), in place. */
-        rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
-                                 err);
+        /* dz = d * act'(z), in place; nothing to do for identity (the output layer), which
+         * saves a launch per step on a GPU. */
+        rc = ly->act == MGPU_ACT_IDENTITY
+                 ? 0
+                 : mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d,
+                                       d, err);
         /* dW [out, in] = dz^T [out, batch] . in [batch, in] */
         if (rc == 0)
             rc = mgpu_k_gemm(m->k, 1, 0, ly->out, ly->in, batch, 1.0f, d, ly->out, in, ly->in, 0.0f,
@@ -233,6 +243,9 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
         /* db [out] = column sums of dz */
         if (rc == 0)
             rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
+        /* The hook runs before d(in): its all-reduce can start while that GEMM runs. */
+        if (rc == 0 && hook != NULL)
+            rc = hook(hook_ctx, l, err);
         /* d(in) [batch, in] = dz [batch, out] . W [out, in]; not needed for the input. */
         if (rc == 0 && l > 0)
             rc = mgpu_k_gemm(m->k, 0, 0, batch, ly->in, ly->out, 1.0f, d, ly->out,

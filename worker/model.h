@@ -83,6 +83,16 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
 int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
                         const float *targets, mgpu_err_t *err);
 
+/* Called by mgpu_model_backward_hooked once layer `layer`'s weight and bias gradients are
+ * queued (layers go last to first): DDP starts the all-reduce of every bucket that layer
+ * completes, so communication overlaps the backward of the layers below it. */
+typedef int (*mgpu_model_layer_hook)(void *ctx, int layer, mgpu_err_t *err);
+
+/* mgpu_model_backward, calling hook (may be NULL) after each layer's gradients. */
+int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
+                               const float *targets, mgpu_model_layer_hook hook, void *hook_ctx,
+                               mgpu_err_t *err);
+
 /* Loss (and, for cross-entropy, the number of correct predictions into m->scalars[1]) of the
  * last forward, without gradients: evaluation. */
 int mgpu_model_eval_loss(mgpu_model_t *m, const int32_t *labels, const float *targets,

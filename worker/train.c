@@ -2,6 +2,7 @@
 #include "train.h"
 
 #include <errno.h>  /* EINVAL, ENOMEM */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, malloc */
 #include <string.h> /* memset */
 
@@ -103,6 +104,54 @@ int mgpu_train_buckets(const mgpu_model_t *m, double bucket_mb, mgpu_bucket_t **
     return 0;
 }
 
+int mgpu_train_bucket_layers(const mgpu_model_t *m, const mgpu_bucket_t *b, int nb, int *ready,
+                             mgpu_err_t *err)
+{
+    for (int i = 0; i < nb; i++) {
+        if (b[i].count == 0 || b[i].offset + b[i].count > m->n_params)
+            return mgpu_err_set(err, -EINVAL,
+                                "train: bucket %d covers [%zu, %zu) of %zu parameters", i,
+                                b[i].offset, b[i].offset + b[i].count, m->n_params);
+        /* The layer whose weight or bias holds the bucket's first float. */
+        int l = m->n_layers - 1;
+        while (l > 0 && m->layers[l].w_off > b[i].offset)
+            l--;
+        ready[i] = l;
+    }
+    return 0;
+}
+
+int mgpu_train_graph_eligible(const mgpu_cfg_t *cfg, size_t rank_samples, char *why, size_t why_len)
+{
+    char tmp[8];
+    size_t B = (size_t)cfg->batch_size;
+    if (why == NULL) {
+        why = tmp;
+        why_len = sizeof tmp;
+    }
+    why[0] = 0;
+    if (!cfg->cuda_graph) {
+        snprintf(why, why_len, "cuda_graph = false");
+        return 0;
+    }
+    if (cfg->optimizer != MGPU_OPTIM_SGD) {
+        snprintf(why, why_len, "optimizer %s: its update takes the step number",
+                 mgpu_optim_name(cfg->optimizer));
+        return 0;
+    }
+    if (rank_samples < B) {
+        snprintf(why, why_len, "%zu samples per rank, fewer than batch_size %zu", rank_samples, B);
+        return 0;
+    }
+    if (!cfg->drop_last_batch && rank_samples % B != 0) {
+        snprintf(why, why_len,
+                 "%zu samples per rank leave a last batch of %zu rows (set drop_last_batch)",
+                 rank_samples, rank_samples % B);
+        return 0;
+    }
+    return 1;
+}
+
 void mgpu_trainer_destroy(mgpu_trainer_t *t)
 {
     if (t == NULL)
@@ -110,6 +159,7 @@ void mgpu_trainer_destroy(mgpu_trainer_t *t)
     mgpu_optim_destroy(t->optim);
     mgpu_model_destroy(t->model);
     free(t->buckets);
+    free(t->bucket_layer);
     free(t->h_x);
     free(t->h_t);
     free(t->h_l);
@@ -141,6 +191,14 @@ int mgpu_trainer_create(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_dat
         (rc = mgpu_model_init(t->model, seed, err)) < 0 ||
         (rc = mgpu_optim_create(k, &os, t->model->n_params, &t->optim, err)) < 0 ||
         (rc = mgpu_train_buckets(t->model, cfg->bucket_mb, &t->buckets, &t->n_buckets, err)) < 0)
+        goto fail;
+    t->bucket_layer = malloc(sizeof(int) * (size_t)t->n_buckets);
+    if (t->bucket_layer == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "train: malloc for %d bucket layers failed", t->n_buckets);
+        goto fail;
+    }
+    if ((rc = mgpu_train_bucket_layers(t->model, t->buckets, t->n_buckets, t->bucket_layer, err)) <
+        0)
         goto fail;
     t->h_x = malloc(sizeof(float) * nx);
     t->h_t = malloc(sizeof(float) * nt);

@@ -37,6 +37,7 @@ typedef struct mgpu_trainer {
     int max_batch;
     int n_buckets;
     mgpu_bucket_t *buckets; /* in all-reduce order: last parameters first */
+    int *bucket_layer;      /* per bucket: the layer whose backward completes it */
     float *h_x, *h_t;       /* host staging for one batch */
     int32_t *h_l;
     float *d_x, *d_t; /* the batch in backend memory */
@@ -58,6 +59,22 @@ void mgpu_train_optim_spec(const mgpu_cfg_t *cfg, mgpu_optim_spec_t *spec);
  * (dist._DEFAULT_FIRST_BUCKET_BYTES), so the first all-reduce starts early. *out is malloc'd. */
 int mgpu_train_buckets(const mgpu_model_t *m, double bucket_mb, mgpu_bucket_t **out, int *n,
                        mgpu_err_t *err);
+
+/* For each of the nb buckets, the layer after whose backward it is complete (layers run last
+ * to first, so that is the lowest layer owning any of its floats): ready[b]. The values never
+ * increase along the buckets, which is what lets DDP launch bucket b's all-reduce from the
+ * backward hook of layer ready[b] while the layers below are still computing. */
+int mgpu_train_bucket_layers(const mgpu_model_t *m, const mgpu_bucket_t *b, int nb, int *ready,
+                             mgpu_err_t *err);
+
+/* Whether a GPU may capture the whole step in a CUDA graph and replay it: 1 yes, 0 no (why,
+ * when not NULL, says which condition failed). A replay repeats the captured launches with
+ * their arguments frozen, so: cuda_graph on, every step a full batch of batch_size rows
+ * (drop_last_batch, or a batch size dividing rank_samples, this rank's samples per epoch),
+ * and an optimizer whose kernel arguments do not change from step to step after the first
+ * (sgd; adamw's bias correction takes the step number). */
+int mgpu_train_graph_eligible(const mgpu_cfg_t *cfg, size_t rank_samples, char *why,
+                              size_t why_len);
 
 /* Model (initialised from seed), optimizer, buckets and batch buffers for batches up to
  * max_batch rows of data shaped like ds. */

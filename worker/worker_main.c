@@ -7,22 +7,42 @@
 #include "ddp.h"     /* mgpu_ddp_run */
 #include "dp.h"      /* mgpu_dp_run */
 #include "kernels.h" /* mgpu_kernels_create */
-#include "log.h"     /* mgpu_log_init */
-#include "mgpu.h"    /* mgpu_init, collectives */
+#ifdef MGPU_HAVE_CUDA
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream */
+#endif
+#include "log.h"  /* mgpu_log_init */
+#include "mgpu.h" /* mgpu_init, collectives */
+
+/* The collectives DDP calls, on the kernels backend's stream (NULL on the CPU), so an NCCL
+ * collective is ordered after the kernels that wrote its buffer. */
+typedef struct comm_on_stream {
+    mgpu_comm_t *comm;
+    void *stream;
+} comm_on_stream_t;
 
 static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
 {
-    return mgpu_allreduce_f32(c, b, n, MGPU_AVG, NULL, e);
+    comm_on_stream_t *cs = c;
+    return mgpu_allreduce_f32(cs->comm, b, n, MGPU_AVG, cs->stream, e);
 }
 
 static int sum(void *c, float *b, size_t n, mgpu_err_t *e)
 {
-    return mgpu_allreduce_f32(c, b, n, MGPU_SUM, NULL, e);
+    comm_on_stream_t *cs = c;
+    return mgpu_allreduce_f32(cs->comm, b, n, MGPU_SUM, cs->stream, e);
 }
 
 static int bcast(void *c, void *b, size_t n, int root, mgpu_err_t *e)
 {
-    return mgpu_broadcast(c, b, n, root, NULL, e);
+    comm_on_stream_t *cs = c;
+    return mgpu_broadcast(cs->comm, b, n, root, cs->stream, e);
+}
+
+/* The gradient buckets' average, on the all-reduce stream of the GPU step (gpustep.h). */
+static int avg_stream(void *c, float *b, size_t n, void *stream, mgpu_err_t *e)
+{
+    comm_on_stream_t *cs = c;
+    return mgpu_allreduce_f32(cs->comm, b, n, MGPU_AVG, stream, e);
 }
 
 static int usage(void)
@@ -71,16 +91,32 @@ int main(int argc, char **argv)
             free(res.run.params);
     } else {
         mgpu_ddp_result_t res;
-        if ((rc = mgpu_kernels_create(dev->is_gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU,
-                                      dev->ordinal, &k, &err)) < 0 ||
+        /* A real GPU computes unless the cfg asks for CPU collectives, whose buffers are host
+         * memory; a simulated GPU stands in for one on the CPU. */
+        int gpu = dev->is_gpu && !dev->simulated && cfg.backend != MGPU_BACKEND_CPU;
+        if ((rc = mgpu_kernels_create(gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, dev->ordinal,
+                                      &k, &err)) < 0 ||
             (rc = mgpu_comm_create(ctx, cfg.backend, cfg.timeout_s, &comm, &err)) < 0)
             goto fail;
+        if (gpu && ri->world_size > 1 && mgpu_comm_backend(comm) != MGPU_BACKEND_NCCL) {
+            rc = mgpu_err_set(&err, MGPU_E_CONFIG,
+                              "mgpu-worker: rank %d trains on GPU %d but its communicator is not "
+                              "NCCL (backend = %s): set backend = cpu to train on the CPU",
+                              ri->rank, dev->ordinal,
+                              cfg.backend == MGPU_BACKEND_AUTO ? "auto" : "nccl");
+            goto fail;
+        }
+        comm_on_stream_t cs = {.comm = comm, .stream = NULL};
+#ifdef MGPU_HAVE_CUDA
+        cs.stream = mgpu_kernels_cuda_stream(k);
+#endif
         mgpu_ddp_comm_t dc = {.rank = ri->rank,
                               .world_size = ri->world_size,
-                              .ctx = comm,
+                              .ctx = &cs,
                               .allreduce_avg = avg,
                               .allreduce_sum = sum,
-                              .broadcast = bcast};
+                              .broadcast = bcast,
+                              .allreduce_avg_stream = avg_stream};
         rc = mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
         if (rc == 0)
             free(res.params);

@@ -1,0 +1,362 @@
+/* gpustep.cu - one training step on the GPU, eager or replayed from a CUDA graph (gpustep.h).
+ *
+ * Ordering, and why it is enough:
+ * - Everything of a step is queued on the kernels backend's stream s (mgpu_kernels_cuda_stream),
+ *   so gather -> forward -> backward -> update need no events between them.
+ * - Bucket b's all-reduce must start after backward wrote its gradients and must finish before
+ *   the update reads them: an event recorded on s after the layer that completes the bucket
+ *   (the model's backward hook), waited on by the all-reduce stream, and one event recorded on
+ *   the all-reduce stream after the last bucket, waited on by s before the update. The
+ *   all-reduce stream therefore runs while s computes the lower layers' backward.
+ * - The next step's backward overwrites the gradients an all-reduce may still be reading only
+ *   after this step's update, which waited for the all-reduces: no extra event.
+ * - In a capture the same event record/wait pairs become the graph's edges (the all-reduce
+ *   stream joins the capture through the first wait and leaves it through the last).
+ * - The index ring's slot is rewritten only after an event recorded behind the steps of the
+ *   epoch that last used it has completed (mgpu_gpustep_epoch). */
+#include "gpustep.h"
+
+#include "cuda_check.h"   /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream */
+
+#include <cuda_runtime.h> /* streams, events, graphs */
+
+#include <errno.h>  /* EINVAL, ENOMEM */
+#include <stdint.h> /* int32_t, INT32_MAX */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* calloc, free */
+
+namespace
+{
+
+constexpr int kRing = 4;      /* epochs of indices the host may run ahead of the device */
+constexpr int kThreads = 256; /* gather block size */
+
+/* Row r of the batch is row ring[*cursor + r] of the data set: x [F], targets [T], label. A
+ * 2-D grid: y walks rows, x walks columns, so no thread divides. */
+__global__ void gather_kernel(const float *__restrict__ x, int F, const float *__restrict__ tg,
+                              int T, const int32_t *__restrict__ lab,
+                              const int32_t *__restrict__ ring, const int *__restrict__ cursor,
+                              int count, float *__restrict__ bx, float *__restrict__ bt,
+                              int32_t *__restrict__ bl)
+{
+    const int base = *cursor;
+    const int wide = F > T ? F : T;
+    for (int r = blockIdx.y; r < count; r += gridDim.y) {
+        const size_t src = (size_t)ring[base + r];
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < wide; c += gridDim.x * blockDim.x) {
+            if (c < F)
+                bx[(size_t)r * F + c] = x[src * F + c];
+            if (c < T)
+                bt[(size_t)r * T + c] = tg[src * T + c];
+            if (c == 0 && lab != nullptr)
+                bl[r] = lab[src];
+        }
+    }
+}
+
+__global__ void cursor_add_kernel(int *cursor, int count)
+{
+    *cursor += count;
+}
+
+__global__ void cursor_set_kernel(int *cursor, int value)
+{
+    *cursor = value;
+}
+
+} // namespace
+
+struct mgpu_gpustep {
+    mgpu_trainer_t *t;
+    cudaStream_t s, comm; /* comm: the all-reduce stream, only with a reduce callback */
+    mgpu_gpustep_reduce_fn reduce;
+    void *reduce_ctx;
+    /* The data set in device memory. */
+    float *x, *tg;
+    int32_t *lab;
+    int F, T;
+    size_t n;
+    /* The index ring: kRing slots of slot_len indices, a pinned host copy, the cursor. */
+    int32_t *ring, *h_ring;
+    size_t slot_len;
+    long long epochs;
+    cudaEvent_t slot_free[kRing];
+    int *cursor;
+    /* Buckets: the event after the layer that completes each, the all-reduces' end. */
+    cudaEvent_t *bucket_ev;
+    cudaEvent_t comm_done;
+    int next_bucket; /* the next bucket to launch in this step's backward */
+    /* The graph. */
+    int use_graph;
+    long long eager_steps;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaEvent_t t0, t1;
+};
+
+extern "C" void mgpu_gpustep_destroy(mgpu_gpustep_t *g)
+{
+    if (g == NULL)
+        return;
+    /* Queued work may still read what is freed below. */
+    (void)cudaStreamSynchronize(g->s);
+    if (g->comm != nullptr) {
+        (void)cudaStreamSynchronize(g->comm);
+        (void)cudaStreamDestroy(g->comm);
+    }
+    if (g->exec != nullptr)
+        (void)cudaGraphExecDestroy(g->exec);
+    if (g->graph != nullptr)
+        (void)cudaGraphDestroy(g->graph);
+    for (int i = 0; i < kRing; i++)
+        if (g->slot_free[i] != nullptr)
+            (void)cudaEventDestroy(g->slot_free[i]);
+    for (int b = 0; g->bucket_ev != NULL && b < g->t->n_buckets; b++)
+        if (g->bucket_ev[b] != nullptr)
+            (void)cudaEventDestroy(g->bucket_ev[b]);
+    free(g->bucket_ev);
+    if (g->comm_done != nullptr)
+        (void)cudaEventDestroy(g->comm_done);
+    if (g->t0 != nullptr)
+        (void)cudaEventDestroy(g->t0);
+    if (g->t1 != nullptr)
+        (void)cudaEventDestroy(g->t1);
+    (void)cudaFree(g->x);
+    (void)cudaFree(g->tg);
+    (void)cudaFree(g->lab);
+    (void)cudaFree(g->ring);
+    (void)cudaFree(g->cursor);
+    (void)cudaFreeHost(g->h_ring);
+    free(g);
+}
+
+static int create(mgpu_gpustep_t *g, const mgpu_dataset_t *ds, size_t epoch_rows, mgpu_err_t *err)
+{
+    const size_t xb = sizeof(float) * ds->n * (size_t)ds->features;
+    const size_t tb = sizeof(float) * ds->n * (size_t)ds->target_dim;
+    /* Timing-free events: recording them costs less, and these only order work. */
+    const unsigned ev_flags = cudaEventDisableTiming;
+
+    CUDA_CHECK(err, cudaMalloc((void **)&g->x, xb));
+    CUDA_CHECK(err, cudaMemcpyAsync(g->x, ds->x, xb, cudaMemcpyHostToDevice, g->s));
+    if (ds->targets != NULL && tb > 0) {
+        CUDA_CHECK(err, cudaMalloc((void **)&g->tg, tb));
+        CUDA_CHECK(err, cudaMemcpyAsync(g->tg, ds->targets, tb, cudaMemcpyHostToDevice, g->s));
+    }
+    if (ds->labels != NULL) {
+        CUDA_CHECK(err, cudaMalloc((void **)&g->lab, sizeof(int32_t) * ds->n));
+        CUDA_CHECK(err, cudaMemcpyAsync(g->lab, ds->labels, sizeof(int32_t) * ds->n,
+                                        cudaMemcpyHostToDevice, g->s));
+    }
+    g->slot_len = epoch_rows;
+    CUDA_CHECK(err, cudaMalloc((void **)&g->ring, sizeof(int32_t) * kRing * epoch_rows));
+    CUDA_CHECK(err, cudaMallocHost((void **)&g->h_ring, sizeof(int32_t) * kRing * epoch_rows));
+    CUDA_CHECK(err, cudaMalloc((void **)&g->cursor, sizeof(int)));
+    CUDA_CHECK(err, cudaMemsetAsync(g->cursor, 0, sizeof(int), g->s));
+    for (int i = 0; i < kRing; i++)
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&g->slot_free[i], ev_flags));
+    CUDA_CHECK(err, cudaEventCreate(&g->t0));
+    CUDA_CHECK(err, cudaEventCreate(&g->t1));
+    if (g->reduce != NULL) {
+        CUDA_CHECK(err, cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
+        for (int b = 0; b < g->t->n_buckets; b++)
+            CUDA_CHECK(err, cudaEventCreateWithFlags(&g->bucket_ev[b], ev_flags));
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&g->comm_done, ev_flags));
+    }
+    /* The host copy of ds may be freed by the caller once this returns. */
+    CUDA_CHECK(err, cudaStreamSynchronize(g->s));
+    return 0;
+}
+
+extern "C" int mgpu_gpustep_create(mgpu_trainer_t *t, const mgpu_dataset_t *ds, size_t epoch_rows,
+                                   int use_graph, mgpu_gpustep_reduce_fn reduce, void *reduce_ctx,
+                                   mgpu_gpustep_t **out, mgpu_err_t *err)
+{
+    *out = NULL;
+    cudaStream_t s = (cudaStream_t)mgpu_kernels_cuda_stream(t->k);
+    if (s == nullptr)
+        return mgpu_err_set(err, -EINVAL, "gpustep: the kernels backend is %s, expected cuda",
+                            t->k->ops->name);
+    /* The ring holds int32 row numbers and the cursor is an int. */
+    if (ds->n == 0 || ds->n > (size_t)INT32_MAX || epoch_rows == 0 ||
+        epoch_rows * kRing > (size_t)INT32_MAX)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpustep: %zu samples and epochs of %zu rows, expected 1..%d each",
+                            ds->n, epoch_rows, INT32_MAX / kRing);
+    mgpu_gpustep_t *g = (mgpu_gpustep_t *)calloc(1, sizeof *g);
+    if (g == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpustep: calloc failed");
+    g->t = t;
+    g->s = s;
+    g->reduce = reduce;
+    g->reduce_ctx = reduce_ctx;
+    g->F = ds->features;
+    g->T = ds->targets != NULL ? ds->target_dim : 0;
+    g->n = ds->n;
+    g->use_graph = use_graph;
+    g->bucket_ev = (cudaEvent_t *)calloc((size_t)t->n_buckets + 1, sizeof(cudaEvent_t));
+    int rc = g->bucket_ev == NULL ? mgpu_err_set(err, -ENOMEM, "gpustep: calloc failed")
+                                  : create(g, ds, epoch_rows, err);
+    if (rc < 0) {
+        mgpu_gpustep_destroy(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+extern "C" int mgpu_gpustep_epoch(mgpu_gpustep_t *g, const size_t *idx, size_t n, mgpu_err_t *err)
+{
+    if (n > g->slot_len)
+        return mgpu_err_set(err, -EINVAL, "gpustep: an epoch of %zu rows, the ring holds %zu", n,
+                            g->slot_len);
+    const int slot = (int)(g->epochs % kRing);
+    int32_t *h = g->h_ring + (size_t)slot * g->slot_len;
+    /* Everything queued so far belongs to the previous epoch: its slot is free once that is
+     * done. The slot this epoch takes was last used kRing epochs ago. */
+    if (g->epochs > 0)
+        CUDA_CHECK(err, cudaEventRecord(g->slot_free[(g->epochs - 1) % kRing], g->s));
+    CUDA_CHECK(err, cudaEventSynchronize(g->slot_free[slot]));
+    for (size_t i = 0; i < n; i++) {
+        if (idx[i] >= g->n)
+            return mgpu_err_set(err, MGPU_E_RANGE, "gpustep: index %zu is row %zu of %zu", i,
+                                idx[i], g->n);
+        h[i] = (int32_t)idx[i];
+    }
+    CUDA_CHECK(err, cudaMemcpyAsync(g->ring + (size_t)slot * g->slot_len, h, sizeof(int32_t) * n,
+                                    cudaMemcpyHostToDevice, g->s));
+    cursor_set_kernel<<<1, 1, 0, g->s>>>(g->cursor, (int)((size_t)slot * g->slot_len));
+    CUDA_CHECK_LAUNCH(err, "cursor_set_kernel");
+    g->epochs++;
+    return 0;
+}
+
+/* The model's backward hook: launch every bucket that `layer` completes. */
+static int on_layer(void *ctx, int layer, mgpu_err_t *err)
+{
+    mgpu_gpustep_t *g = (mgpu_gpustep_t *)ctx;
+    mgpu_trainer_t *t = g->t;
+    while (g->next_bucket < t->n_buckets && t->bucket_layer[g->next_bucket] == layer) {
+        const int b = g->next_bucket++;
+        const mgpu_bucket_t *bk = &t->buckets[b];
+        CUDA_CHECK(err, cudaEventRecord(g->bucket_ev[b], g->s));
+        CUDA_CHECK(err, cudaStreamWaitEvent(g->comm, g->bucket_ev[b], 0));
+        int rc = g->reduce(g->reduce_ctx, t->model->grads + bk->offset, bk->count, g->comm, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Queues one step on g->s (also while capturing). */
+static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
+{
+    mgpu_trainer_t *t = g->t;
+    mgpu_model_t *m = t->model;
+    int rc;
+
+    dim3 grid((unsigned)((((g->F > g->T ? g->F : g->T) + kThreads - 1) / kThreads)),
+              (unsigned)(count < 65535 ? count : 65535));
+    if (grid.x > 32)
+        grid.x = 32; /* the kernel loops over the rest of a row */
+    gather_kernel<<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring, g->cursor,
+                                               count, t->d_x, t->d_t, t->d_l);
+    CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
+    cursor_add_kernel<<<1, 1, 0, g->s>>>(g->cursor, count);
+    CUDA_CHECK_LAUNCH(err, "cursor_add_kernel");
+    g->next_bucket = 0;
+    if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||
+        (rc = mgpu_model_backward_hooked(m, t->d_x, g->lab != nullptr ? t->d_l : NULL,
+                                         g->tg != nullptr ? t->d_t : NULL,
+                                         g->reduce != NULL ? on_layer : NULL, g, err)) < 0)
+        return rc;
+    if (g->reduce != NULL) {
+        if (g->next_bucket != t->n_buckets)
+            return mgpu_err_set(err, -EINVAL, "gpustep: backward launched %d of %d buckets",
+                                g->next_bucket, t->n_buckets);
+        CUDA_CHECK(err, cudaEventRecord(g->comm_done, g->comm));
+        CUDA_CHECK(err, cudaStreamWaitEvent(g->s, g->comm_done, 0));
+    }
+    return mgpu_optim_step(t->optim, m->params, m->grads, err);
+}
+
+/* Captures one step of count rows into g->exec. The capture queues nothing: the caller
+ * launches the graph for this step. */
+static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
+{
+    long long step_before = g->t->optim->step;
+    /* ThreadLocal: another thread's unrelated CUDA calls (a watchdog's query) must not
+     * invalidate this capture, and this thread makes no unsafe call during it. */
+    CUDA_CHECK(err, cudaStreamBeginCapture(g->s, cudaStreamCaptureModeThreadLocal));
+    int rc = queue_step(g, count, err);
+    cudaGraph_t graph = nullptr;
+    cudaError_t ce = cudaStreamEndCapture(g->s, &graph);
+    /* Nothing captured has run: the step is not done. */
+    g->t->optim->step = step_before;
+    if (rc < 0) {
+        if (graph != nullptr)
+            (void)cudaGraphDestroy(graph);
+        /* Something in the step (an all-reduce that synchronises, say) cannot be captured:
+         * say how to run without a graph. */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return mgpu_err_set(err, rc,
+                            "gpustep: capturing the step in a CUDA graph: %s (set "
+                            "cuda_graph = false to run eagerly)",
+                            msg);
+    }
+    if (ce != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA,
+                            "gpustep: cudaStreamEndCapture: %s (%s) (set cuda_graph = false to "
+                            "run eagerly)",
+                            cudaGetErrorString(ce), cudaGetErrorName(ce));
+    g->graph = graph;
+    /* queue_step counted the captured update (undone above); the launch performs it. */
+    CUDA_CHECK(err, cudaGraphInstantiate(&g->exec, g->graph, 0));
+    return 0;
+}
+
+extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *err)
+{
+    mgpu_trainer_t *t = g->t;
+    int rc;
+    if (count < 1 || count > (size_t)t->max_batch)
+        return mgpu_err_set(err, -EINVAL, "gpustep: a step of %zu rows, expected 1..%d", count,
+                            t->max_batch);
+    /* One eager step first: it sizes the backend's GEMM workspaces (a capture cannot
+     * allocate) and does the optimizer's first update, the one whose arguments differ. */
+    if (g->use_graph && count == (size_t)t->max_batch && g->eager_steps > 0) {
+        if (g->exec == nullptr && (rc = capture(g, (int)count, err)) < 0)
+            return rc;
+        CUDA_CHECK(err, cudaGraphLaunch(g->exec, g->s));
+        t->optim->step++;
+        t->model->last_batch = (int)count;
+        return 0;
+    }
+    if ((rc = queue_step(g, (int)count, err)) < 0)
+        return rc;
+    g->eager_steps++;
+    return 0;
+}
+
+extern "C" int mgpu_gpustep_graphed(const mgpu_gpustep_t *g)
+{
+    return g->exec != nullptr;
+}
+
+extern "C" int mgpu_gpustep_timer_start(mgpu_gpustep_t *g, mgpu_err_t *err)
+{
+    CUDA_CHECK(err, cudaEventRecord(g->t0, g->s));
+    return 0;
+}
+
+extern "C" int mgpu_gpustep_timer_stop(mgpu_gpustep_t *g, double *ms, mgpu_err_t *err)
+{
+    float f = 0;
+    CUDA_CHECK(err, cudaEventRecord(g->t1, g->s));
+    CUDA_CHECK(err, cudaEventSynchronize(g->t1));
+    CUDA_CHECK(err, cudaEventElapsedTime(&f, g->t0, g->t1));
+    *ms = f;
+    return 0;
+}
