@@ -405,8 +405,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 if ((rc = mgpu_k_sync(k, err)) < 0)
                     goto out;
                 first_step_unix = realtime_s();
-                /* TODO(lead): mgpu_timeline_mark(ctx, "first_step") here once branch nccl's
-                 * timeline is merged (ddp.c has no ctx: pass it in mgpu_ddp_comm_t). */
+                if (comm->mark != NULL)
+                    comm->mark(comm->mark_ctx, "first_step");
             }
             if (step == planned && !log) {
                 /* Kept aside without a sync: an evaluation overwrites the model's scalars. */

@@ -45,6 +45,10 @@ typedef struct mgpu_ddp_comm {
     /* A CUDA kernels backend with world size > 1: the gradient average queued on stream (a
      * cudaStream_t) without waiting, so buckets overlap backward (gpustep.h). */
     int (*allreduce_avg_stream)(void *ctx, float *buf, size_t count, void *stream, mgpu_err_t *err);
+    /* May be NULL: called with "first_step" once the first step has finished (libmgpu's
+     * startup timeline, mgpu_timeline_mark). */
+    void (*mark)(void *mark_ctx, const char *event);
+    void *mark_ctx;
 } mgpu_ddp_comm_t;
 
 typedef struct mgpu_ddp_result {

@@ -45,6 +45,11 @@ static int avg_stream(void *c, float *b, size_t n, void *stream, mgpu_err_t *e)
     return mgpu_allreduce_f32(cs->comm, b, n, MGPU_AVG, stream, e);
 }
 
+static void mark(void *ctx, const char *event)
+{
+    mgpu_timeline_mark(ctx, event);
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n");
@@ -116,7 +121,9 @@ int main(int argc, char **argv)
                               .allreduce_avg = avg,
                               .allreduce_sum = sum,
                               .broadcast = bcast,
-                              .allreduce_avg_stream = avg_stream};
+                              .allreduce_avg_stream = avg_stream,
+                              .mark = mark,
+                              .mark_ctx = ctx};
         rc = mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
         if (rc == 0)
             free(res.params);
