@@ -97,11 +97,22 @@ int main(int argc, char **argv)
     } else {
         mgpu_ddp_result_t res;
         /* A real GPU computes unless the cfg asks for CPU collectives, whose buffers are host
-         * memory; a simulated GPU stands in for one on the CPU. */
+         * memory; a simulated GPU stands in for one on the CPU. Ranks that share a GPU
+         * (--allow_gpu_sharing) cannot meet in NCCL ("Duplicate GPU detected"), so with
+         * backend = auto they train on the CPU, and say so. */
         int gpu = dev->is_gpu && !dev->simulated && cfg.backend != MGPU_BACKEND_CPU;
+        int shared = ri->local_world_size > dev->visible_count;
+        if (gpu && shared && ri->world_size > 1 && cfg.backend == MGPU_BACKEND_AUTO) {
+            if (ri->local_rank == 0)
+                mgpu_warn("%d ranks share %d GPU(s) (--allow_gpu_sharing): NCCL cannot put two "
+                          "ranks on one GPU, so they train on the CPU",
+                          ri->local_world_size, dev->visible_count);
+            gpu = 0;
+        }
         if ((rc = mgpu_kernels_create(gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, dev->ordinal,
                                       &k, &err)) < 0 ||
-            (rc = mgpu_comm_create(ctx, cfg.backend, cfg.timeout_s, &comm, &err)) < 0)
+            (rc = mgpu_comm_create(ctx, gpu ? cfg.backend : MGPU_BACKEND_CPU, cfg.timeout_s,
+                                   &comm, &err)) < 0)
             goto fail;
         if (gpu && ri->world_size > 1 && mgpu_comm_backend(comm) != MGPU_BACKEND_NCCL) {
             rc = mgpu_err_set(&err, MGPU_E_CONFIG,
