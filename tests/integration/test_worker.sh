@@ -95,3 +95,18 @@ EOF2
     expect_eq "$(final b.jsonl loss)" "$(final a.jsonl loss)" "final loss"
     cmp a.ck b.ck || fail "the resumed run's parameters differ from the uninterrupted run's"
 }
+
+t_metrics_file_and_plot() {
+    command -v gnuplot >/dev/null && command -v jq >/dev/null || skip "gnuplot or jq missing"
+    "$LAUNCH" --nproc_per_node=2 "$MGPU_ROOT/configs/train.cfg" epochs=2 metrics_file=m.jsonl \
+        >out 2>err || fail "train exited $?"
+    python3 - <<'PY' || fail "metrics file"
+import json
+rows = [json.loads(l) for l in open("m.jsonl")]
+assert rows[-1]["final"] is True and rows[-1]["world_size"] == 2, rows[-1]
+assert any("loss" in r and "step" in r and not r.get("final") for r in rows)
+assert any("eval_accuracy" in r for r in rows[:-1])
+PY
+    bash "$MGPU_ROOT/scripts/plot_metrics.sh" m.jsonl m.png >/dev/null || fail "plot exited $?"
+    expect_eq "$(head -c 8 m.png | od -An -tx1 | tr -d ' \n')" 89504e470d0a1a0a "PNG signature"
+}
