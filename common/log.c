@@ -5,6 +5,7 @@
 #include <stdarg.h>  /* va_list */
 #include <stdio.h>   /* vsnprintf */
 #include <strings.h> /* strcasecmp */
+#include <time.h>    /* clock_gettime */
 #include <unistd.h>  /* write */
 
 /* The process's logging state: written once by main before anything else runs. */
@@ -44,7 +45,16 @@ void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
 
     if (level > log_level)
         return;
-    n = snprintf(line, sizeof line, "%s: %s: ", log_prog, names[level]);
+    if (level == MGPU_LOG_DEBUG) {
+        /* Debug lines carry a monotonic time (ms), to see where a run spends its time. */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        n = snprintf(line, sizeof line, "%s: debug %lld.%03ld: ", log_prog,
+                     (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000,
+                     (ts.tv_nsec / 1000) % 1000);
+    } else {
+        n = snprintf(line, sizeof line, "%s: %s: ", log_prog, names[level]);
+    }
     va_start(ap, fmt);
     n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);

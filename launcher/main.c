@@ -199,6 +199,7 @@ int main(int argc, char **argv)
     raise_fd_limit();
 
     /* Meet the other launchers (or, on one node, just start the store for the workers). */
+    mgpu_debug("planned %d workers; rendezvous", plan.nproc);
     rdzv_options(cli, &plan, host, &ro);
     rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
     if (rc < 0 && ro.serve && ro.elastic && cli->is_host < 0 &&
@@ -212,6 +213,7 @@ int main(int argc, char **argv)
         mgpu_plan_free(&plan);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
+    mgpu_debug("rendezvous done");
     mgpu_plan_set_world(&plan, &world);
     if (cli->nnodes_max > 1)
         mgpu_info("node %d of %d: global ranks %d..%d of %d; MASTER_ADDR=%s MASTER_PORT=%d",
@@ -228,6 +230,7 @@ int main(int argc, char **argv)
         mgpu_plan_free(&plan);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
+    mgpu_debug("run over");
     mgpu_report_print(&plan, &res, stderr);
     if (!cli->quiet)
         mgpu_report_timeline(&plan, &res, stderr);

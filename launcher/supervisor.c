@@ -390,6 +390,7 @@ static void record_exit(sup_t *s, proc_t *p, int status)
 
     p->running = 0;
     s->running--;
+    mgpu_debug("local rank %d exited (%d still running)", p->k, s->running);
     o->t_end = now_real();
     o->t_detected_mono = now_mono();
     if (o->exec_errno) {
@@ -718,6 +719,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         s->running++;
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
+    mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -756,6 +758,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             uv_read_start((uv_stream_t *)&st->pipe, on_alloc, on_read);
         }
     }
+    mgpu_debug("attempt %d: every worker executed (or failed to)", s->attempt);
     if (rc < 0)
         stop_group(s, SIGKILL);
     return rc;
@@ -932,6 +935,7 @@ static void maybe_finish(sup_t *s)
         return; /* leftovers are stopping; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
+    mgpu_debug("attempt %d over on this node", s->attempt);
     if (s->multi && s->res->rdzv_error) {
         attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
         return;
