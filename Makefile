@@ -14,6 +14,7 @@
 #   tests/helper/*.c                 -> tests/<name> (programs the integration tests spawn)
 
 BUILD    ?= build
+comma    := ,
 PREFIX   ?= /usr/local
 CC       ?= cc
 SANITIZE ?=
@@ -135,8 +136,8 @@ install: all
 	install -m 644 $(BUILD)/lib/libmgpu.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(BUILD)/lib/libcjson.so.1 $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(wildcard worker/mgpu.h common/error.h) $(DESTDIR)$(PREFIX)/include/mgpu/
-	printf 'prefix=%s\nName: mgpu\nDescription: mgpu worker runtime\nVersion: 0.1.0\nCflags: -I$${prefix}/include/mgpu\nLibs: -L$${prefix}/lib -lmgpu -lcjson -lpthread -lm -lrt\n' \
-	  '$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mgpu.pc
+	printf 'prefix=%s\nName: mgpu\nDescription: mgpu worker runtime (libmgpu)\nVersion: 0.1.0\nCflags: -I$${prefix}/include/mgpu\nLibs: -L$${prefix}/lib -lmgpu $${prefix}/lib/libcjson.so.1 -Wl,-rpath,$${prefix}/lib %s -lpthread -lm -lrt\n' \
+	  '$(PREFIX)' '$(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart_static -lnccl -lcublas -lcublasLt -lstdc++ -ldl)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mgpu.pc
 
 format:
 	clang-format -i $(wildcard common/*.[ch] launcher/*.[ch] worker/*.[ch] kernels/*.[ch] kernels/*.cu tests/unit/*.[ch] tests/helper/*.c)

@@ -4,7 +4,8 @@
 # toolkit is optional: without nvcc the CUDA parts are not built and workers run on the CPU.
 set -euo pipefail
 pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
-      clang libclang-rt-14-dev procps iproute2 time gnuplot-nox jq slurm-wlm munge openmpi-bin)
+      clang libclang-rt-14-dev procps iproute2 time gnuplot-nox jq slurm-wlm munge openmpi-bin
+      pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
