@@ -40,8 +40,11 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Is there an executable called prog (a path, or a name looked up in PATH as execvp does)? */
-static int find_program(const char *prog, const char *path_env, char *why, size_t len)
+/* The executable execvp would run for prog: prog itself when it names a path (it exists; a
+ * permission problem shows as exit 126 with the reason), else the first regular, executable
+ * file of that name in PATH. Fills out (the path) or why. */
+static int find_program(const char *prog, const char *path_env, char *out, size_t olen, char *why,
+                        size_t len)
 {
     struct stat st;
 
@@ -50,7 +53,8 @@ static int find_program(const char *prog, const char *path_env, char *why, size_
             snprintf(why, len, "%s", strerror(errno));
             return -1;
         }
-        return 0; /* exists: a permission problem shows as exit 126 with the reason */
+        snprintf(out, olen, "%s", prog);
+        return 0;
     }
     if (path_env == NULL || *path_env == '\0')
         path_env = "/usr/local/bin:/usr/bin:/bin";
@@ -59,8 +63,10 @@ static int find_program(const char *prog, const char *path_env, char *why, size_
         size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
         char full[4096];
         snprintf(full, sizeof full, "%.*s/%s", (int)dlen, dlen ? p : ".", prog);
-        if (stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0)
+        if (stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0) {
+            snprintf(out, olen, "%s", full);
             return 0;
+        }
         p = colon ? colon + 1 : NULL;
     }
     snprintf(why, len, "not found in PATH (%s)", path_env);
@@ -185,12 +191,15 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
                                 "make",
                                 prog, in->worker_bin, strerror(errno));
         head[nhead++] = in->worker_bin;
-    } else if (find_program(prog, in->path_env, why, sizeof why) < 0) {
+    } else if (find_program(prog, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0) {
         return mgpu_err_set(err, MGPU_E_USAGE, "worker program '%s': %s", prog, why);
     }
-    if (python && find_program(in->python, in->path_env, why, sizeof why) < 0)
+    if (python &&
+        find_program(in->python, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "python interpreter '%s' (PYTHON_EXEC): %s",
                             in->python, why);
+    if (nhead > 0 && !python) /* mgpu-worker, checked above */
+        snprintf(plan->exe, sizeof plan->exe, "%s", in->worker_bin);
 
     for (int k = 0; k < plan->nproc; k++) {
         mgpu_worker_plan_t *w = &plan->workers[k];

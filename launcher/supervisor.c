@@ -186,7 +186,6 @@ enum { RW_WATCH, RW_REPORT, RW_END };
 static void maybe_finish(sup_t *s);
 static void report_failure(sup_t *s, int rank, int local_rank, int code);
 static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
-static void resolve_exec(const char *prog, char *out, size_t len);
 
 static void on_stream_closed(uv_handle_t *h)
 {
@@ -364,12 +363,11 @@ static void stop_group(sup_t *s, int sig)
 
 /* Why execve(path) failed, in words. ENOENT for a file that exists means the interpreter of
  * its #! line is missing: say which, rather than the puzzling "No such file or directory". */
-static void exec_reason(const char *prog, int e, char *buf, size_t len)
+static void exec_reason(const char *exe, int e, char *buf, size_t len)
 {
-    char exe[4096], line[512];
+    char line[512];
     FILE *f;
 
-    resolve_exec(prog, exe, sizeof exe);
     snprintf(buf, len, "'%s': %s", exe, strerror(e));
     if (e != ENOENT || access(exe, F_OK) != 0 || (f = fopen(exe, "re")) == NULL)
         return;
@@ -395,8 +393,7 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     o->t_detected_mono = now_mono();
     if (o->exec_errno) {
         o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
-        exec_reason(s->plan->workers[p->k].argv[0], o->exec_errno, o->exec_reason,
-                    sizeof o->exec_reason);
+        exec_reason(s->plan->exe, o->exec_errno, o->exec_reason, sizeof o->exec_reason);
         o->state = MGPU_W_FAILED;
     } else if (WIFSIGNALED(status)) {
         o->signal = WTERMSIG(status);
@@ -524,29 +521,6 @@ fail:
     _exit(e == ENOENT ? 127 : 126);
 }
 
-/* The executable for argv[0], looked up in PATH as execvp would. */
-static void resolve_exec(const char *prog, char *out, size_t len)
-{
-    const char *path = getenv("PATH");
-
-    snprintf(out, len, "%s", prog);
-    if (strchr(prog, '/') != NULL)
-        return;
-    if (path == NULL || *path == '\0')
-        path = "/usr/local/bin:/usr/bin:/bin";
-    for (const char *p = path; p != NULL;) {
-        const char *colon = strchr(p, ':');
-        size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
-        char full[4096];
-        snprintf(full, sizeof full, "%.*s/%s", (int)dlen, dlen ? p : ".", prog);
-        if (access(full, X_OK) == 0) {
-            snprintf(out, len, "%s", full);
-            return;
-        }
-        p = colon ? colon + 1 : NULL;
-    }
-}
-
 /* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
  * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
  * (a shell's children, data-loader processes): those would be reparented to init and hold the
@@ -626,7 +600,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
     const mgpu_cli_t *cli = s->cli;
-    char attempt_dir[2200], exe[4096];
+    char attempt_dir[2200];
     int pipes[MGPU_MAX_LOCAL][3][2];
     sigset_t all, old;
     pid_t self = getpid();
@@ -699,12 +673,11 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             rc = mgpu_err_set(err, -ENOMEM, "out of memory building the environment");
             break;
         }
-        resolve_exec(plan->workers[k].argv[0], exe, sizeof exe);
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = now_real();
         pid = fork();
         if (pid == 0)
-            child_exec(exe, plan->workers[k].argv, envp, pipes[k][0][1], pipes[k][1][1],
+            child_exec(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1], pipes[k][1][1],
                        pipes[k][2][1], self);
         free(envp);
         if (pid < 0) {
