@@ -402,3 +402,100 @@ int mgpu_k_count_correct(mgpu_kernels_t *k, int rows, int cols, const float *log
     }
     return k->ops->count_correct(k->impl, rows, cols, logits, labels, out, err);
 }
+
+/* --- fused linear layer -------------------------------------------------------------------- */
+
+size_t mgpu_k_linear_aux_bytes(int rows, int out)
+{
+    /* cuBLASLt's relu bit mask: one bit per element, columns (our rows) of a leading dimension
+     * rounded up to 128 bits; 256 bytes of slack keep the end aligned. */
+    if (rows < 0 || out < 0)
+        return 0;
+    return (size_t)(out + 127) / 128 * 16 * (size_t)rows + 256;
+}
+
+static int check_linear(const char *op, int rows, int out, int in, mgpu_err_t *err)
+{
+    if (rows < 1 || out < 1 || in < 1)
+        return mgpu_err_set(err, -EINVAL, "%s: rows=%d out=%d in=%d, expected >= 1 each", op,
+                            rows, out, in);
+    return 0;
+}
+
+int mgpu_k_linear_forward(mgpu_kernels_t *k, mgpu_act_t act, int rows, int out, int in,
+                          const float *x, const float *w, const float *bias, float *z, float *y,
+                          void *aux, mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = check_linear("linear_forward", rows, out, in, err)) < 0)
+        return rc;
+    NEED_PTR("linear_forward", x);
+    NEED_PTR("linear_forward", w);
+    NEED_PTR("linear_forward", z);
+    NEED_PTR("linear_forward", y);
+    if ((unsigned)act >= MGPU_ACT_COUNT)
+        return mgpu_err_set(err, -EINVAL, "linear_forward: activation %d unknown", (int)act);
+    if (y == z && act != MGPU_ACT_IDENTITY)
+        return mgpu_err_set(err, -EINVAL,
+                            "linear_forward: y == z with activation %s, expected separate "
+                            "buffers (backward needs the pre-activation)",
+                            mgpu_act_name(act));
+    if (k->ops->linear_forward != NULL) {
+        rc = k->ops->linear_forward(k->impl, act, rows, out, in, x, w, bias, z, y, aux, err);
+        if (rc != MGPU_K_DECLINED)
+            return rc;
+    }
+    rc = mgpu_k_gemm(k, 0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, z, out, err);
+    return rc < 0 ? rc : mgpu_k_bias_act_forward(k, act, rows, out, z, bias, y, err);
+}
+
+int mgpu_k_linear_backward_data(mgpu_kernels_t *k, mgpu_act_t act, int rows, int out, int in,
+                                const float *dz, const float *w, const float *z_in,
+                                const float *y_in, const void *aux_in, float *dx, float *dbias,
+                                mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = check_linear("linear_backward_data", rows, out, in, err)) < 0)
+        return rc;
+    NEED_PTR("linear_backward_data", dz);
+    NEED_PTR("linear_backward_data", w);
+    NEED_PTR("linear_backward_data", dx);
+    if ((unsigned)act >= MGPU_ACT_COUNT)
+        return mgpu_err_set(err, -EINVAL, "linear_backward_data: activation %d unknown", (int)act);
+    if (act != MGPU_ACT_IDENTITY) {
+        NEED_PTR("linear_backward_data", z_in);
+        NEED_PTR("linear_backward_data", y_in);
+    }
+    if (k->ops->linear_backward_data != NULL) {
+        rc = k->ops->linear_backward_data(k->impl, act, rows, out, in, dz, w, z_in, y_in, aux_in,
+                                          dx, dbias, err);
+        if (rc != MGPU_K_DECLINED)
+            return rc;
+    }
+    rc = mgpu_k_gemm(k, 0, 0, rows, in, out, 1.0f, dz, out, w, in, 0.0f, dx, in, err);
+    if (rc == 0 && act != MGPU_ACT_IDENTITY)
+        rc = mgpu_k_act_backward(k, act, (size_t)rows * in, z_in, y_in, dx, dx, err);
+    if (rc == 0 && dbias != NULL)
+        rc = mgpu_k_sum_rows(k, rows, in, dx, 0.0f, dbias, err);
+    return rc;
+}
+
+int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, const float *dz,
+                                  const float *x, float *dw, float *dbias, mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = check_linear("linear_backward_weight", rows, out, in, err)) < 0)
+        return rc;
+    NEED_PTR("linear_backward_weight", dz);
+    NEED_PTR("linear_backward_weight", x);
+    NEED_PTR("linear_backward_weight", dw);
+    if (k->ops->linear_backward_weight != NULL) {
+        rc = k->ops->linear_backward_weight(k->impl, rows, out, in, dz, x, dw, dbias, err);
+        if (rc != MGPU_K_DECLINED)
+            return rc;
+    }
+    rc = mgpu_k_gemm(k, 1, 0, out, in, rows, 1.0f, dz, out, x, in, 0.0f, dw, in, err);
+    if (rc == 0 && dbias != NULL)
+        rc = mgpu_k_sum_rows(k, rows, out, dz, 0.0f, dbias, err);
+    return rc;
+}

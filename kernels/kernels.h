@@ -116,7 +116,23 @@ typedef struct mgpu_kernels_ops {
                        mgpu_err_t *err);
     int (*count_correct)(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
                          float *out, mgpu_err_t *err);
+    /* Fused linear-layer ops (see mgpu_k_linear_forward and below). Optional: NULL, or a
+     * return of MGPU_K_DECLINED, makes the launcher compose them from the ops above, which is
+     * also their reference (the CPU table leaves them NULL). */
+    int (*linear_forward)(void *impl, mgpu_act_t act, int rows, int out, int in, const float *x,
+                          const float *w, const float *bias, float *z, float *y, void *aux,
+                          mgpu_err_t *err);
+    int (*linear_backward_data)(void *impl, mgpu_act_t act, int rows, int out, int in,
+                                const float *dz, const float *w, const float *z_in,
+                                const float *y_in, const void *aux_in, float *dx, float *dbias,
+                                mgpu_err_t *err);
+    int (*linear_backward_weight)(void *impl, int rows, int out, int in, const float *dz,
+                                  const float *x, float *dw, float *dbias, mgpu_err_t *err);
 } mgpu_kernels_ops_t;
+
+/* What a fused op of the table returns when it leaves the work to the launcher's composition
+ * (an activation it does not fuse, a shape or precision its library declines). */
+#define MGPU_K_DECLINED 1
 
 typedef struct mgpu_kernels {
     const mgpu_kernels_ops_t *ops;
@@ -204,5 +220,32 @@ int mgpu_k_argmax_rows(mgpu_kernels_t *k, int rows, int cols, const float *x, in
  * other metrics). */
 int mgpu_k_count_correct(mgpu_kernels_t *k, int rows, int cols, const float *logits,
                          const int32_t *labels, float *out, mgpu_err_t *err);
+
+
+/* --- fused linear layer (nn.Linear + activation), row-major, W [out, in] as nn.Linear ----- */
+/* Bytes of the aux buffer linear_forward may keep for backward (a bit mask of act' > 0): at
+ * least this much backend memory per layer, for up to `rows` rows of `out` features. */
+size_t mgpu_k_linear_aux_bytes(int rows, int out);
+/* z = x[rows, in] . W^T + bias (bias may be NULL), y = act(z). Equals mgpu_k_gemm(0, 1) into
+ * z then mgpu_k_bias_act_forward(act, z, bias, y), which is what the launcher runs when the
+ * backend has no fused version. y may equal z only for identity. A fused backend may leave z
+ * unwritten for relu and identity (their backward reads only y), and may write a mask into aux
+ * (NULL: none kept) that linear_backward_data then reads. */
+int mgpu_k_linear_forward(mgpu_kernels_t *k, mgpu_act_t act, int rows, int out, int in,
+                          const float *x, const float *w, const float *bias, float *z, float *y,
+                          void *aux, mgpu_err_t *err);
+/* The gradient of the layer's input, through the activation `act` that produced that input:
+ * dx[rows, in] = (dz[rows, out] . W) * act'(z_in) (z_in, y_in: the pre-activation and the
+ * output of the layer below, aux_in: the aux its linear_forward kept), then dbias[in] = column
+ * sums of dx when dbias is not NULL (the layer below's bias gradient). Equals mgpu_k_gemm(0, 0),
+ * mgpu_k_act_backward in place (skipped for identity), mgpu_k_sum_rows. */
+int mgpu_k_linear_backward_data(mgpu_kernels_t *k, mgpu_act_t act, int rows, int out, int in,
+                                const float *dz, const float *w, const float *z_in,
+                                const float *y_in, const void *aux_in, float *dx, float *dbias,
+                                mgpu_err_t *err);
+/* dW[out, in] = dz^T . x[rows, in]; dbias[out] = column sums of dz when dbias is not NULL.
+ * Equals mgpu_k_gemm(1, 0) then mgpu_k_sum_rows. */
+int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, const float *dz,
+                                  const float *x, float *dw, float *dbias, mgpu_err_t *err);
 
 #endif

@@ -41,6 +41,7 @@
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
 
+#include <cublasLt.h>     /* cublasLtMatmul: the fused linear-layer ops' epilogues */
 #include <cublas_v2.h>    /* cublasGemmEx */
 #include <cuda_bf16.h>    /* __nv_bfloat16, __floats2bfloat162_rn */
 #include <cuda_runtime.h> /* streams, cudaMalloc, <<<>>> */
@@ -48,6 +49,7 @@
 #include <errno.h>     /* ENOMEM */
 #include <math.h>      /* INFINITY, NAN */
 #include <stdint.h>    /* uintptr_t */
+#include <stdio.h>     /* fprintf: MGPU_LT_VERBOSE */
 #include <stdlib.h>    /* calloc, free */
 #include <type_traits> /* std::integral_constant */
 
@@ -61,6 +63,22 @@ constexpr size_t kScratchFloats = 1u << 20;  /* 4 MiB of partial sums */
 constexpr size_t kBlasWorkspace = 32u << 20; /* cuBLAS's recommendation for Hopper */
 constexpr int kXentWarpMaxCols = 1024;       /* above: a block per row */
 
+/* One cuBLASLt matmul configuration (column-major, as cuBLAS sees it), its descriptors and
+ * the algorithm the heuristic chose; ok is false when cuBLASLt declined it. */
+struct lt_plan {
+    int m, n, k, lda, ldb, ldd;
+    long long aux_ld;
+    cublasOperation_t ta, tb;
+    cublasLtEpilogue_t epi;
+    mgpu_precision_t prec;
+    bool ok;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+constexpr int kLtPlans = 64; /* configurations cached; more are declined */
+constexpr int kLtAux = 64;   /* aux masks a fused forward wrote, that backward may read */
+
 struct cuda_impl {
     int device;
     int sms;
@@ -71,6 +89,13 @@ struct cuda_impl {
     void *blas_ws;
     void *ws; /* GEMM operand copies: bf16 conversions, tf32 transposes */
     size_t ws_bytes;
+    /* cuBLASLt for the fused linear ops (shares blas_ws: both run in order on stream). */
+    cublasLtHandle_t lt;
+    bool lt_off, lt_verbose; /* MGPU_CUDA_LT=0: compose every fused op; MGPU_LT_VERBOSE=1 */
+    lt_plan plans[kLtPlans];
+    int n_plans;
+    const void *lt_aux[kLtAux]; /* masks written by the last fused forward into them */
+    int n_aux;
 };
 
 /* --- small helpers --------------------------------------------------------------------------- */
@@ -844,6 +869,19 @@ void cuda_impl_destroy(void *impl)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)
         (void)cublasDestroy(c->blas);
+    for (int i = 0; i < c->n_plans; i++) {
+        lt_plan *p = &c->plans[i];
+        if (p->la != NULL)
+            (void)cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb != NULL)
+            (void)cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->ld != NULL)
+            (void)cublasLtMatrixLayoutDestroy(p->ld);
+        if (p->desc != NULL)
+            (void)cublasLtMatmulDescDestroy(p->desc);
+    }
+    if (c->lt != NULL)
+        (void)cublasLtDestroy(c->lt);
     (void)cudaFree(c->ws);
     (void)cudaFree(c->scratch);
     (void)cudaFree(c->blas_ws);
@@ -867,6 +905,11 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUDA_CHECK(err, cudaMalloc(&c->blas_ws, kBlasWorkspace));
     CUBLAS_CHECK(err, cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
     CUDA_CHECK(err, cudaMalloc((void **)&c->scratch, kScratchFloats * sizeof(float)));
+    CUBLAS_CHECK(err, cublasLtCreate(&c->lt));
+    const char *e = getenv("MGPU_CUDA_LT");
+    c->lt_off = e != NULL && e[0] == '0';
+    e = getenv("MGPU_LT_VERBOSE");
+    c->lt_verbose = e != NULL && e[0] == '1';
     c->prec = MGPU_PREC_FP32;
     return 0;
 }
@@ -1277,6 +1320,209 @@ int cuda_count_correct(void *impl, int rows, int cols, const float *logits, cons
     return finish(c, blocks, 1.0, out, "count_correct", err);
 }
 
+
+/* --- fused linear layer: cuBLASLt epilogues ------------------------------------------------ */
+/* Row-major y[rows, out] = x W^T is column-major y^T (out x rows) = W^T(op T of the stored
+ * in x out) . x^T (in x rows): features are cuBLAS's rows (m), so the bias and bias-gradient
+ * vectors of the epilogues (length m) and the relu mask (m x rows bits, ld a multiple of 128)
+ * line up with our columns with no transposes. Forward: RELU_AUX_BIAS (or BIAS for identity)
+ * writes y and the mask. Input gradient: DRELU_BGRAD reads the mask of the layer below and
+ * writes its dz and bias gradient. Weight gradient: BGRADB writes the output layer's bias
+ * gradient from the same pass. Whatever cuBLASLt declines (no algorithm for an epilogue,
+ * type or shape) is composed by the launcher from the plain ops, so results never depend on
+ * it; MGPU_LT_VERBOSE=1 says what was declined. bf16 converts both operands as cuda_gemm does. */
+
+long long round128(int v)
+{
+    return ((long long)v + 127) / 128 * 128;
+}
+
+bool aux_known(const cuda_impl *c, const void *aux)
+{
+    for (int i = 0; i < c->n_aux; i++)
+        if (c->lt_aux[i] == aux)
+            return true;
+    return false;
+}
+
+void aux_mark(cuda_impl *c, const void *aux, bool written)
+{
+    for (int i = 0; i < c->n_aux; i++)
+        if (c->lt_aux[i] == aux) {
+            if (!written)
+                c->lt_aux[i] = c->lt_aux[--c->n_aux];
+            return;
+        }
+    if (written && c->n_aux < kLtAux)
+        c->lt_aux[c->n_aux++] = aux;
+}
+
+/* The cached plan for this configuration, created (and its heuristic asked) on first use;
+ * NULL when the cache is full. Host-only work: safe inside a stream capture. */
+lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                int lda, int ldb, int ldd, cublasLtEpilogue_t epi, long long aux_ld)
+{
+    for (int i = 0; i < c->n_plans; i++) {
+        lt_plan *p = &c->plans[i];
+        if (p->m == m && p->n == n && p->k == k && p->lda == lda && p->ldb == ldb &&
+            p->ldd == ldd && p->aux_ld == aux_ld && p->ta == ta && p->tb == tb && p->epi == epi &&
+            p->prec == c->prec)
+            return p;
+    }
+    if (c->n_plans == kLtPlans)
+        return NULL;
+    lt_plan *p = &c->plans[c->n_plans++];
+    *p = lt_plan{};
+    p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd, p->aux_ld = aux_ld;
+    p->ta = ta, p->tb = tb, p->epi = epi, p->prec = c->prec, p->ok = false;
+    cublasComputeType_t ct =
+        c->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t ab = c->prec == MGPU_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasLtMatmulPreference_t pref = NULL;
+    uint64_t wsb = kBlasWorkspace;
+    int nres = 0;
+    cublasLtMatmulHeuristicResult_t res;
+    bool ok =
+        cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+            CUBLAS_STATUS_SUCCESS &&
+        (aux_ld == 0 ||
+         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                        sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
+        cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
+                                   ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
+                                   tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, m, n, ldd) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                             sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res,
+                                       &nres) == CUBLAS_STATUS_SUCCESS &&
+        nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (pref != NULL)
+        (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (ok)
+        p->algo = res.algo;
+    p->ok = ok;
+    if (c->lt_verbose)
+        fprintf(stderr, "kernels(cuda): cuBLASLt %s epilogue %d, m=%d n=%d k=%d, %s\n",
+                ok ? "fused" : "DECLINED", (int)epi, m, n, k, mgpu_precision_name(c->prec));
+    return p;
+}
+
+/* A (stored cols x rows col-major, i.e. rows x cols row-major) to a bf16 copy at dst with
+ * rows padded to 8 elements; returns the padded ld. */
+int lt_bf16(cuda_impl *c, int rows_cm, int cols_cm, const float *src, int ld,
+            __nv_bfloat16 *dst, int *ld16, mgpu_err_t *err)
+{
+    *ld16 = (rows_cm + 7) / 8 * 8;
+    return to_bf16(c, cols_cm, rows_cm, src, ld, dst, *ld16, err);
+}
+
+/* D = op(A) op(B) with the epilogue, column-major; returns MGPU_K_DECLINED when cuBLASLt has
+ * no algorithm for it (nothing queued then). */
+int lt_matmul(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+              const float *a, int lda, const float *b, int ldb, float *d, int ldd,
+              cublasLtEpilogue_t epi, const void *bias, const void *aux, long long aux_ld,
+              mgpu_err_t *err)
+{
+    if (c->lt_off)
+        return MGPU_K_DECLINED;
+    const void *pa = a, *pb = b;
+    int ra = ta == CUBLAS_OP_N ? m : k, ca = ta == CUBLAS_OP_N ? k : m;
+    int rb = tb == CUBLAS_OP_N ? k : n, cb = tb == CUBLAS_OP_N ? n : k;
+    if (c->prec == MGPU_PREC_BF16) {
+        /* Decide before converting: a declined plan must queue nothing. */
+        int la16 = (ra + 7) / 8 * 8, lb16 = (rb + 7) / 8 * 8;
+        lt_plan *p = lt_get(c, ta, tb, m, n, k, la16, lb16, ldd, epi, aux_ld);
+        if (p == NULL || !p->ok)
+            return MGPU_K_DECLINED;
+        size_t a_elems = ((size_t)ca * la16 + 127) / 128 * 128, b_elems = (size_t)cb * lb16;
+        int rc;
+        if ((rc = ensure_ws(c, (a_elems + b_elems) * sizeof(__nv_bfloat16), err)) < 0)
+            return rc;
+        __nv_bfloat16 *a16 = (__nv_bfloat16 *)c->ws, *b16 = a16 + a_elems;
+        if ((rc = lt_bf16(c, ra, ca, a, lda, a16, &la16, err)) < 0 ||
+            (rc = lt_bf16(c, rb, cb, b, ldb, b16, &lb16, err)) < 0)
+            return rc;
+        pa = a16, pb = b16, lda = la16, ldb = lb16;
+    }
+    lt_plan *p = lt_get(c, ta, tb, m, n, k, lda, ldb, ldd, epi, aux_ld);
+    if (p == NULL || !p->ok)
+        return MGPU_K_DECLINED;
+    if (bias != nullptr)
+        CUBLAS_CHECK(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &bias, sizeof bias));
+    if (aux != nullptr)
+        CUBLAS_CHECK(err, cublasLtMatmulDescSetAttribute(
+                              p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld,
+                                       d, p->ld, &p->algo, c->blas_ws, kBlasWorkspace, c->stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+        p->ok = false;
+        if (c->lt_verbose)
+            fprintf(stderr, "kernels(cuda): cuBLASLt NOT_SUPPORTED at launch, epilogue %d\n",
+                    (int)epi);
+        return MGPU_K_DECLINED;
+    }
+    CUBLAS_CHECK(err, st);
+    return 0;
+}
+
+int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, const float *x,
+                        const float *w, const float *bias, float *z, float *y, void *aux,
+                        mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY)
+        return MGPU_K_DECLINED;
+    bool relu = act == MGPU_ACT_RELU, b = bias != nullptr;
+    cublasLtEpilogue_t epi = relu ? (aux != nullptr ? (b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS
+                                                         : CUBLASLT_EPILOGUE_RELU_AUX)
+                                                    : (b ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                         : CUBLASLT_EPILOGUE_RELU))
+                                  : (b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    long long aux_ld = relu && aux != nullptr ? round128(out) : 0;
+    int rc = lt_matmul(c, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, x, in, y, out, epi, bias,
+                       aux_ld ? aux : nullptr, aux_ld, err);
+    if (aux != nullptr)
+        aux_mark(c, aux, rc == 0 && aux_ld != 0);
+    return rc;
+}
+
+int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int in,
+                              const float *dz, const float *w, const float *z_in,
+                              const float *y_in, const void *aux_in, float *dx, float *dbias,
+                              mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    /* Only with the mask a fused forward wrote into aux_in. */
+    if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in))
+        return MGPU_K_DECLINED;
+    cublasLtEpilogue_t epi = dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
+    return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dz, out, dx, in, epi, dbias,
+                     aux_in, round128(in), err);
+}
+
+int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const float *dz,
+                                const float *x, float *dw, float *dbias, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    /* Without a bias gradient the plain GEMM is the same work. Large tf32 products keep
+     * cuda_gemm's transposed copy of dz (see there). */
+    if (dbias == nullptr ||
+        (c->prec == MGPU_PREC_TF32 && (double)rows * out * in > (double)(1u << 27)))
+        return MGPU_K_DECLINED;
+    return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz, out, dw, in,
+                     CUBLASLT_EPILOGUE_BGRADB, dbias, nullptr, 0, err);
+}
+
 } /* namespace */
 
 extern "C" int mgpu_kernels_cuda_device_count(mgpu_err_t *err)
@@ -1324,4 +1570,7 @@ extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {
     cuda_sum,
     cuda_argmax_rows,
     cuda_count_correct,
+    cuda_linear_forward,
+    cuda_linear_backward_data,
+    cuda_linear_backward_weight,
 };

@@ -33,14 +33,17 @@ constexpr int kRing = 4;      /* epochs of indices the host may run ahead of the
 constexpr int kThreads = 256; /* gather block size */
 
 /* Row r of the batch is row ring[*cursor + r] of the data set: x [F], targets [T], label. A
- * 2-D grid: y walks rows, x walks columns, so no thread divides. */
+ * 2-D grid: y walks rows, x walks columns, so no thread divides. The block that finishes last
+ * (a counter in device memory) advances the cursor by count and resets the counter: every
+ * block has read the cursor before it counts itself, so this saves the step a launch. */
 __global__ void gather_kernel(const float *__restrict__ x, int F, const float *__restrict__ tg,
                               int T, const int32_t *__restrict__ lab,
-                              const int32_t *__restrict__ ring, const int *__restrict__ cursor,
+                              const int32_t *__restrict__ ring, int *cursor, unsigned *done,
                               int count, float *__restrict__ bx, float *__restrict__ bt,
                               int32_t *__restrict__ bl)
 {
-    const int base = *cursor;
+    __shared__ bool last;
+    const int base = *(volatile int *)cursor;
     const int wide = F > T ? F : T;
     for (int r = blockIdx.y; r < count; r += gridDim.y) {
         const size_t src = (size_t)ring[base + r];
@@ -53,11 +56,18 @@ __global__ void gather_kernel(const float *__restrict__ x, int F, const float *_
                 bl[r] = lab[src];
         }
     }
-}
-
-__global__ void cursor_add_kernel(int *cursor, int count)
-{
-    *cursor += count;
+    __syncthreads(); /* every thread of this block has read the cursor */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned total = gridDim.x * gridDim.y;
+        last = atomicAdd(done, 1u) == total - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        *cursor = base + count;
+        *done = 0;
+        __threadfence();
+    }
 }
 
 __global__ void cursor_set_kernel(int *cursor, int value)
@@ -83,6 +93,7 @@ struct mgpu_gpustep {
     long long epochs;
     cudaEvent_t slot_free[kRing];
     int *cursor;
+    unsigned *done; /* gather's count of finished blocks (0 between steps) */
     /* Buckets: the event after the layer that completes each, the all-reduces' end. */
     cudaEvent_t *bucket_ev;
     cudaEvent_t comm_done;
@@ -127,6 +138,7 @@ extern "C" void mgpu_gpustep_destroy(mgpu_gpustep_t *g)
     (void)cudaFree(g->lab);
     (void)cudaFree(g->ring);
     (void)cudaFree(g->cursor);
+    (void)cudaFree(g->done);
     (void)cudaFreeHost(g->h_ring);
     free(g);
 }
@@ -154,6 +166,8 @@ static int create(mgpu_gpustep_t *g, const mgpu_dataset_t *ds, size_t epoch_rows
     CUDA_CHECK(err, cudaMallocHost((void **)&g->h_ring, sizeof(int32_t) * kRing * epoch_rows));
     CUDA_CHECK(err, cudaMalloc((void **)&g->cursor, sizeof(int)));
     CUDA_CHECK(err, cudaMemsetAsync(g->cursor, 0, sizeof(int), g->s));
+    CUDA_CHECK(err, cudaMalloc((void **)&g->done, sizeof(unsigned)));
+    CUDA_CHECK(err, cudaMemsetAsync(g->done, 0, sizeof(unsigned), g->s));
     for (int i = 0; i < kRing; i++)
         CUDA_CHECK(err, cudaEventCreateWithFlags(&g->slot_free[i], ev_flags));
     CUDA_CHECK(err, cudaEventCreate(&g->t0));
@@ -261,10 +275,8 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     if (grid.x > 32)
         grid.x = 32; /* the kernel loops over the rest of a row */
     gather_kernel<<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring, g->cursor,
-                                               count, t->d_x, t->d_t, t->d_l);
+                                               g->done, count, t->d_x, t->d_t, t->d_l);
     CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
-    cursor_add_kernel<<<1, 1, 0, g->s>>>(g->cursor, count);
-    CUDA_CHECK_LAUNCH(err, "cursor_add_kernel");
     g->next_bucket = 0;
     if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||
         (rc = mgpu_model_backward_hooked(m, t->d_x, g->lab != nullptr ? t->d_l : NULL,

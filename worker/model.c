@@ -1,6 +1,8 @@
 /* model.c - linear/MLP forward and backward as a sequence of kernels.h calls: per layer one
- * GEMM and one fused bias+activation forward; backward one activation backward, two GEMMs and
- * a column sum. */
+ * fused linear forward (GEMM, bias, activation); backward per layer a weight-gradient GEMM
+ * with the bias gradient, and an input-gradient GEMM with the activation backward of the layer
+ * below and that layer's bias gradient (mgpu_k_linear_*: one cuBLASLt call each on a GPU,
+ * the same GEMM + elementwise + column-sum ops as before on the CPU). */
 #include "model.h"
 
 #include <errno.h>   /* EINVAL, ENOMEM */
@@ -60,6 +62,7 @@ void mgpu_model_destroy(mgpu_model_t *m)
         if (m->y[l] != m->z[l])
             mgpu_k_free(m->k, m->y[l]);
         mgpu_k_free(m->k, m->z[l]);
+        mgpu_k_free(m->k, m->aux[l]);
     }
     mgpu_k_free(m->k, m->params);
     mgpu_k_free(m->k, m->grads);
@@ -122,6 +125,11 @@ int mgpu_model_create(mgpu_kernels_t *k, const mgpu_model_spec_t *spec, int max_
         m->y[l] = m->z[l];
         if (m->layers[l].act != MGPU_ACT_IDENTITY && (rc = alloc_floats(k, n, &m->y[l], err)) < 0)
             goto fail;
+        /* Only a GPU backend fuses, and only a hidden layer's mask is read back. */
+        if (k->backend != MGPU_KBACKEND_CPU && m->layers[l].act != MGPU_ACT_IDENTITY &&
+            (rc = mgpu_k_alloc(k, mgpu_k_linear_aux_bytes(max_batch, m->layers[l].out),
+                               &m->aux[l], err)) < 0)
+            goto fail;
     }
     *out = m;
     return 0;
@@ -167,11 +175,9 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
     for (int l = 0; l < m->n_layers; l++) {
         const mgpu_layer_t *ly = &m->layers[l];
         /* z = in . W^T (W is [out, in] as nn.Linear stores it), then z += b, y = act(z). */
-        rc = mgpu_k_gemm(m->k, 0, 1, batch, ly->out, ly->in, 1.0f, in, ly->in,
-                         m->params + ly->w_off, ly->in, 0.0f, m->z[l], ly->out, err);
-        if (rc == 0)
-            rc = mgpu_k_bias_act_forward(m->k, ly->act, batch, ly->out, m->z[l],
-                                         m->params + ly->b_off, m->y[l], err);
+        rc = mgpu_k_linear_forward(m->k, ly->act, batch, ly->out, ly->in, in,
+                                   m->params + ly->w_off, m->params + ly->b_off, m->z[l], m->y[l],
+                                   m->aux[l], err);
         if (rc < 0)
             return rc;
         in = m->y[l];
@@ -230,26 +236,35 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
     for (int l = m->n_layers - 1; l >= 0; l--) {
         const mgpu_layer_t *ly = &m->layers[l];
         const float *in = l > 0 ? m->y[l - 1] : x;
-        /* dz = d * act'(z), in place; nothing to do for identity (the output layer), which
-         * saves a launch per step on a GPU. */
-        rc = ly->act == MGPU_ACT_IDENTITY
-                 ? 0
-                 : mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d,
-                                       d, err);
-        /* dW [out, in] = dz^T [out, batch] . in [batch, in] */
-        if (rc == 0)
-            rc = mgpu_k_gemm(m->k, 1, 0, ly->out, ly->in, batch, 1.0f, d, ly->out, in, ly->in, 0.0f,
-                             m->grads + ly->w_off, ly->in, err);
-        /* db [out] = column sums of dz */
-        if (rc == 0)
-            rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
+        /* d is dz of this layer: the output layer has no activation, and each lower layer's
+         * activation backward ran inside the input-gradient GEMM of the layer above, which
+         * also wrote that layer's bias gradient. */
+        int top = l == m->n_layers - 1 && ly->act == MGPU_ACT_IDENTITY;
+        if (l == m->n_layers - 1 && ly->act != MGPU_ACT_IDENTITY) {
+            /* (never for the models built here: the output layer is identity) */
+            rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d,
+                                     d, err);
+            if (rc == 0)
+                rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
+            if (rc < 0)
+                return rc;
+        }
+        /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
+         * (here only for the output layer, see above). */
+        rc = mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in,
+                                           m->grads + ly->w_off,
+                                           top ? m->grads + ly->b_off : NULL, err);
         /* The hook runs before d(in): its all-reduce can start while that GEMM runs. */
         if (rc == 0 && hook != NULL)
             rc = hook(hook_ctx, l, err);
-        /* d(in) [batch, in] = dz [batch, out] . W [out, in]; not needed for the input. */
-        if (rc == 0 && l > 0)
-            rc = mgpu_k_gemm(m->k, 0, 0, batch, ly->in, ly->out, 1.0f, d, ly->out,
-                             m->params + ly->w_off, ly->in, 0.0f, other, ly->in, err);
+        /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
+         * and the layer below's bias gradient; not needed for the input. */
+        if (rc == 0 && l > 0) {
+            const mgpu_layer_t *lb = &m->layers[l - 1];
+            rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
+                                             m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
+                                             m->aux[l - 1], other, m->grads + lb->b_off, err);
+        }
         if (rc < 0)
             return rc;
         float *t = d;

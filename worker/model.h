@@ -49,6 +49,9 @@ typedef struct mgpu_model {
     int max_batch;
     /* z[l]: layer l's pre-activation; y[l]: its output (== z[l] when act is identity). */
     float *z[MGPU_MODEL_MAX_LAYERS], *y[MGPU_MODEL_MAX_LAYERS];
+    /* aux[l]: what a fused backend keeps from layer l's forward for backward (a relu mask;
+     * mgpu_k_linear_forward). With a fused backend z[l] may stay unwritten for relu. */
+    void *aux[MGPU_MODEL_MAX_LAYERS];
     float *dy_a, *dy_b; /* backward scratch, max_batch * widest layer each */
     float *scalars;     /* [0] loss, [1] correct count */
     int last_batch;     /* rows of the last forward */

@@ -785,6 +785,122 @@ static void test_adamw(void)
     env_close(&e);
 }
 
+/* --- fused linear layer ------------------------------------------------------------------------
+ * mgpu_k_linear_* on the GPU (cuBLASLt epilogues where it takes them) against the CPU, which
+ * composes the same ops (GEMM, bias + activation, activation backward, column sums). The
+ * layer below's output comes from the GPU's own fused forward (its relu mask is what the GPU
+ * backward reads), copied to the CPU, so that both sides see the same mask whatever the
+ * precision's rounding did near zero. */
+static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int in, int in0)
+{
+    static const double elem_tol[] = {1e-5, 3e-3, 2e-2};
+    char what[160];
+    void *b[16];
+    int nb = 0;
+    float *x0 = hrand((size_t)rows * in0, 1.0f), *w0 = hrand((size_t)in * in0, 1.0f),
+          *b0 = hrand((size_t)in, 1.0f), *w = hrand((size_t)out * in, 1.0f),
+          *bias = hrand((size_t)out, 1.0f), *dz = hrand((size_t)rows * out, 1.0f);
+    OK(e, mgpu_kernels_set_precision(e->gpu, prec, &e->err));
+    float *dx0 = dupd(e, x0, (size_t)rows * in0, 0, &b[nb++]);
+    float *dw0 = dupd(e, w0, (size_t)in * in0, 0, &b[nb++]);
+    float *db0 = dupd(e, b0, (size_t)in, 0, &b[nb++]);
+    float *dw = dupd(e, w, (size_t)out * in, 0, &b[nb++]);
+    float *dbias = dupd(e, bias, (size_t)out, 0, &b[nb++]);
+    float *ddz = dupd(e, dz, (size_t)rows * out, 0, &b[nb++]);
+    float *dz0 = dpoison(e, (size_t)rows * in, 0, &b[nb++]);
+    float *dy0 = dpoison(e, (size_t)rows * in, 0, &b[nb++]);
+    float *dz1 = dpoison(e, (size_t)rows * out, 0, &b[nb++]);
+    float *dy1 = dpoison(e, (size_t)rows * out, 0, &b[nb++]);
+    float *ddx = dpoison(e, (size_t)rows * in, 0, &b[nb++]);
+    float *ddb0 = dpoison(e, (size_t)in, 0, &b[nb++]);
+    float *ddw = dpoison(e, (size_t)out * in, 0, &b[nb++]);
+    float *ddb = dpoison(e, (size_t)out, 0, &b[nb++]);
+    void *aux0 = NULL;
+    OK(e, mgpu_k_alloc(e->gpu, mgpu_k_linear_aux_bytes(rows, in), &aux0, &e->err));
+    b[nb++] = aux0;
+
+    /* The layer below: relu, with its mask kept in aux0. */
+    OK(e, mgpu_k_linear_forward(e->gpu, MGPU_ACT_RELU, rows, in, in0, dx0, dw0, db0, dz0, dy0,
+                                aux0, &e->err));
+    float *y0 = down(e, dy0, (size_t)rows * in);
+    float *cz0 = hbuf((size_t)rows * in), *cy0 = hbuf((size_t)rows * in);
+    OK(e, mgpu_k_linear_forward(e->cpu, MGPU_ACT_RELU, rows, in, in0, x0, w0, b0, cz0, cy0, NULL,
+                                &e->err));
+    double tol0 = elem_tol[prec] * (sqrt((double)in0) + 1.0) * 2.0;
+    snprintf(what, sizeof what, "linear_forward relu %s %dx%dx%d", mgpu_precision_name(prec), rows,
+             in, in0);
+    close_to(what, y0, cy0, (size_t)rows * in, tol0, 1e-5);
+
+    /* This layer: identity (an output layer) forward. */
+    float *cz1 = hbuf((size_t)rows * out), *cy1 = hbuf((size_t)rows * out);
+    OK(e, mgpu_k_linear_forward(e->gpu, MGPU_ACT_IDENTITY, rows, out, in, dy0, dw, dbias, dz1, dz1,
+                                NULL, &e->err));
+    OK(e, mgpu_k_linear_forward(e->cpu, MGPU_ACT_IDENTITY, rows, out, in, y0, w, bias, cz1, cz1,
+                                NULL, &e->err));
+    float *got = down(e, dz1, (size_t)rows * out);
+    double tol1 = elem_tol[prec] * (sqrt((double)in) + 1.0) * 4.0;
+    snprintf(what, sizeof what, "linear_forward identity %s %dx%dx%d", mgpu_precision_name(prec),
+             rows, out, in);
+    close_to(what, got, cz1, (size_t)rows * out, tol1, 1e-4);
+    free(got);
+    (void)dy1;
+    (void)cy1;
+
+    /* Weight gradient with the bias gradient (the output layer's), then the input gradient
+     * through the layer below's relu with its bias gradient. */
+    float *cdw = hbuf((size_t)out * in), *cdb = hbuf((size_t)out);
+    OK(e, mgpu_k_linear_backward_weight(e->gpu, rows, out, in, ddz, dy0, ddw, ddb, &e->err));
+    OK(e, mgpu_k_linear_backward_weight(e->cpu, rows, out, in, dz, y0, cdw, cdb, &e->err));
+    double tolw = elem_tol[prec] * (sqrt((double)rows) + 1.0) * 4.0;
+    got = down(e, ddw, (size_t)out * in);
+    snprintf(what, sizeof what, "linear_backward_weight dW %s %dx%dx%d", mgpu_precision_name(prec),
+             rows, out, in);
+    close_to(what, got, cdw, (size_t)out * in, tolw, 1e-4);
+    free(got);
+    got = down(e, ddb, (size_t)out);
+    snprintf(what, sizeof what, "linear_backward_weight db %s %dx%dx%d", mgpu_precision_name(prec),
+             rows, out, in);
+    /* cuBLASLt's BGRADB sums the GEMM's operand, which bf16 mode has rounded to bf16. */
+    close_to(what, got, cdb, (size_t)out, 2.0 * elem_tol[prec] * sqrt((double)rows) + 1e-5, 1e-4);
+    free(got);
+
+    float *cdx = hbuf((size_t)rows * in), *cdb0 = hbuf((size_t)in);
+    OK(e, mgpu_k_linear_backward_data(e->gpu, MGPU_ACT_RELU, rows, out, in, ddz, dw, dz0, dy0,
+                                      aux0, ddx, ddb0, &e->err));
+    OK(e, mgpu_k_linear_backward_data(e->cpu, MGPU_ACT_RELU, rows, out, in, dz, w, y0, y0, NULL,
+                                      cdx, cdb0, &e->err));
+    double tolx = elem_tol[prec] * (sqrt((double)out) + 1.0) * 4.0;
+    got = down(e, ddx, (size_t)rows * in);
+    snprintf(what, sizeof what, "linear_backward_data dx %s %dx%dx%d", mgpu_precision_name(prec),
+             rows, out, in);
+    close_to(what, got, cdx, (size_t)rows * in, tolx, 1e-4);
+    free(got);
+    got = down(e, ddb0, (size_t)in);
+    snprintf(what, sizeof what, "linear_backward_data db %s %dx%dx%d", mgpu_precision_name(prec),
+             rows, out, in);
+    close_to(what, got, cdb0, (size_t)in, tolx * sqrt((double)rows), 1e-3);
+    free(got);
+
+    free(x0), free(w0), free(b0), free(w), free(bias), free(dz), free(y0), free(cz0), free(cy0);
+    free(cz1), free(cy1), free(cdw), free(cdb), free(cdx), free(cdb0);
+    for (int i = 0; i < nb; i++)
+        mgpu_k_free(e->gpu, b[i]);
+}
+
+static void test_linear_fused(void)
+{
+    /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits. */
+    static const int shapes[][4] = {
+        {256, 10, 256, 784}, {256, 256, 256, 784}, {3, 5, 7, 9}, {127, 33, 130, 65}, {64, 300, 257, 128}};
+    env_t e;
+    env_open(&e);
+    for (int p = 0; p < 3; p++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            linear_case(&e, (mgpu_precision_t)p, shapes[s][0], shapes[s][1], shapes[s][2],
+                        shapes[s][3]);
+    env_close(&e);
+}
+
 int main(void)
 {
     RUN(test_memory_round_trip);
@@ -804,5 +920,6 @@ int main(void)
     RUN(test_argmax_and_count_correct);
     RUN(test_sgd);
     RUN(test_adamw);
+    RUN(test_linear_fused);
     return check_done();
 }
