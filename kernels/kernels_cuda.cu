@@ -96,7 +96,38 @@ struct cuda_impl {
     int n_plans;
     const void *lt_aux[kLtAux]; /* masks written by the last fused forward into them */
     int n_aux;
+    /* bf16 mode (see "bf16 operands" below): copies of activations and gradients kept from
+     * their first GEMM to their second, and the parameters' bf16 mirror written by SGD. */
+    struct shadow {
+        const float *src;
+        size_t bytes; /* of the fp32 range it copies */
+        __nv_bfloat16 *bf;
+        size_t cap; /* elements */
+        int rows_cm, cols_cm, ld, ld16;
+        bool fresh;
+    } shadows[kLtAux];
+    int n_shadows;
+    const float *mir_src;
+    size_t mir_n;
+    __nv_bfloat16 *mir;
+    bool mir_valid, shadow_off; /* MGPU_BF16_SHADOW=0: convert every operand every time */
 };
+
+/* Something wrote [p, p + bytes): copies of it are stale. */
+void invalidate(cuda_impl *c, const void *p, size_t bytes)
+{
+    const char *a = (const char *)p, *b = a + bytes;
+    for (int i = 0; i < c->n_shadows; i++) {
+        const char *s0 = (const char *)c->shadows[i].src, *s1 = s0 + c->shadows[i].bytes;
+        if (a < s1 && s0 < b)
+            c->shadows[i].fresh = false;
+    }
+    if (c->mir != nullptr) {
+        const char *m0 = (const char *)c->mir_src, *m1 = m0 + c->mir_n * sizeof(float);
+        if (a < m1 && m0 < b)
+            c->mir_valid = false;
+    }
+}
 
 /* --- small helpers --------------------------------------------------------------------------- */
 
@@ -463,6 +494,7 @@ struct Sgd {
     float *p;
     const float *g;
     float *buf;
+    __nv_bfloat16 *p16; /* bf16 mode: the bf16 copy of p the GEMMs read, written in the same pass */
     float lr, mom, damp, wd; /* damp = 1 - dampening */
     bool has_mom, first, nesterov;
     __device__ __forceinline__ void upd(float &pi, float gi, float &bi) const
@@ -489,6 +521,14 @@ struct Sgd {
         st4(p, i, pv);
         if (has_mom)
             st4(buf, i, bv);
+        if (p16 != nullptr) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(pv.x, pv.y),
+                           hi = __floats2bfloat162_rn(pv.z, pv.w);
+            uint2 o;
+            o.x = *reinterpret_cast<const unsigned int *>(&lo);
+            o.y = *reinterpret_cast<const unsigned int *>(&hi);
+            reinterpret_cast<uint2 *>(p16)[i] = o;
+        }
     }
     __device__ void one(size_t i) const
     {
@@ -497,6 +537,8 @@ struct Sgd {
         p[i] = pi;
         if (has_mom)
             buf[i] = bi;
+        if (p16 != nullptr)
+            p16[i] = __float2bfloat16_rn(pi);
     }
 };
 
@@ -869,6 +911,9 @@ void cuda_impl_destroy(void *impl)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)
         (void)cublasDestroy(c->blas);
+    for (int i = 0; i < c->n_shadows; i++)
+        (void)cudaFree(c->shadows[i].bf);
+    (void)cudaFree(c->mir);
     for (int i = 0; i < c->n_plans; i++) {
         lt_plan *p = &c->plans[i];
         if (p->la != NULL)
@@ -908,6 +953,8 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUBLAS_CHECK(err, cublasLtCreate(&c->lt));
     const char *e = getenv("MGPU_CUDA_LT");
     c->lt_off = e != NULL && e[0] == '0';
+    e = getenv("MGPU_BF16_SHADOW");
+    c->shadow_off = e != NULL && e[0] == '0';
     e = getenv("MGPU_LT_VERBOSE");
     c->lt_verbose = e != NULL && e[0] == '1';
     c->prec = MGPU_PREC_FP32;
@@ -973,6 +1020,7 @@ void cuda_free(void *impl, void *p)
  * the next sync, as for any asynchronous op. */
 int cuda_copy_to_device(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, dst, bytes);
     CUDA_CHECK(
         err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)impl)->stream));
     return 0;
@@ -989,6 +1037,7 @@ int cuda_copy_to_host(void *impl, void *dst, const void *src, size_t bytes, mgpu
 
 int cuda_copy(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, dst, bytes);
     if (dst == src)
         return 0;
     CUDA_CHECK(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
@@ -998,6 +1047,7 @@ int cuda_copy(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *
 
 int cuda_zero(void *impl, void *dst, size_t bytes, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, dst, bytes);
     CUDA_CHECK(err, cudaMemsetAsync(dst, 0, bytes, ((cuda_impl *)impl)->stream));
     return 0;
 }
@@ -1061,6 +1111,7 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
               const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc,
               mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, c, sizeof(float) * ((size_t)(m > 0 ? m - 1 : 0) * ldc + n));
     cuda_impl *ci = (cuda_impl *)impl;
     cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -1116,6 +1167,8 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
 int cuda_bias_act_forward(void *impl, mgpu_act_t act, int rows, int cols, float *z,
                           const float *bias, float *y, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, z, sizeof(float) * rows * (size_t)cols);
+    invalidate((cuda_impl *)impl, y, sizeof(float) * rows * (size_t)cols);
     cuda_impl *c = (cuda_impl *)impl;
     size_t n = (size_t)rows * cols;
     if (act == MGPU_ACT_IDENTITY && bias == NULL)
@@ -1130,6 +1183,7 @@ int cuda_bias_act_forward(void *impl, mgpu_act_t act, int rows, int cols, float 
 int cuda_act_forward(void *impl, mgpu_act_t act, size_t n, const float *x, float *y,
                      mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, y, sizeof(float) * n);
     cuda_impl *c = (cuda_impl *)impl;
     if (act == MGPU_ACT_IDENTITY)
         return cuda_copy(impl, y, x, n * sizeof(float), err);
@@ -1143,6 +1197,7 @@ int cuda_act_forward(void *impl, mgpu_act_t act, size_t n, const float *x, float
 int cuda_act_backward(void *impl, mgpu_act_t act, size_t n, const float *z, const float *y,
                       const float *dy, float *dz, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, dz, sizeof(float) * n);
     cuda_impl *c = (cuda_impl *)impl;
     if (act == MGPU_ACT_IDENTITY)
         return cuda_copy(impl, dz, dy, n * sizeof(float), err);
@@ -1210,6 +1265,8 @@ unsigned launch_xent_block(cuda_impl *c, int rows, int cols, const float *logits
 int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
                       float *loss, float *dlogits, mgpu_err_t *err)
 {
+    if (dlogits != nullptr)
+        invalidate((cuda_impl *)impl, dlogits, sizeof(float) * rows * (size_t)cols);
     cuda_impl *c = (cuda_impl *)impl;
     unsigned blocks;
     if (cols <= 32)
@@ -1243,6 +1300,8 @@ int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const
 int cuda_mse(void *impl, int rows, int cols, const float *pred, const float *target, float *loss,
              float *dpred, mgpu_err_t *err)
 {
+    if (dpred != nullptr)
+        invalidate((cuda_impl *)impl, dpred, sizeof(float) * rows * (size_t)cols);
     size_t n = (size_t)rows * cols;
     bool vec = aligned16(pred, target, dpred);
     return launch_reduce((cuda_impl *)impl, Mse{pred, target, dpred, 2.0f / (float)n}, n, vec,
@@ -1252,10 +1311,33 @@ int cuda_mse(void *impl, int rows, int cols, const float *pred, const float *tar
 int cuda_sgd_step(void *impl, size_t n, float *p, const float *g, float *buf,
                   const mgpu_sgd_hparams_t *hp, long long step, mgpu_err_t *err)
 {
+    cuda_impl *c = (cuda_impl *)impl;
     bool has_mom = hp->momentum != 0.0f;
+    invalidate(c, p, sizeof(float) * n);
+    /* bf16 mode: the update also writes the bf16 mirror of p that the GEMMs read (one pass,
+     * no conversion of the weights in any GEMM). Made on the first update of bf16 mode, which
+     * runs eagerly (a capture cannot allocate); a mirror of another range is replaced. */
+    __nv_bfloat16 *p16 = nullptr;
+    if (c->prec == MGPU_PREC_BF16 && !c->shadow_off && !c->lt_off && n > 0) {
+        if (c->mir == nullptr || c->mir_src != p || c->mir_n != n) {
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            CUDA_CHECK(err, cudaStreamIsCapturing(c->stream, &cs));
+            if (cs == cudaStreamCaptureStatusNone) {
+                CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
+                CUDA_CHECK(err, cudaFree(c->mir));
+                c->mir = nullptr;
+                CUDA_CHECK(err, cudaMalloc((void **)&c->mir, (n + 8) * sizeof(__nv_bfloat16)));
+                c->mir_src = p;
+                c->mir_n = n;
+            }
+        }
+        if (c->mir != nullptr && c->mir_src == p && c->mir_n == n)
+            p16 = c->mir;
+    }
     Sgd f{p,
           g,
           has_mom ? buf : nullptr,
+          p16,
           hp->lr,
           hp->momentum,
           1.0f - hp->dampening,
@@ -1264,12 +1346,16 @@ int cuda_sgd_step(void *impl, size_t n, float *p, const float *g, float *buf,
           step == 1,
           hp->nesterov != 0};
     bool vec = aligned16(p, g, f.buf);
-    return launch_ew((cuda_impl *)impl, f, n, vec, "sgd_step", err);
+    int rc = launch_ew(c, f, n, vec, "sgd_step", err);
+    if (rc == 0 && p16 != nullptr)
+        c->mir_valid = true;
+    return rc;
 }
 
 int cuda_adamw_step(void *impl, size_t n, float *p, const float *g, float *m, float *v,
                     const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, p, sizeof(float) * n);
     /* Bias corrections in double on the host, exactly as the CPU reference computes them. */
     double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
     AdamW f{p,
@@ -1288,6 +1374,7 @@ int cuda_adamw_step(void *impl, size_t n, float *p, const float *g, float *m, fl
 
 int cuda_scale(void *impl, size_t n, float alpha, float *x, mgpu_err_t *err)
 {
+    invalidate((cuda_impl *)impl, x, sizeof(float) * n);
     return launch_ew((cuda_impl *)impl, Scale{x, alpha}, n, aligned16(x), "scale", err);
 }
 
@@ -1362,6 +1449,9 @@ void aux_mark(cuda_impl *c, const void *aux, bool written)
 lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                 int lda, int ldb, int ldd, cublasLtEpilogue_t epi, long long aux_ld)
 {
+    for (int i = 0; i < c->n_shadows; i++)
+        (void)cudaFree(c->shadows[i].bf);
+    (void)cudaFree(c->mir);
     for (int i = 0; i < c->n_plans; i++) {
         lt_plan *p = &c->plans[i];
         if (p->m == m && p->n == n && p->k == k && p->lda == lda && p->ldb == ldb &&
@@ -1415,29 +1505,95 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
     return p;
 }
 
-/* A (stored cols x rows col-major, i.e. rows x cols row-major) to a bf16 copy at dst with
- * rows padded to 8 elements; returns the padded ld. */
-int lt_bf16(cuda_impl *c, int rows_cm, int cols_cm, const float *src, int ld,
-            __nv_bfloat16 *dst, int *ld16, mgpu_err_t *err)
+/* bf16 operands. A weight (inside the parameter range SGD mirrors, with a leading dimension
+ * and an offset that keep 16-byte rows) is read from the mirror; otherwise it is converted
+ * into the workspace. An activation or gradient is used by two GEMMs of a step (x: forward,
+ * then the weight gradient; dz: the weight gradient, then the input gradient), so its first
+ * GEMM converts it into a copy of its own (kStore) and the second reuses that copy (kReuse)
+ * unless something this backend ran wrote the fp32 buffer in between (invalidate). Writes
+ * from outside the backend are not seen: the model's order (nothing writes x or dz between
+ * their two GEMMs) is what makes kReuse safe, and kStore always converts. */
+enum { kTemp = 0, kStore = 1, kReuse = 2 };
+
+/* Where the bf16 operand (column-major rows_cm x cols_cm, ld) is, converting if needed;
+ * *tmp_used: elements of the workspace taken. */
+int bf16_operand(cuda_impl *c, int mode, const float *src, int rows_cm, int cols_cm, int ld,
+                 __nv_bfloat16 *tmp, size_t *tmp_used, const __nv_bfloat16 **out, int *ld_out,
+                 mgpu_err_t *err)
 {
-    *ld16 = (rows_cm + 7) / 8 * 8;
-    return to_bf16(c, cols_cm, rows_cm, src, ld, dst, *ld16, err);
+    if (mode == kTemp && c->mir != nullptr && c->mir_valid && !c->shadow_off && ld % 8 == 0 &&
+        src >= c->mir_src && src + (size_t)(cols_cm - 1) * ld + rows_cm <= c->mir_src + c->mir_n &&
+        (size_t)(src - c->mir_src) % 8 == 0) {
+        *out = c->mir + (src - c->mir_src);
+        *ld_out = ld;
+        return 0;
+    }
+    int ld16 = (rows_cm + 7) / 8 * 8;
+    size_t need = (size_t)cols_cm * ld16;
+    if (mode == kTemp || c->shadow_off) {
+        *out = tmp + *tmp_used;
+        *ld_out = ld16;
+        *tmp_used += (need + 127) / 128 * 128;
+        return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
+    }
+    cuda_impl::shadow *sh = nullptr;
+    for (int i = 0; i < c->n_shadows; i++)
+        if (c->shadows[i].src == src)
+            sh = &c->shadows[i];
+    if (sh != nullptr && mode == kReuse && sh->fresh && sh->rows_cm == rows_cm &&
+        sh->cols_cm == cols_cm && sh->ld == ld) {
+        *out = sh->bf;
+        *ld_out = sh->ld16;
+        return 0;
+    }
+    if (sh == nullptr || sh->cap < need) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(err, cudaStreamIsCapturing(c->stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone || (sh == nullptr && c->n_shadows == kLtAux)) {
+            /* No allocation inside a capture: a temporary copy does (same numbers). */
+            *out = tmp + *tmp_used;
+            *ld_out = ld16;
+            *tmp_used += (need + 127) / 128 * 128;
+            return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
+        }
+        if (sh == nullptr) {
+            sh = &c->shadows[c->n_shadows++];
+            *sh = cuda_impl::shadow{};
+            sh->src = src;
+        }
+        CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
+        CUDA_CHECK(err, cudaFree(sh->bf));
+        sh->bf = nullptr;
+        sh->cap = 0;
+        CUDA_CHECK(err, cudaMalloc((void **)&sh->bf, need * sizeof(__nv_bfloat16)));
+        sh->cap = need;
+    }
+    sh->rows_cm = rows_cm, sh->cols_cm = cols_cm, sh->ld = ld, sh->ld16 = ld16;
+    sh->bytes = sizeof(float) * ((size_t)(cols_cm - 1) * ld + rows_cm);
+    int rc = to_bf16(c, cols_cm, rows_cm, src, ld, sh->bf, ld16, err);
+    sh->fresh = rc == 0;
+    *out = sh->bf;
+    *ld_out = ld16;
+    return rc;
 }
 
 /* D = op(A) op(B) with the epilogue, column-major; returns MGPU_K_DECLINED when cuBLASLt has
- * no algorithm for it (nothing queued then). */
+ * no algorithm for it (nothing queued then). mode_a, mode_b: how bf16 mode gets each operand
+ * (kTemp, kStore, kReuse above). */
 int lt_matmul(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
               const float *a, int lda, const float *b, int ldb, float *d, int ldd,
               cublasLtEpilogue_t epi, const void *bias, const void *aux, long long aux_ld,
-              mgpu_err_t *err)
+              int mode_a, int mode_b, mgpu_err_t *err)
 {
     if (c->lt_off)
         return MGPU_K_DECLINED;
+    invalidate(c, d, sizeof(float) * ((size_t)(n - 1) * ldd + m));
     const void *pa = a, *pb = b;
     int ra = ta == CUBLAS_OP_N ? m : k, ca = ta == CUBLAS_OP_N ? k : m;
     int rb = tb == CUBLAS_OP_N ? k : n, cb = tb == CUBLAS_OP_N ? n : k;
     if (c->prec == MGPU_PREC_BF16) {
-        /* Decide before converting: a declined plan must queue nothing. */
+        /* Decide before converting, with the padded leading dimensions a conversion gives:
+         * a declined plan must queue nothing. */
         int la16 = (ra + 7) / 8 * 8, lb16 = (rb + 7) / 8 * 8;
         lt_plan *p = lt_get(c, ta, tb, m, n, k, la16, lb16, ldd, epi, aux_ld);
         if (p == NULL || !p->ok)
@@ -1446,11 +1602,14 @@ int lt_matmul(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
         int rc;
         if ((rc = ensure_ws(c, (a_elems + b_elems) * sizeof(__nv_bfloat16), err)) < 0)
             return rc;
-        __nv_bfloat16 *a16 = (__nv_bfloat16 *)c->ws, *b16 = a16 + a_elems;
-        if ((rc = lt_bf16(c, ra, ca, a, lda, a16, &la16, err)) < 0 ||
-            (rc = lt_bf16(c, rb, cb, b, ldb, b16, &lb16, err)) < 0)
+        size_t used = 0;
+        const __nv_bfloat16 *a16, *b16;
+        if ((rc = bf16_operand(c, mode_a, a, ra, ca, lda, (__nv_bfloat16 *)c->ws, &used, &a16,
+                               &lda, err)) < 0 ||
+            (rc = bf16_operand(c, mode_b, b, rb, cb, ldb, (__nv_bfloat16 *)c->ws, &used, &b16,
+                               &ldb, err)) < 0)
             return rc;
-        pa = a16, pb = b16, lda = la16, ldb = lb16;
+        pa = a16, pb = b16;
     }
     lt_plan *p = lt_get(c, ta, tb, m, n, k, lda, ldb, ldd, epi, aux_ld);
     if (p == NULL || !p->ok)
@@ -1490,7 +1649,7 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
                                   : (b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     long long aux_ld = relu && aux != nullptr ? round128(out) : 0;
     int rc = lt_matmul(c, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, x, in, y, out, epi, bias,
-                       aux_ld ? aux : nullptr, aux_ld, err);
+                       aux_ld ? aux : nullptr, aux_ld, kTemp, kStore, err);
     if (aux != nullptr)
         aux_mark(c, aux, rc == 0 && aux_ld != 0);
     return rc;
@@ -1507,7 +1666,7 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi = dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
     return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dz, out, dx, in, epi, dbias,
-                     aux_in, round128(in), err);
+                     aux_in, round128(in), kTemp, kReuse, err);
 }
 
 int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const float *dz,
@@ -1520,7 +1679,7 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
         (c->prec == MGPU_PREC_TF32 && (double)rows * out * in > (double)(1u << 27)))
         return MGPU_K_DECLINED;
     return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz, out, dw, in,
-                     CUBLASLT_EPILOGUE_BGRADB, dbias, nullptr, 0, err);
+                     CUBLASLT_EPILOGUE_BGRADB, dbias, nullptr, 0, kReuse, kStore, err);
 }
 
 } /* namespace */

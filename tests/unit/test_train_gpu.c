@@ -444,6 +444,37 @@ static void test_two_ranks_buckets_match_cpu(void)
     }
 }
 
+/* bf16: the GEMMs read the parameters' bf16 mirror that SGD writes, and reuse an activation's
+ * or gradient's bf16 copy from its first GEMM in its second (kernels_cuda.cu). The same run
+ * with MGPU_BF16_SHADOW=0 converts every operand in every GEMM: the same bf16 values into the
+ * same products, so the parameters must agree to the bit (a stale mirror or copy would not);
+ * and bf16 against the fp32 CPU within bf16's rounding. */
+static void test_bf16_mirror_matches_conversions(void)
+{
+    need_gpu();
+    mgpu_cfg_t cfg;
+    mgpu_err_t err = {0};
+    job_t cpu[1], a[1], b[1];
+    cfg_text(&cfg, kMlp);
+    CHECK_INT(mgpu_cfg_override(&cfg, "precision=bf16", &err), 0);
+    CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
+    run_world(&cfg, 1, 1, a);
+    setenv("MGPU_BF16_SHADOW", "0", 1);
+    run_world(&cfg, 1, 1, b);
+    unsetenv("MGPU_BF16_SHADOW");
+    run_world(&cfg, 1, 0, cpu);
+    if (a[0].rc || b[0].rc || cpu[0].rc)
+        return;
+    CHECK_INT(a[0].res.graphed, 1);
+    CHECK(compare("bf16 mirror vs conversions", a[0].res.params, b[0].res.params,
+                  a[0].res.n_params, 1e-6) <= 1e-6);
+    CHECK(compare("bf16 gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params, a[0].res.n_params,
+                  5e-2) <= 5e-2);
+    free(a[0].res.params);
+    free(b[0].res.params);
+    free(cpu[0].res.params);
+}
+
 int main(void)
 {
     RUN(test_bucket_schedule);
@@ -453,5 +484,6 @@ int main(void)
     RUN(test_graph_equals_eager);
     RUN(test_eager_paths_match_cpu);
     RUN(test_two_ranks_buckets_match_cpu);
+    RUN(test_bf16_mirror_matches_conversions);
     return check_done();
 }
