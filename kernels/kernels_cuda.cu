@@ -92,6 +92,7 @@ struct cuda_impl {
     /* cuBLASLt for the fused linear ops (shares blas_ws: both run in order on stream). */
     cublasLtHandle_t lt;
     bool lt_off, lt_verbose; /* MGPU_CUDA_LT=0: compose every fused op; MGPU_LT_VERBOSE=1 */
+    int lt_epi; /* MGPU_LT_EPI: 1 forward, 2 input gradient, 4 weight gradient (default 7) */
     lt_plan plans[kLtPlans];
     int n_plans;
     const void *lt_aux[kLtAux]; /* masks written by the last fused forward into them */
@@ -953,6 +954,8 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUBLAS_CHECK(err, cublasLtCreate(&c->lt));
     const char *e = getenv("MGPU_CUDA_LT");
     c->lt_off = e != NULL && e[0] == '0';
+    e = getenv("MGPU_LT_EPI");
+    c->lt_epi = e != NULL ? atoi(e) : 7;
     e = getenv("MGPU_BF16_SHADOW");
     c->shadow_off = e != NULL && e[0] == '0';
     e = getenv("MGPU_LT_VERBOSE");
@@ -1496,6 +1499,10 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
         nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
     if (pref != NULL)
         (void)cublasLtMatmulPreferenceDestroy(pref);
+    cudaError_t pend = cudaGetLastError(); /* see lt_matmul */
+    if (pend != cudaSuccess && c->lt_verbose)
+        fprintf(stderr, "kernels(cuda): cleared %s left by the cuBLASLt heuristic\n",
+                cudaGetErrorName(pend));
     if (ok)
         p->algo = res.algo;
     p->ok = ok;
@@ -1621,8 +1628,19 @@ int lt_matmul(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
         CUBLAS_CHECK(err, cublasLtMatmulDescSetAttribute(
                               p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, zero = 0.0f;
+    /* Our own launches are checked one by one, so an error pending here was left by cuBLASLt
+     * (its heuristic); seen on the H200 with bf16 operands (cudaErrorInvalidValue) while the
+     * products were right. It must not be blamed on, or break, what comes next. */
+    cudaError_t pend = cudaGetLastError();
+    if (pend != cudaSuccess && c->lt_verbose)
+        fprintf(stderr, "kernels(cuda): cleared %s pending before cublasLtMatmul (epilogue %d)\n",
+                cudaGetErrorName(pend), (int)epi);
     cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld,
                                        d, p->ld, &p->algo, c->blas_ws, kBlasWorkspace, c->stream);
+    pend = cudaGetLastError();
+    if (pend != cudaSuccess && c->lt_verbose)
+        fprintf(stderr, "kernels(cuda): cleared %s left by cublasLtMatmul (epilogue %d, status %d)\n",
+                cudaGetErrorName(pend), (int)epi, (int)st);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
         p->ok = false;
         if (c->lt_verbose)
@@ -1639,8 +1657,11 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
                         mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
-    if (act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY)
+    if ((act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY) || !(c->lt_epi & 1)) {
+        if (aux != nullptr)
+            aux_mark(c, aux, false);
         return MGPU_K_DECLINED;
+    }
     bool relu = act == MGPU_ACT_RELU, b = bias != nullptr;
     cublasLtEpilogue_t epi = relu ? (aux != nullptr ? (b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS
                                                          : CUBLASLT_EPILOGUE_RELU_AUX)
@@ -1662,7 +1683,7 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
 {
     cuda_impl *c = (cuda_impl *)impl;
     /* Only with the mask a fused forward wrote into aux_in. */
-    if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in))
+    if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in) || !(c->lt_epi & 2))
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi = dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
     return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dz, out, dx, in, epi, dbias,
@@ -1675,7 +1696,7 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     cuda_impl *c = (cuda_impl *)impl;
     /* Without a bias gradient the plain GEMM is the same work. Large tf32 products keep
      * cuda_gemm's transposed copy of dz (see there). */
-    if (dbias == nullptr ||
+    if (dbias == nullptr || !(c->lt_epi & 4) ||
         (c->prec == MGPU_PREC_TF32 && (double)rows * out * in > (double)(1u << 27)))
         return MGPU_K_DECLINED;
     return lt_matmul(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz, out, dw, in,
@@ -1701,6 +1722,18 @@ extern "C" void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k)
     if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
         return NULL;
     return (void *)((const cuda_impl *)k->impl)->stream;
+}
+
+extern "C" int mgpu_kernels_cuda_set_fused(mgpu_kernels_t *k, int on)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return -1;
+    cuda_impl *c = (cuda_impl *)k->impl;
+    int was = !c->lt_off;
+    c->lt_off = !on;
+    if (!on)
+        c->n_aux = 0; /* no mask is trusted until a fused forward writes it again */
+    return was;
 }
 
 /* Positional, in the order of mgpu_kernels_ops_t (C++17 has no designated initialisers). */
