@@ -172,6 +172,11 @@ int mgpu_k_sync(mgpu_kernels_t *k, mgpu_err_t *err)
     return k->ops->sync(k->impl, err);
 }
 
+int mgpu_k_join(mgpu_kernels_t *k, mgpu_err_t *err)
+{
+    return k->ops->join != NULL ? k->ops->join(k->impl, err) : 0;
+}
+
 /* --- math -------------------------------------------------------------------------------- */
 
 static int check_act(const char *op, mgpu_act_t act, mgpu_err_t *err)

@@ -128,6 +128,8 @@ typedef struct mgpu_kernels_ops {
                                 mgpu_err_t *err);
     int (*linear_backward_weight)(void *impl, int rows, int out, int in, const float *dz,
                                   const float *x, float *dw, float *dbias, mgpu_err_t *err);
+    /* Optional (NULL: nothing to wait for): see mgpu_k_join. */
+    int (*join)(void *impl, mgpu_err_t *err);
 } mgpu_kernels_ops_t;
 
 /* What a fused op of the table returns when it leaves the work to the launcher's composition
@@ -247,5 +249,10 @@ int mgpu_k_linear_backward_data(mgpu_kernels_t *k, mgpu_act_t act, int rows, int
  * Equals mgpu_k_gemm(1, 0) then mgpu_k_sum_rows. */
 int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, const float *dz,
                                   const float *x, float *dw, float *dbias, mgpu_err_t *err);
+/* A backend may run linear_backward_weight concurrently with the ops queued after it (CUDA:
+ * small products on a second stream, beside the layer's input-gradient GEMM). Everything
+ * queued after mgpu_k_join is ordered after it; call it before dw or dbias is read (the
+ * optimizer, an all-reduce) and before dz or x is written again. mgpu_k_sync joins too. */
+int mgpu_k_join(mgpu_kernels_t *k, mgpu_err_t *err);
 
 #endif

@@ -31,11 +31,15 @@ namespace
 
 constexpr int kRing = 4;      /* epochs of indices the host may run ahead of the device */
 constexpr int kThreads = 256; /* gather block size */
+constexpr int kMaxGatherBlocks = 2048; /* enough to fill the chip; each adds one atomic */
 
 /* Row r of the batch is row ring[*cursor + r] of the data set: x [F], targets [T], label. A
- * 2-D grid: y walks rows, x walks columns, so no thread divides. The block that finishes last
- * (a counter in device memory) advances the cursor by count and resets the counter: every
- * block has read the cursor before it counts itself, so this saves the step a launch. */
+ * 2-D grid: y walks rows, x walks columns, so no thread divides; with V4 the columns are
+ * float4s (F and T multiples of 4). The grid is capped (kMaxGatherBlocks), the blocks loop
+ * over the rest. The block that finishes last (a counter in device memory) advances the
+ * cursor by count and resets the counter: every block has read the cursor before it counts
+ * itself, so this saves the step a launch. */
+template <bool V4>
 __global__ void gather_kernel(const float *__restrict__ x, int F, const float *__restrict__ tg,
                               int T, const int32_t *__restrict__ lab,
                               const int32_t *__restrict__ ring, int *cursor, unsigned *done,
@@ -44,14 +48,24 @@ __global__ void gather_kernel(const float *__restrict__ x, int F, const float *_
 {
     __shared__ bool last;
     const int base = *(volatile int *)cursor;
-    const int wide = F > T ? F : T;
+    const int f = V4 ? F / 4 : F, t = V4 ? T / 4 : T; /* in elements of the loads */
+    const int wide = f > t ? f : t;
     for (int r = blockIdx.y; r < count; r += gridDim.y) {
         const size_t src = (size_t)ring[base + r];
         for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < wide; c += gridDim.x * blockDim.x) {
-            if (c < F)
-                bx[(size_t)r * F + c] = x[src * F + c];
-            if (c < T)
-                bt[(size_t)r * T + c] = tg[src * T + c];
+            if (V4) {
+                if (c < f)
+                    reinterpret_cast<float4 *>(bx)[(size_t)r * f + c] =
+                        reinterpret_cast<const float4 *>(x)[src * f + c];
+                if (c < t)
+                    reinterpret_cast<float4 *>(bt)[(size_t)r * t + c] =
+                        reinterpret_cast<const float4 *>(tg)[src * t + c];
+            } else {
+                if (c < f)
+                    bx[(size_t)r * F + c] = x[src * F + c];
+                if (c < t)
+                    bt[(size_t)r * T + c] = tg[src * T + c];
+            }
             if (c == 0 && lab != nullptr)
                 bl[r] = lab[src];
         }
@@ -270,12 +284,22 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     mgpu_model_t *m = t->model;
     int rc;
 
-    dim3 grid((unsigned)((((g->F > g->T ? g->F : g->T) + kThreads - 1) / kThreads)),
-              (unsigned)(count < 65535 ? count : 65535));
+    /* cudaMalloc'd rows start 16-byte aligned when F and T are multiples of 4. */
+    const bool v4 = g->F % 4 == 0 && g->T % 4 == 0;
+    const int wide = (g->F > g->T ? g->F : g->T) / (v4 ? 4 : 1);
+    dim3 grid((unsigned)((wide + kThreads - 1) / kThreads), 1);
     if (grid.x > 32)
         grid.x = 32; /* the kernel loops over the rest of a row */
-    gather_kernel<<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring, g->cursor,
-                                               g->done, count, t->d_x, t->d_t, t->d_l);
+    const int ry = kMaxGatherBlocks / (int)grid.x;
+    grid.y = (unsigned)(count < ry ? count : ry);
+    if (v4)
+        gather_kernel<true><<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring,
+                                                         g->cursor, g->done, count, t->d_x,
+                                                         t->d_t, t->d_l);
+    else
+        gather_kernel<false><<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab,
+                                                          g->ring, g->cursor, g->done, count,
+                                                          t->d_x, t->d_t, t->d_l);
     CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
     g->next_bucket = 0;
     if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||

@@ -254,9 +254,6 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
         rc = mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in,
                                            m->grads + ly->w_off,
                                            top ? m->grads + ly->b_off : NULL, err);
-        /* The hook runs before d(in): its all-reduce can start while that GEMM runs. */
-        if (rc == 0 && hook != NULL)
-            rc = hook(hook_ctx, l, err);
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
         if (rc == 0 && l > 0) {
@@ -265,6 +262,12 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
                                              m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
                                              m->aux[l - 1], other, m->grads + lb->b_off, err);
         }
+        /* The weight gradient may have run beside d(in) (mgpu_k_join); both are done before
+         * the hook's all-reduce reads this layer's gradients and before d is overwritten. */
+        if (rc == 0)
+            rc = mgpu_k_join(m->k, err);
+        if (rc == 0 && hook != NULL)
+            rc = hook(hook_ctx, l, err);
         if (rc < 0)
             return rc;
         float *t = d;

@@ -372,8 +372,12 @@ static void test_graph_equals_eager(void)
     cfg_text(&graph, kMlp);
     eager = graph;
     eager.cuda_graph = 0;
+    /* Each run tunes its own GEMMs by timing (kernels_cuda.cu's lt_tune) and may pick other
+     * algorithms: the heuristic's first choice in both, for comparable bits. */
+    setenv("MGPU_LT_TUNE", "0", 1);
     run_world(&graph, 1, 1, a);
     run_world(&eager, 1, 1, b);
+    unsetenv("MGPU_LT_TUNE");
     if (a[0].rc || b[0].rc)
         return;
     CHECK_INT(a[0].res.graphed, 1);
@@ -458,10 +462,12 @@ static void test_bf16_mirror_matches_conversions(void)
     cfg_text(&cfg, kMlp);
     CHECK_INT(mgpu_cfg_override(&cfg, "precision=bf16", &err), 0);
     CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
+    setenv("MGPU_LT_TUNE", "0", 1); /* the same algorithms in both runs */
     run_world(&cfg, 1, 1, a);
     setenv("MGPU_BF16_SHADOW", "0", 1);
     run_world(&cfg, 1, 1, b);
     unsetenv("MGPU_BF16_SHADOW");
+    unsetenv("MGPU_LT_TUNE");
     run_world(&cfg, 1, 0, cpu);
     if (a[0].rc || b[0].rc || cpu[0].rc)
         return;
@@ -470,6 +476,40 @@ static void test_bf16_mirror_matches_conversions(void)
                   a[0].res.n_params, 1e-6) <= 1e-6);
     CHECK(compare("bf16 gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params, a[0].res.n_params,
                   5e-2) <= 5e-2);
+    free(a[0].res.params);
+    free(b[0].res.params);
+    free(cpu[0].res.params);
+}
+
+/* bf16 with layers of 1024 x 1024 rows: the input gradient's ReLU backward runs as
+ * drelu_bgrad_kernel (the product without epilogue, then one pass writing dx, its bf16 copy
+ * for the next GEMMs and the bias gradient). With and without the kept copies, and against
+ * the fp32 CPU; graph replay, tuned GEMMs. */
+static void test_bf16_large_layers(void)
+{
+    need_gpu();
+    mgpu_cfg_t cfg;
+    mgpu_err_t err = {0};
+    job_t cpu[1], a[1], b[1];
+    cfg_text(&cfg, "dataset = synthetic\nsamples = 2048\nfeatures = 64\nclasses = 10\n"
+                   "eval_fraction = 0\nmodel = mlp\nhidden = 1024,1024\nloss = cross_entropy\n"
+                   "batch_size = 1024\nepochs = 4\nshuffle = true\nprecision = bf16\n"
+                   "log_interval = 0\noptimizer = sgd\nlr = 0.05\n");
+    CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
+    setenv("MGPU_LT_TUNE", "0", 1);
+    run_world(&cfg, 1, 1, a);
+    setenv("MGPU_BF16_SHADOW", "0", 1);
+    run_world(&cfg, 1, 1, b);
+    unsetenv("MGPU_BF16_SHADOW");
+    unsetenv("MGPU_LT_TUNE");
+    run_world(&cfg, 1, 0, cpu);
+    if (a[0].rc || b[0].rc || cpu[0].rc)
+        return;
+    CHECK_INT(a[0].res.graphed, 1);
+    CHECK(compare("bf16 large, kept copies vs conversions", a[0].res.params, b[0].res.params,
+                  a[0].res.n_params, 1e-6) <= 1e-6);
+    CHECK(compare("bf16 large gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params,
+                  a[0].res.n_params, 5e-2) <= 5e-2);
     free(a[0].res.params);
     free(b[0].res.params);
     free(cpu[0].res.params);
@@ -485,5 +525,6 @@ int main(void)
     RUN(test_eager_paths_match_cpu);
     RUN(test_two_ranks_buckets_match_cpu);
     RUN(test_bf16_mirror_matches_conversions);
+    RUN(test_bf16_large_layers);
     return check_done();
 }

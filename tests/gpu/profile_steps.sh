@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# tests/gpu/profile_steps.sh - where a training step's time goes, kernel by kernel, on a GPU
+# machine: Nsight Compute's gpu__time_duration of every kernel of a few eager steps of
+# mgpu-worker (configs/bench_mlp.cfg in fp32 and tf32, configs/bench_large_*.cfg), and
+# PyTorch's profiler over the same models. Kernels run one at a time under ncu, so the
+# figures are the kernels' own durations without the gaps between them.
+#
+#   tests/gpu/profile_steps.sh OUTDIR     (MGPU_BUILD: build dir; PYTHON: default python3)
+#
+# Writes OUTDIR/<case>.csv (ncu's raw CSV) and prints a per-kernel summary of each.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+BUILD=${MGPU_BUILD:-$root/build}
+OUT=${1:?usage: profile_steps.sh OUTDIR}
+PY=${PYTHON:-python3}
+NCU=${NCU:-ncu}
+mkdir -p "$OUT"
+
+summary() { # CSV: kernel name, launches, total and mean us
+    "$PY" - "$1" <<'EOF'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = None
+agg = collections.OrderedDict()
+order = []
+for r in rows:
+    if "Kernel Name" in r and "Metric Name" in r:
+        hdr = r
+        continue
+    if hdr is None or len(r) != len(hdr):
+        continue
+    d = dict(zip(hdr, r))
+    if d.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    v = float(d["Metric Value"].replace(",", ""))
+    unit = d.get("Metric Unit", "ns")
+    us = v / 1000 if unit in ("nsecond", "ns") else v * 1000 if unit in ("msecond", "ms") else v
+    name = d["Kernel Name"][:90]
+    order.append((name, us))
+    a = agg.setdefault(name, [0, 0.0])
+    a[0] += 1
+    a[1] += us
+tot = sum(u for _, u in order)
+print("  %d kernels, %.1f us in all" % (len(order), tot))
+for name, (n, s) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    print("  %8.1f us %4d x %7.2f us  %s" % (s, n, s / n, name))
+print("  in order (the last 45):")
+for name, us in order[-45:]:
+    print("    %8.2f  %s" % (us, name))
+EOF
+}
+
+ncu_case() { # NAME SKIP COUNT CFG [key=value ...]
+    local name=$1 skip=$2 count=$3 cfg=$4
+    shift 4
+    echo "== $name"
+    "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" \
+        --launch-count "$count" "$BUILD/bin/mgpu-worker" "$root/configs/$cfg" "$@" \
+        >"$OUT/$name.csv" 2>"$OUT/$name.err"
+    echo "  rc=$?"
+    summary "$OUT/$name.csv"
+}
+
+# The first eager step tunes each GEMM (thousands of launches inside CUDA graphs): skip
+# past it into the replayed steps.
+ncu_case mlp_fp32 6000 28 bench_mlp.cfg epochs=8
+ncu_case mlp_tf32 6000 28 bench_mlp.cfg epochs=8 precision=tf32
+ncu_case large_bf16 0 600 bench_large_bf16.cfg epochs=3
+ncu_case large_tf32 0 600 bench_large_tf32.cfg epochs=3
+
+echo "== torch profiler"
+"$PY" - <<'EOF'
+import torch, torch.nn as nn
+from torch.profiler import profile, ProfilerActivity
+def run(name, feat, hidden, out, batch, prec, loss):
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+    dims = [feat] + hidden + [out]
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(nn.ReLU())
+    m = nn.Sequential(*layers).cuda()
+    x = torch.randn(batch, feat, device="cuda")
+    y = torch.randn(batch, out, device="cuda") if loss == "mse" else torch.randint(0, out, (batch,), device="cuda")
+    lf = nn.MSELoss() if loss == "mse" else nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    def step():
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cuda", enabled=False)
+        with ctx:
+            o = m(x)
+        l = lf(o.float(), y)
+        l.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    for _ in range(3): step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(2): step()
+        torch.cuda.synchronize()
+    print("--", name)
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=80))
+run("mlp fp32", 784, [256, 256], 10, 256, "fp32", "xent")
+run("large bf16", 8192, [8192] * 3, 8192, 8192, "bf16", "mse")
+run("large tf32", 8192, [8192] * 3, 8192, 8192, "tf32", "mse")
+EOF
+
+echo "== launcher start-up steps, 7/8/16 workers of /bin/true, LOGLEVEL=debug"
+for n in 7 8 16; do
+    for i in 1 2 3; do
+        t0=$(date +%s%N)
+        LOGLEVEL=debug MGPU_SIM_GPUS=0 "$BUILD/bin/mgpu-launch" --nproc_per_node=$n -- /bin/true \
+            >"$OUT/launch_${n}_$i.log" 2>&1
+        t1=$(date +%s%N)
+        echo "  $n workers run $i: $(((t1 - t0) / 1000)) us"
+    done
+done
