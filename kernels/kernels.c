@@ -177,6 +177,11 @@ int mgpu_k_join(mgpu_kernels_t *k, mgpu_err_t *err)
     return k->ops->join != NULL ? k->ops->join(k->impl, err) : 0;
 }
 
+int mgpu_k_written(mgpu_kernels_t *k, const void *p, size_t bytes, mgpu_err_t *err)
+{
+    return k->ops->written != NULL ? k->ops->written(k->impl, p, bytes, err) : 0;
+}
+
 /* --- math -------------------------------------------------------------------------------- */
 
 static int check_act(const char *op, mgpu_act_t act, mgpu_err_t *err)

@@ -130,6 +130,8 @@ typedef struct mgpu_kernels_ops {
                                   const float *x, float *dw, float *dbias, mgpu_err_t *err);
     /* Optional (NULL: nothing to wait for): see mgpu_k_join. */
     int (*join)(void *impl, mgpu_err_t *err);
+    /* Optional (NULL: the backend keeps no copies): see mgpu_k_written. */
+    int (*written)(void *impl, const void *p, size_t bytes, mgpu_err_t *err);
 } mgpu_kernels_ops_t;
 
 /* What a fused op of the table returns when it leaves the work to the launcher's composition
@@ -254,5 +256,9 @@ int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, 
  * queued after mgpu_k_join is ordered after it; call it before dw or dbias is read (the
  * optimizer, an all-reduce) and before dz or x is written again. mgpu_k_sync joins too. */
 int mgpu_k_join(mgpu_kernels_t *k, mgpu_err_t *err);
+/* Tells the backend that [p, p + bytes) of its memory was written by something other than
+ * its own ops (a kernel of the caller's, a library): a backend that keeps derived copies of
+ * operands (CUDA's bf16 copies) drops them. The model calls it for its input batch. */
+int mgpu_k_written(mgpu_kernels_t *k, const void *p, size_t bytes, mgpu_err_t *err);
 
 #endif

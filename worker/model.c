@@ -172,6 +172,9 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
     if (batch < 1 || batch > m->max_batch)
         return mgpu_err_set(err, -EINVAL, "model: batch of %d rows, expected 1..%d", batch,
                             m->max_batch);
+    /* The batch comes from outside the backend's ops (the step's gather, a copy). */
+    if ((rc = mgpu_k_written(m->k, x, sizeof(float) * (size_t)batch * m->spec.inputs, err)) < 0)
+        return rc;
     for (int l = 0; l < m->n_layers; l++) {
         const mgpu_layer_t *ly = &m->layers[l];
         /* z = in . W^T (W is [out, in] as nn.Linear stores it), then z += b, y = act(z). */

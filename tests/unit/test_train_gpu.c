@@ -481,10 +481,10 @@ static void test_bf16_mirror_matches_conversions(void)
     free(cpu[0].res.params);
 }
 
-/* bf16 with layers of 1024 x 1024 rows: the input gradient's ReLU backward runs as
- * drelu_bgrad_kernel (the product without epilogue, then one pass writing dx, its bf16 copy
- * for the next GEMMs and the bias gradient). With and without the kept copies, and against
- * the fp32 CPU; graph replay, tuned GEMMs. */
+/* bf16 with layers of 1024 x 1024 rows: the hidden layers' outputs go straight to bf16
+ * copies, and the input gradient's ReLU backward runs as drelu_bgrad4_kernel (the product
+ * without epilogue, then one pass writing dx, its bf16 copy for the next GEMMs and the bias
+ * gradient). With and without the kept copies, and against the fp32 CPU; graph replay. */
 static void test_bf16_large_layers(void)
 {
     need_gpu();
@@ -506,8 +506,11 @@ static void test_bf16_large_layers(void)
     if (a[0].rc || b[0].rc || cpu[0].rc)
         return;
     CHECK_INT(a[0].res.graphed, 1);
+    /* Not to the bit: with the copies, the hidden layers' products write bf16 straight from
+     * cuBLASLt (another plan, maybe another accumulation order than the fp32 product that
+     * is converted without them). A stale copy would be off by far more. */
     CHECK(compare("bf16 large, kept copies vs conversions", a[0].res.params, b[0].res.params,
-                  a[0].res.n_params, 1e-6) <= 1e-6);
+                  a[0].res.n_params, 1e-3) <= 1e-3);
     CHECK(compare("bf16 large gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params,
                   a[0].res.n_params, 5e-2) <= 5e-2);
     free(a[0].res.params);
