@@ -805,6 +805,67 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* The same on a gradient that is already bf16 (the input-gradient product wrote it so, into
+ * d16 with row stride ld16): in place, eight columns a thread (a block: 256 columns), the mask
+ * from y's bf16 copy (Y16) or from y; the column sums are of the bf16 values. */
+template <bool Y16>
+__global__ void __launch_bounds__(kThreads)
+    drelu16_kernel(int rows, int cols, __nv_bfloat16 *d16, int ld16, const float *y,
+                   const __nv_bfloat16 *y16, int ldy16, int rps, float *part, float *out,
+                   int direct)
+{
+    __shared__ float acc[8][32][9];
+    int col = (blockIdx.x * 32 + threadIdx.x) * 8;
+    int r0 = blockIdx.y * rps, r1 = min(rows, r0 + rps);
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (col < cols)
+        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
+            uint4 *pd = reinterpret_cast<uint4 *>(d16 + (size_t)r * ld16 + col);
+            uint4 raw = *pd;
+            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&raw);
+            float m[8];
+            if (Y16) {
+                uint4 yr = *reinterpret_cast<const uint4 *>(y16 + (size_t)r * ldy16 + col);
+                const __nv_bfloat162 *yh = reinterpret_cast<const __nv_bfloat162 *>(&yr);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float2 f = __bfloat1622float2(yh[j]);
+                    m[2 * j] = f.x, m[2 * j + 1] = f.y;
+                }
+            } else {
+                float4 a = *reinterpret_cast<const float4 *>(y + (size_t)r * cols + col);
+                float4 b = *reinterpret_cast<const float4 *>(y + (size_t)r * cols + col + 4);
+                m[0] = a.x, m[1] = a.y, m[2] = a.z, m[3] = a.w;
+                m[4] = b.x, m[5] = b.y, m[6] = b.z, m[7] = b.w;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 v = __bfloat1622float2(h[j]);
+                v.x = m[2 * j] > 0.0f ? v.x : 0.0f;
+                v.y = m[2 * j + 1] > 0.0f ? v.y : 0.0f;
+                s[2 * j] += v.x, s[2 * j + 1] += v.y;
+                h[j] = __floats2bfloat162_rn(v.x, v.y);
+            }
+            *pd = raw;
+        }
+    if (out == nullptr)
+        return;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        acc[threadIdx.y][threadIdx.x][j] = s[j];
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        for (int i = 1; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                s[j] += acc[i][threadIdx.x][j];
+        float *o = direct ? out + col : part + (size_t)blockIdx.y * cols + col;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = s[j];
+    }
+}
+
 /* Softmax cross-entropy, a warp per row: each lane holds V values of a row (columns lane,
  * lane + 32, ...), R rows at a time, so the row is read from memory once and R * V loads per
  * lane are in flight together. dlogits may alias logits: the label's logit is read, and the
@@ -1613,8 +1674,6 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
     *p = lt_plan{};
     p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd, p->aux_ld = aux_ld;
     p->ta = ta, p->tb = tb, p->epi = epi, p->prec = c->prec, p->d16 = d16, p->ok = false;
-    /* The bias stays fp32 (the parameters) when D is bf16. */
-    cudaDataType_t bias_t = CUDA_R_32F;
     cublasComputeType_t ct =
         c->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cudaDataType_t ab = c->prec == MGPU_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -1637,8 +1696,6 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
                                    ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
                                    tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
-        (!d16 || cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                &bias_t, sizeof bias_t) == CUBLAS_STATUS_SUCCESS) &&
         cublasLtMatrixLayoutCreate(&p->ld, d16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldd) ==
             CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
@@ -1958,10 +2015,15 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
     long long aux_ld = relu && aux != nullptr ? round128(out) : 0;
     /* bf16, a large hidden layer: y goes straight to its bf16 copy (D in bf16), which is all
      * that reads it later: the next layer's product (kFresh), this layer's weight gradient
-     * (kReuse) and drelu_bgrad_kernel. The fp32 y is left unwritten. Only while the copy
-     * exists (an eager step makes it) and cuBLASLt takes a bf16 D with an fp32 bias. */
-    if (relu && c->prec == MGPU_PREC_BF16 && !c->shadow_off && c->lt_epi == 7 && out % 8 == 0 &&
-        (size_t)rows * out >= kOwnDreluMin) {
+     * (kReuse) and drelu_bgrad4_kernel. The fp32 y is left unwritten. The bias is read from
+     * the parameters' bf16 mirror, as autocast rounds it, so only once SGD has written that
+     * mirror, and only while the copy exists (an eager step makes it). */
+    const __nv_bfloat16 *b16 = nullptr;
+    if (bias != nullptr && c->mir != nullptr && c->mir_valid && bias >= c->mir_src &&
+        bias + out <= c->mir_src + c->mir_n && (bias - c->mir_src) % 8 == 0)
+        b16 = c->mir + (bias - c->mir_src);
+    if (relu && (bias == nullptr || b16 != nullptr) && c->prec == MGPU_PREC_BF16 &&
+        !c->shadow_off && c->lt_epi == 7 && out % 8 == 0 && (size_t)rows * out >= kOwnDreluMin) {
         int rc = 0;
         cuda_impl::shadow *sh = shadow_slot(c, y, out, rows, out, err, &rc);
         if (rc < 0)
@@ -1969,7 +2031,7 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
         if (sh != nullptr) {
             invalidate(c, y, sizeof(float) * (size_t)rows * out);
             rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in,
-                           x, in, sh->bf, sh->ld16, epi, bias, nullptr, 0, kTemp, kFresh, err,
+                           x, in, sh->bf, sh->ld16, epi, b16, nullptr, 0, kTemp, kFresh, err,
                            true);
             if (rc <= 0) {
                 sh->fresh = rc == 0;
@@ -1997,7 +2059,56 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
     cuda_impl *c = (cuda_impl *)impl;
     if (c->prec == MGPU_PREC_BF16 && act == MGPU_ACT_RELU && y_in != nullptr && !c->lt_off &&
         (c->lt_epi & 2) && (size_t)rows * in >= kOwnDreluMin) {
-        int rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
+        /* y's kept copy, when the forward wrote only that (see cuda_linear_forward). */
+        const cuda_impl::shadow *ysh = nullptr;
+        for (int i = 0; i < c->n_shadows; i++)
+            if (c->shadows[i].src == y_in && c->shadows[i].fresh && c->shadows[i].rows_cm == in &&
+                c->shadows[i].cols_cm == rows && c->shadows[i].ld == in)
+                ysh = &c->shadows[i];
+        int rc = 0;
+        /* Best: the product writes dx in bf16 straight into its kept copy (what the next two
+         * GEMMs read), and the ReLU backward and bias gradient run on that, in place; the
+         * fp32 dx is left unwritten, as y is in the forward. */
+        cuda_impl::shadow *xs = nullptr;
+        if (!c->shadow_off && c->lt_epi == 7 && in % 8 == 0 &&
+            (xs = shadow_slot(c, dx, in, rows, in, err, &rc)) != nullptr) {
+            invalidate(c, dx, sizeof(float) * (size_t)rows * in);
+            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
+                           in, dz, out, xs->bf, xs->ld16, CUBLASLT_EPILOGUE_DEFAULT, nullptr,
+                           nullptr, 0, kTemp, kReuse, err, true);
+            if (rc < 0)
+                return rc;
+            if (rc == 0) {
+                long col_blocks = (in + 255) / 256;
+                long splits = ((long)c->sms * 16 + col_blocks - 1) / col_blocks;
+                long max_by_rows = (rows + 31) / 32,
+                     max_by_scratch = (long)((kScratchFloats - 1) / in);
+                splits = splits > max_by_rows ? max_by_rows : splits;
+                splits = splits > max_by_scratch ? max_by_scratch : splits;
+                splits = splits < 1 ? 1 : splits;
+                int rps = (int)((rows + splits - 1) / splits);
+                dim3 grid((unsigned)col_blocks, (unsigned)splits), block(32, 8);
+                if (ysh != nullptr)
+                    drelu16_kernel<true><<<grid, block, 0, c->stream>>>(
+                        rows, in, xs->bf, xs->ld16, nullptr, ysh->bf, ysh->ld16, rps, c->scratch,
+                        dbias, splits == 1);
+                else
+                    drelu16_kernel<false><<<grid, block, 0, c->stream>>>(
+                        rows, in, xs->bf, xs->ld16, y_in, nullptr, 0, rps, c->scratch, dbias,
+                        splits == 1);
+                CUDA_CHECK_LAUNCH(err, "drelu16_kernel (%d x %d, %ld splits)", rows, in, splits);
+                if (dbias != nullptr && splits > 1) {
+                    sum_rows_finish_kernel<<<(in + kThreads - 1) / kThreads, kThreads, 0,
+                                             c->stream>>>(in, (int)splits, c->scratch, 0.0f, dbias);
+                    CUDA_CHECK_LAUNCH(err, "sum_rows_finish_kernel (%d columns)", in);
+                }
+                xs->fresh = true;
+                return 0;
+            }
+        }
+        if (rc < 0)
+            return rc;
+        rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
                            in, dz, out, dx, in, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0,
                            kTemp, kReuse, err);
         if (rc != 0)
@@ -2005,12 +2116,6 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
         cuda_impl::shadow *sh = c->shadow_off ? nullptr : shadow_slot(c, dx, in, rows, in, err, &rc);
         if (rc < 0)
             return rc;
-        /* y's kept copy, when the forward wrote only that (see cuda_linear_forward). */
-        const cuda_impl::shadow *ysh = nullptr;
-        for (int i = 0; i < c->n_shadows; i++)
-            if (c->shadows[i].src == y_in && c->shadows[i].fresh && c->shadows[i].rows_cm == in &&
-                c->shadows[i].cols_cm == rows && c->shadows[i].ld == in)
-                ysh = &c->shadows[i];
         long splits;
         if (in % 4 == 0) {
             /* About 16 blocks of 128 columns per multiprocessor: enough loads in flight. */
