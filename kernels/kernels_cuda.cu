@@ -127,6 +127,7 @@ struct cuda_impl {
     cudaStream_t side;
     void *side_ws;
     cudaEvent_t ev_fork, ev_side, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
+    struct AdamState *adam;                     /* AdamW's step, in device memory */
     bool side_pending, tune_off;                /* MGPU_LT_TUNE=0: the heuristic's first */
 };
 
@@ -566,13 +567,33 @@ struct Sgd {
     }
 };
 
+/* The step's state in device memory: the step number and the two factors that depend on it,
+ * so that a CUDA graph's replays advance it (adamw_prep_kernel). */
+struct AdamState {
+    long long step;
+    float step_size, bc2_sqrt;
+};
+
+/* step > 0: this is update `step` (an eager call). step == 0: the next one after the stored
+ * step (a graph replay). The factors in double, as the CPU reference computes them. */
+__global__ void adamw_prep_kernel(AdamState *st, long long step, double beta1, double beta2,
+                                  double lr)
+{
+    long long s = step > 0 ? step : st->step + 1;
+    st->step = s;
+    st->step_size = (float)(lr / (1.0 - pow(beta1, (double)s)));
+    st->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)s));
+}
+
 struct AdamW {
     float *p;
     const float *g;
     float *m, *v;
-    float b1, b2, eps, decay, step_size, bc2_sqrt;
+    float b1, b2, eps, decay;
+    const AdamState *st;
     __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi) const
     {
+        const float step_size = st->step_size, bc2_sqrt = st->bc2_sqrt;
         mi = mi + (1.0f - b1) * (gi - mi); /* m.lerp_(g, 1 - b1) */
         vi = b2 * vi + (1.0f - b2) * gi * gi;
         pi = pi * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
@@ -1090,6 +1111,7 @@ void cuda_impl_destroy(void *impl)
         (void)cudaStreamDestroy(c->side);
     }
     (void)cudaFree(c->side_ws);
+    (void)cudaFree(c->adam);
     cudaEvent_t evs[] = {c->ev_fork, c->ev_side, c->ev_t0, c->ev_t1};
     for (cudaEvent_t ev : evs)
         if (ev != NULL)
@@ -1142,6 +1164,8 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUDA_CHECK(err, cudaMalloc(&c->side_ws, kBlasWorkspace));
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_side, cudaEventDisableTiming));
+    CUDA_CHECK(err, cudaMalloc((void **)&c->adam, sizeof(AdamState)));
+    CUDA_CHECK(err, cudaMemset(c->adam, 0, sizeof(AdamState)));
     CUDA_CHECK(err, cudaEventCreate(&c->ev_t0));
     CUDA_CHECK(err, cudaEventCreate(&c->ev_t1));
     const char *e = getenv("MGPU_CUDA_LT");
@@ -1566,21 +1590,20 @@ int cuda_sgd_step(void *impl, size_t n, float *p, const float *g, float *buf,
 int cuda_adamw_step(void *impl, size_t n, float *p, const float *g, float *m, float *v,
                     const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
 {
-    invalidate((cuda_impl *)impl, p, sizeof(float) * n);
-    /* Bias corrections in double on the host, exactly as the CPU reference computes them. */
-    double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
-    AdamW f{p,
-            g,
-            m,
-            v,
-            hp->beta1,
-            hp->beta2,
-            hp->eps,
-            1.0f - hp->lr * hp->weight_decay,
-            (float)(hp->lr / bc1),
-            (float)sqrt(bc2)};
+    cuda_impl *c = (cuda_impl *)impl;
+    invalidate(c, p, sizeof(float) * n);
+    if (n == 0)
+        return 0;
+    /* Inside a capture the step number comes from device memory, so that every replay of
+     * the graph is the next update; eager calls set it. */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(err, cudaStreamIsCapturing(c->stream, &cs));
+    adamw_prep_kernel<<<1, 1, 0, c->stream>>>(c->adam, cs == cudaStreamCaptureStatusNone ? step : 0,
+                                              hp->beta1, hp->beta2, hp->lr);
+    CUDA_CHECK_LAUNCH(err, "adamw_prep_kernel");
+    AdamW f{p, g, m, v, hp->beta1, hp->beta2, hp->eps, 1.0f - hp->lr * hp->weight_decay, c->adam};
     bool vec = aligned16(p, g, m, v);
-    return launch_ew((cuda_impl *)impl, f, n, vec, "adamw_step", err);
+    return launch_ew(c, f, n, vec, "adamw_step", err);
 }
 
 int cuda_scale(void *impl, size_t n, float alpha, float *x, mgpu_err_t *err)

@@ -136,7 +136,7 @@ static const cfg_key_t keys[] = {
     {"cuda_graph", T_BOOL, F(cuda_graph), NULL, 0, 0,
      "GPU: after a warm-up step, capture the whole step (forward, backward, all-reduce, update) "
      "in a CUDA graph and replay it; needs full batches (drop_last_batch or a batch size that "
-     "divides each rank's samples) and sgd"},
+     "divides each rank's samples); sgd and adamw"},
     {"timing_warmup", T_LL, F(timing_warmup), NULL, 0, BIG,
      "time the steps after the first timing_warmup ones (CUDA events on a GPU): a \"step time\" "
      "line and step_us in the final metrics line (0: no timing)"},

@@ -134,11 +134,6 @@ int mgpu_train_graph_eligible(const mgpu_cfg_t *cfg, size_t rank_samples, char *
         snprintf(why, why_len, "cuda_graph = false");
         return 0;
     }
-    if (cfg->optimizer != MGPU_OPTIM_SGD) {
-        snprintf(why, why_len, "optimizer %s: its update takes the step number",
-                 mgpu_optim_name(cfg->optimizer));
-        return 0;
-    }
     if (rank_samples < B) {
         snprintf(why, why_len, "%zu samples per rank, fewer than batch_size %zu", rank_samples, B);
         return 0;

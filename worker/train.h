@@ -70,9 +70,9 @@ int mgpu_train_bucket_layers(const mgpu_model_t *m, const mgpu_bucket_t *b, int 
 /* Whether a GPU may capture the whole step in a CUDA graph and replay it: 1 yes, 0 no (why,
  * when not NULL, says which condition failed). A replay repeats the captured launches with
  * their arguments frozen, so: cuda_graph on, every step a full batch of batch_size rows
- * (drop_last_batch, or a batch size dividing rank_samples, this rank's samples per epoch),
- * and an optimizer whose kernel arguments do not change from step to step after the first
- * (sgd; adamw's bias correction takes the step number). */
+ * (drop_last_batch, or a batch size dividing rank_samples, this rank's samples per epoch).
+ * Both optimizers qualify: SGD's arguments are the same after the first step (which runs
+ * eagerly), and the CUDA backend keeps AdamW's step number in device memory. */
 int mgpu_train_graph_eligible(const mgpu_cfg_t *cfg, size_t rank_samples, char *why,
                               size_t why_len);
 
