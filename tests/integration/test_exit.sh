@@ -224,3 +224,18 @@ t_exit_success_silent_with_common_fd_limit() {
     expect_eq "$rc" 0
     expect_eq "$(cat err)" "" "stderr of a successful run under ulimit -n 1024"
 }
+
+t_fd_table_grown_before_threads() {
+    # Linux waits for an RCU grace period (20-30 ms on a 16-core host) each time a threaded
+    # process's file table grows; the launcher grows it once before its store thread starts,
+    # past what 16 workers' pipes need, so starting them never waits for it.
+    run_launch --nproc_per_node=16 sh -c 'grep FDSize "/proc/$PPID/status" | tr -dc 0-9 >fds.$LOCAL_RANK'
+    expect_eq "$rc" 0
+    local n
+    n=$(cat fds.0)
+    [ "$n" -ge 256 ] || fail "launcher's file table holds $n entries, expected >= 256"
+    # and where the soft limit is lower than that, it is respected (no error, no message)
+    ( ulimit -Sn 100 && "$LAUNCH" --nproc_per_node=2 "$TW" exit 0 >out 2>err ); rc=$?
+    expect_eq "$rc" 0
+    expect_eq "$(cat err)" "" "stderr under ulimit -n 100"
+}
