@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tests/gpu/profile_steps.sh - where a training step's time goes, kernel by kernel, on a GPU
-# machine: Nsight Compute's gpu__time_duration of every kernel of a few eager steps of
-# mgpu-worker (configs/bench_mlp.cfg in fp32 and tf32, configs/bench_large_*.cfg), and
-# PyTorch's profiler over the same models. Kernels run one at a time under ncu, so the
-# figures are the kernels' own durations without the gaps between them.
+# machine: Nsight Compute's gpu__time_duration of every kernel of mgpu-worker's steps
+# (configs/bench_mlp.cfg in fp32 and tf32: two replayed steps after the first step's tuning;
+# configs/bench_large_*.cfg: three steps), PyTorch's profiler over the same models, and the
+# launcher's start-up steps (LOGLEVEL=debug) with 7, 8 and 16 workers. Kernels run one at a
+# time under ncu, so the figures are the kernels' own durations without the gaps between them.
 #
 #   tests/gpu/profile_steps.sh OUTDIR     (MGPU_BUILD: build dir; PYTHON: default python3)
 #
