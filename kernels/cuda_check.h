@@ -7,7 +7,7 @@
 #ifndef MGPU_CUDA_CHECK_H
 #define MGPU_CUDA_CHECK_H
 
-#include <cublas_v2.h>        /* cublasStatus_t, cublasGetStatusName/String */
+#include <cublas_v2.h>        /* cublasStatus_t */
 #include <cuda_runtime_api.h> /* cudaError_t, cudaGetErrorName/String, cudaGetLastError */
 
 /* error.h is a C header with no linkage block of its own. */
@@ -34,13 +34,17 @@ extern "C" {
                                 cudaGetErrorName(cc_rc_));                                         \
     } while (0)
 
+/* cuBLAS's own words for a status (kernels_cuda.cu: cuBLAS is opened at run time). */
+const char *mgpu_cublas_status_string(cublasStatus_t rc);
+const char *mgpu_cublas_status_name(cublasStatus_t rc);
+
 #define CUBLAS_CHECK(err, call)                                                                    \
     do {                                                                                           \
         cublasStatus_t cb_rc_ = (call);                                                            \
         if (cb_rc_ != CUBLAS_STATUS_SUCCESS)                                                       \
             return mgpu_err_set((err), MGPU_E_CUBLAS, "%s:%d: %s: %s (%s)", __FILE__, __LINE__,    \
-                                #call, cublasGetStatusString(cb_rc_),                              \
-                                cublasGetStatusName(cb_rc_));                                      \
+                                #call, mgpu_cublas_status_string(cb_rc_),                          \
+                                mgpu_cublas_status_name(cb_rc_));                                  \
     } while (0)
 
 #endif

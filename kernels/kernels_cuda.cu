@@ -46,15 +46,113 @@
 #include <cuda_bf16.h>    /* __nv_bfloat16, __floats2bfloat162_rn */
 #include <cuda_runtime.h> /* streams, cudaMalloc, <<<>>> */
 
+#include <dlfcn.h>     /* dlopen: cuBLAS is opened, not linked */
 #include <errno.h>     /* ENOMEM */
 #include <math.h>      /* INFINITY, NAN */
 #include <stdint.h>    /* uintptr_t */
 #include <stdio.h>     /* fprintf: MGPU_LT_VERBOSE */
 #include <stdlib.h>    /* calloc, free */
+#include <mutex>       /* std::call_once */
 #include <type_traits> /* std::integral_constant */
 
 namespace
 {
+
+/* --- cuBLAS, opened at the first CUDA backend ---------------------------------------------- */
+/* Linked, libcublasLt alone cost every process that carries it about 60 ms at start (its
+ * loading and static initialisation: on the 2-core VM a bare main() starts in 1.9 ms, 62 ms
+ * with libcublasLt), CPU workers and tools that never touch a GPU included. So cuBLAS and
+ * cuBLASLt are dlopen'ed when a CUDA backend is created, through the executable's run path
+ * (CUDA_HOME/lib64) as the link would have found them, and called through this table. The
+ * member p_NAME is NAME's pointer, its type from the header; the symbol looked up is NAME
+ * after cublas_v2.h's macros (cublasCreate is cublasCreate_v2). */
+struct blas_api {
+#define MGPU_BLAS_FN(name) decltype(&::name) p_##name
+    MGPU_BLAS_FN(cublasCreate);
+    MGPU_BLAS_FN(cublasDestroy);
+    MGPU_BLAS_FN(cublasSetStream);
+    MGPU_BLAS_FN(cublasSetMathMode);
+    MGPU_BLAS_FN(cublasSetWorkspace);
+    /* (C++ also sees an inline overload with a cudaDataType compute type: name the C one.) */
+    cublasStatus_t (*p_cublasGemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                   int, const void *, const void *, cudaDataType, int,
+                                   const void *, cudaDataType, int, const void *, void *,
+                                   cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    MGPU_BLAS_FN(cublasGetStatusName);
+    MGPU_BLAS_FN(cublasGetStatusString);
+    MGPU_BLAS_FN(cublasLtCreate);
+    MGPU_BLAS_FN(cublasLtDestroy);
+    MGPU_BLAS_FN(cublasLtMatmul);
+    MGPU_BLAS_FN(cublasLtMatmulAlgoGetHeuristic);
+    MGPU_BLAS_FN(cublasLtMatmulDescCreate);
+    MGPU_BLAS_FN(cublasLtMatmulDescDestroy);
+    MGPU_BLAS_FN(cublasLtMatmulDescSetAttribute);
+    MGPU_BLAS_FN(cublasLtMatmulPreferenceCreate);
+    MGPU_BLAS_FN(cublasLtMatmulPreferenceDestroy);
+    MGPU_BLAS_FN(cublasLtMatmulPreferenceSetAttribute);
+    MGPU_BLAS_FN(cublasLtMatrixLayoutCreate);
+    MGPU_BLAS_FN(cublasLtMatrixLayoutDestroy);
+#undef MGPU_BLAS_FN
+};
+blas_api B;
+char blas_why[512]; /* why loading failed; empty once it worked */
+
+#define MGPU_STR_(x) #x
+#define MGPU_STR(x) MGPU_STR_(x)
+
+void blas_open()
+{
+    const char *libs[] = {"libcublasLt.so." MGPU_STR(CUBLAS_VER_MAJOR),
+                          "libcublas.so." MGPU_STR(CUBLAS_VER_MAJOR)};
+    void *h[2];
+    for (int i = 0; i < 2; i++)
+        if ((h[i] = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL)) == NULL) {
+            snprintf(blas_why, sizeof blas_why, "cannot open %s (cuBLAS %d, which this build needs): %s",
+                     libs[i], CUBLAS_VER_MAJOR, dlerror());
+            return;
+        }
+    /* MGPU_STR expands the API's macros first: the symbol of cublasCreate is cublasCreate_v2. */
+#define MGPU_BLAS_SYM(lib, name)                                                                   \
+    if ((B.p_##name = (decltype(B.p_##name))dlsym(h[lib], MGPU_STR(name))) == NULL) {              \
+        snprintf(blas_why, sizeof blas_why, "%s has no %s", libs[lib], MGPU_STR(name));            \
+        return;                                                                                    \
+    }
+    MGPU_BLAS_SYM(1, cublasCreate)
+    MGPU_BLAS_SYM(1, cublasDestroy)
+    MGPU_BLAS_SYM(1, cublasSetStream)
+    MGPU_BLAS_SYM(1, cublasSetMathMode)
+    MGPU_BLAS_SYM(1, cublasSetWorkspace)
+    MGPU_BLAS_SYM(1, cublasGemmEx)
+    MGPU_BLAS_SYM(1, cublasGetStatusName)
+    MGPU_BLAS_SYM(1, cublasGetStatusString)
+    MGPU_BLAS_SYM(0, cublasLtCreate)
+    MGPU_BLAS_SYM(0, cublasLtDestroy)
+    MGPU_BLAS_SYM(0, cublasLtMatmul)
+    MGPU_BLAS_SYM(0, cublasLtMatmulAlgoGetHeuristic)
+    MGPU_BLAS_SYM(0, cublasLtMatmulDescCreate)
+    MGPU_BLAS_SYM(0, cublasLtMatmulDescDestroy)
+    MGPU_BLAS_SYM(0, cublasLtMatmulDescSetAttribute)
+    MGPU_BLAS_SYM(0, cublasLtMatmulPreferenceCreate)
+    MGPU_BLAS_SYM(0, cublasLtMatmulPreferenceDestroy)
+    MGPU_BLAS_SYM(0, cublasLtMatmulPreferenceSetAttribute)
+    MGPU_BLAS_SYM(0, cublasLtMatrixLayoutCreate)
+    MGPU_BLAS_SYM(0, cublasLtMatrixLayoutDestroy)
+#undef MGPU_BLAS_SYM
+    blas_why[0] = '\0';
+}
+
+/* Opens cuBLAS once per process (the handles stay open: cuBLAS never unloads cleanly). */
+int blas_load(mgpu_err_t *err)
+{
+    static std::once_flag once;
+    std::call_once(once, [] {
+        snprintf(blas_why, sizeof blas_why, "not loaded");
+        blas_open();
+    });
+    if (blas_why[0] != '\0')
+        return mgpu_err_set(err, MGPU_E_DEVICE, "kernels(cuda): %s", blas_why);
+    return 0;
+}
 
 constexpr int kThreads = 256;                /* every kernel's block size */
 constexpr int kEwBlocksPerSm = 64;           /* grid cap of elementwise kernels */
@@ -1117,23 +1215,23 @@ void cuda_impl_destroy(void *impl)
         if (ev != NULL)
             (void)cudaEventDestroy(ev);
     if (c->blas != NULL)
-        (void)cublasDestroy(c->blas);
+        (void)B.p_cublasDestroy(c->blas);
     for (int i = 0; i < c->n_shadows; i++)
         (void)cudaFree(c->shadows[i].bf);
     (void)cudaFree(c->mir);
     for (int i = 0; i < c->n_plans; i++) {
         lt_plan *p = &c->plans[i];
         if (p->la != NULL)
-            (void)cublasLtMatrixLayoutDestroy(p->la);
+            (void)B.p_cublasLtMatrixLayoutDestroy(p->la);
         if (p->lb != NULL)
-            (void)cublasLtMatrixLayoutDestroy(p->lb);
+            (void)B.p_cublasLtMatrixLayoutDestroy(p->lb);
         if (p->ld != NULL)
-            (void)cublasLtMatrixLayoutDestroy(p->ld);
+            (void)B.p_cublasLtMatrixLayoutDestroy(p->ld);
         if (p->desc != NULL)
-            (void)cublasLtMatmulDescDestroy(p->desc);
+            (void)B.p_cublasLtMatmulDescDestroy(p->desc);
     }
     if (c->lt != NULL)
-        (void)cublasLtDestroy(c->lt);
+        (void)B.p_cublasLtDestroy(c->lt);
     (void)cudaFree(c->ws);
     (void)cudaFree(c->scratch);
     (void)cudaFree(c->blas_ws);
@@ -1151,15 +1249,15 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     /* Non-blocking: no implicit ordering with the legacy default stream that other code in
      * the process (a data loader's cudaMemcpy) may use. */
     CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(err, cublasCreate(&c->blas));
-    CUBLAS_CHECK(err, cublasSetStream(c->blas, c->stream));
-    CUBLAS_CHECK(err, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(err, B.p_cublasCreate(&c->blas));
+    CUBLAS_CHECK(err, B.p_cublasSetStream(c->blas, c->stream));
+    CUBLAS_CHECK(err, B.p_cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     CUDA_CHECK(err, cudaMalloc(&c->blas_ws, kBlasWorkspace));
-    CUBLAS_CHECK(err, cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
+    CUBLAS_CHECK(err, B.p_cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
     CUDA_CHECK(err, cudaMalloc((void **)&c->scratch, kScratchFloats * sizeof(float)));
     /* The last word is block_result's counter. */
     CUDA_CHECK(err, cudaMemset(c->scratch, 0, kScratchFloats * sizeof(float)));
-    CUBLAS_CHECK(err, cublasLtCreate(&c->lt));
+    CUBLAS_CHECK(err, B.p_cublasLtCreate(&c->lt));
     CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
     CUDA_CHECK(err, cudaMalloc(&c->side_ws, kBlasWorkspace));
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
@@ -1194,6 +1292,8 @@ int cuda_impl_create(int device, void **out, mgpu_err_t *err)
         return mgpu_err_set(err, MGPU_E_DEVICE,
                             "kernels(cuda): device %d, expected 0..%d (this process sees %d)",
                             device, count - 1, count);
+    if ((rc = blas_load(err)) < 0)
+        return rc;
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
     if (c == NULL)
         return mgpu_err_set(err, -ENOMEM, "kernels(cuda): calloc(%zu) failed", sizeof *c);
@@ -1363,7 +1463,7 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
         cublasComputeType_t ct =
             ci->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         /* Swapped operands: see the top of this file. */
-        CUBLAS_CHECK(err, cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
+        CUBLAS_CHECK(err, B.p_cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
                                        CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, ct,
                                        CUBLAS_GEMM_DEFAULT));
         return 0;
@@ -1381,7 +1481,7 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
     if ((rc = to_bf16(ci, ar, ac, a, lda, a16, lda16, err)) < 0 ||
         (rc = to_bf16(ci, br, bc, b, ldb, b16, ldb16, err)) < 0)
         return rc;
-    CUBLAS_CHECK(err, cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, ldb16,
+    CUBLAS_CHECK(err, B.p_cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, ldb16,
                                    a16, CUDA_R_16BF, lda16, &beta, c, CUDA_R_32F, ldc,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
@@ -1705,30 +1805,30 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
     int nres = 0;
     cublasLtMatmulHeuristicResult_t res[kLtCand];
     bool ok =
-        cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+        B.p_cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
             CUBLAS_STATUS_SUCCESS &&
         (aux_ld == 0 ||
-         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+         B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
                                         sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
-        cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
+        B.p_cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
                                    ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
+        B.p_cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
                                    tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatrixLayoutCreate(&p->ld, d16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldd) ==
+        B.p_cublasLtMatrixLayoutCreate(&p->ld, d16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldd) ==
             CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+        B.p_cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
                                              sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, kLtCand,
+        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, kLtCand,
                                        res, &nres) == CUBLAS_STATUS_SUCCESS &&
         nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
     if (pref != NULL)
-        (void)cublasLtMatmulPreferenceDestroy(pref);
+        (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
     cudaError_t pend = cudaGetLastError(); /* see lt_matmul */
     if (pend != cudaSuccess && c->lt_verbose)
         fprintf(stderr, "kernels(cuda): cleared %s left by the cuBLASLt heuristic\n",
@@ -1837,7 +1937,7 @@ float lt_time(cuda_impl *c, lt_plan *p, int i, const void *pa, const void *pb, v
     for (int r = 0; r < (graph ? reps : reps + 1) && bs == CUBLAS_STATUS_SUCCESS; r++) {
         if (!graph && r == 1)
             (void)cudaEventRecord(c->ev_t0, st);
-        bs = cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld, d, p->ld,
+        bs = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld, d, p->ld,
                             &p->cand[i], ws, kBlasWorkspace, st);
     }
     bool ok = bs == CUBLAS_STATUS_SUCCESS;
@@ -1936,10 +2036,10 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
     if (p == NULL || !p->ok)
         return MGPU_K_DECLINED;
     if (bias != nullptr)
-        CUBLAS_CHECK(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        CUBLAS_CHECK(err, B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                          &bias, sizeof bias));
     if (aux != nullptr)
-        CUBLAS_CHECK(err, cublasLtMatmulDescSetAttribute(
+        CUBLAS_CHECK(err, B.p_cublasLtMatmulDescSetAttribute(
                               p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, zero = 0.0f;
     /* Our own launches are checked one by one, so an error pending here was left by cuBLASLt
@@ -1954,7 +2054,7 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
         if (rc < 0)
             return rc;
     }
-    cublasStatus_t bst = cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d,
+    cublasStatus_t bst = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d,
                                         p->ld, d, p->ld, &p->algo, ws, kBlasWorkspace, st);
     pend = cudaGetLastError();
     if (pend != cudaSuccess && c->lt_verbose)
@@ -2234,6 +2334,21 @@ int cuda_join(void *impl, mgpu_err_t *err)
 }
 
 } /* namespace */
+
+const char *mgpu_cublas_status_string(cublasStatus_t rc)
+{
+    return B.p_cublasGetStatusString != NULL ? B.p_cublasGetStatusString(rc) : "(cuBLAS not loaded)";
+}
+
+const char *mgpu_cublas_status_name(cublasStatus_t rc)
+{
+    return B.p_cublasGetStatusName != NULL ? B.p_cublasGetStatusName(rc) : "?";
+}
+
+extern "C" int mgpu_kernels_cuda_blas_load(mgpu_err_t *err)
+{
+    return blas_load(err);
+}
 
 extern "C" int mgpu_kernels_cuda_device_count(mgpu_err_t *err)
 {

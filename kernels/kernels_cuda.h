@@ -22,6 +22,10 @@ extern const mgpu_kernels_ops_t mgpu_kernels_cuda_ops;
  * program that forks must call it in the child, not before the fork. */
 int mgpu_kernels_cuda_device_count(mgpu_err_t *err);
 
+/* Opens cuBLAS and cuBLASLt (dlopen, once per process; creating a CUDA backend does it):
+ * 0, or MGPU_E_DEVICE naming the library or symbol that is missing. Needs no GPU. */
+int mgpu_kernels_cuda_blas_load(mgpu_err_t *err);
+
 /* The cudaStream_t every op of k runs on, in order; NULL when k is not a CUDA backend. Work
  * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
 void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);

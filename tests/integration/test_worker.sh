@@ -110,3 +110,12 @@ PY
     bash "$MGPU_ROOT/scripts/plot_metrics.sh" m.jsonl m.png >/dev/null || fail "plot exited $?"
     expect_eq "$(head -c 8 m.png | od -An -tx1 | tr -d ' \n')" 89504e470d0a1a0a "PNG signature"
 }
+
+t_cpu_worker_does_not_load_cublas() {
+    # cuBLAS is opened with the first CUDA backend (kernels_cuda.cu): a worker training on
+    # the CPU never maps it (linked, libcublasLt alone cost ~60 ms of every start).
+    LD_DEBUG=libs MGPU_SIM_GPUS=0 CUDA_VISIBLE_DEVICES= "$WORKER" "$MGPU_ROOT/configs/train.cfg" \
+        epochs=1 >out 2>err || { tail err >&2; fail "worker exited $?"; }
+    expect_no_grep err 'calling init: .*libcublas'
+    expect_grep err 'calling init: .*libc\.so'
+}

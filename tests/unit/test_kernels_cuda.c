@@ -901,8 +901,26 @@ static void test_linear_fused(void)
     env_close(&e);
 }
 
+/* cuBLAS and cuBLASLt are dlopen'ed, not linked: every function the backend calls must
+ * resolve in the libraries this build was compiled against. Needs no GPU, only the CUDA
+ * libraries (present wherever this was built with CUDA). */
+static void test_blas_opens(void)
+{
+#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
+    SKIP("built without CUDA (CUDA=0 or no nvcc)");
+#else
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_kernels_cuda_blas_load(&err), 0);
+    if (err.msg[0])
+        printf("  %s\n", err.msg);
+    /* Twice: once per process, the same answer. */
+    CHECK_INT(mgpu_kernels_cuda_blas_load(&err), 0);
+#endif
+}
+
 int main(void)
 {
+    RUN(test_blas_opens);
     RUN(test_memory_round_trip);
     RUN(test_create_errors_and_stream);
     RUN(test_gemm_fp32);
