@@ -121,6 +121,9 @@ static const cfg_key_t keys[] = {
      "DataLoader(drop_last=): drop each rank's last, smaller batch"},
     {"bucket_mb", T_DBL, F(bucket_mb), NULL, 0.001, 1e6,
      "DDP gradient bucket size in MiB (PyTorch's bucket_cap_mb)"},
+    {"bucket_overlap", T_BOOL, F(bucket_overlap), NULL, 0, 0,
+     "GPU: all-reduce each bucket as soon as backward has made it, during the rest of "
+     "backward (false: all buckets after backward, to measure what the overlap buys)"},
     {"log_interval", T_LL, F(log_interval), NULL, 0, BIG,
      "steps between rank 0's progress lines (0: none)"},
     {"eval_interval", T_LL, F(eval_interval), NULL, 0, BIG,
@@ -184,6 +187,7 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
     cfg->epochs = 1;
     cfg->shuffle = 1;
     cfg->bucket_mb = 25;
+    cfg->bucket_overlap = 1;
     cfg->log_interval = 10;
     cfg->eval_interval = 1;
     cfg->cuda_graph = 1;

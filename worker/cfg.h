@@ -74,6 +74,7 @@ typedef struct mgpu_cfg {
     int drop_last;       /* DistributedSampler(drop_last=) */
     int drop_last_batch; /* DataLoader(drop_last=) */
     double bucket_mb;    /* DDP gradient bucket size */
+    int bucket_overlap;  /* GPU: all-reduce each bucket during backward (else after it) */
     /* output */
     long long log_interval;  /* steps between progress lines (0: none) */
     long long eval_interval; /* epochs between evaluations (0: only at the end) */

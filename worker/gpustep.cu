@@ -305,8 +305,13 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||
         (rc = mgpu_model_backward_hooked(m, t->d_x, g->lab != nullptr ? t->d_l : NULL,
                                          g->tg != nullptr ? t->d_t : NULL,
-                                         g->reduce != NULL ? on_layer : NULL, g, err)) < 0)
+                                         g->reduce != NULL && t->bucket_overlap ? on_layer : NULL,
+                                         g, err)) < 0)
         return rc;
+    /* bucket_overlap = false: every bucket after the whole backward, in the same order. */
+    while (g->reduce != NULL && !t->bucket_overlap && g->next_bucket < t->n_buckets)
+        if ((rc = on_layer(g, t->bucket_layer[g->next_bucket], err)) < 0)
+            return rc;
     if (g->reduce != NULL) {
         if (g->next_bucket != t->n_buckets)
             return mgpu_err_set(err, -EINVAL, "gpustep: backward launched %d of %d buckets",

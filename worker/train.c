@@ -180,6 +180,7 @@ int mgpu_trainer_create(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_dat
         return mgpu_err_set(err, -ENOMEM, "train: calloc failed");
     t->k = k;
     t->max_batch = max_batch;
+    t->bucket_overlap = cfg->bucket_overlap;
     mgpu_train_model_spec(cfg, ds, &ms);
     mgpu_train_optim_spec(cfg, &os);
     if ((rc = mgpu_model_create(k, &ms, max_batch, &t->model, err)) < 0 ||

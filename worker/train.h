@@ -38,6 +38,7 @@ typedef struct mgpu_trainer {
     int n_buckets;
     mgpu_bucket_t *buckets; /* in all-reduce order: last parameters first */
     int *bucket_layer;      /* per bucket: the layer whose backward completes it */
+    int bucket_overlap;     /* cfg's: launch buckets from backward's hooks (GPU) */
     float *h_x, *h_t;       /* host staging for one batch */
     int32_t *h_l;
     float *d_x, *d_t; /* the batch in backend memory */
