@@ -4,6 +4,8 @@
   python3 torch_train_bench.py steps  CASE [CASE ...]   one JSON line per case and variant
   python3 torch_train_bench.py peak                     bare 8192^3 matmuls, tf32 and bf16
   torchrun --nproc_per_node=1 torch_train_bench.py first_step mlp
+  torchrun --nproc_per_node=N torch_train_bench.py ddp_steps CASE
+                                                        DDP step time at world size N
                                                         start-to-first-step (JSON line)
 
 CASE is linear | mlp | mlp_tf32 | large_tf32 | large_bf16, the models of configs/bench_*.cfg: the same
@@ -185,6 +187,53 @@ def cmd_first_step(case):
     dist.destroy_process_group()
 
 
+def cmd_ddp_steps(case):
+    """Under torchrun: DDP over NCCL at the launcher's world size, each rank with the case's
+    batch (weak scaling, as mgpu-launch + mgpu-worker run it); rank 0 prints the step time
+    over the timed steps (CUDA events) and the host time of the end of the first step."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    model, _, xs, ys = build(case)
+    ddp = DDP(model, device_ids=[local])
+    feat, hidden, out, batch, samples, loss, prec, steps, warmup = CASES[case]
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01 if feat < 8192 else 1e-4)
+    loss_fn = nn.CrossEntropyLoss() if loss == "xent" else nn.MSELoss()
+    amp = torch.bfloat16 if prec == "bf16" else None
+    nb = len(xs)
+
+    def step(i):
+        ctx = torch.autocast("cuda", dtype=amp) if amp is not None else contextlib.nullcontext()
+        with ctx:
+            o = ddp(xs[i % nb])
+        l = loss_fn(o.float(), ys[i % nb])
+        l.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return l
+
+    step(0)
+    torch.cuda.synchronize()
+    first = time.time()
+    for i in range(1, warmup):
+        step(i)
+    torch.cuda.synchronize()
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    for i in range(steps):
+        step(i)
+    b.record()
+    torch.cuda.synchronize()
+    if dist.get_rank() == 0:
+        print(json.dumps({"case": case, "variant": "ddp", "world_size": dist.get_world_size(),
+                          "step_us": 1000.0 * a.elapsed_time(b) / steps, "steps": steps,
+                          "first_step_unix_s": first}), flush=True)
+    dist.destroy_process_group()
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -196,6 +245,8 @@ def main():
         cmd_peak()
     elif cmd == "first_step":
         cmd_first_step(sys.argv[2] if len(sys.argv) > 2 else "mlp")
+    elif cmd == "ddp_steps":
+        cmd_ddp_steps(sys.argv[2] if len(sys.argv) > 2 else "large_bf16")
     else:
         print(__doc__, file=sys.stderr)
         return 2
