@@ -183,7 +183,7 @@ struct lt_plan {
 };
 constexpr int kLtPlans = 64; /* configurations cached; more are declined */
 constexpr size_t kOwnDreluMin = 1u << 20; /* bf16: dx elements from which the input gradient's
-                                             ReLU backward is drelu_bgrad_kernel */
+                                             ReLU backward is this file's own pass */
 constexpr int kLtAux = 64;   /* aux masks a fused forward wrote, that backward may read */
 
 struct cuda_impl {
@@ -354,12 +354,6 @@ __device__ __forceinline__ void block_result(float v, float *part, float *out, d
     }
 }
 
-/* The last block of a reduction writes its result (block_result): nothing more to launch. */
-int finish(cuda_impl *c, unsigned blocks, double scale, float *out, const char *op, mgpu_err_t *err)
-{
-    return 0;
-}
-
 /* --- elementwise skeleton ------------------------------------------------------------------ */
 
 /* f.vec(i) handles floats 4i..4i+3, f.one(i) float i. With VEC the float4 part runs first and
@@ -422,7 +416,7 @@ int launch_reduce(cuda_impl *c, const F &f, size_t n, bool vec, double scale, fl
     else
         reduce_kernel<F, false><<<blocks, kThreads, 0, c->stream>>>(f, n, c->scratch, out, scale);
     CUDA_CHECK_LAUNCH(err, "%s (n=%zu, %u blocks)", op, n, blocks);
-    return finish(c, blocks, scale, out, op, err);
+    return 0; /* the last block wrote the result (block_result) */
 }
 
 /* --- activations: the formulas of kernels_cpu.c -------------------------------------------- */
@@ -833,45 +827,12 @@ __global__ void __launch_bounds__(kThreads)
     out[col] = (float)s;
 }
 
-/* bf16 mode's ReLU backward after the input-gradient GEMM, in one pass: dx = dx * (y > 0) in
- * place, its bf16 copy into d16 (row stride ld16; may be NULL) for the two GEMMs that read
- * it next, and the column sums (the bias gradient of the layer below) as sum_rows_kernel
- * makes them: the same split of rows, the same order, so the sums are sum_rows' sums of the
- * same values. out may be NULL (no bias). */
-__global__ void __launch_bounds__(kThreads)
-    drelu_bgrad_kernel(int rows, int cols, float *dx, const float *y, __nv_bfloat16 *d16,
-                       int ld16, int rps, float *part, float *out, int direct)
-{
-    __shared__ float acc[8][33];
-    int col = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rps, r1 = min(rows, r0 + rps);
-    float s = 0.0f;
-    if (col < cols)
-        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
-            size_t i = (size_t)r * cols + col;
-            float v = y[i] > 0.0f ? dx[i] : 0.0f;
-            dx[i] = v;
-            if (d16 != nullptr)
-                d16[(size_t)r * ld16 + col] = __float2bfloat16_rn(v);
-            s += v;
-        }
-    if (out == nullptr)
-        return;
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        for (int j = 1; j < 8; j++)
-            s += acc[j][threadIdx.x];
-        if (direct)
-            out[col] = s;
-        else
-            part[(size_t)blockIdx.y * cols + col] = s;
-    }
-}
-
-/* drelu_bgrad_kernel for cols % 4 == 0, four columns a thread (a block: 128 columns, 8 row
- * lanes), with the mask read from y or, with Y16, from y's bf16 copy (y16, row stride ldy16:
- * the same signs). */
+/* bf16 mode's ReLU backward after the input-gradient GEMM, in one pass (cols % 4 == 0): dx =
+ * dx * (y > 0) in place, its bf16 copy into d16 (row stride ld16; may be NULL) for the two
+ * GEMMs that read it next, and the column sums (the bias gradient of the layer below; out
+ * may be NULL) as partials per split of rows, like sum_rows_kernel's. Four columns a thread
+ * (a block: 128 columns, 8 row lanes); the mask from y or, with Y16, from y's bf16 copy (y16,
+ * row stride ldy16: the same signs). */
 template <bool Y16>
 __global__ void __launch_bounds__(kThreads)
     drelu_bgrad4_kernel(int rows, int cols, float *dx, const float *y, const __nv_bfloat16 *y16,
@@ -1531,13 +1492,13 @@ int cuda_act_backward(void *impl, mgpu_act_t act, size_t n, const float *z, cons
     });
 }
 
-/* Row splits of a column reduction of rows x cols: about kRedBlocksPerSm blocks per
- * multiprocessor, at least 32 rows per split, no more partials than the scratch holds. */
-long row_splits(const cuda_impl *c, int rows, int cols)
+/* Row splits of a column reduction of rows x cols, cols_per_block columns a block: about
+ * per_sm blocks per multiprocessor, at least 32 rows per split, no more partials than the
+ * scratch holds (its last word is block_result's counter). */
+long row_splits(const cuda_impl *c, int rows, int cols, int cols_per_block, int per_sm)
 {
-    int col_blocks = (cols + 31) / 32;
-    long target = (long)c->sms * kRedBlocksPerSm;
-    long splits = (target + col_blocks - 1) / col_blocks;
+    long col_blocks = (cols + cols_per_block - 1) / cols_per_block;
+    long splits = ((long)c->sms * per_sm + col_blocks - 1) / col_blocks;
     long max_by_rows = (rows + 31) / 32, max_by_scratch = (long)((kScratchFloats - 1) / cols);
     if (splits > max_by_rows)
         splits = max_by_rows;
@@ -1551,7 +1512,7 @@ int cuda_sum_rows(void *impl, int rows, int cols, const float *x, float beta, fl
 {
     cuda_impl *c = (cuda_impl *)impl;
     int col_blocks = (cols + 31) / 32;
-    long splits = row_splits(c, rows, cols);
+    long splits = row_splits(c, rows, cols, 32, kRedBlocksPerSm);
     int rps = (int)((rows + splits - 1) / splits);
     dim3 grid((unsigned)col_blocks, (unsigned)splits), block(32, 8);
     sum_rows_kernel<<<grid, block, 0, c->stream>>>(rows, cols, x, rps, c->scratch, beta, out,
@@ -1629,7 +1590,7 @@ int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const
             rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
     }
     CUDA_CHECK_LAUNCH(err, "softmax_xent kernel (%d x %d, %u blocks)", rows, cols, blocks);
-    return finish(c, blocks, 1.0 / rows, loss, "softmax_xent", err);
+    return 0;
 }
 
 int cuda_mse(void *impl, int rows, int cols, const float *pred, const float *target, float *loss,
@@ -1738,7 +1699,7 @@ int cuda_count_correct(void *impl, int rows, int cols, const float *logits, cons
     count_correct_kernel<<<blocks, kThreads, 0, c->stream>>>(rows, cols, logits, labels, c->scratch,
                                                              out);
     CUDA_CHECK_LAUNCH(err, "count_correct_kernel (%d x %d)", rows, cols);
-    return finish(c, blocks, 1.0, out, "count_correct", err);
+    return 0;
 }
 
 
@@ -1829,10 +1790,6 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
         nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
     if (pref != NULL)
         (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
-    cudaError_t pend = cudaGetLastError(); /* see lt_matmul */
-    if (pend != cudaSuccess && c->lt_verbose)
-        fprintf(stderr, "kernels(cuda): cleared %s left by the cuBLASLt heuristic\n",
-                cudaGetErrorName(pend));
     for (int i = 0; ok && i < nres; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS)
             p->cand[p->n_cand++] = res[i].algo;
@@ -2042,13 +1999,6 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
         CUBLAS_CHECK(err, B.p_cublasLtMatmulDescSetAttribute(
                               p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, zero = 0.0f;
-    /* Our own launches are checked one by one, so an error pending here was left by cuBLASLt
-     * (its heuristic); seen on the H200 with bf16 operands (cudaErrorInvalidValue) while the
-     * products were right. It must not be blamed on, or break, what comes next. */
-    cudaError_t pend = cudaGetLastError();
-    if (pend != cudaSuccess && c->lt_verbose)
-        fprintf(stderr, "kernels(cuda): cleared %s pending before cublasLtMatmul (epilogue %d)\n",
-                cudaGetErrorName(pend), (int)epi);
     if (!p->tuned) {
         int rc = lt_tune(c, p, pa, pb, d, st, ws, err);
         if (rc < 0)
@@ -2056,10 +2006,6 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
     }
     cublasStatus_t bst = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d,
                                         p->ld, d, p->ld, &p->algo, ws, kBlasWorkspace, st);
-    pend = cudaGetLastError();
-    if (pend != cudaSuccess && c->lt_verbose)
-        fprintf(stderr, "kernels(cuda): cleared %s left by cublasLtMatmul (epilogue %d, status %d)\n",
-                cudaGetErrorName(pend), (int)epi, (int)bst);
     if (bst == CUBLAS_STATUS_NOT_SUPPORTED) {
         p->ok = false;
         if (c->lt_verbose)
@@ -2114,6 +2060,15 @@ cuda_impl::shadow *shadow_slot(cuda_impl *c, const float *src, int rows_cm, int 
     return sh;
 }
 
+/* Whether the ReLU backward into a layer of `cols` features (rows x cols) is this file's own
+ * pass (drelu_bgrad4_kernel / drelu16_kernel) rather than cuBLASLt's DRELU_BGRAD epilogue:
+ * bf16, large, four-column rows. The forward then keeps no ReLU mask. */
+bool own_relu_backward(const cuda_impl *c, mgpu_act_t act, int rows, int cols)
+{
+    return c->prec == MGPU_PREC_BF16 && act == MGPU_ACT_RELU && !c->lt_off && (c->lt_epi & 2) &&
+           cols % 4 == 0 && (size_t)rows * cols >= kOwnDreluMin;
+}
+
 int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, const float *x,
                         const float *w, const float *bias, float *z, float *y, void *aux,
                         mgpu_err_t *err)
@@ -2125,8 +2080,8 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
         return MGPU_K_DECLINED;
     }
     bool relu = act == MGPU_ACT_RELU, b = bias != nullptr;
-    /* bf16's large layers take their ReLU backward from y (drelu_bgrad_kernel): no mask. */
-    if (relu && aux != nullptr && c->prec == MGPU_PREC_BF16 && (size_t)rows * out >= kOwnDreluMin) {
+    /* bf16's large layers take their ReLU backward from y (own_relu_backward): no mask. */
+    if (aux != nullptr && own_relu_backward(c, act, rows, out)) {
         aux_mark(c, aux, false);
         aux = nullptr;
     }
@@ -2180,8 +2135,7 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
                               mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
-    if (c->prec == MGPU_PREC_BF16 && act == MGPU_ACT_RELU && y_in != nullptr && !c->lt_off &&
-        (c->lt_epi & 2) && (size_t)rows * in >= kOwnDreluMin) {
+    if (own_relu_backward(c, act, rows, in) && y_in != nullptr) {
         /* y's kept copy, when the forward wrote only that (see cuda_linear_forward). */
         const cuda_impl::shadow *ysh = nullptr;
         for (int i = 0; i < c->n_shadows; i++)
@@ -2191,91 +2145,62 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
         int rc = 0;
         /* Best: the product writes dx in bf16 straight into its kept copy (what the next two
          * GEMMs read), and the ReLU backward and bias gradient run on that, in place; the
-         * fp32 dx is left unwritten, as y is in the forward. */
+         * fp32 dx is left unwritten, as y is in the forward. Else the fp32 product, and the
+         * pass writes dx and its copy. */
         cuda_impl::shadow *xs = nullptr;
+        bool d16 = false;
         if (!c->shadow_off && c->lt_epi == 7 && in % 8 == 0 &&
             (xs = shadow_slot(c, dx, in, rows, in, err, &rc)) != nullptr) {
             invalidate(c, dx, sizeof(float) * (size_t)rows * in);
             rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
                            in, dz, out, xs->bf, xs->ld16, CUBLASLT_EPILOGUE_DEFAULT, nullptr,
                            nullptr, 0, kTemp, kReuse, err, true);
-            if (rc < 0)
-                return rc;
-            if (rc == 0) {
-                long col_blocks = (in + 255) / 256;
-                long splits = ((long)c->sms * 16 + col_blocks - 1) / col_blocks;
-                long max_by_rows = (rows + 31) / 32,
-                     max_by_scratch = (long)((kScratchFloats - 1) / in);
-                splits = splits > max_by_rows ? max_by_rows : splits;
-                splits = splits > max_by_scratch ? max_by_scratch : splits;
-                splits = splits < 1 ? 1 : splits;
-                int rps = (int)((rows + splits - 1) / splits);
-                dim3 grid((unsigned)col_blocks, (unsigned)splits), block(32, 8);
-                if (ysh != nullptr)
-                    drelu16_kernel<true><<<grid, block, 0, c->stream>>>(
-                        rows, in, xs->bf, xs->ld16, nullptr, ysh->bf, ysh->ld16, rps, c->scratch,
-                        dbias, splits == 1);
-                else
-                    drelu16_kernel<false><<<grid, block, 0, c->stream>>>(
-                        rows, in, xs->bf, xs->ld16, y_in, nullptr, 0, rps, c->scratch, dbias,
-                        splits == 1);
-                CUDA_CHECK_LAUNCH(err, "drelu16_kernel (%d x %d, %ld splits)", rows, in, splits);
-                if (dbias != nullptr && splits > 1) {
-                    sum_rows_finish_kernel<<<(in + kThreads - 1) / kThreads, kThreads, 0,
-                                             c->stream>>>(in, (int)splits, c->scratch, 0.0f, dbias);
-                    CUDA_CHECK_LAUNCH(err, "sum_rows_finish_kernel (%d columns)", in);
-                }
-                xs->fresh = true;
-                return 0;
-            }
+            d16 = rc == 0;
         }
         if (rc < 0)
             return rc;
-        rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
+        if (!d16) {
+            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
                            in, dz, out, dx, in, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0,
                            kTemp, kReuse, err);
-        if (rc != 0)
-            return rc; /* declined: nothing was queued, the launcher composes it all */
-        cuda_impl::shadow *sh = c->shadow_off ? nullptr : shadow_slot(c, dx, in, rows, in, err, &rc);
-        if (rc < 0)
-            return rc;
-        long splits;
-        if (in % 4 == 0) {
-            /* About 16 blocks of 128 columns per multiprocessor: enough loads in flight. */
-            long col_blocks = (in + 127) / 128;
-            splits = ((long)c->sms * 16 + col_blocks - 1) / col_blocks;
-            long max_by_rows = (rows + 31) / 32, max_by_scratch = (long)((kScratchFloats - 1) / in);
-            splits = splits > max_by_rows ? max_by_rows : splits;
-            splits = splits > max_by_scratch ? max_by_scratch : splits;
-            splits = splits < 1 ? 1 : splits;
-            int rps = (int)((rows + splits - 1) / splits);
-            dim3 grid((unsigned)col_blocks, (unsigned)splits), block(32, 8);
-            __nv_bfloat16 *d16 = sh != nullptr ? sh->bf : nullptr;
-            int ld16 = sh != nullptr ? sh->ld16 : 0;
-            if (ysh != nullptr)
-                drelu_bgrad4_kernel<true><<<grid, block, 0, c->stream>>>(
-                    rows, in, dx, nullptr, ysh->bf, ysh->ld16, d16, ld16, rps, c->scratch, dbias,
-                    splits == 1);
-            else
-                drelu_bgrad4_kernel<false><<<grid, block, 0, c->stream>>>(
-                    rows, in, dx, y_in, nullptr, 0, d16, ld16, rps, c->scratch, dbias, splits == 1);
-            CUDA_CHECK_LAUNCH(err, "drelu_bgrad4_kernel (%d x %d, %ld splits)", rows, in, splits);
-        } else {
-            splits = row_splits(c, rows, in);
-            int rps = (int)((rows + splits - 1) / splits);
-            dim3 grid((unsigned)((in + 31) / 32), (unsigned)splits), block(32, 8);
-            drelu_bgrad_kernel<<<grid, block, 0, c->stream>>>(
-                rows, in, dx, y_in, sh != nullptr ? sh->bf : nullptr, sh != nullptr ? sh->ld16 : 0,
-                rps, c->scratch, dbias, splits == 1);
-            CUDA_CHECK_LAUNCH(err, "drelu_bgrad_kernel (%d x %d, %ld splits)", rows, in, splits);
+            if (rc != 0)
+                return rc; /* declined: nothing was queued, the launcher composes it all */
+            if (xs == nullptr && !c->shadow_off &&
+                (xs = shadow_slot(c, dx, in, rows, in, err, &rc)) == nullptr && rc < 0)
+                return rc;
         }
+        /* About 16 blocks per multiprocessor: enough loads in flight. */
+        const int per_block = d16 ? 256 : 128;
+        long splits = row_splits(c, rows, in, per_block, 16);
+        int rps = (int)((rows + splits - 1) / splits);
+        dim3 grid((unsigned)((in + per_block - 1) / per_block), (unsigned)splits), block(32, 8);
+        const __nv_bfloat16 *y16 = ysh != nullptr ? ysh->bf : nullptr;
+        const int ldy16 = ysh != nullptr ? ysh->ld16 : 0;
+        if (d16 && ysh != nullptr)
+            drelu16_kernel<true><<<grid, block, 0, c->stream>>>(rows, in, xs->bf, xs->ld16, nullptr,
+                                                                y16, ldy16, rps, c->scratch, dbias,
+                                                                splits == 1);
+        else if (d16)
+            drelu16_kernel<false><<<grid, block, 0, c->stream>>>(rows, in, xs->bf, xs->ld16, y_in,
+                                                                 nullptr, 0, rps, c->scratch,
+                                                                 dbias, splits == 1);
+        else if (ysh != nullptr)
+            drelu_bgrad4_kernel<true><<<grid, block, 0, c->stream>>>(
+                rows, in, dx, nullptr, y16, ldy16, xs != nullptr ? xs->bf : nullptr,
+                xs != nullptr ? xs->ld16 : 0, rps, c->scratch, dbias, splits == 1);
+        else
+            drelu_bgrad4_kernel<false><<<grid, block, 0, c->stream>>>(
+                rows, in, dx, y_in, nullptr, 0, xs != nullptr ? xs->bf : nullptr,
+                xs != nullptr ? xs->ld16 : 0, rps, c->scratch, dbias, splits == 1);
+        CUDA_CHECK_LAUNCH(err, "ReLU backward pass (%d x %d, %s, %ld splits)", rows, in,
+                          d16 ? "bf16" : "fp32", splits);
         if (dbias != nullptr && splits > 1) {
             sum_rows_finish_kernel<<<(in + kThreads - 1) / kThreads, kThreads, 0, c->stream>>>(
                 in, (int)splits, c->scratch, 0.0f, dbias);
             CUDA_CHECK_LAUNCH(err, "sum_rows_finish_kernel (%d columns)", in);
         }
-        if (sh != nullptr)
-            sh->fresh = true;
+        if (xs != nullptr)
+            xs->fresh = true;
         return 0;
     }
     /* Only with the mask a fused forward wrote into aux_in. */
@@ -2367,18 +2292,6 @@ extern "C" void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k)
     if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
         return NULL;
     return (void *)((const cuda_impl *)k->impl)->stream;
-}
-
-extern "C" int mgpu_kernels_cuda_set_fused(mgpu_kernels_t *k, int on)
-{
-    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
-        return -1;
-    cuda_impl *c = (cuda_impl *)k->impl;
-    int was = !c->lt_off;
-    c->lt_off = !on;
-    if (!on)
-        c->n_aux = 0; /* no mask is trusted until a fused forward writes it again */
-    return was;
 }
 
 /* Positional, in the order of mgpu_kernels_ops_t (C++17 has no designated initialisers). */

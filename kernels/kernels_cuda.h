@@ -30,11 +30,6 @@ int mgpu_kernels_cuda_blas_load(mgpu_err_t *err);
  * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
 void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
 
-/* Turns the cuBLASLt-fused linear ops off (0) or back on (1, unless MGPU_CUDA_LT=0 turned
- * them off); returns the previous state, -1 when k is not a CUDA backend. The graph capture
- * falls back to the plain ops with it when a capture with them fails. */
-int mgpu_kernels_cuda_set_fused(mgpu_kernels_t *k, int on);
-
 #ifdef __cplusplus
 }
 #endif

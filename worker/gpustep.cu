@@ -324,7 +324,7 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
 
 /* Captures one step of count rows into g->exec. The capture queues nothing: the caller
  * launches the graph for this step. */
-static int capture_once(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
+static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
 {
     long long step_before = g->t->optim->step;
     /* ThreadLocal: another thread's unrelated CUDA calls (a watchdog's query) must not
@@ -356,19 +356,6 @@ static int capture_once(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     /* queue_step counted the captured update (undone above); the launch performs it. */
     CUDA_CHECK(err, cudaGraphInstantiate(&g->exec, g->graph, 0));
     return 0;
-}
-
-/* A capture that fails with the cuBLASLt-fused linear ops on (seen on the H200: cuBLASLt
- * failing inside a capture that the plain cuBLAS path survives) is retried once with them off:
- * the graph then runs the plain GEMM + elementwise kernels, which compute the same step. */
-static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
-{
-    int rc = capture_once(g, count, err);
-    if (rc == 0 || mgpu_kernels_cuda_set_fused(g->t->k, 0) != 1)
-        return rc;
-    (void)cudaGetLastError();
-    fprintf(stderr, "mgpu-worker: warning: %s; capturing without the cuBLASLt epilogues\n", err->msg);
-    return capture_once(g, count, err);
 }
 
 extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *err)
