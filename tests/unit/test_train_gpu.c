@@ -464,6 +464,36 @@ static void test_two_ranks_buckets_match_cpu(void)
     }
 }
 
+/* Runs cfg (bf16) on the GPU with the kept bf16 copies and without them (MGPU_BF16_SHADOW=0:
+ * every operand converted in every GEMM), the same algorithms in both (MGPU_LT_TUNE=0), and
+ * on the CPU in fp32; checks the GPU run was graphed, the two GPU runs agree within
+ * tol_copies, and the GPU is within bf16's rounding (5e-2) of the CPU. */
+static void bf16_copies_vs_conversions(const char *what, mgpu_cfg_t *cfg, double tol_copies)
+{
+    mgpu_err_t err = {0};
+    job_t cpu[1], a[1], b[1];
+    char label[128];
+    CHECK_INT(mgpu_cfg_check(cfg, &err), 0);
+    setenv("MGPU_LT_TUNE", "0", 1);
+    run_world(cfg, 1, 1, a);
+    setenv("MGPU_BF16_SHADOW", "0", 1);
+    run_world(cfg, 1, 1, b);
+    unsetenv("MGPU_BF16_SHADOW");
+    unsetenv("MGPU_LT_TUNE");
+    run_world(cfg, 1, 0, cpu);
+    if (a[0].rc || b[0].rc || cpu[0].rc)
+        return;
+    CHECK_INT(a[0].res.graphed, 1);
+    snprintf(label, sizeof label, "%s, kept copies vs conversions", what);
+    CHECK(compare(label, a[0].res.params, b[0].res.params, a[0].res.n_params, tol_copies) <=
+          tol_copies);
+    snprintf(label, sizeof label, "%s, gpu vs fp32 cpu", what);
+    CHECK(compare(label, a[0].res.params, cpu[0].res.params, a[0].res.n_params, 5e-2) <= 5e-2);
+    free(a[0].res.params);
+    free(b[0].res.params);
+    free(cpu[0].res.params);
+}
+
 /* bf16: the GEMMs read the parameters' bf16 mirror that SGD writes, and reuse an activation's
  * or gradient's bf16 copy from its first GEMM in its second (kernels_cuda.cu). The same run
  * with MGPU_BF16_SHADOW=0 converts every operand in every GEMM: the same bf16 values into the
@@ -474,64 +504,28 @@ static void test_bf16_mirror_matches_conversions(void)
     need_gpu();
     mgpu_cfg_t cfg;
     mgpu_err_t err = {0};
-    job_t cpu[1], a[1], b[1];
     cfg_text(&cfg, kMlp);
     CHECK_INT(mgpu_cfg_override(&cfg, "precision=bf16", &err), 0);
-    CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
-    setenv("MGPU_LT_TUNE", "0", 1); /* the same algorithms in both runs */
-    run_world(&cfg, 1, 1, a);
-    setenv("MGPU_BF16_SHADOW", "0", 1);
-    run_world(&cfg, 1, 1, b);
-    unsetenv("MGPU_BF16_SHADOW");
-    unsetenv("MGPU_LT_TUNE");
-    run_world(&cfg, 1, 0, cpu);
-    if (a[0].rc || b[0].rc || cpu[0].rc)
-        return;
-    CHECK_INT(a[0].res.graphed, 1);
-    CHECK(compare("bf16 mirror vs conversions", a[0].res.params, b[0].res.params,
-                  a[0].res.n_params, 1e-6) <= 1e-6);
-    CHECK(compare("bf16 gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params, a[0].res.n_params,
-                  5e-2) <= 5e-2);
-    free(a[0].res.params);
-    free(b[0].res.params);
-    free(cpu[0].res.params);
+    /* The same bf16 values into the same products: to the bit. */
+    bf16_copies_vs_conversions("bf16", &cfg, 1e-6);
 }
 
-/* bf16 with layers of 1024 x 1024 rows: the hidden layers' outputs go straight to bf16
- * copies, and the input gradient's ReLU backward runs as drelu_bgrad4_kernel (the product
- * without epilogue, then one pass writing dx, its bf16 copy for the next GEMMs and the bias
- * gradient). With and without the kept copies, and against the fp32 CPU; graph replay. */
+/* bf16 with layers of 1024 x 1024 rows: the hidden layers' outputs and input gradients go
+ * straight to bf16 copies, and the ReLU backward and bias gradient run as one pass on the
+ * bf16 gradient (drelu16_kernel); without the copies, the fp32 products and
+ * drelu_bgrad4_kernel. Graph replay. */
 static void test_bf16_large_layers(void)
 {
     need_gpu();
     mgpu_cfg_t cfg;
-    mgpu_err_t err = {0};
-    job_t cpu[1], a[1], b[1];
     cfg_text(&cfg, "dataset = synthetic\nsamples = 2048\nfeatures = 64\nclasses = 10\n"
                    "eval_fraction = 0\nmodel = mlp\nhidden = 1024,1024\nloss = cross_entropy\n"
                    "batch_size = 1024\nepochs = 4\nshuffle = true\nprecision = bf16\n"
                    "log_interval = 0\noptimizer = sgd\nlr = 0.05\n");
-    CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
-    setenv("MGPU_LT_TUNE", "0", 1);
-    run_world(&cfg, 1, 1, a);
-    setenv("MGPU_BF16_SHADOW", "0", 1);
-    run_world(&cfg, 1, 1, b);
-    unsetenv("MGPU_BF16_SHADOW");
-    unsetenv("MGPU_LT_TUNE");
-    run_world(&cfg, 1, 0, cpu);
-    if (a[0].rc || b[0].rc || cpu[0].rc)
-        return;
-    CHECK_INT(a[0].res.graphed, 1);
-    /* Not to the bit: with the copies, the hidden layers' products write bf16 straight from
-     * cuBLASLt (another plan, maybe another accumulation order than the fp32 product that
-     * is converted without them). A stale copy would be off by far more. */
-    CHECK(compare("bf16 large, kept copies vs conversions", a[0].res.params, b[0].res.params,
-                  a[0].res.n_params, 1e-3) <= 1e-3);
-    CHECK(compare("bf16 large gpu vs fp32 cpu", a[0].res.params, cpu[0].res.params,
-                  a[0].res.n_params, 5e-2) <= 5e-2);
-    free(a[0].res.params);
-    free(b[0].res.params);
-    free(cpu[0].res.params);
+    /* Not to the bit: with the copies, the products write bf16 straight from cuBLASLt
+     * (another plan, maybe another accumulation order than the fp32 product that is
+     * converted without them). A stale copy would be off by far more. */
+    bf16_copies_vs_conversions("bf16 large", &cfg, 1e-3);
 }
 
 int main(void)
