@@ -36,15 +36,7 @@ log=$OUT/bench.log
 
 say() { echo "$@" | tee -a "$log"; }
 diff_s() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan") print "nan"; else printf "%.3f\n", a - b }'; }
-json_get() { # FILE KEY: KEY of the last line of FILE that has it
-    "$PY" -c 'import json,sys
-v=None
-for l in open(sys.argv[1]):
-    try: o=json.loads(l)
-    except Exception: continue
-    if sys.argv[2] in o: v=o[sys.argv[2]]
-print("nan" if v is None else v)' "$1" "$2"
-}
+source "$root/tests/gpu/lib.sh" # json_last
 
 say "gpu_train_bench: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1 | sed 's/^/  gpu: /' | tee -a "$log"
@@ -92,12 +84,12 @@ for i in $(seq "$RUNS"); do
     t0=$(date +%s.%N)
     "$BUILD/bin/mgpu-launch" --nproc_per_node=1 "$root/configs/bench_mlp.cfg" max_steps=1 \
         timing_warmup=0 metrics_file="$W/first.jsonl" >"$W/first_mgpu.out" 2>&1
-    t1=$(json_get "$W/first.jsonl" first_step_unix_s)
+    t1=$(json_last "$W/first.jsonl" first_step_unix_s)
     diff_s "$t1" "$t0" >>"$W/first_mgpu"
     t0=$(date +%s.%N)
     "$PY" -m torch.distributed.run --nproc_per_node=1 "$here/torch_train_bench.py" first_step mlp \
         >"$W/first_torch.out" 2>&1
-    t1=$(json_get "$W/first_torch.out" first_step_unix_s)
+    t1=$(json_last "$W/first_torch.out" first_step_unix_s)
     diff_s "$t1" "$t0" >>"$W/first_torch"
 done
 say "  mgpu-launch + mgpu-worker: $(tr '\n' ' ' <"$W/first_mgpu")s"

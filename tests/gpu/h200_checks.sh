@@ -15,16 +15,7 @@ out=${1:-gpu-out}
 mkdir -p "$out"
 cd "$root" || exit 2
 export NCCL_NVLS_ENABLE=0 # KINDS.md: NVLink multicast stays off
-ok=0 bad=0
-part() { # part NAME CMD...: runs CMD, output in OUTDIR/NAME.txt
-    local name=$1
-    shift
-    if "$@" >"$out/$name.txt" 2>&1; then
-        ok=$((ok + 1)); echo "ok - $name"
-    else
-        bad=$((bad + 1)); echo "not ok - $name (exit $?)"; tail -n 15 "$out/$name.txt"
-    fi
-}
+source tests/gpu/lib.sh # part
 torch_py=
 for p in /opt/torch/.venv/bin/python3 python3 /usr/bin/python3; do
     "$p" -c 'import torch, torch.distributed' 2>/dev/null && { torch_py=$p; break; }

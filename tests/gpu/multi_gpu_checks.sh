@@ -29,25 +29,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 L=build/bin/mgpu-launch
 W=build/bin/mgpu-worker
 PY=${PYTHON:-python3}
-ok=0 bad=0
-part() { # part NAME CMD...
-    local name=$1
-    shift
-    if "$@" >"$out/$name.txt" 2>&1; then
-        ok=$((ok + 1)); echo "ok - $name"
-    else
-        bad=$((bad + 1)); echo "not ok - $name (exit $?)"; tail -n 15 "$out/$name.txt"
-    fi
-}
-final() { # final FILE KEY: KEY of the last metrics line that has it
-    "$PY" -c 'import json,sys
-v=None
-for l in open(sys.argv[1]):
-    try: o=json.loads(l)
-    except Exception: continue
-    if sys.argv[2] in o: v=o[sys.argv[2]]
-print("nan" if v is None else v)' "$1" "$2"
-}
+source tests/gpu/lib.sh # part, json_last
 apps() { nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c .; }
 
 N=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -88,7 +70,7 @@ ddp_equals_one() {
         metrics_file="$out/ddp_n.jsonl" log_interval=0 || return 1
     "$L" --nproc_per_node=1 configs/train.cfg batch_size=$((b * n)) shuffle=false epochs=2 \
         metrics_file="$out/ddp_1.jsonl" log_interval=0 || return 1
-    a=$(final "$out/ddp_n.jsonl" eval_loss) c=$(final "$out/ddp_1.jsonl" eval_loss)
+    a=$(json_last "$out/ddp_n.jsonl" eval_loss) c=$(json_last "$out/ddp_1.jsonl" eval_loss)
     echo "final loss: $n GPUs x batch $b: $a; 1 GPU x batch $((b * n)): $c (held out)"
     "$PY" -c "import sys; a, c = $a, $c; sys.exit(abs(a - c) > 1e-4 * max(1, abs(c)))"
 }
@@ -100,7 +82,7 @@ large() { # large NAME N CFG [key=value ...]
     shift 3
     "$L" --nproc_per_node="$n" "configs/$cfg" samples=$((8192 * n)) metrics_file="$out/$name.jsonl" "$@" \
         >"$out/$name.out" 2>&1 || { tail "$out/$name.out"; return 1; }
-    echo "$name: $(final "$out/$name.jsonl" step_us) us/step"
+    echo "$name: $(json_last "$out/$name.jsonl" step_us) us/step"
 }
 scaling() {
     local n p
@@ -125,7 +107,7 @@ dp_vs_ddp() {
     "$L" --nproc_per_node="$N" configs/bench_large_tf32.cfg epochs=10 samples=$((8192 * N)) \
         metrics_file="$out/ddp.jsonl" || { kill "$dmon"; return 1; }
     kill "$dmon"
-    echo "dp: $(final "$out/dp.jsonl" samples_per_s) samples/s; ddp: $(final "$out/ddp.jsonl" samples_per_s) samples/s"
+    echo "dp: $(json_last "$out/dp.jsonl" samples_per_s) samples/s; ddp: $(json_last "$out/ddp.jsonl" samples_per_s) samples/s"
 }
 part dp_vs_ddp dp_vs_ddp
 
@@ -138,7 +120,7 @@ torch_vs_mgpu() {
     echo "torchrun: started $t0, $(grep -h step_us "$out/torch_ddp.out")"
     t0=$(date +%s.%N)
     large mgpu_ddp "$N" bench_large_bf16.cfg || return 1
-    echo "mgpu: started $t0, first step $(final "$out/mgpu_ddp.jsonl" first_step_unix_s)"
+    echo "mgpu: started $t0, first step $(json_last "$out/mgpu_ddp.jsonl" first_step_unix_s)"
 }
 part torch_vs_mgpu torch_vs_mgpu
 

@@ -71,38 +71,24 @@ ncu_case large_bf16 0 600 bench_large_bf16.cfg epochs=3
 ncu_case large_tf32 0 600 bench_large_tf32.cfg epochs=3
 
 echo "== torch profiler"
-"$PY" - <<'EOF'
-import torch, torch.nn as nn
+"$PY" - "$root/tests/bench" <<'EOF'
+import sys
+import torch
 from torch.profiler import profile, ProfilerActivity
-def run(name, feat, hidden, out, batch, prec, loss):
-    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
-    dims = [feat] + hidden + [out]
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(nn.Linear(dims[i], dims[i + 1]))
-        if i < len(dims) - 2:
-            layers.append(nn.ReLU())
-    m = nn.Sequential(*layers).cuda()
-    x = torch.randn(batch, feat, device="cuda")
-    y = torch.randn(batch, out, device="cuda") if loss == "mse" else torch.randint(0, out, (batch,), device="cuda")
-    lf = nn.MSELoss() if loss == "mse" else nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
-    def step():
-        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cuda", enabled=False)
-        with ctx:
-            o = m(x)
-        l = lf(o.float(), y)
-        l.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    for _ in range(3): step()
+sys.path.insert(0, sys.argv[1])
+from torch_train_bench import build  # the same models, data and step as the benchmark
+
+for case in ("mlp", "large_bf16", "large_tf32"):
+    _, step, xs, ys = build(case)
+    for i in range(3):
+        step(xs[i % len(xs)], ys[i % len(ys)])
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(2): step()
+        for i in range(2):
+            step(xs[i % len(xs)], ys[i % len(ys)])
         torch.cuda.synchronize()
-    print("--", name)
+    print("--", case)
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=80))
-run("mlp fp32", 784, [256, 256], 10, 256, "fp32", "xent")
-run("large bf16", 8192, [8192] * 3, 8192, 8192, "bf16", "mse")
-run("large tf32", 8192, [8192] * 3, 8192, 8192, "tf32", "mse")
 EOF
 
 echo "== launcher start-up steps, 7/8/16 workers of /bin/true, LOGLEVEL=debug"
