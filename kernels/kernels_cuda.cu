@@ -1814,6 +1814,61 @@ enum { kTemp = 0, kStore = 1, kReuse = 2, kFresh = 3 };
 /* kFresh: a buffer only the backend's ops write (a gradient between layers): its copy is
  * reused while no op wrote the buffer since the copy was made, else it is converted again. */
 
+/* src's kept bf16 copy when it is fresh and of this geometry, else NULL. */
+cuda_impl::shadow *fresh_copy(cuda_impl *c, const float *src, int rows_cm, int cols_cm, int ld)
+{
+    for (int i = 0; i < c->n_shadows; i++) {
+        cuda_impl::shadow *sh = &c->shadows[i];
+        if (sh->src == src && sh->fresh && sh->rows_cm == rows_cm && sh->cols_cm == cols_cm &&
+            sh->ld == ld)
+            return sh;
+    }
+    return nullptr;
+}
+
+/* The bf16 copy kept for src (column-major rows_cm x cols_cm, ld), allocated or grown on
+ * first use; NULL while a capture runs and none is big enough (the GEMM that reads src then
+ * converts it itself), or when every slot is taken. Not yet fresh: the caller writes it. */
+cuda_impl::shadow *shadow_slot(cuda_impl *c, const float *src, int rows_cm, int cols_cm, int ld,
+                               mgpu_err_t *err, int *rc)
+{
+    *rc = 0;
+    int ld16 = (rows_cm + 7) / 8 * 8;
+    size_t need = (size_t)cols_cm * ld16;
+    cuda_impl::shadow *sh = nullptr;
+    for (int i = 0; i < c->n_shadows; i++)
+        if (c->shadows[i].src == src)
+            sh = &c->shadows[i];
+    if (sh == nullptr || sh->cap < need) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaError_t ce = cudaStreamIsCapturing(c->stream, &cs);
+        if (ce != cudaSuccess) {
+            *rc = mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamIsCapturing: %s", cudaGetErrorString(ce));
+            return nullptr;
+        }
+        if (cs != cudaStreamCaptureStatusNone || (sh == nullptr && c->n_shadows == kLtAux))
+            return nullptr;
+        if (sh == nullptr) {
+            sh = &c->shadows[c->n_shadows++];
+            *sh = cuda_impl::shadow{};
+            sh->src = src;
+        }
+        if ((ce = cudaStreamSynchronize(c->stream)) != cudaSuccess ||
+            (ce = cudaFree(sh->bf)) != cudaSuccess ||
+            (sh->bf = nullptr, sh->cap = 0,
+             ce = cudaMalloc((void **)&sh->bf, need * sizeof(__nv_bfloat16))) != cudaSuccess) {
+            *rc = mgpu_err_set(err, MGPU_E_CUDA, "bf16 copy of %zu elements: %s", need,
+                               cudaGetErrorString(ce));
+            return nullptr;
+        }
+        sh->cap = need;
+    }
+    sh->fresh = false;
+    sh->rows_cm = rows_cm, sh->cols_cm = cols_cm, sh->ld = ld, sh->ld16 = ld16;
+    sh->bytes = sizeof(float) * ((size_t)(cols_cm - 1) * ld + rows_cm);
+    return sh;
+}
+
 /* Where the bf16 operand (column-major rows_cm x cols_cm, ld) is, converting if needed;
  * *tmp_used: elements of the workspace taken. */
 int bf16_operand(cuda_impl *c, int mode, const float *src, int rows_cm, int cols_cm, int ld,
@@ -1835,41 +1890,24 @@ int bf16_operand(cuda_impl *c, int mode, const float *src, int rows_cm, int cols
         *tmp_used += (need + 127) / 128 * 128;
         return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
     }
-    cuda_impl::shadow *sh = nullptr;
-    for (int i = 0; i < c->n_shadows; i++)
-        if (c->shadows[i].src == src)
-            sh = &c->shadows[i];
-    if (sh != nullptr && (mode == kReuse || mode == kFresh) && sh->fresh && sh->rows_cm == rows_cm &&
-        sh->cols_cm == cols_cm && sh->ld == ld) {
+    cuda_impl::shadow *sh;
+    if ((mode == kReuse || mode == kFresh) &&
+        (sh = fresh_copy(c, src, rows_cm, cols_cm, ld)) != nullptr) {
         *out = sh->bf;
         *ld_out = sh->ld16;
         return 0;
     }
-    if (sh == nullptr || sh->cap < need) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        CUDA_CHECK(err, cudaStreamIsCapturing(c->stream, &cs));
-        if (cs != cudaStreamCaptureStatusNone || (sh == nullptr && c->n_shadows == kLtAux)) {
-            /* No allocation inside a capture: a temporary copy does (same numbers). */
-            *out = tmp + *tmp_used;
-            *ld_out = ld16;
-            *tmp_used += (need + 127) / 128 * 128;
-            return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
-        }
-        if (sh == nullptr) {
-            sh = &c->shadows[c->n_shadows++];
-            *sh = cuda_impl::shadow{};
-            sh->src = src;
-        }
-        CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-        CUDA_CHECK(err, cudaFree(sh->bf));
-        sh->bf = nullptr;
-        sh->cap = 0;
-        CUDA_CHECK(err, cudaMalloc((void **)&sh->bf, need * sizeof(__nv_bfloat16)));
-        sh->cap = need;
+    int rc = 0;
+    if ((sh = shadow_slot(c, src, rows_cm, cols_cm, ld, err, &rc)) == nullptr) {
+        if (rc < 0)
+            return rc;
+        /* No allocation inside a capture: a temporary copy does (same numbers). */
+        *out = tmp + *tmp_used;
+        *ld_out = ld16;
+        *tmp_used += (need + 127) / 128 * 128;
+        return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
     }
-    sh->rows_cm = rows_cm, sh->cols_cm = cols_cm, sh->ld = ld, sh->ld16 = ld16;
-    sh->bytes = sizeof(float) * ((size_t)(cols_cm - 1) * ld + rows_cm);
-    int rc = to_bf16(c, cols_cm, rows_cm, src, ld, sh->bf, ld16, err);
+    rc = to_bf16(c, cols_cm, rows_cm, src, ld, sh->bf, ld16, err);
     sh->fresh = rc == 0;
     *out = sh->bf;
     *ld_out = ld16;
@@ -2017,49 +2055,6 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
     return 0;
 }
 
-/* The bf16 copy kept for src (column-major rows_cm x cols_cm, ld), allocated or grown on
- * first use; NULL while a capture runs and none is big enough (the GEMM that reads src then
- * converts it itself), or when every slot is taken. Not yet fresh: the caller writes it. */
-cuda_impl::shadow *shadow_slot(cuda_impl *c, const float *src, int rows_cm, int cols_cm, int ld,
-                               mgpu_err_t *err, int *rc)
-{
-    *rc = 0;
-    int ld16 = (rows_cm + 7) / 8 * 8;
-    size_t need = (size_t)cols_cm * ld16;
-    cuda_impl::shadow *sh = nullptr;
-    for (int i = 0; i < c->n_shadows; i++)
-        if (c->shadows[i].src == src)
-            sh = &c->shadows[i];
-    if (sh == nullptr || sh->cap < need) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        cudaError_t ce = cudaStreamIsCapturing(c->stream, &cs);
-        if (ce != cudaSuccess) {
-            *rc = mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamIsCapturing: %s", cudaGetErrorString(ce));
-            return nullptr;
-        }
-        if (cs != cudaStreamCaptureStatusNone || (sh == nullptr && c->n_shadows == kLtAux))
-            return nullptr;
-        if (sh == nullptr) {
-            sh = &c->shadows[c->n_shadows++];
-            *sh = cuda_impl::shadow{};
-            sh->src = src;
-        }
-        if ((ce = cudaStreamSynchronize(c->stream)) != cudaSuccess ||
-            (ce = cudaFree(sh->bf)) != cudaSuccess ||
-            (sh->bf = nullptr, sh->cap = 0,
-             ce = cudaMalloc((void **)&sh->bf, need * sizeof(__nv_bfloat16))) != cudaSuccess) {
-            *rc = mgpu_err_set(err, MGPU_E_CUDA, "bf16 copy of %zu elements: %s", need,
-                               cudaGetErrorString(ce));
-            return nullptr;
-        }
-        sh->cap = need;
-    }
-    sh->fresh = false;
-    sh->rows_cm = rows_cm, sh->cols_cm = cols_cm, sh->ld = ld, sh->ld16 = ld16;
-    sh->bytes = sizeof(float) * ((size_t)(cols_cm - 1) * ld + rows_cm);
-    return sh;
-}
-
 /* Whether the ReLU backward into a layer of `cols` features (rows x cols) is this file's own
  * pass (drelu_bgrad4_kernel / drelu16_kernel) rather than cuBLASLt's DRELU_BGRAD epilogue:
  * bf16, large, four-column rows. The forward then keeps no ReLU mask. */
@@ -2137,11 +2132,7 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
     cuda_impl *c = (cuda_impl *)impl;
     if (own_relu_backward(c, act, rows, in) && y_in != nullptr) {
         /* y's kept copy, when the forward wrote only that (see cuda_linear_forward). */
-        const cuda_impl::shadow *ysh = nullptr;
-        for (int i = 0; i < c->n_shadows; i++)
-            if (c->shadows[i].src == y_in && c->shadows[i].fresh && c->shadows[i].rows_cm == in &&
-                c->shadows[i].cols_cm == rows && c->shadows[i].ld == in)
-                ysh = &c->shadows[i];
+        const cuda_impl::shadow *ysh = fresh_copy(c, y_in, in, rows, in);
         int rc = 0;
         /* Best: the product writes dx in bf16 straight into its kept copy (what the next two
          * GEMMs read), and the ReLU backward and bias gradient run on that, in place; the
