@@ -1884,34 +1884,30 @@ int bf16_operand(cuda_impl *c, int mode, const float *src, int rows_cm, int cols
     }
     int ld16 = (rows_cm + 7) / 8 * 8;
     size_t need = (size_t)cols_cm * ld16;
-    if (mode == kTemp || c->shadow_off) {
-        *out = tmp + *tmp_used;
-        *ld_out = ld16;
-        *tmp_used += (need + 127) / 128 * 128;
-        return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
-    }
-    cuda_impl::shadow *sh;
-    if ((mode == kReuse || mode == kFresh) &&
-        (sh = fresh_copy(c, src, rows_cm, cols_cm, ld)) != nullptr) {
-        *out = sh->bf;
-        *ld_out = sh->ld16;
-        return 0;
-    }
-    int rc = 0;
-    if ((sh = shadow_slot(c, src, rows_cm, cols_cm, ld, err, &rc)) == nullptr) {
+    if (mode != kTemp && !c->shadow_off) {
+        cuda_impl::shadow *sh;
+        if ((mode == kReuse || mode == kFresh) &&
+            (sh = fresh_copy(c, src, rows_cm, cols_cm, ld)) != nullptr) {
+            *out = sh->bf;
+            *ld_out = sh->ld16;
+            return 0;
+        }
+        int rc = 0;
+        if ((sh = shadow_slot(c, src, rows_cm, cols_cm, ld, err, &rc)) != nullptr) {
+            rc = to_bf16(c, cols_cm, rows_cm, src, ld, sh->bf, ld16, err);
+            sh->fresh = rc == 0;
+            *out = sh->bf;
+            *ld_out = ld16;
+            return rc;
+        }
         if (rc < 0)
             return rc;
-        /* No allocation inside a capture: a temporary copy does (same numbers). */
-        *out = tmp + *tmp_used;
-        *ld_out = ld16;
-        *tmp_used += (need + 127) / 128 * 128;
-        return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
+        /* No slot (none may be allocated inside a capture): a temporary copy, same numbers. */
     }
-    rc = to_bf16(c, cols_cm, rows_cm, src, ld, sh->bf, ld16, err);
-    sh->fresh = rc == 0;
-    *out = sh->bf;
+    *out = tmp + *tmp_used;
     *ld_out = ld16;
-    return rc;
+    *tmp_used += (need + 127) / 128 * 128;
+    return to_bf16(c, cols_cm, rows_cm, src, ld, (__nv_bfloat16 *)*out, ld16, err);
 }
 
 /* GPU time of `reps` back-to-back runs of candidate i, in ms; < 0 when it fails to launch
