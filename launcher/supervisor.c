@@ -612,10 +612,6 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
     s->res->attempts = s->attempt + 1;
-    /* One mkdir per folder: on the H200 host's overlay file system every path lookup costs,
-     * and mkdir -p of each rank's folder plus an unlink took 3-4 ms a worker. */
-    if (mkdir(attempt_dir, 0755) != 0 && errno != EEXIST && (rc = mkdir_p(attempt_dir)) < 0)
-        return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -635,12 +631,10 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         p->k = k;
         p->pid = -1;
         snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
+        if ((rc = mkdir_p(rank_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
         snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
-        if (mkdir(rank_dir, 0755) != 0) {
-            if (errno != EEXIST)
-                return mgpu_err_set(err, -errno, "mkdir(%s): %s", rank_dir, strerror(errno));
-            unlink(o->error_file); /* an old one, in a folder made before */
-        }
+        unlink(o->error_file);
         if (cli->no_prefix)
             p->prefix[0] = '\0';
         else
