@@ -427,8 +427,8 @@ size_t mgpu_k_linear_aux_bytes(int rows, int out)
 static int check_linear(const char *op, int rows, int out, int in, mgpu_err_t *err)
 {
     if (rows < 1 || out < 1 || in < 1)
-        return mgpu_err_set(err, -EINVAL, "%s: rows=%d out=%d in=%d, expected >= 1 each", op,
-                            rows, out, in);
+        return mgpu_err_set(err, -EINVAL, "%s: rows=%d out=%d in=%d, expected >= 1 each", op, rows,
+                            out, in);
     return 0;
 }
 

@@ -225,7 +225,6 @@ int mgpu_k_argmax_rows(mgpu_kernels_t *k, int rows, int cols, const float *x, in
 int mgpu_k_count_correct(mgpu_kernels_t *k, int rows, int cols, const float *logits,
                          const int32_t *labels, float *out, mgpu_err_t *err);
 
-
 /* --- fused linear layer (nn.Linear + activation), row-major, W [out, in] as nn.Linear ----- */
 /* Bytes of the aux buffer linear_forward may keep for backward (a bit mask of act' > 0): at
  * least this much backend memory per layer, for up to `rows` rows of `out` features. */

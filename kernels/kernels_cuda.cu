@@ -75,9 +75,9 @@ struct blas_api {
     MGPU_BLAS_FN(cublasSetWorkspace);
     /* (C++ also sees an inline overload with a cudaDataType compute type: name the C one.) */
     cublasStatus_t (*p_cublasGemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
-                                   int, const void *, const void *, cudaDataType, int,
-                                   const void *, cudaDataType, int, const void *, void *,
-                                   cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+                                     int, const void *, const void *, cudaDataType, int,
+                                     const void *, cudaDataType, int, const void *, void *,
+                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
     MGPU_BLAS_FN(cublasGetStatusName);
     MGPU_BLAS_FN(cublasGetStatusString);
     MGPU_BLAS_FN(cublasLtCreate);
@@ -107,11 +107,13 @@ void blas_open()
     void *h[2];
     for (int i = 0; i < 2; i++)
         if ((h[i] = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL)) == NULL) {
-            snprintf(blas_why, sizeof blas_why, "cannot open %s (cuBLAS %d, which this build needs): %s",
-                     libs[i], CUBLAS_VER_MAJOR, dlerror());
+            snprintf(blas_why, sizeof blas_why,
+                     "cannot open %s (cuBLAS %d, which this build needs): %s", libs[i],
+                     CUBLAS_VER_MAJOR, dlerror());
             return;
         }
-    /* MGPU_STR expands the API's macros first: the symbol of cublasCreate is cublasCreate_v2. */
+        /* MGPU_STR expands the API's macros first: the symbol of cublasCreate is cublasCreate_v2.
+         */
 #define MGPU_BLAS_SYM(lib, name)                                                                   \
     if ((B.p_##name = (decltype(B.p_##name))dlsym(h[lib], MGPU_STR(name))) == NULL) {              \
         snprintf(blas_why, sizeof blas_why, "%s has no %s", libs[lib], MGPU_STR(name));            \
@@ -181,10 +183,10 @@ struct lt_plan {
     int n_cand;
     bool tuned;
 };
-constexpr int kLtPlans = 64; /* configurations cached; more are declined */
+constexpr int kLtPlans = 64;              /* configurations cached; more are declined */
 constexpr size_t kOwnDreluMin = 1u << 20; /* bf16: dx elements from which the input gradient's
                                              ReLU backward is this file's own pass */
-constexpr int kLtAux = 64;   /* aux masks a fused forward wrote, that backward may read */
+constexpr int kLtAux = 64; /* aux masks a fused forward wrote, that backward may read */
 
 struct cuda_impl {
     int device;
@@ -863,7 +865,8 @@ __global__ void __launch_bounds__(kThreads)
             v.w = m3 > 0.0f ? v.w : 0.0f;
             *px = v;
             if (d16 != nullptr) {
-                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y),
+                               hi = __floats2bfloat162_rn(v.z, v.w);
                 uint2 o;
                 o.x = *reinterpret_cast<unsigned *>(&lo);
                 o.y = *reinterpret_cast<unsigned *>(&hi);
@@ -1424,9 +1427,9 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
         cublasComputeType_t ct =
             ci->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         /* Swapped operands: see the top of this file. */
-        CUBLAS_CHECK(err, B.p_cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
-                                       CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, ct,
-                                       CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(err, B.p_cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb,
+                                           a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, ct,
+                                           CUBLAS_GEMM_DEFAULT));
         return 0;
     }
     /* bf16: packed copies with rows padded to 8 elements (16 bytes), the alignment cuBLAS's
@@ -1443,8 +1446,8 @@ int cuda_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float a
         (rc = to_bf16(ci, br, bc, b, ldb, b16, ldb16, err)) < 0)
         return rc;
     CUBLAS_CHECK(err, B.p_cublasGemmEx(ci->blas, opb, opa, n, m, k, &alpha, b16, CUDA_R_16BF, ldb16,
-                                   a16, CUDA_R_16BF, lda16, &beta, c, CUDA_R_32F, ldc,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                       a16, CUDA_R_16BF, lda16, &beta, c, CUDA_R_32F, ldc,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -1702,7 +1705,6 @@ int cuda_count_correct(void *impl, int rows, int cols, const float *logits, cons
     return 0;
 }
 
-
 /* --- fused linear layer: cuBLASLt epilogues ------------------------------------------------ */
 /* Row-major y[rows, out] = x W^T is column-major y^T (out x rows) = W^T(op T of the stored
  * in x out) . x^T (in x rows): features are cuBLAS's rows (m), so the bias and bias-gradient
@@ -1771,22 +1773,22 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
             CUBLAS_STATUS_SUCCESS &&
         B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
             CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
-            CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                           sizeof epi) == CUBLAS_STATUS_SUCCESS &&
         (aux_ld == 0 ||
          B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                        sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
+                                            sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
         B.p_cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
-                                   ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
+                                       ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
         B.p_cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
-                                   tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
+                                       tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
         B.p_cublasLtMatrixLayoutCreate(&p->ld, d16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldd) ==
             CUBLAS_STATUS_SUCCESS &&
         B.p_cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                             sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, kLtCand,
-                                       res, &nres) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &wsb, sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+                                           kLtCand, res, &nres) == CUBLAS_STATUS_SUCCESS &&
         nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
     if (pref != NULL)
         (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
@@ -1843,7 +1845,8 @@ cuda_impl::shadow *shadow_slot(cuda_impl *c, const float *src, int rows_cm, int 
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         cudaError_t ce = cudaStreamIsCapturing(c->stream, &cs);
         if (ce != cudaSuccess) {
-            *rc = mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamIsCapturing: %s", cudaGetErrorString(ce));
+            *rc =
+                mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamIsCapturing: %s", cudaGetErrorString(ce));
             return nullptr;
         }
         if (cs != cudaStreamCaptureStatusNone || (sh == nullptr && c->n_shadows == kLtAux))
@@ -1928,8 +1931,8 @@ float lt_time(cuda_impl *c, lt_plan *p, int i, const void *pa, const void *pb, v
     for (int r = 0; r < (graph ? reps : reps + 1) && bs == CUBLAS_STATUS_SUCCESS; r++) {
         if (!graph && r == 1)
             (void)cudaEventRecord(c->ev_t0, st);
-        bs = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld, d, p->ld,
-                            &p->cand[i], ws, kBlasWorkspace, st);
+        bs = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d, p->ld, d,
+                                p->ld, &p->cand[i], ws, kBlasWorkspace, st);
     }
     bool ok = bs == CUBLAS_STATUS_SUCCESS;
     if (graph) {
@@ -1976,8 +1979,9 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
     for (int i = 0; i < p->n_cand; i++) {
         float ms = lt_time(c, p, i, pa, pb, d, ws, reps, graph);
         if (c->lt_verbose)
-            fprintf(stderr, "kernels(cuda): tune m=%d n=%d k=%d epilogue %d: candidate %d %.2f us\n",
-                    p->m, p->n, p->k, (int)p->epi, i, 1000.0 * ms / reps);
+            fprintf(stderr,
+                    "kernels(cuda): tune m=%d n=%d k=%d epilogue %d: candidate %d %.2f us\n", p->m,
+                    p->n, p->k, (int)p->epi, i, 1000.0 * ms / reps);
         if (ms >= 0 && (best_i < 0 || ms < best))
             best = ms, best_i = i;
     }
@@ -1990,11 +1994,10 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
  * ws (kBlasWorkspace bytes); returns MGPU_K_DECLINED when cuBLASLt has no algorithm for it
  * (nothing queued then). mode_a, mode_b: how bf16 mode gets each operand (kTemp, kStore,
  * kReuse above; bf16 operands are converted on c->stream, so bf16 products use it). */
-int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
-              cublasOperation_t tb, int m, int n, int k, const float *a, int lda, const float *b,
-              int ldb, void *d, int ldd, cublasLtEpilogue_t epi, const void *bias,
-              const void *aux, long long aux_ld, int mode_a, int mode_b, mgpu_err_t *err,
-              bool d16 = false)
+int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta, cublasOperation_t tb,
+              int m, int n, int k, const float *a, int lda, const float *b, int ldb, void *d,
+              int ldd, cublasLtEpilogue_t epi, const void *bias, const void *aux, long long aux_ld,
+              int mode_a, int mode_b, mgpu_err_t *err, bool d16 = false)
 {
     if (c->lt_off)
         return MGPU_K_DECLINED;
@@ -2016,10 +2019,10 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
             return rc;
         size_t used = 0;
         const __nv_bfloat16 *a16, *b16;
-        if ((rc = bf16_operand(c, mode_a, a, ra, ca, lda, (__nv_bfloat16 *)c->ws, &used, &a16,
-                               &lda, err)) < 0 ||
-            (rc = bf16_operand(c, mode_b, b, rb, cb, ldb, (__nv_bfloat16 *)c->ws, &used, &b16,
-                               &ldb, err)) < 0)
+        if ((rc = bf16_operand(c, mode_a, a, ra, ca, lda, (__nv_bfloat16 *)c->ws, &used, &a16, &lda,
+                               err)) < 0 ||
+            (rc = bf16_operand(c, mode_b, b, rb, cb, ldb, (__nv_bfloat16 *)c->ws, &used, &b16, &ldb,
+                               err)) < 0)
             return rc;
         pa = a16, pb = b16;
     }
@@ -2027,11 +2030,12 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
     if (p == NULL || !p->ok)
         return MGPU_K_DECLINED;
     if (bias != nullptr)
-        CUBLAS_CHECK(err, B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                         &bias, sizeof bias));
-    if (aux != nullptr)
         CUBLAS_CHECK(err, B.p_cublasLtMatmulDescSetAttribute(
-                              p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+                              p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux != nullptr)
+        CUBLAS_CHECK(err,
+                     B.p_cublasLtMatmulDescSetAttribute(
+                         p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     const float one = 1.0f, zero = 0.0f;
     if (!p->tuned) {
         int rc = lt_tune(c, p, pa, pb, d, st, ws, err);
@@ -2039,7 +2043,7 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta,
             return rc;
     }
     cublasStatus_t bst = B.p_cublasLtMatmul(c->lt, p->desc, &one, pa, p->la, pb, p->lb, &zero, d,
-                                        p->ld, d, p->ld, &p->algo, ws, kBlasWorkspace, st);
+                                            p->ld, d, p->ld, &p->algo, ws, kBlasWorkspace, st);
     if (bst == CUBLAS_STATUS_NOT_SUPPORTED) {
         p->ok = false;
         if (c->lt_verbose)
@@ -2076,11 +2080,10 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
         aux_mark(c, aux, false);
         aux = nullptr;
     }
-    cublasLtEpilogue_t epi = relu ? (aux != nullptr ? (b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS
-                                                         : CUBLASLT_EPILOGUE_RELU_AUX)
-                                                    : (b ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                         : CUBLASLT_EPILOGUE_RELU))
-                                  : (b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    cublasLtEpilogue_t epi =
+        relu ? (aux != nullptr ? (b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX)
+                               : (b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU))
+             : (b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     long long aux_ld = relu && aux != nullptr ? round128(out) : 0;
     /* bf16, a large hidden layer: y goes straight to its bf16 copy (D in bf16), which is all
      * that reads it later: the next layer's product (kFresh), this layer's weight gradient
@@ -2100,8 +2103,7 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
         if (sh != nullptr) {
             invalidate(c, y, sizeof(float) * (size_t)rows * out);
             rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in,
-                           x, in, sh->bf, sh->ld16, epi, b16, nullptr, 0, kTemp, kFresh, err,
-                           true);
+                           x, in, sh->bf, sh->ld16, epi, b16, nullptr, 0, kTemp, kFresh, err, true);
             if (rc <= 0) {
                 sh->fresh = rc == 0;
                 return rc;
@@ -2121,9 +2123,8 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
  * mask, writes dx's bf16 copy for the next two GEMMs (kFresh, kReuse) and the bias gradient. */
 
 int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int in,
-                              const float *dz, const float *w, const float *z_in,
-                              const float *y_in, const void *aux_in, float *dx, float *dbias,
-                              mgpu_err_t *err)
+                              const float *dz, const float *w, const float *z_in, const float *y_in,
+                              const void *aux_in, float *dx, float *dbias, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
     if (own_relu_backward(c, act, rows, in) && y_in != nullptr) {
@@ -2139,17 +2140,17 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
         if (!c->shadow_off && c->lt_epi == 7 && in % 8 == 0 &&
             (xs = shadow_slot(c, dx, in, rows, in, err, &rc)) != nullptr) {
             invalidate(c, dx, sizeof(float) * (size_t)rows * in);
-            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
-                           in, dz, out, xs->bf, xs->ld16, CUBLASLT_EPILOGUE_DEFAULT, nullptr,
-                           nullptr, 0, kTemp, kReuse, err, true);
+            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in,
+                           dz, out, xs->bf, xs->ld16, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr,
+                           0, kTemp, kReuse, err, true);
             d16 = rc == 0;
         }
         if (rc < 0)
             return rc;
         if (!d16) {
-            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w,
-                           in, dz, out, dx, in, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0,
-                           kTemp, kReuse, err);
+            rc = lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in,
+                           dz, out, dx, in, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, kTemp,
+                           kReuse, err);
             if (rc != 0)
                 return rc; /* declined: nothing was queued, the launcher composes it all */
             if (xs == nullptr && !c->shadow_off &&
@@ -2168,9 +2169,8 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
                                                                 y16, ldy16, rps, c->scratch, dbias,
                                                                 splits == 1);
         else if (d16)
-            drelu16_kernel<false><<<grid, block, 0, c->stream>>>(rows, in, xs->bf, xs->ld16, y_in,
-                                                                 nullptr, 0, rps, c->scratch,
-                                                                 dbias, splits == 1);
+            drelu16_kernel<false><<<grid, block, 0, c->stream>>>(
+                rows, in, xs->bf, xs->ld16, y_in, nullptr, 0, rps, c->scratch, dbias, splits == 1);
         else if (ysh != nullptr)
             drelu_bgrad4_kernel<true><<<grid, block, 0, c->stream>>>(
                 rows, in, dx, nullptr, y16, ldy16, xs != nullptr ? xs->bf : nullptr,
@@ -2193,7 +2193,8 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
     /* Only with the mask a fused forward wrote into aux_in. */
     if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in) || !(c->lt_epi & 2))
         return MGPU_K_DECLINED;
-    cublasLtEpilogue_t epi = dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
+    cublasLtEpilogue_t epi =
+        dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;
     return lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dz,
                      out, dx, in, epi, dbias, aux_in, round128(in), kTemp, kReuse, err);
 }
@@ -2209,7 +2210,8 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     double flops = 2.0 * rows * out * in;
     if (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27)))
         return MGPU_K_DECLINED;
-    cublasLtEpilogue_t epi = dbias != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t epi =
+        dbias != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
     /* bf16 converts its operands on c->stream: no fork there. */
     if (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops)
         return lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in,
@@ -2249,7 +2251,8 @@ int cuda_join(void *impl, mgpu_err_t *err)
 
 const char *mgpu_cublas_status_string(cublasStatus_t rc)
 {
-    return B.p_cublasGetStatusString != NULL ? B.p_cublasGetStatusString(rc) : "(cuBLAS not loaded)";
+    return B.p_cublasGetStatusString != NULL ? B.p_cublasGetStatusString(rc)
+                                             : "(cuBLAS not loaded)";
 }
 
 const char *mgpu_cublas_status_name(cublasStatus_t rc)

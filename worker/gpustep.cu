@@ -29,8 +29,8 @@
 namespace
 {
 
-constexpr int kRing = 4;      /* epochs of indices the host may run ahead of the device */
-constexpr int kThreads = 256; /* gather block size */
+constexpr int kRing = 4;               /* epochs of indices the host may run ahead of the device */
+constexpr int kThreads = 256;          /* gather block size */
 constexpr int kMaxGatherBlocks = 2048; /* enough to fill the chip; each adds one atomic */
 
 /* Row r of the batch is row ring[*cursor + r] of the data set: x [F], targets [T], label. A
@@ -294,19 +294,18 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
     grid.y = (unsigned)(count < ry ? count : ry);
     if (v4)
         gather_kernel<true><<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring,
-                                                         g->cursor, g->done, count, t->d_x,
-                                                         t->d_t, t->d_l);
+                                                         g->cursor, g->done, count, t->d_x, t->d_t,
+                                                         t->d_l);
     else
-        gather_kernel<false><<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab,
-                                                          g->ring, g->cursor, g->done, count,
-                                                          t->d_x, t->d_t, t->d_l);
+        gather_kernel<false><<<grid, kThreads, 0, g->s>>>(g->x, g->F, g->tg, g->T, g->lab, g->ring,
+                                                          g->cursor, g->done, count, t->d_x, t->d_t,
+                                                          t->d_l);
     CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
     g->next_bucket = 0;
     if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||
-        (rc = mgpu_model_backward_hooked(m, t->d_x, g->lab != nullptr ? t->d_l : NULL,
-                                         g->tg != nullptr ? t->d_t : NULL,
-                                         g->reduce != NULL && t->bucket_overlap ? on_layer : NULL,
-                                         g, err)) < 0)
+        (rc = mgpu_model_backward_hooked(
+             m, t->d_x, g->lab != nullptr ? t->d_l : NULL, g->tg != nullptr ? t->d_t : NULL,
+             g->reduce != NULL && t->bucket_overlap ? on_layer : NULL, g, err)) < 0)
         return rc;
     /* bucket_overlap = false: every bucket after the whole backward, in the same order. */
     while (g->reduce != NULL && !t->bucket_overlap && g->next_bucket < t->n_buckets)

@@ -127,8 +127,8 @@ int mgpu_model_create(mgpu_kernels_t *k, const mgpu_model_spec_t *spec, int max_
             goto fail;
         /* Only a GPU backend fuses, and only a hidden layer's mask is read back. */
         if (k->backend != MGPU_KBACKEND_CPU && m->layers[l].act != MGPU_ACT_IDENTITY &&
-            (rc = mgpu_k_alloc(k, mgpu_k_linear_aux_bytes(max_batch, m->layers[l].out),
-                               &m->aux[l], err)) < 0)
+            (rc = mgpu_k_alloc(k, mgpu_k_linear_aux_bytes(max_batch, m->layers[l].out), &m->aux[l],
+                               err)) < 0)
             goto fail;
     }
     *out = m;
@@ -178,9 +178,8 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
     for (int l = 0; l < m->n_layers; l++) {
         const mgpu_layer_t *ly = &m->layers[l];
         /* z = in . W^T (W is [out, in] as nn.Linear stores it), then z += b, y = act(z). */
-        rc = mgpu_k_linear_forward(m->k, ly->act, batch, ly->out, ly->in, in,
-                                   m->params + ly->w_off, m->params + ly->b_off, m->z[l], m->y[l],
-                                   m->aux[l], err);
+        rc = mgpu_k_linear_forward(m->k, ly->act, batch, ly->out, ly->in, in, m->params + ly->w_off,
+                                   m->params + ly->b_off, m->z[l], m->y[l], m->aux[l], err);
         if (rc < 0)
             return rc;
         in = m->y[l];
@@ -245,8 +244,8 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
         int top = l == m->n_layers - 1 && ly->act == MGPU_ACT_IDENTITY;
         if (l == m->n_layers - 1 && ly->act != MGPU_ACT_IDENTITY) {
             /* (never for the models built here: the output layer is identity) */
-            rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d,
-                                     d, err);
+            rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
+                                     err);
             if (rc == 0)
                 rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
             if (rc < 0)
@@ -254,9 +253,9 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
         }
         /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
          * (here only for the output layer, see above). */
-        rc = mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in,
-                                           m->grads + ly->w_off,
-                                           top ? m->grads + ly->b_off : NULL, err);
+        rc =
+            mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in, m->grads + ly->w_off,
+                                          top ? m->grads + ly->b_off : NULL, err);
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
         if (rc == 0 && l > 0) {

@@ -820,8 +820,8 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
     b[nb++] = aux0;
 
     /* The layer below: relu, with its mask kept in aux0. */
-    OK(e, mgpu_k_linear_forward(e->gpu, MGPU_ACT_RELU, rows, in, in0, dx0, dw0, db0, dz0, dy0,
-                                aux0, &e->err));
+    OK(e, mgpu_k_linear_forward(e->gpu, MGPU_ACT_RELU, rows, in, in0, dx0, dw0, db0, dz0, dy0, aux0,
+                                &e->err));
     float *y0 = down(e, dy0, (size_t)rows * in);
     float *cz0 = hbuf((size_t)rows * in), *cy0 = hbuf((size_t)rows * in);
     OK(e, mgpu_k_linear_forward(e->cpu, MGPU_ACT_RELU, rows, in, in0, x0, w0, b0, cz0, cy0, NULL,
@@ -865,8 +865,8 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
     free(got);
 
     float *cdx = hbuf((size_t)rows * in), *cdb0 = hbuf((size_t)in);
-    OK(e, mgpu_k_linear_backward_data(e->gpu, MGPU_ACT_RELU, rows, out, in, ddz, dw, dz0, dy0,
-                                      aux0, ddx, ddb0, &e->err));
+    OK(e, mgpu_k_linear_backward_data(e->gpu, MGPU_ACT_RELU, rows, out, in, ddz, dw, dz0, dy0, aux0,
+                                      ddx, ddb0, &e->err));
     OK(e, mgpu_k_linear_backward_data(e->cpu, MGPU_ACT_RELU, rows, out, in, dz, w, y0, y0, NULL,
                                       cdx, cdb0, &e->err));
     double tolx = elem_tol[prec] * (sqrt((double)out) + 1.0) * 4.0;
@@ -890,8 +890,11 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
 static void test_linear_fused(void)
 {
     /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits. */
-    static const int shapes[][4] = {
-        {256, 10, 256, 784}, {256, 256, 256, 784}, {3, 5, 7, 9}, {127, 33, 130, 65}, {64, 300, 257, 128}};
+    static const int shapes[][4] = {{256, 10, 256, 784},
+                                    {256, 256, 256, 784},
+                                    {3, 5, 7, 9},
+                                    {127, 33, 130, 65},
+                                    {64, 300, 257, 128}};
     env_t e;
     env_open(&e);
     for (int p = 0; p < 3; p++)
