@@ -13,51 +13,51 @@
 static int check_failed; /* failures inside the current test's process */
 
 /* Inside a test: stop it here and count it as skipped (no GPU on this machine, say). */
-#define SKIP(...)                                                                              \
-    do {                                                                                       \
-        printf("  skip: " __VA_ARGS__);                                                        \
-        printf("\n");                                                                          \
-        fflush(stdout);                                                                        \
-        _exit(77);                                                                             \
+#define SKIP(...)                                                                                  \
+    do {                                                                                           \
+        printf("  skip: " __VA_ARGS__);                                                            \
+        printf("\n");                                                                              \
+        fflush(stdout);                                                                            \
+        _exit(77);                                                                                 \
     } while (0)
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            printf("  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond);                  \
-            check_failed++;                                                                    \
-        }                                                                                      \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond);                      \
+            check_failed++;                                                                        \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_INT(a, b)                                                                        \
-    do {                                                                                       \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                    \
-        if (a_ != b_) {                                                                        \
-            printf("  %s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, #a, a_,   \
-                   #b, b_);                                                                    \
-            check_failed++;                                                                    \
-        }                                                                                      \
+#define CHECK_INT(a, b)                                                                            \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_) {                                                                            \
+            printf("  %s:%d: %s == %lld, expected %s == %lld\n", __FILE__, __LINE__, #a, a_, #b,   \
+                   b_);                                                                            \
+            check_failed++;                                                                        \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_STR(a, b)                                                                        \
-    do {                                                                                       \
-        const char *a_ = (a), *b_ = (b);                                                       \
-        if (a_ == NULL || b_ == NULL ? a_ != b_ : strcmp(a_, b_) != 0) {                       \
-            printf("  %s:%d: %s == \"%s\", expected \"%s\"\n", __FILE__, __LINE__, #a,        \
-                   a_ ? a_ : "(null)", b_ ? b_ : "(null)");                                    \
-            check_failed++;                                                                    \
-        }                                                                                      \
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (a_ == NULL || b_ == NULL ? a_ != b_ : strcmp(a_, b_) != 0) {                           \
+            printf("  %s:%d: %s == \"%s\", expected \"%s\"\n", __FILE__, __LINE__, #a,             \
+                   a_ ? a_ : "(null)", b_ ? b_ : "(null)");                                        \
+            check_failed++;                                                                        \
+        }                                                                                          \
     } while (0)
 
 /* a contains b */
-#define CHECK_CONTAINS(a, b)                                                                   \
-    do {                                                                                       \
-        const char *a_ = (a), *b_ = (b);                                                       \
-        if (a_ == NULL || strstr(a_, b_) == NULL) {                                            \
-            printf("  %s:%d: %s == \"%s\", expected it to contain \"%s\"\n", __FILE__,         \
-                   __LINE__, #a, a_ ? a_ : "(null)", b_);                                      \
-            check_failed++;                                                                    \
-        }                                                                                      \
+#define CHECK_CONTAINS(a, b)                                                                       \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (a_ == NULL || strstr(a_, b_) == NULL) {                                                \
+            printf("  %s:%d: %s == \"%s\", expected it to contain \"%s\"\n", __FILE__, __LINE__,   \
+                   #a, a_ ? a_ : "(null)", b_);                                                    \
+            check_failed++;                                                                        \
+        }                                                                                          \
     } while (0)
 
 typedef void (*check_fn)(void);
@@ -67,7 +67,10 @@ static void check_run(const char *name, check_fn fn)
 {
     int status = 0;
     pid_t pid;
+    const char *only = getenv("CHECK_ONLY"); /* run only the tests whose names contain it */
 
+    if (only != NULL && only[0] != '\0' && strstr(name, only) == NULL)
+        return;
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
