@@ -100,6 +100,7 @@ struct mgpu_gpustep {
     float *x, *tg;
     int32_t *lab;
     int F, T;
+    bool want_targets, want_labels; /* what the loss reads (see mgpu_gpustep_create) */
     size_t n;
     /* The index ring: kRing slots of slot_len indices, a pinned host copy, the cursor. */
     int32_t *ring, *h_ring;
@@ -166,11 +167,11 @@ static int create(mgpu_gpustep_t *g, const mgpu_dataset_t *ds, size_t epoch_rows
 
     CUDA_CHECK(err, cudaMalloc((void **)&g->x, xb));
     CUDA_CHECK(err, cudaMemcpyAsync(g->x, ds->x, xb, cudaMemcpyHostToDevice, g->s));
-    if (ds->targets != NULL && tb > 0) {
+    if (g->want_targets && tb > 0) {
         CUDA_CHECK(err, cudaMalloc((void **)&g->tg, tb));
         CUDA_CHECK(err, cudaMemcpyAsync(g->tg, ds->targets, tb, cudaMemcpyHostToDevice, g->s));
     }
-    if (ds->labels != NULL) {
+    if (g->want_labels) {
         CUDA_CHECK(err, cudaMalloc((void **)&g->lab, sizeof(int32_t) * ds->n));
         CUDA_CHECK(err, cudaMemcpyAsync(g->lab, ds->labels, sizeof(int32_t) * ds->n,
                                         cudaMemcpyHostToDevice, g->s));
@@ -220,7 +221,11 @@ extern "C" int mgpu_gpustep_create(mgpu_trainer_t *t, const mgpu_dataset_t *ds, 
     g->reduce = reduce;
     g->reduce_ctx = reduce_ctx;
     g->F = ds->features;
-    g->T = ds->targets != NULL ? ds->target_dim : 0;
+    /* Only what the loss reads is uploaded and gathered: a data set may carry both (the
+     * random one does), and cross-entropy's gather then moves float4s of x alone. */
+    g->want_targets = t->model->spec.loss == MGPU_LOSS_MSE && ds->targets != NULL;
+    g->want_labels = t->model->spec.loss == MGPU_LOSS_CROSS_ENTROPY && ds->labels != NULL;
+    g->T = g->want_targets ? ds->target_dim : 0;
     g->n = ds->n;
     g->use_graph = use_graph;
     g->bucket_ev = (cudaEvent_t *)calloc((size_t)t->n_buckets + 1, sizeof(cudaEvent_t));
@@ -302,9 +307,8 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
                                                           t->d_l);
     CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
     g->next_bucket = 0;
-    if ((rc = mgpu_model_forward(m, t->d_x, count, NULL, err)) < 0 ||
-        (rc = mgpu_model_backward_hooked(
-             m, t->d_x, g->lab != nullptr ? t->d_l : NULL, g->tg != nullptr ? t->d_t : NULL,
+    if ((rc = mgpu_model_grads_hooked(
+             m, t->d_x, g->lab != nullptr ? t->d_l : NULL, g->tg != nullptr ? t->d_t : NULL, count,
              g->reduce != NULL && t->bucket_overlap ? on_layer : NULL, g, err)) < 0)
         return rc;
     /* bucket_overlap = false: every bucket after the whole backward, in the same order. */
