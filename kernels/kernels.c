@@ -490,6 +490,49 @@ int mgpu_k_linear_backward_data(mgpu_kernels_t *k, mgpu_act_t act, int rows, int
     return rc;
 }
 
+int mgpu_k_linear_loss(mgpu_kernels_t *k, const mgpu_k_head_t *h, mgpu_err_t *err)
+{
+    int rc;
+    NEED_PTR("linear_loss", h);
+    if ((rc = check_linear("linear_loss", h->rows, h->out, h->in, err)) < 0)
+        return rc;
+    NEED_PTR("linear_loss", h->x);
+    NEED_PTR("linear_loss", h->w);
+    NEED_PTR("linear_loss", h->y);
+    NEED_PTR("linear_loss", h->loss_out);
+    NEED_PTR("linear_loss", h->dy);
+    if (h->loss == MGPU_LOSS_CROSS_ENTROPY)
+        NEED_PTR("linear_loss", h->labels);
+    else if (h->loss == MGPU_LOSS_MSE)
+        NEED_PTR("linear_loss", h->targets);
+    else
+        return mgpu_err_set(err, -EINVAL,
+                            "linear_loss: loss %d unknown, expected mse or "
+                            "cross_entropy",
+                            (int)h->loss);
+    if (h->dx != NULL) {
+        if ((unsigned)h->act_in >= MGPU_ACT_COUNT)
+            return mgpu_err_set(err, -EINVAL, "linear_loss: activation %d unknown", (int)h->act_in);
+        if (h->act_in != MGPU_ACT_IDENTITY)
+            NEED_PTR("linear_loss", h->z_in);
+    }
+    if (k->ops->linear_loss != NULL) {
+        rc = k->ops->linear_loss(k->impl, h, err);
+        if (rc != MGPU_K_DECLINED)
+            return rc;
+    }
+    rc = mgpu_k_linear_forward(k, MGPU_ACT_IDENTITY, h->rows, h->out, h->in, h->x, h->w, h->bias,
+                               h->y, h->y, NULL, err);
+    if (rc == 0)
+        rc = h->loss == MGPU_LOSS_CROSS_ENTROPY
+                 ? mgpu_k_softmax_xent(k, h->rows, h->out, h->y, h->labels, h->loss_out, h->dy, err)
+                 : mgpu_k_mse(k, h->rows, h->out, h->y, h->targets, h->loss_out, h->dy, err);
+    if (rc == 0 && h->dx != NULL)
+        rc = mgpu_k_linear_backward_data(k, h->act_in, h->rows, h->out, h->in, h->dy, h->w, h->z_in,
+                                         h->x, h->aux_in, h->dx, NULL, err);
+    return rc;
+}
+
 int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, const float *dz,
                                   const float *x, float *dw, float *dbias, mgpu_err_t *err)
 {

@@ -64,6 +64,28 @@ typedef enum mgpu_precision {
 /* torch.optim.SGD: weight_decay adds wd*p to the gradient; with momentum the first step
  * copies the gradient into the buffer (no dampening), later steps do
  * buf = momentum*buf + (1-dampening)*g; nesterov uses g + momentum*buf instead of buf. */
+/* The losses: nn.MSELoss and nn.CrossEntropyLoss, mean reduction. */
+typedef enum mgpu_loss { MGPU_LOSS_MSE = 0, MGPU_LOSS_CROSS_ENTROPY = 1 } mgpu_loss_t;
+
+/* The output layer, its loss and the gradient of the layer's input, in one (see
+ * mgpu_k_linear_loss): what the last layer of a network computes in a training step. */
+typedef struct mgpu_k_head {
+    mgpu_loss_t loss;
+    int rows, out, in;
+    const float *x, *w, *bias; /* x [rows, in], W [out, in], bias [out] (may be NULL) */
+    float *y;                  /* [rows, out]: the output (logits or predictions) */
+    const int32_t *labels;     /* [rows]: cross-entropy's classes */
+    const float *targets;      /* [rows, out]: mse's targets */
+    float *loss_out;           /* one float: the mean loss */
+    float *dy;                 /* [rows, out]: dLoss/dy */
+    /* The input's gradient, when dx is not NULL: x = act_in(z_in) is the output of the layer
+     * below (z_in, aux_in: its pre-activation and the mask its linear_forward kept). */
+    mgpu_act_t act_in;
+    const float *z_in;
+    const void *aux_in;
+    float *dx;
+} mgpu_k_head_t;
+
 typedef struct mgpu_sgd_hparams {
     float lr, momentum, dampening, weight_decay;
     int nesterov;
@@ -132,6 +154,8 @@ typedef struct mgpu_kernels_ops {
     int (*join)(void *impl, mgpu_err_t *err);
     /* Optional (NULL: the backend keeps no copies): see mgpu_k_written. */
     int (*written)(void *impl, const void *p, size_t bytes, mgpu_err_t *err);
+    /* Optional, as the fused linear ops: see mgpu_k_linear_loss. */
+    int (*linear_loss)(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err);
 } mgpu_kernels_ops_t;
 
 /* What a fused op of the table returns when it leaves the work to the launcher's composition
@@ -250,6 +274,16 @@ int mgpu_k_linear_backward_data(mgpu_kernels_t *k, mgpu_act_t act, int rows, int
  * Equals mgpu_k_gemm(1, 0) then mgpu_k_sum_rows. */
 int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, const float *dz,
                                   const float *x, float *dw, float *dbias, mgpu_err_t *err);
+/* The output layer in a training step: y = x . W^T + bias (no activation), the loss of y
+ * (h->loss: mse against targets, or cross-entropy against labels, as mgpu_k_mse and
+ * mgpu_k_softmax_xent) into *loss_out and its gradient into dy, then, when dx is not NULL,
+ * dx = (dy . W) * act_in'(z_in). The layer below's bias gradient (the column sums of dx) is
+ * left to that layer's mgpu_k_linear_backward_weight. Equals mgpu_k_linear_forward(identity,
+ * z = y = h->y), the loss, then mgpu_k_linear_backward_data(act_in, z_in, y_in = x, aux_in,
+ * dbias = NULL), which is what the launcher runs when the backend has no fused version. The
+ * CUDA backend runs it as one kernel for outputs up to 32 wide (a launch-bound classifier's
+ * logits), so the step waits on one launch instead of four. */
+int mgpu_k_linear_loss(mgpu_kernels_t *k, const mgpu_k_head_t *h, mgpu_err_t *err);
 /* A backend may run linear_backward_weight concurrently with the ops queued after it (CUDA:
  * small products on a second stream, beside the layer's input-gradient GEMM). Everything
  * queued after mgpu_k_join is ordered after it; call it before dw or dbias is read (the

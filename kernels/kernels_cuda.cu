@@ -221,14 +221,22 @@ struct cuda_impl {
     size_t mir_n;
     __nv_bfloat16 *mir;
     bool mir_valid, shadow_off; /* MGPU_BF16_SHADOW=0: convert every operand every time */
-    /* A small weight-gradient GEMM runs on `side`, forked from `stream` (ev_fork) so that it
-     * overlaps the input-gradient GEMM of the same layer; cuda_join waits for ev_side. It
-     * has a cuBLASLt workspace of its own. */
-    cudaStream_t side;
-    void *side_ws;
-    cudaEvent_t ev_fork, ev_side, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
-    struct AdamState *adam;                     /* AdamW's step, in device memory */
-    bool side_pending, tune_off;                /* MGPU_LT_TUNE=0: the heuristic's first */
+    /* A small weight-gradient GEMM runs on a side stream, forked from `stream` (ev_fork) so
+     * that it overlaps the input-gradient GEMM of the same layer, and the next layer's when
+     * the model defers the join (the fused output layer); cuda_join waits for ev_side of
+     * each pending one. Two of them, taken in turn, each with a cuBLASLt workspace. */
+    cudaStream_t side[2];
+    void *side_ws[2];
+    cudaEvent_t ev_side[2];
+    int side_next; /* the one the next weight gradient takes */
+    bool side_pending[2];
+    cudaEvent_t ev_fork, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
+    struct AdamState *adam;            /* AdamW's step, in device memory */
+    bool tune_off;                     /* MGPU_LT_TUNE=0: the heuristic's first */
+    bool head_off;                     /* MGPU_CUDA_HEAD=0: linear_loss is composed */
+    /* narrow_dw_kernel's partial sums and counters, one pair per side stream */
+    float *nw_part[2];
+    unsigned *nw_count[2];
 };
 
 /* Something wrote [p, p + bytes): copies of it are stale. */
@@ -1157,6 +1165,239 @@ __global__ void __launch_bounds__(kThreads)
     block_result(n, part, out, 1.0);
 }
 
+/* --- the output layer, its loss and its input's gradient in one kernel (linear_loss) ------ */
+
+constexpr int kHeadMaxOut = 32; /* a row's outputs fit a warp: lane j writes output j */
+constexpr int kHeadThreads = 128;
+constexpr int kHeadWarps = kHeadThreads / 32;
+constexpr int kHeadBlocksPerSm = 4;
+
+struct HeadArgs {
+    int rows, out, in;
+    const float *x, *w, *bias;
+    float *y;
+    const int32_t *labels;
+    const float *targets;
+    float *loss, *dy;
+    const float *z_in;
+    float *dx;
+    float g;      /* dLoss/dy's factor: 1 / rows (cross-entropy), 2 / (rows * out) (mse) */
+    double scale; /* the loss's: 1 / rows, 1 / (rows * out) */
+};
+
+/* A warp per row (rows warp, warp + all warps, ...). Each lane multiplies the columns lane,
+ * lane + 32, ... of x's row with W's rows into NJ accumulators; a butterfly sum gives every
+ * lane every output, bit for bit the same. Then the loss and its gradient, as
+ * xent_warp_kernel and Mse compute them (lane j writes y and dy of output j), and, with
+ * A >= 0 (the activation below), dx over the row's columns: (dy . W) * act'(z_in, x). The
+ * loss adds up as every reduction here does (block_result).
+ * Outputs j >= out read W's last row instead (their sums are never used, their gradients are
+ * 0): every load is unconditional, so a lane's loads are all in flight together; loads
+ * behind a branch per output each waited for the one before, 30 us for the article's MLP. */
+template <int NJ, bool XENT, int A>
+__global__ void __launch_bounds__(kHeadThreads) head_kernel(HeadArgs a, float *part)
+{
+    const int lane = threadIdx.x & 31, in = a.in, out = a.out;
+    const float *wr[NJ];
+    float bias[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int jj = j < out ? j : out - 1;
+        wr[j] = a.w + (size_t)jj * in;
+        bias[j] = a.bias != nullptr ? __ldg(a.bias + jj) : 0.0f;
+    }
+    float loss = 0.0f;
+    const long nwarps = (long)gridDim.x * kHeadWarps;
+    for (long r = (long)blockIdx.x * kHeadWarps + (threadIdx.x >> 5); r < a.rows; r += nwarps) {
+        const float *xr = a.x + (size_t)r * in;
+        const int y = XENT ? a.labels[r] : 0;
+        float v[NJ];
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            v[j] = 0.0f;
+#pragma unroll 2
+        for (int k = lane; k < in; k += 32) {
+            const float h = xr[k];
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+                v[j] = fmaf(h, __ldg(wr[j] + k), v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (j < out)
+                v[j] = warp_sum(v[j]) + bias[j];
+        /* v: the row's outputs; g: dLoss/dv */
+        float g[NJ], lr = 0.0f;
+        if constexpr (XENT) {
+            float mx = -INFINITY, s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+                if (j < out)
+                    mx = fmaxf(mx, v[j]);
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+                if (j < out)
+                    s += expf(v[j] - mx);
+            const float lse = mx + logf(s);
+            const bool ok = y >= 0 && y < out;
+            float ly = NAN;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                if (ok && j == y)
+                    ly = v[j];
+                g[j] = j >= out ? 0.0f
+                       : ok     ? (expf(v[j] - lse) - (j == y ? 1.0f : 0.0f)) * a.g
+                                : NAN;
+            }
+            lr = lse - ly;
+        } else {
+            const float *t = a.targets + (size_t)r * out;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const float tj = t[j < out ? j : out - 1];
+                const float d = j < out ? v[j] - tj : 0.0f;
+                g[j] = a.g * d;
+                lr += d * d;
+            }
+        }
+        if (lane == 0)
+            loss += lr;
+        float vy = 0.0f, vg = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (j == lane)
+                vy = v[j], vg = g[j];
+        if (lane < out) {
+            a.y[(size_t)r * out + lane] = vy;
+            a.dy[(size_t)r * out + lane] = vg;
+        }
+        if constexpr (A >= 0) {
+            float *dxr = a.dx + (size_t)r * in;
+            const float *zr = a.z_in + (size_t)r * in;
+#pragma unroll 2
+            for (int k = lane; k < in; k += 32) {
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+                    s = fmaf(g[j], __ldg(wr[j] + k), s);
+                dxr[k] = act_b<A>(A == MGPU_ACT_GELU ? zr[k] : 0.0f, xr[k], s);
+            }
+        }
+    }
+    loss = block_sum(loss);
+    block_result(loss, part, a.loss, a.scale);
+}
+
+/* --- the output layer's weight gradient: dz narrow enough for a lane to keep all of a row -- */
+
+constexpr int kNarrowWarps = 8;
+constexpr size_t kNarrowPartFloats = 1u << 18; /* per side stream: the row splits' sums */
+constexpr int kNarrowCounters = 1024;          /* one per group of 32 columns */
+
+struct NarrowArgs {
+    int rows, out, in, rps; /* rps: rows per split */
+    const float *dz, *x;
+    float *dw, *dbias;
+    float *part;
+    unsigned *count;
+};
+
+/* dW [out, in] = dz^T . x and dbias = column sums of dz, for out <= NJ <= 32. Block (cx, ry)
+ * takes columns 32 cx .. 32 cx + 31 of x, a lane each, and the rows of split ry; its warps take
+ * every 8th row, each lane keeping NJ sums (dz's loads are the same for the warp's lanes, as
+ * the head's W loads, unconditional). The warps' sums are added in warp order in shared
+ * memory; with several splits each block writes its sums and the last block of the column
+ * group adds the splits in order: the same bits on every run. */
+template <int NJ> __global__ void __launch_bounds__(kThreads) narrow_dw_kernel(NarrowArgs a)
+{
+    __shared__ float sm[kNarrowWarps][NJ][33];
+    __shared__ float sb[kNarrowWarps][NJ];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, out = a.out, in = a.in;
+    const int k = blockIdx.x * 32 + lane;
+    const int r0 = blockIdx.y * a.rps, r1 = min(a.rows, r0 + a.rps);
+    float acc[NJ] = {}, bacc[NJ] = {};
+#pragma unroll 2
+    for (int r = r0 + w; r < r1; r += kNarrowWarps) {
+        const float xv = k < in ? a.x[(size_t)r * in + k] : 0.0f;
+        const float *d = a.dz + (size_t)r * out;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const float dj = __ldg(d + (j < out ? j : out - 1));
+            acc[j] = fmaf(dj, xv, acc[j]);
+            bacc[j] += dj;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+        sm[w][j][lane] = acc[j];
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            sb[w][j] = bacc[j];
+    __syncthreads();
+    /* Thread t: output (j, lane) = (t / 32, t % 32) and j + 8, ...; threads < NJ: dbias[t]. */
+    constexpr int kPer = (NJ * 32 + kThreads - 1) / kThreads;
+    float v[kPer], vb = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kPer; q++) {
+        const int i = threadIdx.x + kThreads * q;
+        float s = 0.0f;
+        if (i < NJ * 32)
+            for (int ww = 0; ww < kNarrowWarps; ww++)
+                s += sm[ww][i / 32][i % 32];
+        v[q] = s;
+    }
+    const bool bias_here = a.dbias != nullptr && blockIdx.x == 0 && threadIdx.x < NJ;
+    if (bias_here)
+        for (int ww = 0; ww < kNarrowWarps; ww++)
+            vb += sb[ww][threadIdx.x];
+    if (gridDim.y > 1) {
+        /* the split's sums: [column group][split][NJ * 32 + NJ] */
+        const size_t stride = NJ * 32 + NJ;
+        float *mine = a.part + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * stride;
+#pragma unroll
+        for (int q = 0; q < kPer; q++)
+            if (threadIdx.x + kThreads * q < NJ * 32)
+                mine[threadIdx.x + kThreads * q] = v[q];
+        if (bias_here)
+            mine[NJ * 32 + threadIdx.x] = vb;
+        __threadfence(); /* the sums are visible before the count says so */
+        __syncthreads();
+        if (threadIdx.x == 0)
+            last = atomicAdd(&a.count[blockIdx.x], 1u) == gridDim.y - 1;
+        __syncthreads();
+        if (!last)
+            return;
+        __threadfence();
+        const float *all = a.part + (size_t)blockIdx.x * gridDim.y * stride;
+#pragma unroll
+        for (int q = 0; q < kPer; q++) {
+            const int i = threadIdx.x + kThreads * q;
+            float s = 0.0f;
+            if (i < NJ * 32)
+                for (unsigned y = 0; y < gridDim.y; y++)
+                    s += __ldcg(all + y * stride + i);
+            v[q] = s;
+        }
+        if (bias_here) {
+            vb = 0.0f;
+            for (unsigned y = 0; y < gridDim.y; y++)
+                vb += __ldcg(all + y * stride + NJ * 32 + threadIdx.x);
+        }
+        if (threadIdx.x == 0)
+            a.count[blockIdx.x] = 0;
+    }
+#pragma unroll
+    for (int q = 0; q < kPer; q++) {
+        const int i = threadIdx.x + kThreads * q, j = i / 32, col = blockIdx.x * 32 + i % 32;
+        if (i < NJ * 32 && j < out && col < in)
+            a.dw[(size_t)j * in + col] = v[q];
+    }
+    if (bias_here && threadIdx.x < out)
+        a.dbias[threadIdx.x] = vb;
+}
+
 /* --- the table's functions ---------------------------------------------------------------- */
 
 void cuda_impl_destroy(void *impl)
@@ -1168,13 +1409,19 @@ void cuda_impl_destroy(void *impl)
      * so that nothing in flight reads freed memory. */
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
-    if (c->side != NULL) {
-        (void)cudaStreamSynchronize(c->side);
-        (void)cudaStreamDestroy(c->side);
+    for (int i = 0; i < 2; i++) {
+        if (c->side[i] != NULL) {
+            (void)cudaStreamSynchronize(c->side[i]);
+            (void)cudaStreamDestroy(c->side[i]);
+        }
+        (void)cudaFree(c->side_ws[i]);
     }
-    (void)cudaFree(c->side_ws);
     (void)cudaFree(c->adam);
-    cudaEvent_t evs[] = {c->ev_fork, c->ev_side, c->ev_t0, c->ev_t1};
+    for (int i = 0; i < 2; i++) {
+        (void)cudaFree(c->nw_part[i]);
+        (void)cudaFree(c->nw_count[i]);
+    }
+    cudaEvent_t evs[] = {c->ev_fork, c->ev_side[0], c->ev_side[1], c->ev_t0, c->ev_t1};
     for (cudaEvent_t ev : evs)
         if (ev != NULL)
             (void)cudaEventDestroy(ev);
@@ -1222,10 +1469,12 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     /* The last word is block_result's counter. */
     CUDA_CHECK(err, cudaMemset(c->scratch, 0, kScratchFloats * sizeof(float)));
     CUBLAS_CHECK(err, B.p_cublasLtCreate(&c->lt));
-    CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-    CUDA_CHECK(err, cudaMalloc(&c->side_ws, kBlasWorkspace));
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
+        CUDA_CHECK(err, cudaMalloc(&c->side_ws[i], kBlasWorkspace));
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_side[i], cudaEventDisableTiming));
+    }
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
-    CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_side, cudaEventDisableTiming));
     CUDA_CHECK(err, cudaMalloc((void **)&c->adam, sizeof(AdamState)));
     CUDA_CHECK(err, cudaMemset(c->adam, 0, sizeof(AdamState)));
     CUDA_CHECK(err, cudaEventCreate(&c->ev_t0));
@@ -1240,6 +1489,13 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     c->lt_verbose = e != NULL && e[0] == '1';
     e = getenv("MGPU_LT_TUNE");
     c->tune_off = e != NULL && e[0] == '0';
+    e = getenv("MGPU_CUDA_HEAD");
+    c->head_off = e != NULL && e[0] == '0';
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(err, cudaMalloc((void **)&c->nw_part[i], kNarrowPartFloats * sizeof(float)));
+        CUDA_CHECK(err, cudaMalloc((void **)&c->nw_count[i], kNarrowCounters * sizeof(unsigned)));
+        CUDA_CHECK(err, cudaMemset(c->nw_count[i], 0, kNarrowCounters * sizeof(unsigned)));
+    }
     c->prec = MGPU_PREC_FP32;
     return 0;
 }
@@ -1342,7 +1598,8 @@ int cuda_sync(void *impl, mgpu_err_t *err)
     /* Also where a fault of an earlier kernel (an illegal address) surfaces. */
     cuda_impl *c = (cuda_impl *)impl;
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side));
+    CUDA_CHECK(err, cudaStreamSynchronize(c->side[0]));
+    CUDA_CHECK(err, cudaStreamSynchronize(c->side[1]));
     return 0;
 }
 
@@ -1970,7 +2227,8 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
         return 0;
     /* The operands are ready on whichever stream made them: wait for both. */
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side));
+    CUDA_CHECK(err, cudaStreamSynchronize(c->side[0]));
+    CUDA_CHECK(err, cudaStreamSynchronize(c->side[1]));
     const double flops = 2.0 * p->m * p->n * p->k;
     const bool graph = flops < 1e10;
     const int reps = graph ? 20 : flops > 1e11 ? 1 : 3;
@@ -2199,8 +2457,48 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
                      out, dx, in, epi, dbias, aux_in, round128(in), kTemp, kReuse, err);
 }
 
-/* Launch-bound sizes: their weight-gradient GEMM runs on the side stream (see cuda_impl). */
+/* Launch-bound sizes: their weight-gradient product runs on a side stream (see cuda_impl). */
 constexpr double kSideMaxFlops = 2.0 * (1 << 26);
+
+/* The output layer's weight gradient as narrow_dw_kernel: dz at most 32 wide (a classifier's
+ * logits), launch-bound sizes, fp32 math (so not bf16 mode). cuBLAS gives such a product 8
+ * blocks of 32 x 32 and a second kernel for the bias gradient: 15 us on the H200. */
+bool narrow_dw(const cuda_impl *c, int rows, int out, int in)
+{
+    return !c->head_off && c->prec != MGPU_PREC_BF16 && out <= 32 &&
+           2.0 * rows * out * in <= kSideMaxFlops;
+}
+
+/* On side stream i (forked by the caller), with that stream's partial sums. */
+int launch_narrow_dw(cuda_impl *c, int i, int rows, int out, int in, const float *dz,
+                     const float *x, float *dw, float *dbias, mgpu_err_t *err)
+{
+    const long groups = (in + 31) / 32;
+    /* Splits of at least 16 rows (two a warp), about a block per multiprocessor in all. */
+    long splits = (c->sms + groups - 1) / groups, by_rows = (rows + 15) / 16;
+    const int nj = out <= 4 ? 4 : out <= 16 ? 16 : 32;
+    const long by_part = (long)(kNarrowPartFloats / ((size_t)groups * (nj * 32 + nj)));
+    splits = splits < by_rows ? splits : by_rows;
+    splits = splits < by_part ? splits : by_part;
+    if (splits < 1)
+        splits = 1;
+    if (groups > kNarrowCounters)
+        return MGPU_K_DECLINED;
+    NarrowArgs a{
+        rows,          out,           in, (int)((rows + splits - 1) / splits), dz, x, dw, dbias,
+        c->nw_part[i], c->nw_count[i]};
+    dim3 grid((unsigned)groups, (unsigned)splits);
+    if (nj == 4)
+        narrow_dw_kernel<4><<<grid, kThreads, 0, c->side[i]>>>(a);
+    else if (nj == 16)
+        narrow_dw_kernel<16><<<grid, kThreads, 0, c->side[i]>>>(a);
+    else
+        narrow_dw_kernel<32><<<grid, kThreads, 0, c->side[i]>>>(a);
+    CUDA_CHECK_LAUNCH(err, "narrow_dw_kernel (%d x %d -> %d, %ld x %ld blocks)", rows, in, out,
+                      groups, splits);
+    invalidate(c, dw, sizeof(float) * (size_t)out * in);
+    return 0;
+}
 
 int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const float *dz,
                                 const float *x, float *dw, float *dbias, mgpu_err_t *err)
@@ -2208,24 +2506,91 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     cuda_impl *c = (cuda_impl *)impl;
     /* Large tf32 products keep cuda_gemm's transposed copy of dz (see there). */
     double flops = 2.0 * rows * out * in;
-    if (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27)))
+    const bool narrow = narrow_dw(c, rows, out, in);
+    if (!narrow && (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27))))
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi =
         dbias != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
     /* bf16 converts its operands on c->stream: no fork there. */
-    if (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops)
+    if (!narrow && (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops))
         return lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in,
                          dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* The side stream's previous GEMM was joined (cuda_join) or is ordered before this fork
      * by its own stream; the join after this layer's input gradient waits for this one. */
+    const int i = c->side_next;
+    c->side_next ^= 1;
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
-    CUDA_CHECK(err, cudaStreamWaitEvent(c->side, c->ev_fork, 0));
-    int rc = lt_matmul(c, c->side, c->side_ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz,
-                       out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
+    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i], c->ev_fork, 0));
+    int rc = narrow
+                 ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+                 : lt_matmul(c, c->side[i], c->side_ws[i], CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
+                             x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* Joined even when declined: a side stream that joined a capture must leave it. */
-    CUDA_CHECK(err, cudaEventRecord(c->ev_side, c->side));
-    c->side_pending = true;
+    CUDA_CHECK(err, cudaEventRecord(c->ev_side[i], c->side[i]));
+    c->side_pending[i] = true;
     return rc;
+}
+
+/* The output layer and its loss (mgpu_k_linear_loss) as head_kernel, for outputs that fit a
+ * warp; fp32 math (TF32 allows it), so bf16 mode, whose products round their operands,
+ * composes it. The step of a launch-bound classifier then waits on one launch where the
+ * composition queues four: the product, its epilogue, the loss and the input-gradient
+ * product with its own epilogue. */
+int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
+{
+    cuda_impl *c = (cuda_impl *)impl;
+    if (c->head_off || c->prec == MGPU_PREC_BF16 || h->out > kHeadMaxOut)
+        return MGPU_K_DECLINED;
+    const bool xent = h->loss == MGPU_LOSS_CROSS_ENTROPY;
+    HeadArgs a{h->rows,
+               h->out,
+               h->in,
+               h->x,
+               h->w,
+               h->bias,
+               h->y,
+               h->labels,
+               h->targets,
+               h->loss_out,
+               h->dy,
+               h->z_in,
+               h->dx,
+               xent ? 1.0f / (float)h->rows : 2.0f / (float)((size_t)h->rows * h->out),
+               xent ? 1.0 / h->rows : 1.0 / ((double)h->rows * h->out)};
+    invalidate(c, h->y, sizeof(float) * (size_t)h->rows * h->out);
+    invalidate(c, h->dy, sizeof(float) * (size_t)h->rows * h->out);
+    if (h->dx != nullptr)
+        invalidate(c, h->dx, sizeof(float) * (size_t)h->rows * h->in);
+    long blocks = ((long)h->rows + kHeadWarps - 1) / kHeadWarps;
+    long cap = (long)c->sms * kHeadBlocksPerSm;
+    blocks = blocks < cap ? blocks : cap;
+    auto go = [&](auto nj) {
+        constexpr int NJ = decltype(nj)::value;
+        auto with_loss = [&](auto x) {
+            constexpr bool X = decltype(x)::value;
+            if (h->dx == nullptr) {
+                head_kernel<NJ, X, -1>
+                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->scratch);
+                return 0;
+            }
+            return with_act(h->act_in, [&](auto act) {
+                constexpr int A = decltype(act)::value;
+                head_kernel<NJ, X, A>
+                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->scratch);
+                return 0;
+            });
+        };
+        return xent ? with_loss(std::true_type()) : with_loss(std::false_type());
+    };
+    if (h->out <= 4)
+        go(std::integral_constant<int, 4>());
+    else if (h->out <= 16)
+        go(std::integral_constant<int, 16>());
+    else
+        go(std::integral_constant<int, 32>());
+    CUDA_CHECK_LAUNCH(err, "head_kernel (%d x %d -> %d, %s, %ld blocks)", h->rows, h->in, h->out,
+                      xent ? "cross_entropy" : "mse", blocks);
+    return 0;
 }
 
 /* Memory written outside this backend's ops (the training step's gather into the batch):
@@ -2240,10 +2605,12 @@ int cuda_written(void *impl, const void *p, size_t bytes, mgpu_err_t *err)
 int cuda_join(void *impl, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
-    if (!c->side_pending)
-        return 0;
-    CUDA_CHECK(err, cudaStreamWaitEvent(c->stream, c->ev_side, 0));
-    c->side_pending = false;
+    for (int i = 0; i < 2; i++)
+        if (c->side_pending[i]) {
+            CUDA_CHECK(err, cudaStreamWaitEvent(c->stream, c->ev_side[i], 0));
+            c->side_pending[i] = false;
+        }
+    c->side_next = 0;
     return 0;
 }
 
@@ -2315,4 +2682,5 @@ extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {
     cuda_linear_backward_weight,
     cuda_join,
     cuda_written,
+    cuda_linear_loss,
 };

@@ -68,6 +68,7 @@ void mgpu_model_destroy(mgpu_model_t *m)
     mgpu_k_free(m->k, m->grads);
     mgpu_k_free(m->k, m->dy_a);
     mgpu_k_free(m->k, m->dy_b);
+    mgpu_k_free(m->k, m->dy_top);
     mgpu_k_free(m->k, m->scalars);
     free(m);
 }
@@ -116,6 +117,7 @@ int mgpu_model_create(mgpu_kernels_t *k, const mgpu_model_spec_t *spec, int max_
         (rc = alloc_floats(k, off, &m->grads, err)) < 0 ||
         (rc = alloc_floats(k, (size_t)max_batch * widest, &m->dy_a, err)) < 0 ||
         (rc = alloc_floats(k, (size_t)max_batch * widest, &m->dy_b, err)) < 0 ||
+        (rc = alloc_floats(k, (size_t)max_batch * spec->outputs, &m->dy_top, err)) < 0 ||
         (rc = alloc_floats(k, 2, &m->scalars, err)) < 0)
         goto fail;
     for (int l = 0; l < m->n_layers; l++) {
@@ -163,8 +165,8 @@ int mgpu_model_init(mgpu_model_t *m, uint64_t seed, mgpu_err_t *err)
     return rc;
 }
 
-int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float **out,
-                       mgpu_err_t *err)
+/* The forward of layers 0 .. n - 1. */
+static int forward_layers(mgpu_model_t *m, const float *x, int batch, int n, mgpu_err_t *err)
 {
     const float *in = x;
     int rc;
@@ -175,7 +177,7 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
     /* The batch comes from outside the backend's ops (the step's gather, a copy). */
     if ((rc = mgpu_k_written(m->k, x, sizeof(float) * (size_t)batch * m->spec.inputs, err)) < 0)
         return rc;
-    for (int l = 0; l < m->n_layers; l++) {
+    for (int l = 0; l < n; l++) {
         const mgpu_layer_t *ly = &m->layers[l];
         /* z = in . W^T (W is [out, in] as nn.Linear stores it), then z += b, y = act(z). */
         rc = mgpu_k_linear_forward(m->k, ly->act, batch, ly->out, ly->in, in, m->params + ly->w_off,
@@ -185,8 +187,25 @@ int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float *
         in = m->y[l];
     }
     m->last_batch = batch;
-    if (out != NULL)
+    return 0;
+}
+
+int mgpu_model_forward(mgpu_model_t *m, const float *x, int batch, const float **out,
+                       mgpu_err_t *err)
+{
+    int rc = forward_layers(m, x, batch, m->n_layers, err);
+    if (rc == 0 && out != NULL)
         *out = m->y[m->n_layers - 1];
+    return rc;
+}
+
+static int check_loss_inputs(const mgpu_model_t *m, const int32_t *labels, const float *targets,
+                             mgpu_err_t *err)
+{
+    if (m->spec.loss == MGPU_LOSS_CROSS_ENTROPY && labels == NULL)
+        return mgpu_err_set(err, -EINVAL, "model: cross_entropy needs labels, got NULL");
+    if (m->spec.loss == MGPU_LOSS_MSE && targets == NULL)
+        return mgpu_err_set(err, -EINVAL, "model: mse needs targets, got NULL");
     return 0;
 }
 
@@ -198,14 +217,12 @@ static int loss_forward(mgpu_model_t *m, const int32_t *labels, const float *tar
 
     if (batch < 1)
         return mgpu_err_set(err, -EINVAL, "model: loss before any forward");
-    if (m->spec.loss == MGPU_LOSS_CROSS_ENTROPY) {
-        if (labels == NULL)
-            return mgpu_err_set(err, -EINVAL, "model: cross_entropy needs labels, got NULL");
+    int rc = check_loss_inputs(m, labels, targets, err);
+    if (rc < 0)
+        return rc;
+    if (m->spec.loss == MGPU_LOSS_CROSS_ENTROPY)
         return mgpu_k_softmax_xent(m->k, batch, m->spec.outputs, logits, labels, &m->scalars[0],
                                    dout, err);
-    }
-    if (targets == NULL)
-        return mgpu_err_set(err, -EINVAL, "model: mse needs targets, got NULL");
     return mgpu_k_mse(m->k, batch, m->spec.outputs, logits, targets, &m->scalars[0], dout, err);
 }
 
@@ -225,22 +242,22 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
     return mgpu_model_backward_hooked(m, x, labels, targets, NULL, NULL, err);
 }
 
-int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
-                               const float *targets, mgpu_model_layer_hook hook, void *hook_ctx,
-                               mgpu_err_t *err)
+/* The backward from the output layer down, d holding dz of the output layer. With
+ * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
+ * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
+ * them. */
+static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done,
+                           mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
-    int batch = m->last_batch, rc;
-    float *d = m->dy_a, *other = m->dy_b;
+    int batch = m->last_batch, rc, deferred = -1;
+    float *other = top_done ? m->dy_a : m->dy_b;
 
-    /* d = dLoss/dlogits (the output layer has no activation). */
-    if ((rc = loss_forward(m, labels, targets, d, err)) < 0)
-        return rc;
     for (int l = m->n_layers - 1; l >= 0; l--) {
         const mgpu_layer_t *ly = &m->layers[l];
         const float *in = l > 0 ? m->y[l - 1] : x;
         /* d is dz of this layer: the output layer has no activation, and each lower layer's
          * activation backward ran inside the input-gradient GEMM of the layer above, which
-         * also wrote that layer's bias gradient. */
+         * also wrote that layer's bias gradient (but for mgpu_k_linear_loss). */
         int top = l == m->n_layers - 1 && ly->act == MGPU_ACT_IDENTITY;
         if (l == m->n_layers - 1 && ly->act != MGPU_ACT_IDENTITY) {
             /* (never for the models built here: the output layer is identity) */
@@ -252,13 +269,21 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
                 return rc;
         }
         /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
-         * (here only for the output layer, see above). */
+         * (here only for the output layer, see above, and for the layer below it when the
+         * output layer's input gradient came from mgpu_k_linear_loss). */
+        int bias_here = top || (top_done && l == m->n_layers - 2);
         rc =
             mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in, m->grads + ly->w_off,
-                                          top ? m->grads + ly->b_off : NULL, err);
+                                          bias_here ? m->grads + ly->b_off : NULL, err);
+        if (rc == 0 && top_done && l == m->n_layers - 1 && l > 0) {
+            deferred = l; /* d(in) is in other: on to the layer below, joined with it */
+            d = other;
+            other = m->dy_b;
+            continue;
+        }
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
-        if (rc == 0 && l > 0) {
+        if (rc == 0 && l > 0 && !(top_done && l == m->n_layers - 1)) {
             const mgpu_layer_t *lb = &m->layers[l - 1];
             rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
                                              m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
@@ -268,6 +293,9 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
          * the hook's all-reduce reads this layer's gradients and before d is overwritten. */
         if (rc == 0)
             rc = mgpu_k_join(m->k, err);
+        if (rc == 0 && hook != NULL && deferred >= 0)
+            rc = hook(hook_ctx, deferred, err);
+        deferred = -1;
         if (rc == 0 && hook != NULL)
             rc = hook(hook_ctx, l, err);
         if (rc < 0)
@@ -279,11 +307,58 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
     return 0;
 }
 
+int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
+                               const float *targets, mgpu_model_layer_hook hook, void *hook_ctx,
+                               mgpu_err_t *err)
+{
+    /* d = dLoss/dlogits (the output layer has no activation). */
+    int rc = loss_forward(m, labels, targets, m->dy_a, err);
+    return rc < 0 ? rc : backward_layers(m, x, m->dy_a, 0, hook, hook_ctx, err);
+}
+
+int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
+                            const float *targets, int batch, mgpu_model_layer_hook hook,
+                            void *hook_ctx, mgpu_err_t *err)
+{
+    const int top = m->n_layers - 1;
+    const mgpu_layer_t *ly = &m->layers[top], *lb = top > 0 ? &m->layers[top - 1] : NULL;
+    int rc;
+
+    if ((rc = check_loss_inputs(m, labels, targets, err)) < 0 ||
+        (rc = forward_layers(m, x, batch, top, err)) < 0)
+        return rc;
+    if (ly->act != MGPU_ACT_IDENTITY) { /* (never for the models built here) */
+        rc = forward_layers(m, x, batch, m->n_layers, err);
+        return rc < 0 ? rc : mgpu_model_backward_hooked(m, x, labels, targets, hook, hook_ctx, err);
+    }
+    mgpu_k_head_t h = {
+        .loss = m->spec.loss,
+        .rows = batch,
+        .out = ly->out,
+        .in = ly->in,
+        .x = lb != NULL ? m->y[top - 1] : x,
+        .w = m->params + ly->w_off,
+        .bias = m->params + ly->b_off,
+        .y = m->y[top],
+        .labels = labels,
+        .targets = targets,
+        .loss_out = &m->scalars[0],
+        .dy = m->dy_top,
+        .act_in = lb != NULL ? lb->act : MGPU_ACT_IDENTITY,
+        .z_in = lb != NULL ? m->z[top - 1] : NULL,
+        .aux_in = lb != NULL ? m->aux[top - 1] : NULL,
+        .dx = lb != NULL ? m->dy_a : NULL,
+    };
+    if ((rc = mgpu_k_linear_loss(m->k, &h, err)) < 0)
+        return rc;
+    m->last_batch = batch;
+    return backward_layers(m, x, m->dy_top, 1, hook, hook_ctx, err);
+}
+
 int mgpu_model_compute_grads(mgpu_model_t *m, const float *x, const int32_t *labels,
                              const float *targets, int batch, mgpu_err_t *err)
 {
-    int rc = mgpu_model_forward(m, x, batch, NULL, err);
-    return rc < 0 ? rc : mgpu_model_backward(m, x, labels, targets, err);
+    return mgpu_model_grads_hooked(m, x, labels, targets, batch, NULL, NULL, err);
 }
 
 int mgpu_model_read_scalars(mgpu_model_t *m, float *loss, float *correct, mgpu_err_t *err)

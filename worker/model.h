@@ -18,11 +18,9 @@
 #include <stdint.h> /* int32_t, uint64_t */
 
 #include "error.h"   /* mgpu_err_t */
-#include "kernels.h" /* mgpu_kernels_t, mgpu_act_t */
+#include "kernels.h" /* mgpu_kernels_t, mgpu_act_t, mgpu_loss_t */
 
 #define MGPU_MODEL_MAX_LAYERS 17 /* 16 hidden layers and the output layer */
-
-typedef enum mgpu_loss { MGPU_LOSS_MSE = 0, MGPU_LOSS_CROSS_ENTROPY = 1 } mgpu_loss_t;
 
 typedef struct mgpu_model_spec {
     int inputs;   /* features per sample */
@@ -53,6 +51,7 @@ typedef struct mgpu_model {
      * mgpu_k_linear_forward). With a fused backend z[l] may stay unwritten for relu. */
     void *aux[MGPU_MODEL_MAX_LAYERS];
     float *dy_a, *dy_b; /* backward scratch, max_batch * widest layer each */
+    float *dy_top;      /* dLoss/dlogits, max_batch * outputs (mgpu_model_grads_hooked) */
     float *scalars;     /* [0] loss, [1] correct count */
     int last_batch;     /* rows of the last forward */
 } mgpu_model_t;
@@ -104,7 +103,18 @@ int mgpu_model_eval_loss(mgpu_model_t *m, const int32_t *labels, const float *ta
 /* Copies m->scalars to the host: loss and correct count. */
 int mgpu_model_read_scalars(mgpu_model_t *m, float *loss, float *correct, mgpu_err_t *err);
 
-/* forward + backward: the gradient of one batch, the unit DDP averages. */
+/* forward + loss + backward of batch rows: the training step's gradient, calling hook (may be
+ * NULL) after each layer's gradients, as mgpu_model_backward_hooked. The output layer, the
+ * loss and the output layer's input gradient are one mgpu_k_linear_loss (one kernel on a GPU
+ * for narrow outputs); that layer's weight gradient then runs beside the layer below's
+ * products, and its hook comes right before that layer's. Afterwards, as after forward and
+ * backward: the logits in the last layer's y, the loss in m->scalars[0]. */
+int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
+                            const float *targets, int batch, mgpu_model_layer_hook hook,
+                            void *hook_ctx, mgpu_err_t *err);
+
+/* forward + backward: the gradient of one batch, the unit DDP averages
+ * (mgpu_model_grads_hooked without a hook). */
 int mgpu_model_compute_grads(mgpu_model_t *m, const float *x, const int32_t *labels,
                              const float *targets, int batch, mgpu_err_t *err);
 

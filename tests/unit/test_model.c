@@ -194,6 +194,71 @@ static void test_mlp_gradients_finite_differences(void)
     mgpu_kernels_destroy(k);
 }
 
+/* mgpu_model_grads_hooked (the output layer and its loss as one mgpu_k_linear_loss, its weight
+ * gradient joined with the layer below's) gives the bits of forward + backward_hooked, and
+ * calls the hook once per layer, top to bottom. */
+typedef struct hook_log {
+    int layers[MGPU_MODEL_MAX_LAYERS + 1], n;
+} hook_log_t;
+
+static int log_hook(void *ctx, int layer, mgpu_err_t *err)
+{
+    hook_log_t *h = ctx;
+    (void)err;
+    if (h->n <= MGPU_MODEL_MAX_LAYERS)
+        h->layers[h->n++] = layer;
+    return 0;
+}
+
+static void test_grads_hooked_equals_forward_backward(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_dataset_t ds;
+    MUST(mgpu_data_random(&ds, 12, 6, 4, 13, NULL));
+    for (int nh = 0; nh <= 3; nh++)
+        for (int loss = 0; loss < 2; loss++) {
+            mgpu_model_spec_t s = {.inputs = 6,
+                                   .outputs = 4,
+                                   .n_hidden = nh,
+                                   .hidden = {7, 5, 3},
+                                   .activation = nh == 2 ? MGPU_ACT_GELU : MGPU_ACT_RELU,
+                                   .loss = loss};
+            mgpu_model_t *a = NULL, *b = NULL;
+            hook_log_t ha = {.n = 0}, hb = {.n = 0};
+            float la, lb;
+            MUST(mgpu_model_create(k, &s, 12, &a, NULL));
+            MUST(mgpu_model_create(k, &s, 12, &b, NULL));
+            MUST(mgpu_model_init(a, 9, NULL));
+            MUST(mgpu_model_init(b, 9, NULL));
+            MUST(mgpu_model_grads_hooked(a, ds.x, ds.labels, ds.targets, 12, log_hook, &ha, NULL));
+            MUST(mgpu_model_forward(b, ds.x, 12, NULL, NULL));
+            MUST(mgpu_model_backward_hooked(b, ds.x, ds.labels, ds.targets, log_hook, &hb, NULL));
+            MUST(mgpu_model_read_scalars(a, &la, NULL, NULL));
+            MUST(mgpu_model_read_scalars(b, &lb, NULL, NULL));
+            CHECK(la == lb);
+            CHECK(memcmp(a->grads, b->grads, sizeof(float) * a->n_params) == 0);
+            CHECK(memcmp(a->y[nh], b->y[nh], sizeof(float) * 12 * 4) == 0);
+            CHECK_INT(ha.n, nh + 1);
+            CHECK_INT(hb.n, nh + 1);
+            for (int i = 0; i < ha.n && i < hb.n; i++) {
+                CHECK_INT(ha.layers[i], nh - i);
+                CHECK_INT(hb.layers[i], nh - i);
+            }
+            mgpu_model_destroy(a);
+            mgpu_model_destroy(b);
+        }
+    /* The loss's input is checked before anything runs. */
+    mgpu_model_spec_t ce = {.inputs = 6, .outputs = 4, .loss = MGPU_LOSS_CROSS_ENTROPY};
+    mgpu_model_t *m = NULL;
+    mgpu_err_t err = {0};
+    MUST(mgpu_model_create(k, &ce, 12, &m, NULL));
+    CHECK_INT(mgpu_model_grads_hooked(m, ds.x, NULL, ds.targets, 12, NULL, NULL, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "cross_entropy needs labels");
+    mgpu_model_destroy(m);
+    mgpu_data_free(&ds);
+    mgpu_kernels_destroy(k);
+}
+
 /* One epoch of training over a sampler's batches (world 1), with eval accuracy after. */
 typedef struct trainer {
     mgpu_kernels_t *k;
@@ -423,6 +488,7 @@ int main(void)
     RUN(test_layout_and_init);
     RUN(test_linear_mse_closed_form);
     RUN(test_mlp_gradients_finite_differences);
+    RUN(test_grads_hooked_equals_forward_backward);
     RUN(test_mlp_trains_to_95_percent);
     RUN(test_ddp_equals_big_batch);
     RUN(test_optim_state_and_errors);

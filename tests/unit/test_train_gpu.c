@@ -112,8 +112,9 @@ static void test_bucket_schedule(void)
             lab[i] = (i * 3) % 10;
         hook_rec_t h = {.m = m, .b = b, .ready = ready, .nb = nb, .order_ok = 1};
         h.snap = calloc(m->n_params, sizeof(float));
-        CHECK_INT(mgpu_model_forward(m, x, B, NULL, &err), 0);
-        CHECK_INT(mgpu_model_backward_hooked(m, x, lab, NULL, rec_hook, &h, &err), 0);
+        /* The training step's path: the output layer fused with its loss, its hook
+         * joined with the layer below's. */
+        CHECK_INT(mgpu_model_grads_hooked(m, x, lab, NULL, B, rec_hook, &h, &err), 0);
         CHECK_INT(h.next, nb);
         CHECK(h.order_ok);
         size_t differ = 0;
