@@ -529,7 +529,7 @@ int mgpu_k_linear_loss(mgpu_kernels_t *k, const mgpu_k_head_t *h, mgpu_err_t *er
                  : mgpu_k_mse(k, h->rows, h->out, h->y, h->targets, h->loss_out, h->dy, err);
     if (rc == 0 && h->dx != NULL)
         rc = mgpu_k_linear_backward_data(k, h->act_in, h->rows, h->out, h->in, h->dy, h->w, h->z_in,
-                                         h->x, h->aux_in, h->dx, NULL, err);
+                                         h->x, h->aux_in, h->dx, h->dbias_in, err);
     return rc;
 }
 

@@ -79,11 +79,12 @@ typedef struct mgpu_k_head {
     float *loss_out;           /* one float: the mean loss */
     float *dy;                 /* [rows, out]: dLoss/dy */
     /* The input's gradient, when dx is not NULL: x = act_in(z_in) is the output of the layer
-     * below (z_in, aux_in: its pre-activation and the mask its linear_forward kept). */
+     * below (z_in, aux_in: its pre-activation and the mask its linear_forward kept), and
+     * dbias_in (may be NULL) that layer's bias gradient, unless the op leaves it (below). */
     mgpu_act_t act_in;
     const float *z_in;
     const void *aux_in;
-    float *dx;
+    float *dx, *dbias_in;
 } mgpu_k_head_t;
 
 typedef struct mgpu_sgd_hparams {
@@ -161,6 +162,8 @@ typedef struct mgpu_kernels_ops {
 /* What a fused op of the table returns when it leaves the work to the launcher's composition
  * (an activation it does not fuse, a shape or precision its library declines). */
 #define MGPU_K_DECLINED 1
+/* What mgpu_k_linear_loss returns when it left dbias_in unwritten (see there). */
+#define MGPU_K_BIAS_LEFT 2
 
 typedef struct mgpu_kernels {
     const mgpu_kernels_ops_t *ops;
@@ -277,17 +280,20 @@ int mgpu_k_linear_backward_weight(mgpu_kernels_t *k, int rows, int out, int in, 
 /* The output layer in a training step: y = x . W^T + bias (no activation), the loss of y
  * (h->loss: mse against targets, or cross-entropy against labels, as mgpu_k_mse and
  * mgpu_k_softmax_xent) into *loss_out and its gradient into dy, then, when dx is not NULL,
- * dx = (dy . W) * act_in'(z_in). The layer below's bias gradient (the column sums of dx) is
- * left to that layer's mgpu_k_linear_backward_weight. Equals mgpu_k_linear_forward(identity,
- * z = y = h->y), the loss, then mgpu_k_linear_backward_data(act_in, z_in, y_in = x, aux_in,
- * dbias = NULL), which is what the launcher runs when the backend has no fused version. The
- * CUDA backend runs it as one kernel for outputs up to 32 wide (a launch-bound classifier's
- * logits), so the step waits on one launch instead of four. */
+ * dx = (dy . W) * act_in'(z_in), and dbias_in = column sums of dx when not NULL. Equals
+ * mgpu_k_linear_forward(identity, z = y = h->y), the loss, then
+ * mgpu_k_linear_backward_data(act_in, z_in, y_in = x, aux_in, dx, dbias_in), which is what the
+ * launcher runs when the backend has no fused version; returns 0 then. The CUDA backend runs
+ * it as one kernel for outputs up to 32 wide (a launch-bound classifier's logits), so the step
+ * waits on one launch instead of four; that kernel leaves dbias_in to the caller and returns
+ * MGPU_K_BIAS_LEFT (mgpu_k_linear_backward_weight of the layer below computes it, on a side
+ * stream, off the step's critical path). */
 int mgpu_k_linear_loss(mgpu_kernels_t *k, const mgpu_k_head_t *h, mgpu_err_t *err);
 /* A backend may run linear_backward_weight concurrently with the ops queued after it (CUDA:
  * small products on a second stream, beside the layer's input-gradient GEMM). Everything
  * queued after mgpu_k_join is ordered after it; call it before dw or dbias is read (the
- * optimizer, an all-reduce) and before dz or x is written again. mgpu_k_sync joins too. */
+ * optimizer, an all-reduce) and before dz or x is written again. mgpu_k_sync, the copies and
+ * mgpu_k_zero join too. */
 int mgpu_k_join(mgpu_kernels_t *k, mgpu_err_t *err);
 /* Tells the backend that [p, p + bytes) of its memory was written by something other than
  * its own ops (a kernel of the caller's, a library): a backend that keeps derived copies of

@@ -1559,8 +1559,16 @@ void cuda_free(void *impl, void *p)
 /* Copies are ordered on the stream with the ops. A copy from pageable host memory has taken
  * its source by the time it returns; from pinned memory the source must stay unchanged until
  * the next sync, as for any asynchronous op. */
+int cuda_join(void *impl, mgpu_err_t *err);
+
+/* The copies and the fill join the side streams first (cuda_join): a weight gradient still
+ * running there is never read before it is written, nor its operands overwritten. */
+
 int cuda_copy_to_device(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
 {
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     invalidate((cuda_impl *)impl, dst, bytes);
     CUDA_CHECK(
         err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)impl)->stream));
@@ -1570,6 +1578,9 @@ int cuda_copy_to_device(void *impl, void *dst, const void *src, size_t bytes, mg
 int cuda_copy_to_host(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     /* The caller reads dst right after: this is the one op that waits. */
     CUDA_CHECK(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
@@ -1578,6 +1589,9 @@ int cuda_copy_to_host(void *impl, void *dst, const void *src, size_t bytes, mgpu
 
 int cuda_copy(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *err)
 {
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     invalidate((cuda_impl *)impl, dst, bytes);
     if (dst == src)
         return 0;
@@ -1588,6 +1602,9 @@ int cuda_copy(void *impl, void *dst, const void *src, size_t bytes, mgpu_err_t *
 
 int cuda_zero(void *impl, void *dst, size_t bytes, mgpu_err_t *err)
 {
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     invalidate((cuda_impl *)impl, dst, bytes);
     CUDA_CHECK(err, cudaMemsetAsync(dst, 0, bytes, ((cuda_impl *)impl)->stream));
     return 0;
@@ -2590,7 +2607,7 @@ int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
         go(std::integral_constant<int, 32>());
     CUDA_CHECK_LAUNCH(err, "head_kernel (%d x %d -> %d, %s, %ld blocks)", h->rows, h->in, h->out,
                       xent ? "cross_entropy" : "mse", blocks);
-    return 0;
+    return h->dx != nullptr && h->dbias_in != nullptr ? MGPU_K_BIAS_LEFT : 0;
 }
 
 /* Memory written outside this backend's ops (the training step's gather into the batch):

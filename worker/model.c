@@ -245,7 +245,8 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
 /* The backward from the output layer down, d holding dz of the output layer. With
  * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
  * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
- * them. */
+ * them; top_done == 2: the layer below's bias gradient is still to be computed, by its
+ * weight-gradient op. */
 static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done,
                            mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
@@ -269,9 +270,9 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
                 return rc;
         }
         /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
-         * (here only for the output layer, see above, and for the layer below it when the
-         * output layer's input gradient came from mgpu_k_linear_loss). */
-        int bias_here = top || (top_done && l == m->n_layers - 2);
+         * (here only for the output layer, see above, and for the layer below it when
+         * mgpu_k_linear_loss left that). */
+        int bias_here = top || (top_done == 2 && l == m->n_layers - 2);
         rc =
             mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in, m->grads + ly->w_off,
                                           bias_here ? m->grads + ly->b_off : NULL, err);
@@ -348,11 +349,13 @@ int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labe
         .z_in = lb != NULL ? m->z[top - 1] : NULL,
         .aux_in = lb != NULL ? m->aux[top - 1] : NULL,
         .dx = lb != NULL ? m->dy_a : NULL,
+        .dbias_in = lb != NULL ? m->grads + lb->b_off : NULL,
     };
     if ((rc = mgpu_k_linear_loss(m->k, &h, err)) < 0)
         return rc;
     m->last_batch = batch;
-    return backward_layers(m, x, m->dy_top, 1, hook, hook_ctx, err);
+    /* MGPU_K_BIAS_LEFT: the layer below's weight-gradient op writes its bias gradient. */
+    return backward_layers(m, x, m->dy_top, rc == MGPU_K_BIAS_LEFT ? 2 : 1, hook, hook_ctx, err);
 }
 
 int mgpu_model_compute_grads(mgpu_model_t *m, const float *x, const int32_t *labels,
