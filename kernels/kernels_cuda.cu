@@ -36,7 +36,15 @@
  *   allocates inside a step, which also keeps the stream capturable in a CUDA graph.
  * - A bf16 GEMM (or a tf32 one with A transposed) larger than any before it grows the operand
  *   workspace (a synchronising cudaFree/cudaMalloc): warm up with the largest shapes before
- *   capturing a graph. */
+ *   capturing a graph.
+ * - Launch-bound steps are chains of dependent kernels, so the ops that end a step's chain
+ *   early are fused where cuBLAS leaves a gap: a narrow output layer (linear_loss) is one
+ *   warp-per-row kernel (product, loss, gradient, input gradient), and its weight gradient
+ *   another (narrow_dw_kernel) on a side stream. Small weight gradients run on two side
+ *   streams taken in turn, so the output layer's and the next layer's overlap that layer's
+ *   input gradient. A generic split-K product of our own for the other small layers was
+ *   measured slower than cuBLAS's (tests/bench/GPU_TRAIN_RESULTS.md, session 3) and is not
+ *   here. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
