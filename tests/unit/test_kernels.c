@@ -437,6 +437,67 @@ static void test_optimizer_argument_checks(void)
     mgpu_kernels_destroy(k);
 }
 
+/* mgpu_k_linear_loss: its arguments are checked before anything runs, and its composition
+ * equals the ops it is made of, called one by one. */
+static void test_linear_loss_checks_and_composition(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    float x[3 * 4], w[2 * 4], b[2] = {0.1f, -0.2f}, z[3 * 4], y[3 * 2], dy[3 * 2], dx[3 * 4];
+    float db[4], loss = 0, y2[3 * 2], dy2[3 * 2], dx2[3 * 4], db2[4], loss2 = 0;
+    int32_t lab[3] = {1, 0, 1};
+    for (int i = 0; i < 12; i++)
+        z[i] = (float)((i * 7) % 5) - 2.0f, x[i] = z[i] > 0 ? z[i] : 0; /* relu(z) */
+    for (int i = 0; i < 8; i++)
+        w[i] = (float)((i * 3) % 4) * 0.25f - 0.4f;
+    mgpu_k_head_t h = {.loss = MGPU_LOSS_CROSS_ENTROPY,
+                       .rows = 3,
+                       .out = 2,
+                       .in = 4,
+                       .x = x,
+                       .w = w,
+                       .bias = b,
+                       .y = y,
+                       .labels = lab,
+                       .loss_out = &loss,
+                       .dy = dy,
+                       .act_in = MGPU_ACT_RELU,
+                       .z_in = z,
+                       .dx = dx,
+                       .dbias_in = db};
+    CHECK_INT(mgpu_k_linear_loss(k, &h, &err), 0);
+    CHECK_INT(mgpu_k_linear_forward(k, MGPU_ACT_IDENTITY, 3, 2, 4, x, w, b, y2, y2, NULL, &err), 0);
+    CHECK_INT(mgpu_k_softmax_xent(k, 3, 2, y2, lab, &loss2, dy2, &err), 0);
+    CHECK_INT(
+        mgpu_k_linear_backward_data(k, MGPU_ACT_RELU, 3, 2, 4, dy2, w, z, x, NULL, dx2, db2, &err),
+        0);
+    CHECK(loss == loss2 && memcmp(y, y2, sizeof y) == 0 && memcmp(dy, dy2, sizeof dy) == 0 &&
+          memcmp(dx, dx2, sizeof dx) == 0 && memcmp(db, db2, sizeof db) == 0);
+
+    mgpu_k_head_t bad = h;
+    bad.labels = NULL;
+    CHECK_INT(mgpu_k_linear_loss(k, &bad, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "labels is NULL");
+    bad = h;
+    bad.loss = MGPU_LOSS_MSE; /* mse reads targets, and there are none */
+    CHECK_INT(mgpu_k_linear_loss(k, &bad, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "targets is NULL");
+    bad = h;
+    bad.loss = (mgpu_loss_t)7;
+    CHECK_INT(mgpu_k_linear_loss(k, &bad, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "loss 7 unknown");
+    bad = h;
+    bad.rows = 0;
+    CHECK_INT(mgpu_k_linear_loss(k, &bad, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "rows=0");
+    bad = h;
+    bad.z_in = NULL;
+    CHECK_INT(mgpu_k_linear_loss(k, &bad, &err), -EINVAL);
+    CHECK_CONTAINS(err.msg, "z_in is NULL");
+    CHECK_INT(mgpu_k_linear_loss(k, NULL, &err), -EINVAL);
+    mgpu_kernels_destroy(k);
+}
+
 static void test_scale_sum_argmax_correct(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -508,6 +569,7 @@ int main(void)
     RUN(test_sgd_torch_values);
     RUN(test_adamw_torch_values);
     RUN(test_optimizer_argument_checks);
+    RUN(test_linear_loss_checks_and_composition);
     RUN(test_scale_sum_argmax_correct);
     RUN(test_memory_and_backends);
     return check_done();

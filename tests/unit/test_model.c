@@ -259,6 +259,57 @@ static void test_grads_hooked_equals_forward_backward(void)
     mgpu_kernels_destroy(k);
 }
 
+/* A backend whose linear_loss leaves the bias gradient below (MGPU_K_BIAS_LEFT), as the CUDA
+ * kernel does: the CPU's composition without that bias, then the layer below's weight-gradient
+ * op computes it. The gradients come out the same bits as the plain path's (the same column
+ * sums of the same buffer). */
+static int left_bias_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
+{
+    mgpu_kernels_t cpu_k = {
+        .ops = &mgpu_kernels_cpu_ops, .impl = impl, .backend = MGPU_KBACKEND_CPU, .device = -1};
+    mgpu_k_head_t g = *h;
+    g.dbias_in = NULL;
+    int rc = mgpu_k_linear_loss(&cpu_k, &g, err);
+    return rc < 0 ? rc : h->dbias_in != NULL ? MGPU_K_BIAS_LEFT : 0;
+}
+
+static void test_grads_when_linear_loss_leaves_the_bias(void)
+{
+    mgpu_kernels_t *k = cpu(), *kl = cpu();
+    mgpu_kernels_ops_t ops = mgpu_kernels_cpu_ops;
+    ops.linear_loss = left_bias_loss;
+    kl->ops = &ops;
+    mgpu_dataset_t ds;
+    MUST(mgpu_data_random(&ds, 12, 6, 4, 17, NULL));
+    for (int nh = 0; nh <= 2; nh++)
+        for (int loss = 0; loss < 2; loss++) {
+            mgpu_model_spec_t s = {.inputs = 6,
+                                   .outputs = 4,
+                                   .n_hidden = nh,
+                                   .hidden = {7, 5},
+                                   .activation = MGPU_ACT_RELU,
+                                   .loss = loss};
+            mgpu_model_t *a = NULL, *b = NULL;
+            hook_log_t ha = {.n = 0};
+            MUST(mgpu_model_create(k, &s, 12, &a, NULL));
+            MUST(mgpu_model_create(kl, &s, 12, &b, NULL));
+            MUST(mgpu_model_init(a, 4, NULL));
+            MUST(mgpu_model_init(b, 4, NULL));
+            /* poison: a bias gradient nobody writes stays NaN */
+            for (size_t i = 0; i < b->n_params; i++)
+                b->grads[i] = NAN;
+            MUST(mgpu_model_compute_grads(a, ds.x, ds.labels, ds.targets, 12, NULL));
+            MUST(mgpu_model_grads_hooked(b, ds.x, ds.labels, ds.targets, 12, log_hook, &ha, NULL));
+            CHECK(memcmp(a->grads, b->grads, sizeof(float) * a->n_params) == 0);
+            CHECK_INT(ha.n, nh + 1);
+            mgpu_model_destroy(a);
+            mgpu_model_destroy(b);
+        }
+    mgpu_data_free(&ds);
+    mgpu_kernels_destroy(k);
+    mgpu_kernels_destroy(kl);
+}
+
 /* One epoch of training over a sampler's batches (world 1), with eval accuracy after. */
 typedef struct trainer {
     mgpu_kernels_t *k;
@@ -489,6 +540,7 @@ int main(void)
     RUN(test_linear_mse_closed_form);
     RUN(test_mlp_gradients_finite_differences);
     RUN(test_grads_hooked_equals_forward_backward);
+    RUN(test_grads_when_linear_loss_leaves_the_bias);
     RUN(test_mlp_trains_to_95_percent);
     RUN(test_ddp_equals_big_batch);
     RUN(test_optim_state_and_errors);
