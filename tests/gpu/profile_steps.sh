@@ -65,8 +65,8 @@ ncu_case() { # NAME SKIP COUNT CFG [key=value ...]
 
 # The first eager step tunes each GEMM (thousands of launches inside CUDA graphs): skip
 # past it into the replayed steps. 40 epochs are 1600 steps of about 14 kernels, so the skip
-# lands in the replays however many kernels a step has (with 8 epochs and a step of fewer
-# kernels, it once skipped past the end: "No kernels were profiled").
+# lands in the replays however many kernels a step has (8 epochs of a build that tuned
+# nothing once gave "No kernels were profiled" at a skip of 3000).
 ncu_case mlp_fp32 6000 28 bench_mlp.cfg epochs=40
 ncu_case mlp_tf32 6000 28 bench_mlp.cfg epochs=40 precision=tf32
 ncu_case large_bf16 0 600 bench_large_bf16.cfg epochs=3
