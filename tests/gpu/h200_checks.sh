@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/h200_checks.sh [OUTDIR] - what mgpu checks on a machine with one NVIDIA GPU (the
-# H200 of the device tool), after `make` here and carrying build/ there:
+# H200 of the device tool), after `make` here and carrying build/bin, build/lib and
+# build/tests there:
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/multi_gpu_checks.sh [OUTDIR] - issue 6's runs on a machine with several GPUs (the
-# device tool's nvidia-h200-x4 or -x8), after `make` here and carrying build/ there. Written
-# before such a machine was lent: NOT YET RUN on one. Each part's output lands in
+# device tool's nvidia-h200-x4 or -x8), after `make` here and carrying build/bin, build/lib
+# and build/tests there. Written before such a machine was lent: NOT YET RUN on one. Each part's output lands in
 # OUTDIR/<part>.txt (default multi-out); a summary of figures is printed last.
 #
 #   1. the article's four scenarios on the real GPUs (scripts/scenario1-4.sh use them when
