@@ -15,6 +15,7 @@
 #endif
 
 #include <math.h>   /* fabs, sqrt, NAN, isnan */
+#include <stdarg.h> /* va_list: close_to_dev's message */
 #include <stdint.h> /* int32_t */
 #include <stdlib.h> /* aligned_alloc, free */
 
@@ -166,6 +167,22 @@ static int close_to(const char *what, const float *got, const float *want, size_
         check_failed++;
     }
     return bad == 0;
+}
+
+/* close_to on n floats of the GPU buffer d, named by a printf format. */
+static int __attribute__((format(printf, 7, 8)))
+close_to_dev(env_t *e, const float *d, const float *want, size_t n, double atol, double rtol,
+             const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    float *got = down(e, d, n);
+    int ok = close_to(what, got, want, n, atol, rtol);
+    free(got);
+    return ok;
 }
 
 /* --- memory ---------------------------------------------------------------------------------- */
@@ -842,12 +859,9 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
                                 NULL, &e->err));
     OK(e, mgpu_k_linear_forward(e->cpu, MGPU_ACT_IDENTITY, rows, out, in, y0, w, bias, cz1, cz1,
                                 NULL, &e->err));
-    float *got = down(e, dz1, (size_t)rows * out);
     double tol1 = elem_tol[prec] * (sqrt((double)in) + 1.0) * 4.0;
-    snprintf(what, sizeof what, "linear_forward identity %s %dx%dx%d", mgpu_precision_name(prec),
-             rows, out, in);
-    close_to(what, got, cz1, (size_t)rows * out, tol1, 1e-4);
-    free(got);
+    close_to_dev(e, dz1, cz1, (size_t)rows * out, tol1, 1e-4, "linear_forward identity %s %dx%dx%d",
+                 mgpu_precision_name(prec), rows, out, in);
     (void)dy1;
     (void)cy1;
 
@@ -857,17 +871,11 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
     OK(e, mgpu_k_linear_backward_weight(e->gpu, rows, out, in, ddz, dy0, ddw, ddb, &e->err));
     OK(e, mgpu_k_linear_backward_weight(e->cpu, rows, out, in, dz, y0, cdw, cdb, &e->err));
     double tolw = elem_tol[prec] * (sqrt((double)rows) + 1.0) * 4.0;
-    got = down(e, ddw, (size_t)out * in);
-    snprintf(what, sizeof what, "linear_backward_weight dW %s %dx%dx%d", mgpu_precision_name(prec),
-             rows, out, in);
-    close_to(what, got, cdw, (size_t)out * in, tolw, 1e-4);
-    free(got);
-    got = down(e, ddb, (size_t)out);
-    snprintf(what, sizeof what, "linear_backward_weight db %s %dx%dx%d", mgpu_precision_name(prec),
-             rows, out, in);
+    close_to_dev(e, ddw, cdw, (size_t)out * in, tolw, 1e-4, "linear_backward_weight dW %s %dx%dx%d",
+                 mgpu_precision_name(prec), rows, out, in);
     /* cuBLASLt's BGRADB sums the GEMM's operand, which bf16 mode has rounded to bf16. */
-    close_to(what, got, cdb, (size_t)out, 2.0 * elem_tol[prec] * sqrt((double)rows) + 1e-5, 1e-4);
-    free(got);
+    close_to_dev(e, ddb, cdb, (size_t)out, 2.0 * elem_tol[prec] * sqrt((double)rows) + 1e-5, 1e-4,
+                 "linear_backward_weight db %s %dx%dx%d", mgpu_precision_name(prec), rows, out, in);
 
     float *cdx = hbuf((size_t)rows * in), *cdb0 = hbuf((size_t)in);
     OK(e, mgpu_k_linear_backward_data(e->gpu, MGPU_ACT_RELU, rows, out, in, ddz, dw, dz0, dy0, aux0,
@@ -875,16 +883,10 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
     OK(e, mgpu_k_linear_backward_data(e->cpu, MGPU_ACT_RELU, rows, out, in, dz, w, y0, y0, NULL,
                                       cdx, cdb0, &e->err));
     double tolx = elem_tol[prec] * (sqrt((double)out) + 1.0) * 4.0;
-    got = down(e, ddx, (size_t)rows * in);
-    snprintf(what, sizeof what, "linear_backward_data dx %s %dx%dx%d", mgpu_precision_name(prec),
-             rows, out, in);
-    close_to(what, got, cdx, (size_t)rows * in, tolx, 1e-4);
-    free(got);
-    got = down(e, ddb0, (size_t)in);
-    snprintf(what, sizeof what, "linear_backward_data db %s %dx%dx%d", mgpu_precision_name(prec),
-             rows, out, in);
-    close_to(what, got, cdb0, (size_t)in, tolx * sqrt((double)rows), 1e-3);
-    free(got);
+    close_to_dev(e, ddx, cdx, (size_t)rows * in, tolx, 1e-4, "linear_backward_data dx %s %dx%dx%d",
+                 mgpu_precision_name(prec), rows, out, in);
+    close_to_dev(e, ddb0, cdb0, (size_t)in, tolx * sqrt((double)rows), 1e-3,
+                 "linear_backward_data db %s %dx%dx%d", mgpu_precision_name(prec), rows, out, in);
 
     free(x0), free(w0), free(b0), free(w), free(bias), free(dz), free(y0), free(cz0), free(cy0);
     free(cz1), free(cy1), free(cdw), free(cdb), free(cdx), free(cdb0);
@@ -963,28 +965,16 @@ static void linear_loss_case(env_t *e, mgpu_precision_t prec, mgpu_loss_t loss, 
     snprintf(what, sizeof what, "linear_loss %s %s act_in %s %dx%d->%d%s%s", mgpu_loss_name_k(loss),
              mgpu_precision_name(prec), mgpu_act_name(act), rows, in, out,
              with_bias ? "" : " no bias", with_dx ? (with_dx > 1 ? " dx db" : " dx") : "");
-    char part[240];
-    float *got = down(e, g.y, ny);
-    snprintf(part, sizeof part, "%s: y", what);
-    close_to(part, got, c.y, ny, et * (sqrt((double)in) + 1.0) * 4.0, 1e-4);
-    free(got);
-    got = down(e, g.loss_out, 1);
-    snprintf(part, sizeof part, "%s: loss", what);
-    close_to(part, got, c.loss_out, 1, et * (sqrt((double)in) + 1.0) * 4.0, 1e-4);
-    free(got);
-    got = down(e, g.dy, ny);
-    snprintf(part, sizeof part, "%s: dy", what);
-    close_to(part, got, c.dy, ny, et * (sqrt((double)in) + 1.0) * 4.0 / rows, 1e-3);
-    free(got);
-    if (with_dx) {
-        double tx = et * (sqrt((double)in) + sqrt((double)out) + 1.0) * 8.0 / rows;
-        got = down(e, g.dx, nx);
-        snprintf(part, sizeof part, "%s: dx", what);
-        close_to(part, got, c.dx, nx, tx, 1e-3);
-        free(got);
-    }
+    const double ty = et * (sqrt((double)in) + 1.0) * 4.0;
+    close_to_dev(e, g.y, c.y, ny, ty, 1e-4, "%s: y", what);
+    close_to_dev(e, g.loss_out, c.loss_out, 1, ty, 1e-4, "%s: loss", what);
+    close_to_dev(e, g.dy, c.dy, ny, ty / rows, 1e-3, "%s: dy", what);
+    if (with_dx)
+        close_to_dev(e, g.dx, c.dx, nx,
+                     et * (sqrt((double)in) + sqrt((double)out) + 1.0) * 8.0 / rows, 1e-3, "%s: dx",
+                     what);
     if (with_dx > 1) {
-        got = down(e, g.dbias_in, (size_t)in);
+        float *got = down(e, g.dbias_in, (size_t)in);
         if (grc == MGPU_K_BIAS_LEFT) {
             size_t written = 0;
             for (int i = 0; i < in; i++)
@@ -997,6 +987,7 @@ static void linear_loss_case(env_t *e, mgpu_precision_t prec, mgpu_loss_t loss, 
         } else {
             double tb =
                 et * (sqrt((double)in) + sqrt((double)out) + 1.0) * 8.0 / sqrt((double)rows);
+            char part[240];
             snprintf(part, sizeof part, "%s: dbias_in", what);
             close_to(part, got, c.dbias_in, (size_t)in, tb, 1e-3);
         }
