@@ -245,9 +245,9 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
 /* The backward from the output layer down, d holding dz of the output layer. With
  * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
  * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
- * them; top_done == 2: the layer below's bias gradient is still to be computed, by its
- * weight-gradient op. */
-static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done,
+ * them. With bias_left too, mgpu_k_linear_loss left the layer below's bias gradient to that
+ * layer's weight-gradient op. */
+static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done, int bias_left,
                            mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
     int batch = m->last_batch, rc, deferred = -1;
@@ -272,7 +272,7 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
         /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
          * (here only for the output layer, see above, and for the layer below it when
          * mgpu_k_linear_loss left that). */
-        int bias_here = top || (top_done == 2 && l == m->n_layers - 2);
+        int bias_here = top || (bias_left && l == m->n_layers - 2);
         rc =
             mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in, m->grads + ly->w_off,
                                           bias_here ? m->grads + ly->b_off : NULL, err);
@@ -284,7 +284,7 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
         }
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
-        if (rc == 0 && l > 0 && !(top_done && l == m->n_layers - 1)) {
+        if (rc == 0 && l > 0) {
             const mgpu_layer_t *lb = &m->layers[l - 1];
             rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
                                              m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
@@ -314,7 +314,7 @@ int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *l
 {
     /* d = dLoss/dlogits (the output layer has no activation). */
     int rc = loss_forward(m, labels, targets, m->dy_a, err);
-    return rc < 0 ? rc : backward_layers(m, x, m->dy_a, 0, hook, hook_ctx, err);
+    return rc < 0 ? rc : backward_layers(m, x, m->dy_a, 0, 0, hook, hook_ctx, err);
 }
 
 int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,
@@ -355,7 +355,7 @@ int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labe
         return rc;
     m->last_batch = batch;
     /* MGPU_K_BIAS_LEFT: the layer below's weight-gradient op writes its bias gradient. */
-    return backward_layers(m, x, m->dy_top, rc == MGPU_K_BIAS_LEFT ? 2 : 1, hook, hook_ctx, err);
+    return backward_layers(m, x, m->dy_top, 1, rc == MGPU_K_BIAS_LEFT, hook, hook_ctx, err);
 }
 
 int mgpu_model_compute_grads(mgpu_model_t *m, const float *x, const int32_t *labels,
