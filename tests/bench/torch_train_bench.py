@@ -167,16 +167,22 @@ def cmd_peak():
         del a, b
 
 
-def cmd_first_step(case):
+def ddp_setup(case):
+    """What a torchrun script does first: its GPU from LOCAL_RANK, an NCCL process group, the
+    case's model wrapped in DDP. Returns (dist, ddp model, inputs, targets, loss function)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     model, _, xs, ys = build(case)
-    ddp = DDP(model, device_ids=[local])
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss() if CASES[case][5] == "xent" else nn.MSELoss()
+    return dist, DDP(model, device_ids=[local]), xs, ys, loss_fn
+
+
+def cmd_first_step(case):
+    dist, ddp, xs, ys, loss_fn = ddp_setup(case)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     l = loss_fn(ddp(xs[0]), ys[0])
     l.backward()
     opt.step()
@@ -191,16 +197,9 @@ def cmd_ddp_steps(case):
     """Under torchrun: DDP over NCCL at the launcher's world size, each rank with the case's
     batch (weak scaling, as mgpu-launch + mgpu-worker run it); rank 0 prints the step time
     over the timed steps (CUDA events) and the host time of the end of the first step."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    model, _, xs, ys = build(case)
-    ddp = DDP(model, device_ids=[local])
+    dist, ddp, xs, ys, loss_fn = ddp_setup(case)
     feat, hidden, out, batch, samples, loss, prec, steps, warmup = CASES[case]
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01 if feat < 8192 else 1e-4)
-    loss_fn = nn.CrossEntropyLoss() if loss == "xent" else nn.MSELoss()
     amp = torch.bfloat16 if prec == "bf16" else None
     nb = len(xs)
 
