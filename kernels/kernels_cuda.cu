@@ -229,22 +229,24 @@ struct cuda_impl {
     size_t mir_n;
     __nv_bfloat16 *mir;
     bool mir_valid, shadow_off; /* MGPU_BF16_SHADOW=0: convert every operand every time */
-    /* A small weight-gradient GEMM runs on a side stream, forked from `stream` (ev_fork) so
-     * that it overlaps the input-gradient GEMM of the same layer, and the next layer's when
-     * the model defers the join (the fused output layer); cuda_join waits for ev_side of
-     * each pending one. Two of them, taken in turn, each with a cuBLASLt workspace. */
-    cudaStream_t side[2];
-    void *side_ws[2];
-    cudaEvent_t ev_side[2];
-    int side_next; /* the one the next weight gradient takes */
-    bool side_pending[2];
+    /* A small weight-gradient product runs on a side stream, forked from `stream` (ev_fork)
+     * so that it overlaps the input-gradient product of the same layer, and the next layer's
+     * when the model defers the join (the fused output layer); cuda_join waits for the `done`
+     * event of each pending one. Two of them, taken in turn, each with its own cuBLASLt
+     * workspace and narrow_dw_kernel's partial sums and counters. */
+    struct side_stream {
+        cudaStream_t s;
+        void *ws;
+        cudaEvent_t done;
+        bool pending;
+        float *nw_part;
+        unsigned *nw_count;
+    } side[2];
+    int side_next;                     /* the one the next weight gradient takes */
     cudaEvent_t ev_fork, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
     struct AdamState *adam;            /* AdamW's step, in device memory */
     bool tune_off;                     /* MGPU_LT_TUNE=0: the heuristic's first */
     bool head_off;                     /* MGPU_CUDA_HEAD=0: linear_loss is composed */
-    /* narrow_dw_kernel's partial sums and counters, one pair per side stream */
-    float *nw_part[2];
-    unsigned *nw_count[2];
 };
 
 /* Something wrote [p, p + bytes): copies of it are stale. */
@@ -1417,19 +1419,19 @@ void cuda_impl_destroy(void *impl)
      * so that nothing in flight reads freed memory. */
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
-    for (int i = 0; i < 2; i++) {
-        if (c->side[i] != NULL) {
-            (void)cudaStreamSynchronize(c->side[i]);
-            (void)cudaStreamDestroy(c->side[i]);
+    for (cuda_impl::side_stream &sd : c->side) {
+        if (sd.s != NULL) {
+            (void)cudaStreamSynchronize(sd.s);
+            (void)cudaStreamDestroy(sd.s);
         }
-        (void)cudaFree(c->side_ws[i]);
+        if (sd.done != NULL)
+            (void)cudaEventDestroy(sd.done);
+        (void)cudaFree(sd.ws);
+        (void)cudaFree(sd.nw_part);
+        (void)cudaFree(sd.nw_count);
     }
     (void)cudaFree(c->adam);
-    for (int i = 0; i < 2; i++) {
-        (void)cudaFree(c->nw_part[i]);
-        (void)cudaFree(c->nw_count[i]);
-    }
-    cudaEvent_t evs[] = {c->ev_fork, c->ev_side[0], c->ev_side[1], c->ev_t0, c->ev_t1};
+    cudaEvent_t evs[] = {c->ev_fork, c->ev_t0, c->ev_t1};
     for (cudaEvent_t ev : evs)
         if (ev != NULL)
             (void)cudaEventDestroy(ev);
@@ -1477,10 +1479,13 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     /* The last word is block_result's counter. */
     CUDA_CHECK(err, cudaMemset(c->scratch, 0, kScratchFloats * sizeof(float)));
     CUBLAS_CHECK(err, B.p_cublasLtCreate(&c->lt));
-    for (int i = 0; i < 2; i++) {
-        CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
-        CUDA_CHECK(err, cudaMalloc(&c->side_ws[i], kBlasWorkspace));
-        CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_side[i], cudaEventDisableTiming));
+    for (cuda_impl::side_stream &sd : c->side) {
+        CUDA_CHECK(err, cudaStreamCreateWithFlags(&sd.s, cudaStreamNonBlocking));
+        CUDA_CHECK(err, cudaMalloc(&sd.ws, kBlasWorkspace));
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming));
+        CUDA_CHECK(err, cudaMalloc((void **)&sd.nw_part, kNarrowPartFloats * sizeof(float)));
+        CUDA_CHECK(err, cudaMalloc((void **)&sd.nw_count, kNarrowCounters * sizeof(unsigned)));
+        CUDA_CHECK(err, cudaMemset(sd.nw_count, 0, kNarrowCounters * sizeof(unsigned)));
     }
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
     CUDA_CHECK(err, cudaMalloc((void **)&c->adam, sizeof(AdamState)));
@@ -1499,11 +1504,6 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     c->tune_off = e != NULL && e[0] == '0';
     e = getenv("MGPU_CUDA_HEAD");
     c->head_off = e != NULL && e[0] == '0';
-    for (int i = 0; i < 2; i++) {
-        CUDA_CHECK(err, cudaMalloc((void **)&c->nw_part[i], kNarrowPartFloats * sizeof(float)));
-        CUDA_CHECK(err, cudaMalloc((void **)&c->nw_count[i], kNarrowCounters * sizeof(unsigned)));
-        CUDA_CHECK(err, cudaMemset(c->nw_count[i], 0, kNarrowCounters * sizeof(unsigned)));
-    }
     c->prec = MGPU_PREC_FP32;
     return 0;
 }
@@ -1623,8 +1623,8 @@ int cuda_sync(void *impl, mgpu_err_t *err)
     /* Also where a fault of an earlier kernel (an illegal address) surfaces. */
     cuda_impl *c = (cuda_impl *)impl;
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side[0]));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side[1]));
+    for (const cuda_impl::side_stream &sd : c->side)
+        CUDA_CHECK(err, cudaStreamSynchronize(sd.s));
     return 0;
 }
 
@@ -2252,8 +2252,8 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
         return 0;
     /* The operands are ready on whichever stream made them: wait for both. */
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side[0]));
-    CUDA_CHECK(err, cudaStreamSynchronize(c->side[1]));
+    for (const cuda_impl::side_stream &sd : c->side)
+        CUDA_CHECK(err, cudaStreamSynchronize(sd.s));
     const double flops = 2.0 * p->m * p->n * p->k;
     const bool graph = flops < 1e10;
     const int reps = graph ? 20 : flops > 1e11 ? 1 : 3;
@@ -2509,16 +2509,23 @@ int launch_narrow_dw(cuda_impl *c, int i, int rows, int out, int in, const float
         splits = 1;
     if (groups > kNarrowCounters)
         return MGPU_K_DECLINED;
-    NarrowArgs a{
-        rows,          out,           in, (int)((rows + splits - 1) / splits), dz, x, dw, dbias,
-        c->nw_part[i], c->nw_count[i]};
+    NarrowArgs a{rows,
+                 out,
+                 in,
+                 (int)((rows + splits - 1) / splits),
+                 dz,
+                 x,
+                 dw,
+                 dbias,
+                 c->side[i].nw_part,
+                 c->side[i].nw_count};
     dim3 grid((unsigned)groups, (unsigned)splits);
     if (nj == 4)
-        narrow_dw_kernel<4><<<grid, kThreads, 0, c->side[i]>>>(a);
+        narrow_dw_kernel<4><<<grid, kThreads, 0, c->side[i].s>>>(a);
     else if (nj == 16)
-        narrow_dw_kernel<16><<<grid, kThreads, 0, c->side[i]>>>(a);
+        narrow_dw_kernel<16><<<grid, kThreads, 0, c->side[i].s>>>(a);
     else
-        narrow_dw_kernel<32><<<grid, kThreads, 0, c->side[i]>>>(a);
+        narrow_dw_kernel<32><<<grid, kThreads, 0, c->side[i].s>>>(a);
     CUDA_CHECK_LAUNCH(err, "narrow_dw_kernel (%d x %d -> %d, %ld x %ld blocks)", rows, in, out,
                       groups, splits);
     invalidate(c, dw, sizeof(float) * (size_t)out * in);
@@ -2545,14 +2552,14 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     const int i = c->side_next;
     c->side_next ^= 1;
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
-    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i], c->ev_fork, 0));
-    int rc = narrow
-                 ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-                 : lt_matmul(c, c->side[i], c->side_ws[i], CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
-                             x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
+    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_fork, 0));
+    int rc =
+        narrow ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+               : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
+                           x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* Joined even when declined: a side stream that joined a capture must leave it. */
-    CUDA_CHECK(err, cudaEventRecord(c->ev_side[i], c->side[i]));
-    c->side_pending[i] = true;
+    CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
+    c->side[i].pending = true;
     return rc;
 }
 
@@ -2630,10 +2637,10 @@ int cuda_written(void *impl, const void *p, size_t bytes, mgpu_err_t *err)
 int cuda_join(void *impl, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
-    for (int i = 0; i < 2; i++)
-        if (c->side_pending[i]) {
-            CUDA_CHECK(err, cudaStreamWaitEvent(c->stream, c->ev_side[i], 0));
-            c->side_pending[i] = false;
+    for (cuda_impl::side_stream &sd : c->side)
+        if (sd.pending) {
+            CUDA_CHECK(err, cudaStreamWaitEvent(c->stream, sd.done, 0));
+            sd.pending = false;
         }
     c->side_next = 0;
     return 0;
