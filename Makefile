@@ -122,6 +122,20 @@ ifeq ($(CUDA),1)
 HELPER_LIBS_kernels_bench = -lcublas -lcublasLt
 endif
 
+# tests/gpu/kernel_trace.c: a CUPTI injection library for tests/gpu/trace_steps.sh, built when
+# CUPTI is found; libcupti travels next to it, as cJSON does (GPU hosts may lack CUPTI).
+CUPTI_SO := $(if $(filter 1,$(CUDA)),$(firstword $(wildcard $(CUDA_HOME)/extras/CUPTI/lib64/libcupti.so.[0-9]* $(CUDA_HOME)/lib/libcupti.so.[0-9]* $(CUDA_HOME)/lib64/libcupti.so.[0-9]*)))
+CUPTI_INC := $(firstword $(wildcard $(CUDA_HOME)/extras/CUPTI/include/cupti.h $(CUDA_HOME)/include/cupti.h))
+ifneq ($(and $(CUPTI_SO),$(CUPTI_INC)),)
+TRACE_LIB := $(BUILD)/lib/libmgpu_trace.so
+all: $(TRACE_LIB)
+$(BUILD)/lib/$(notdir $(CUPTI_SO)): $(CUPTI_SO)
+	@mkdir -p $(@D)
+	cp -L $< $@
+$(TRACE_LIB): tests/gpu/kernel_trace.c $(BUILD)/lib/$(notdir $(CUPTI_SO))
+	$(CC) $(ALL_CFLAGS) -fPIC -shared -I$(dir $(CUPTI_INC)) -o $@ $< $(BUILD)/lib/$(notdir $(CUPTI_SO)) -Wl,-rpath,'$$ORIGIN'
+endif
+
 test: all
 	@MGPU_BUILD=$(abspath $(BUILD)) bash tests/run.sh
 

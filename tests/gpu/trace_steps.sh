@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# tests/gpu/trace_steps.sh - a training step's timeline as the GPU ran it: every kernel of
+# mgpu-worker's replayed steps with its start and end relative to the step's first kernel,
+# its stream and its duration, medians over the last 50 steps (build/lib/libmgpu_trace.so, a
+# CUPTI injection library; `make` builds it where CUPTI is found). Unlike Nsight Compute
+# (tests/gpu/profile_steps.sh), kernels run as they do in training: side streams overlap, and
+# the gaps between dependent kernels show.
+#
+#   tests/gpu/trace_steps.sh OUTDIR [CASE ...]   (MGPU_BUILD: build dir; PYTHON: python3)
+#
+# CASE: mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32 (default: the first three).
+# Writes OUTDIR/<case>.csv (start_ns,end_ns,stream,kind,name) and prints each timeline.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+BUILD=${MGPU_BUILD:-$root/build}
+OUT=${1:?usage: trace_steps.sh OUTDIR [CASE ...]}
+shift
+PY=${PYTHON:-python3}
+LIB=$BUILD/lib/libmgpu_trace.so
+[ -f "$LIB" ] || { echo "trace_steps: $LIB not built (CUPTI not found by make)" >&2; exit 2; }
+mkdir -p "$OUT"
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(mlp_fp32 mlp_tf32 linear)
+
+timeline() { # CSV
+    "$PY" - "$1" <<'EOF'
+import csv, sys, statistics as st
+rows = []
+for r in csv.DictReader(open(sys.argv[1])):
+    rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["kind"], r["name"]))
+rows.sort()
+# A step starts with its gather (gpustep.cu's gather_kernel).
+starts = [i for i, r in enumerate(rows) if "gather_kernel" in r[4]]
+if len(starts) < 3:
+    print("  fewer than 3 steps traced"); sys.exit(0)
+steps = [rows[a:b] for a, b in zip(starts, starts[1:])]
+n = len(steps[-1])
+same = [s for s in steps[-51:] if len(s) == n and
+        [x[4] for x in s] == [x[4] for x in steps[-1]]]
+period = [b[0][0] - a[0][0] for a, b in zip(steps[-51:], steps[-50:])]
+print("  %d steps traced; the last %d alike (%d kernels each); step period median %.2f us "
+      "(min %.2f, max %.2f)" % (len(steps), len(same), n, st.median(period) / 1e3,
+                                min(period) / 1e3, max(period) / 1e3))
+streams = {}
+for x in steps[-1]:
+    streams.setdefault(x[2], len(streams))
+print("  %8s %8s %8s  %s  %s" % ("start", "end", "us", "stream", "name"))
+for i in range(n):
+    s0 = st.median(s[i][0] - s[0][0] for s in same)
+    e0 = st.median(s[i][1] - s[0][0] for s in same)
+    d = st.median(s[i][1] - s[i][0] for s in same)
+    x = steps[-1][i]
+    print("  %8.2f %8.2f %8.2f  s%-5d %s" % (s0 / 1e3, e0 / 1e3, d / 1e3, streams[x[2]], x[4][:100]))
+EOF
+}
+
+run_case() { # NAME CFG [key=value ...]
+    local name=$1 cfg=$2
+    shift 2
+    echo "== $name"
+    CUDA_INJECTION64_PATH=$LIB MGPU_TRACE_OUT="$OUT/$name.csv" \
+        "$BUILD/bin/mgpu-worker" "$root/configs/$cfg" "$@" >"$OUT/$name.log" 2>&1
+    echo "  rc=$?"
+    timeline "$OUT/$name.csv"
+}
+
+for c in "${cases[@]}"; do
+    case $c in
+    mlp_fp32) run_case mlp_fp32 bench_mlp.cfg epochs=8 ;;
+    mlp_tf32) run_case mlp_tf32 bench_mlp.cfg epochs=8 precision=tf32 ;;
+    linear) run_case linear bench_linear.cfg epochs=100 ;;
+    large_bf16) run_case large_bf16 bench_large_bf16.cfg epochs=6 ;;
+    large_tf32) run_case large_tf32 bench_large_tf32.cfg epochs=6 ;;
+    *) echo "trace_steps: unknown case '$c' (expected mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32)" >&2; exit 2 ;;
+    esac
+done
