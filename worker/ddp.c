@@ -472,13 +472,15 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
 #ifdef MGPU_HAVE_CUDA
     res->graphed = s.g != NULL && mgpu_gpustep_graphed(s.g);
+    res->in_place = s.g != NULL && mgpu_gpustep_in_place(s.g);
 #endif
     if (rank == 0 && res->timed_steps > 0) {
-        fprintf(s.out, "step time: %.2f us per step over %lld steps (%s, %s)\n", res->step_us,
+        fprintf(s.out, "step time: %.2f us per step over %lld steps (%s, %s%s)\n", res->step_us,
                 res->timed_steps, s.g != NULL ? "cuda events" : "host clock after a sync",
                 s.g == NULL    ? "cpu"
                 : res->graphed ? "cuda graph replay"
-                               : "eager cuda");
+                               : "eager cuda",
+                res->in_place ? ", the data set read in place" : "");
         fflush(s.out);
     }
     /* The final evaluation, unless the last epoch's already saw these parameters; a run
@@ -507,6 +509,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         if (first_step_unix > 0)
             cJSON_AddNumberToObject(o, "first_step_unix_s", first_step_unix);
         cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
+        cJSON_AddBoolToObject(o, "data_in_place", res->in_place);
         cJSON_AddStringToObject(o, "backend", k->ops->name);
         metrics_line(&s, o);
     }

@@ -62,6 +62,7 @@ typedef struct mgpu_ddp_result {
     double step_us;         /* timing_warmup > 0: mean step time after the warm-up (else 0) */
     long long timed_steps;  /* steps behind step_us */
     int graphed;            /* 1: a GPU replayed the steps from a CUDA graph */
+    int in_place; /* 1: its last step read the data set in place (mgpu_gpustep_in_place) */
     size_t n_params;
     float *params; /* the final parameters (host copy, malloc'd; the caller frees) */
 } mgpu_ddp_result_t;

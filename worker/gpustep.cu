@@ -13,7 +13,10 @@
  * - In a capture the same event record/wait pairs become the graph's edges (the all-reduce
  *   stream joins the capture through the first wait and leaves it through the last).
  * - The index ring's slot is rewritten only after an event recorded behind the steps of the
- *   epoch that last used it has completed (mgpu_gpustep_epoch). */
+ *   epoch that last used it has completed (mgpu_gpustep_epoch).
+ * - A step over the whole data set in its own order (full-batch training without shuffling)
+ *   reads the data set in place: no gather, and the model is told that its input does not
+ *   change between steps (m->x_kept), so bf16 mode keeps the input's bf16 copy as well. */
 #include "gpustep.h"
 
 #include "cuda_check.h"   /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
@@ -109,6 +112,7 @@ struct mgpu_gpustep {
     cudaEvent_t slot_free[kRing];
     int *cursor;
     unsigned *done; /* gather's count of finished blocks (0 between steps) */
+    bool whole;     /* this epoch's rows are the data set's, in order */
     /* Buckets: the event after the layer that completes each, the all-reduces' end. */
     cudaEvent_t *bucket_ev;
     cudaEvent_t comm_done;
@@ -118,6 +122,8 @@ struct mgpu_gpustep {
     long long eager_steps;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
+    bool exec_in_place; /* the graph reads the data set in place (no gather) */
+    bool last_in_place; /* so did the last step */
     cudaEvent_t t0, t1;
 };
 
@@ -251,12 +257,15 @@ extern "C" int mgpu_gpustep_epoch(mgpu_gpustep_t *g, const size_t *idx, size_t n
     if (g->epochs > 0)
         CUDA_CHECK(err, cudaEventRecord(g->slot_free[(g->epochs - 1) % kRing], g->s));
     CUDA_CHECK(err, cudaEventSynchronize(g->slot_free[slot]));
+    bool whole = n == g->n;
     for (size_t i = 0; i < n; i++) {
         if (idx[i] >= g->n)
             return mgpu_err_set(err, MGPU_E_RANGE, "gpustep: index %zu is row %zu of %zu", i,
                                 idx[i], g->n);
         h[i] = (int32_t)idx[i];
+        whole = whole && idx[i] == i;
     }
+    g->whole = whole;
     CUDA_CHECK(err, cudaMemcpyAsync(g->ring + (size_t)slot * g->slot_len, h, sizeof(int32_t) * n,
                                     cudaMemcpyHostToDevice, g->s));
     cursor_set_kernel<<<1, 1, 0, g->s>>>(g->cursor, (int)((size_t)slot * g->slot_len));
@@ -282,13 +291,17 @@ static int on_layer(void *ctx, int layer, mgpu_err_t *err)
     return 0;
 }
 
-/* Queues one step on g->s (also while capturing). */
-static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
+/* A step of count rows reads the data set in place: this epoch is the whole data set in
+ * order and the step takes all of it. */
+static bool in_place(const mgpu_gpustep_t *g, int count)
+{
+    return g->whole && (size_t)count == g->n;
+}
+
+/* Queues the gather of the next count rows into the trainer's batch buffers. */
+static int gather(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
 {
     mgpu_trainer_t *t = g->t;
-    mgpu_model_t *m = t->model;
-    int rc;
-
     /* cudaMalloc'd rows start 16-byte aligned when F and T are multiples of 4. */
     const bool v4 = g->F % 4 == 0 && g->T % 4 == 0;
     const int wide = (g->F > g->T ? g->F : g->T) / (v4 ? 4 : 1);
@@ -306,9 +319,27 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
                                                           g->cursor, g->done, count, t->d_x, t->d_t,
                                                           t->d_l);
     CUDA_CHECK_LAUNCH(err, "gather_kernel(%d rows of %d + %d)", count, g->F, g->T);
+    return 0;
+}
+
+/* Queues one step on g->s (also while capturing). */
+static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
+{
+    mgpu_trainer_t *t = g->t;
+    mgpu_model_t *m = t->model;
+    int rc;
+    const float *x = t->d_x, *tg = t->d_t;
+    const int32_t *lab = t->d_l;
+
+    if (in_place(g, count)) {
+        /* The cursor stays: this step ends the epoch, and the next epoch sets it. */
+        x = g->x, tg = g->tg, lab = g->lab;
+        m->x_kept = g->x;
+    } else if ((rc = gather(g, count, err)) < 0)
+        return rc;
     g->next_bucket = 0;
     if ((rc = mgpu_model_grads_hooked(
-             m, t->d_x, g->lab != nullptr ? t->d_l : NULL, g->tg != nullptr ? t->d_t : NULL, count,
+             m, x, g->lab != nullptr ? lab : NULL, g->tg != nullptr ? tg : NULL, count,
              g->reduce != NULL && t->bucket_overlap ? on_layer : NULL, g, err)) < 0)
         return rc;
     /* bucket_overlap = false: every bucket after the whole backward, in the same order. */
@@ -356,6 +387,7 @@ static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
                             "run eagerly)",
                             cudaGetErrorString(ce), cudaGetErrorName(ce));
     g->graph = graph;
+    g->exec_in_place = in_place(g, count);
     /* queue_step counted the captured update (undone above); the launch performs it. */
     CUDA_CHECK(err, cudaGraphInstantiate(&g->exec, g->graph, 0));
     return 0;
@@ -368,9 +400,18 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
     if (count < 1 || count > (size_t)t->max_batch)
         return mgpu_err_set(err, -EINVAL, "gpustep: a step of %zu rows, expected 1..%d", count,
                             t->max_batch);
+    g->last_in_place = in_place(g, (int)count);
     /* One eager step first: it sizes the backend's GEMM workspaces (a capture cannot
      * allocate) and does the optimizer's first update, the one whose arguments differ. */
     if (g->use_graph && count == (size_t)t->max_batch && g->eager_steps > 0) {
+        if (g->exec != nullptr && g->exec_in_place != in_place(g, (int)count)) {
+            /* An epoch in another order than the captured step's (a sampler that shuffles
+             * some epochs only): capture again. */
+            CUDA_CHECK(err, cudaStreamSynchronize(g->s));
+            CUDA_CHECK(err, cudaGraphExecDestroy(g->exec));
+            CUDA_CHECK(err, cudaGraphDestroy(g->graph));
+            g->exec = nullptr, g->graph = nullptr;
+        }
         if (g->exec == nullptr && (rc = capture(g, (int)count, err)) < 0)
             return rc;
         CUDA_CHECK(err, cudaGraphLaunch(g->exec, g->s));
@@ -387,6 +428,11 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
 extern "C" int mgpu_gpustep_graphed(const mgpu_gpustep_t *g)
 {
     return g->exec != nullptr;
+}
+
+extern "C" int mgpu_gpustep_in_place(const mgpu_gpustep_t *g)
+{
+    return g->last_in_place;
 }
 
 extern "C" int mgpu_gpustep_timer_start(mgpu_gpustep_t *g, mgpu_err_t *err)

@@ -58,6 +58,11 @@ int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *err);
 /* 1 when steps are replayed from a graph (after the capture). */
 int mgpu_gpustep_graphed(const mgpu_gpustep_t *g);
 
+/* 1 when the last step read the data set in place: its epoch was every row in the data set's
+ * order (no shuffle) and the step took all of them (full-batch training), so nothing was
+ * gathered and the input stayed the same from step to step. */
+int mgpu_gpustep_in_place(const mgpu_gpustep_t *g);
+
 /* A CUDA event on the step stream (start), then another and the milliseconds between them
  * (stop, which waits for the device). */
 int mgpu_gpustep_timer_start(mgpu_gpustep_t *g, mgpu_err_t *err);

@@ -175,7 +175,8 @@ static int forward_layers(mgpu_model_t *m, const float *x, int batch, int n, mgp
         return mgpu_err_set(err, -EINVAL, "model: batch of %d rows, expected 1..%d", batch,
                             m->max_batch);
     /* The batch comes from outside the backend's ops (the step's gather, a copy). */
-    if ((rc = mgpu_k_written(m->k, x, sizeof(float) * (size_t)batch * m->spec.inputs, err)) < 0)
+    if (x != m->x_kept &&
+        (rc = mgpu_k_written(m->k, x, sizeof(float) * (size_t)batch * m->spec.inputs, err)) < 0)
         return rc;
     for (int l = 0; l < n; l++) {
         const mgpu_layer_t *ly = &m->layers[l];

@@ -54,6 +54,10 @@ typedef struct mgpu_model {
     float *dy_top;      /* dLoss/dlogits, max_batch * outputs (mgpu_model_grads_hooked) */
     float *scalars;     /* [0] loss, [1] correct count */
     int last_batch;     /* rows of the last forward */
+    /* An input its owner never writes after setting this (the GPU step's data set when a step
+     * reads it in place): forward does not call mgpu_k_written for it, so a backend may keep
+     * what it derived from it (bf16 mode's copy) from one step to the next. NULL: none. */
+    const float *x_kept;
 } mgpu_model_t;
 
 const char *mgpu_loss_name(mgpu_loss_t loss);

@@ -529,6 +529,49 @@ static void test_bf16_large_layers(void)
     bf16_copies_vs_conversions("bf16 large", &cfg, 1e-3);
 }
 
+/* Full-batch training without shuffling: each epoch is one step over the whole training
+ * split in its order, which the GPU step reads in place (no gather, and bf16 keeps the
+ * input's copy from step to step). fp32 against the CPU with graph replay, bf16's kept
+ * copies against conversions, and the same cfg shuffled, which gathers. */
+static void test_whole_data_set_in_place(void)
+{
+    need_gpu();
+    static const char *const text =
+        "dataset = synthetic\nsamples = 640\nfeatures = 32\nclasses = 10\neval_fraction = 0.2\n"
+        "model = mlp\nhidden = 64,64\nloss = cross_entropy\nbatch_size = 512\nepochs = 7\n"
+        "shuffle = false\nprecision = fp32\nlog_interval = 3\noptimizer = sgd\nlr = 0.05\n"
+        "momentum = 0.9\n";
+    mgpu_cfg_t cfg;
+    mgpu_err_t err = {0};
+    job_t cpu[1], gpu[1], shuffled[1];
+    cfg_text(&cfg, text);
+    run_world(&cfg, 1, 0, cpu);
+    run_world(&cfg, 1, 1, gpu);
+    if (cpu[0].rc || gpu[0].rc)
+        return;
+    CHECK_INT(gpu[0].res.steps, 7);
+    CHECK_INT(gpu[0].res.graphed, 1);
+    CHECK_INT(gpu[0].res.in_place, 1);
+    CHECK_INT(cpu[0].res.in_place, 0);
+    CHECK(compare("in place vs cpu", gpu[0].res.params, cpu[0].res.params, gpu[0].res.n_params,
+                  2e-4) <= 2e-4);
+    CHECK(fabs(gpu[0].res.loss - cpu[0].res.loss) <= 1e-3 * (1 + fabs(cpu[0].res.loss)));
+    free(cpu[0].res.params);
+    free(gpu[0].res.params);
+
+    mgpu_cfg_t sh = cfg;
+    CHECK_INT(mgpu_cfg_override(&sh, "shuffle=true", &err), 0);
+    run_world(&sh, 1, 1, shuffled);
+    if (shuffled[0].rc)
+        return;
+    CHECK_INT(shuffled[0].res.in_place, 0);
+    CHECK_INT(shuffled[0].res.graphed, 1);
+    free(shuffled[0].res.params);
+
+    CHECK_INT(mgpu_cfg_override(&cfg, "precision=bf16", &err), 0);
+    bf16_copies_vs_conversions("bf16 in place", &cfg, 1e-6);
+}
+
 int main(void)
 {
     RUN(test_bucket_schedule);
@@ -540,5 +583,6 @@ int main(void)
     RUN(test_two_ranks_buckets_match_cpu);
     RUN(test_bf16_mirror_matches_conversions);
     RUN(test_bf16_large_layers);
+    RUN(test_whole_data_set_in_place);
     return check_done();
 }
