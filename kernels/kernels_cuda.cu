@@ -42,12 +42,17 @@
  *   warp-per-row kernel (product, loss, gradient, input gradient), and its weight gradient
  *   another (narrow_dw_kernel) on a side stream. Small weight gradients run on two side
  *   streams taken in turn, so the output layer's and the next layer's overlap that layer's
- *   input gradient. A generic split-K product of our own for the other small layers was
- *   measured slower than cuBLAS's (tests/bench/GPU_TRAIN_RESULTS.md, session 3) and is not
- *   here. */
+ *   input gradient. The hidden layers' products of a launch-bound step are small_gemm.cu's
+ *   where that measured faster on the H200 (tests/bench/GPU_TRAIN_RESULTS.md, session 4): in
+ *   fp32 the forward and the input gradient (one kernel each, the epilogue inside, where
+ *   cuBLAS's fp32 kernels take a split-K reduction or an epilogue kernel more), in tf32 the
+ *   input gradient only (cuBLAS's tensor-core forward is faster). MGPU_SG_FP32 and
+ *   MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SMALL_GEMM=0 turns it
+ *   off. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
+#include "small_gemm.h" /* mgpu_sg: launch-bound fp32 products with their epilogues */
 
 #include <cublasLt.h>     /* cublasLtMatmul: the fused linear-layer ops' epilogues */
 #include <cublas_v2.h>    /* cublasGemmEx */
@@ -195,6 +200,8 @@ constexpr int kLtPlans = 64;              /* configurations cached; more are dec
 constexpr size_t kOwnDreluMin = 1u << 20; /* bf16: dx elements from which the input gradient's
                                              ReLU backward is this file's own pass */
 constexpr int kLtAux = 64; /* aux masks a fused forward wrote, that backward may read */
+constexpr size_t kSgPartFloats = 1u << 20; /* small_gemm.cu's bias partials */
+constexpr int kSgCounters = 4096;
 
 struct cuda_impl {
     int device;
@@ -247,6 +254,11 @@ struct cuda_impl {
     struct AdamState *adam;            /* AdamW's step, in device memory */
     bool tune_off;                     /* MGPU_LT_TUNE=0: the heuristic's first */
     bool head_off;                     /* MGPU_CUDA_HEAD=0: linear_loss is composed */
+    bool sg_off;                       /* MGPU_SMALL_GEMM=0: no small_gemm.cu products */
+    int sg_ops_fp32, sg_ops_tf32;      /* which (1 << mgpu_sg::Op) it runs, per precision */
+    float *sg_part;                    /* its input gradient's bias partials (kSgPartFloats) */
+    unsigned *sg_count;                /* and their counters (kSgCounters, zero between) */
+    long long sg_launches;             /* mgpu_kernels_cuda_small_gemms */
 };
 
 /* Something wrote [p, p + bytes): copies of it are stale. */
@@ -1431,6 +1443,8 @@ void cuda_impl_destroy(void *impl)
         (void)cudaFree(sd.nw_count);
     }
     (void)cudaFree(c->adam);
+    (void)cudaFree(c->sg_part);
+    (void)cudaFree(c->sg_count);
     cudaEvent_t evs[] = {c->ev_fork, c->ev_t0, c->ev_t1};
     for (cudaEvent_t ev : evs)
         if (ev != NULL)
@@ -1488,6 +1502,9 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
         CUDA_CHECK(err, cudaMemset(sd.nw_count, 0, kNarrowCounters * sizeof(unsigned)));
     }
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
+    CUDA_CHECK(err, cudaMalloc((void **)&c->sg_part, kSgPartFloats * sizeof(float)));
+    CUDA_CHECK(err, cudaMalloc((void **)&c->sg_count, kSgCounters * sizeof(unsigned)));
+    CUDA_CHECK(err, cudaMemset(c->sg_count, 0, kSgCounters * sizeof(unsigned)));
     CUDA_CHECK(err, cudaMalloc((void **)&c->adam, sizeof(AdamState)));
     CUDA_CHECK(err, cudaMemset(c->adam, 0, sizeof(AdamState)));
     CUDA_CHECK(err, cudaEventCreate(&c->ev_t0));
@@ -1504,6 +1521,16 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     c->tune_off = e != NULL && e[0] == '0';
     e = getenv("MGPU_CUDA_HEAD");
     c->head_off = e != NULL && e[0] == '0';
+    e = getenv("MGPU_SMALL_GEMM");
+    c->sg_off = e != NULL && e[0] == '0';
+    /* Measured on the H200 ((b)'s step, session 4): fp32 51.8 us with the forward and the
+     * input gradient here, 55.0 with the weight gradient too (its blocks then take the
+     * multiprocessors the input gradient waits for), 60.0 with none; tf32 45.4 us with the
+     * input gradient only, 47.2 with none, 49.1 with the forward too. */
+    e = getenv("MGPU_SG_FP32");
+    c->sg_ops_fp32 = e != NULL ? atoi(e) : (1 << mgpu_sg::kForward) | (1 << mgpu_sg::kInputGrad);
+    e = getenv("MGPU_SG_TF32");
+    c->sg_ops_tf32 = e != NULL ? atoi(e) : 1 << mgpu_sg::kInputGrad;
     c->prec = MGPU_PREC_FP32;
     return 0;
 }
@@ -2338,6 +2365,30 @@ int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta, cub
     return 0;
 }
 
+/* The split small_gemm.cu would use for op (0: not for it): fp32 and tf32 (whose products it
+ * computes in full fp32), identity or ReLU. */
+int sg_split(const cuda_impl *c, mgpu_sg::Op op, const mgpu_sg::Args &a)
+{
+    const int ops = c->prec == MGPU_PREC_FP32   ? c->sg_ops_fp32
+                    : c->prec == MGPU_PREC_TF32 ? c->sg_ops_tf32
+                                                : 0;
+    if (c->sg_off || !(ops & (1 << (int)op)))
+        return 0;
+    return mgpu_sg::split_for(op, a, c->sms);
+}
+
+int sg_launch(cuda_impl *c, mgpu_sg::Op op, const mgpu_sg::Args &a, int split, cudaStream_t st,
+              mgpu_err_t *err)
+{
+    cudaError_t ce = mgpu_sg::launch(op, a, split, st);
+    if (ce != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA, "small_gemm (op %d, %d x %d x %d, split %d): %s",
+                            (int)op, a.M, a.N, a.K, split, cudaGetErrorString(ce));
+    invalidate(c, a.c, sizeof(float) * ((size_t)(a.M - 1) * a.ldc + a.N));
+    c->sg_launches++;
+    return 0;
+}
+
 /* Whether the ReLU backward into a layer of `cols` features (rows x cols) is this file's own
  * pass (drelu_bgrad4_kernel / drelu16_kernel) rather than cuBLASLt's DRELU_BGRAD epilogue:
  * bf16, large, four-column rows. The forward then keeps no ReLU mask. */
@@ -2352,6 +2403,17 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
                         mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
+    if (act == MGPU_ACT_RELU || act == MGPU_ACT_IDENTITY) {
+        mgpu_sg::Args a{};
+        a.M = rows, a.N = out, a.K = in, a.a = x, a.lda = in, a.b = w, a.ldb = in, a.c = y;
+        a.ldc = out, a.bias = bias, a.relu = act == MGPU_ACT_RELU;
+        if (int split = sg_split(c, mgpu_sg::kForward, a)) {
+            /* No mask: the input gradient takes ReLU's derivative from y. */
+            if (aux != nullptr)
+                aux_mark(c, aux, false);
+            return sg_launch(c, mgpu_sg::kForward, a, split, c->stream, err);
+        }
+    }
     if ((act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY) || !(c->lt_epi & 1)) {
         if (aux != nullptr)
             aux_mark(c, aux, false);
@@ -2410,6 +2472,17 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
                               const void *aux_in, float *dx, float *dbias, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
+    if (act == MGPU_ACT_RELU || act == MGPU_ACT_IDENTITY) {
+        mgpu_sg::Args a{};
+        a.M = rows, a.N = in, a.K = out, a.a = dz, a.lda = out, a.b = w, a.ldb = in, a.c = dx;
+        a.ldc = in, a.y = y_in, a.ldy = in, a.relu = act == MGPU_ACT_RELU;
+        a.dbias = dbias, a.part = c->sg_part, a.count = c->sg_count;
+        /* The bias gradient's partials: a row per 32 rows of dx, a counter per 32 columns. */
+        const bool fits =
+            (size_t)((rows + 31) / 32) * in <= kSgPartFloats && (in + 31) / 32 <= kSgCounters;
+        if (int split = fits ? sg_split(c, mgpu_sg::kInputGrad, a) : 0)
+            return sg_launch(c, mgpu_sg::kInputGrad, a, split, c->stream, err);
+    }
     if (own_relu_backward(c, act, rows, in) && y_in != nullptr) {
         /* y's kept copy, when the forward wrote only that (see cuda_linear_forward). */
         const cuda_impl::shadow *ysh = fresh_copy(c, y_in, in, rows, in);
@@ -2539,12 +2612,17 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     /* Large tf32 products keep cuda_gemm's transposed copy of dz (see there). */
     double flops = 2.0 * rows * out * in;
     const bool narrow = narrow_dw(c, rows, out, in);
-    if (!narrow && (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27))))
+    mgpu_sg::Args a{};
+    a.M = out, a.N = in, a.K = rows, a.a = dz, a.lda = out, a.b = x, a.ldb = in, a.c = dw;
+    a.ldc = in, a.dbias = dbias;
+    const int split = narrow ? 0 : sg_split(c, mgpu_sg::kWeightGrad, a);
+    if (!narrow && !split &&
+        (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27))))
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi =
         dbias != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
     /* bf16 converts its operands on c->stream: no fork there. */
-    if (!narrow && (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops))
+    if (!narrow && !split && (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops))
         return lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in,
                          dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* The side stream's previous GEMM was joined (cuda_join) or is ordered before this fork
@@ -2554,9 +2632,10 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
     CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_fork, 0));
     int rc =
-        narrow ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-               : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
-                           x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
+        narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+        : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
+                : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
+                            x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* Joined even when declined: a side stream that joined a capture must leave it. */
     CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
     c->side[i].pending = true;
@@ -2716,3 +2795,10 @@ extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {
     cuda_written,
     cuda_linear_loss,
 };
+
+extern "C" long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return 0;
+    return ((const cuda_impl *)k->impl)->sg_launches;
+}

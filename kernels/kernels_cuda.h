@@ -30,6 +30,10 @@ int mgpu_kernels_cuda_blas_load(mgpu_err_t *err);
  * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
 void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
 
+/* How many products small_gemm.cu has run on k (0 for another backend): the tests' way to
+ * know that a shape took that path. */
+long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -292,8 +292,11 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
                                              m->aux[l - 1], other, m->grads + lb->b_off, err);
         }
         /* The weight gradient may have run beside d(in) (mgpu_k_join); both are done before
-         * the hook's all-reduce reads this layer's gradients and before d is overwritten. */
-        if (rc == 0)
+         * the hook's all-reduce reads this layer's gradients and before d is overwritten.
+         * Without a hook, the first layer's weight gradient need not wait for this one: it
+         * reads neither this layer's d nor its gradients, and nothing writes d after it (the
+         * first layer has no input gradient), so the two overlap and are joined after it. */
+        if (rc == 0 && !(hook == NULL && l == 1))
             rc = mgpu_k_join(m->k, err);
         if (rc == 0 && hook != NULL && deferred >= 0)
             rc = hook(hook_ctx, deferred, err);

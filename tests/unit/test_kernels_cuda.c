@@ -14,6 +14,17 @@
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_device_count, mgpu_kernels_cuda_stream */
 #endif
 
+/* small_gemm.cu's launches on k so far (0 without CUDA). */
+static long long small_gemms(const mgpu_kernels_t *k)
+{
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    return mgpu_kernels_cuda_small_gemms(k);
+#else
+    (void)k;
+    return 0;
+#endif
+}
+
 #include <math.h>   /* fabs, sqrt, NAN, isnan */
 #include <stdarg.h> /* va_list: close_to_dev's message */
 #include <stdint.h> /* int32_t */
@@ -813,7 +824,8 @@ static void test_adamw(void)
  * layer below's output comes from the GPU's own fused forward (its relu mask is what the GPU
  * backward reads), copied to the CPU, so that both sides see the same mask whatever the
  * precision's rounding did near zero. */
-static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int in, int in0)
+static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int in, int in0,
+                        int sg_on)
 {
     static const double elem_tol[] = {1e-5, 3e-3, 2e-2};
     char what[160];
@@ -878,8 +890,17 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
                  "linear_backward_weight db %s %dx%dx%d", mgpu_precision_name(prec), rows, out, in);
 
     float *cdx = hbuf((size_t)rows * in), *cdb0 = hbuf((size_t)in);
+    /* small_gemm.cu's input gradient (fp32 and tf32 with all its ops on, float4-aligned widths,
+     * launch-bound sizes, one wave of blocks), with the bias gradient inside: sure to run for
+     * up to 64 tiles of 32 x 32 and a K of 512, which needs no split. */
+    const long long sg_before = small_gemms(e->gpu);
     OK(e, mgpu_k_linear_backward_data(e->gpu, MGPU_ACT_RELU, rows, out, in, ddz, dw, dz0, dy0, aux0,
                                       ddx, ddb0, &e->err));
+    const int sg_may = sg_on && prec != MGPU_PREC_BF16 && out % 4 == 0 && in % 4 == 0 &&
+                       2.0 * rows * out * in <= 2.7e8 && out <= 4096;
+    const int sg_sure = sg_may && out <= 512 && ((rows + 31) / 32) * ((in + 31) / 32) <= 64;
+    if (sg_sure || !sg_may)
+        CHECK_INT(small_gemms(e->gpu) - sg_before, sg_sure);
     OK(e, mgpu_k_linear_backward_data(e->cpu, MGPU_ACT_RELU, rows, out, in, dz, w, y0, y0, NULL,
                                       cdx, cdb0, &e->err));
     double tolx = elem_tol[prec] * (sqrt((double)out) + 1.0) * 4.0;
@@ -896,24 +917,34 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
 
 static void test_linear_fused(void)
 {
-    /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits, and
-     * output layers (out <= 32) with many rows and columns for narrow_dw_kernel's splits. */
+    /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits, output
+     * layers (out <= 32) with many rows and columns for narrow_dw_kernel's splits, and for
+     * small_gemm.cu: a batch that is no multiple of 4 with wide layers, an input of 2000
+     * (its forward split over a cluster of 8 blocks) and a tile that sticks out of N. */
     static const int shapes[][4] = {{256, 10, 256, 784}, {256, 256, 256, 784}, {3, 5, 7, 9},
                                     {127, 33, 130, 65},  {64, 300, 257, 128},  {3000, 7, 130, 20},
-                                    {100, 32, 1000, 16}};
-    /* Twice: the output layers' weight gradients are the backend's own kernel, then
-     * cuBLASLt's (MGPU_CUDA_HEAD=0, read when the backend is created). */
+                                    {100, 32, 1000, 16}, {30, 64, 2000, 12},   {64, 40, 68, 2000},
+                                    {256, 256, 784, 256}};
+    /* Twice: the backend's own kernels (the output layers' weight gradients, all three of
+     * small_gemm.cu's products in fp32 and tf32, more than a step uses by default), then
+     * cuBLASLt's (MGPU_CUDA_HEAD=0 and MGPU_SMALL_GEMM=0, read when the backend is created). */
     for (int own = 1; own >= 0; own--) {
         env_t e;
         setenv("MGPU_CUDA_HEAD", own ? "1" : "0", 1);
+        setenv("MGPU_SMALL_GEMM", own ? "1" : "0", 1);
+        setenv("MGPU_SG_FP32", "7", 1);
+        setenv("MGPU_SG_TF32", "7", 1);
         env_open(&e);
         for (int p = 0; p < 3; p++)
             for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
                 linear_case(&e, (mgpu_precision_t)p, shapes[s][0], shapes[s][1], shapes[s][2],
-                            shapes[s][3]);
+                            shapes[s][3], own);
         env_close(&e);
     }
     unsetenv("MGPU_CUDA_HEAD");
+    unsetenv("MGPU_SMALL_GEMM");
+    unsetenv("MGPU_SG_FP32");
+    unsetenv("MGPU_SG_TF32");
 }
 
 /* mgpu_k_linear_loss: the CUDA backend's one-kernel output layer (and, for outputs wider than a

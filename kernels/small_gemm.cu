@@ -1,0 +1,328 @@
+/* small_gemm.cu - fp32 products of launch-bound linear layers with their epilogues (see
+ * small_gemm.h for what and why). */
+#include "small_gemm.h"
+
+#include <cooperative_groups.h> /* this_cluster, map_shared_rank */
+
+#include <atomic>   /* the per-device shared-memory attribute, set once */
+#include <stdint.h> /* uintptr_t */
+#include <stdlib.h> /* getenv, atoi */
+
+namespace cg = cooperative_groups;
+
+namespace mgpu_sg
+{
+namespace
+{
+
+constexpr int kTile = 32;     /* output tile: kTile x kTile */
+constexpr int kThreads = 512; /* eight k-groups of 64 threads, each thread 4 x 4 outputs */
+constexpr int kGroups = kThreads / 64;
+constexpr int kRed = kGroups * kTile * kTile; /* the groups' partial tiles */
+constexpr int kKc = 0, kRc = 1;               /* operand layouts: k-contiguous, row-contiguous */
+constexpr int kPer = kMaxSlice * kTile / 4 / kThreads; /* float4 loads per thread per operand */
+constexpr int kMaxDevices = 64;
+
+/* Floats of dynamic shared memory for a slice of ks: the operands (or, after them, the
+ * groups' partials), the block's partial tile and its row sums. */
+__host__ __device__ constexpr int smem_floats(int ks)
+{
+    return (2 * ks * kTile > kRed ? 2 * ks * kTile : kRed) + kTile * kTile + kTile;
+}
+
+/* The float4 loads of one operand's slice: element (r0 + r, k0 + k) for k < ks, r < kTile,
+ * zero past R or kn. A thread issues all of both operands' loads before storing any, so the
+ * slice costs one memory latency. */
+template <int L>
+__device__ __forceinline__ void load(const float *__restrict__ src, int ld, int r0, int R, int k0,
+                                     int kn, int ks, float4 (&v)[kPer], int tid)
+{
+    const int items = ks * kTile / 4;
+#pragma unroll
+    for (int i = 0; i < kPer; i++) {
+        const int idx = tid + i * kThreads;
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (idx < items) {
+            if (L == kKc) {
+                const int r = idx % kTile, kq = idx / kTile;
+                if (r0 + r < R && kq * 4 < kn)
+                    v[i] = __ldg(reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + k0 +
+                                                                  kq * 4));
+            } else {
+                const int rq = idx % (kTile / 4), k = idx / (kTile / 4);
+                if (k < kn && r0 + rq * 4 < R)
+                    v[i] = __ldg(reinterpret_cast<const float4 *>(src + (size_t)(k0 + k) * ld + r0 +
+                                                                  rq * 4));
+            }
+        }
+    }
+}
+
+/* ... and their stores, k-major: dst[k * kTile + r]. */
+template <int L>
+__device__ __forceinline__ void store(const float4 (&v)[kPer], int ks, float *dst, int tid)
+{
+    const int items = ks * kTile / 4;
+#pragma unroll
+    for (int i = 0; i < kPer; i++) {
+        const int idx = tid + i * kThreads;
+        if (idx < items) {
+            if (L == kKc) {
+                const int r = idx % kTile, kq = idx / kTile;
+                float *d = dst + kq * 4 * kTile + r;
+                d[0] = v[i].x;
+                d[kTile] = v[i].y;
+                d[2 * kTile] = v[i].z;
+                d[3 * kTile] = v[i].w;
+            } else {
+                const int rq = idx % (kTile / 4), k = idx / (kTile / 4);
+                *reinterpret_cast<float4 *>(dst + k * kTile + rq * 4) = v[i];
+            }
+        }
+    }
+}
+
+/* Grid: (split, N tiles, M tiles), clusters of (split, 1, 1): the blocks of a cluster share
+ * one output tile and take consecutive k slices of ks. */
+template <int LA, int LB, int OP, bool RELU>
+__global__ void __launch_bounds__(kThreads) sg_kernel(Args p, int ks)
+{
+    extern __shared__ float4 smem4[];
+    float *sm = reinterpret_cast<float *>(smem4);
+    float *as = sm, *bs = sm + ks * kTile;
+    float *part = sm + (2 * ks * kTile > kRed ? 2 * ks * kTile : kRed);
+    float *rsum = part + kTile * kTile;
+    cg::cluster_group cl = cg::this_cluster();
+    const int split = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int k0 = rank * ks;
+    const int kn = p.K - k0 < ks ? (p.K - k0 > 0 ? p.K - k0 : 0) : ks;
+    const int m0 = blockIdx.z * kTile, n0 = blockIdx.y * kTile;
+    const int tid = threadIdx.x;
+
+    {
+        float4 va[kPer], vb[kPer];
+        load<LA>(p.a, p.lda, m0, p.M, k0, kn, ks, va, tid);
+        load<LB>(p.b, p.ldb, n0, p.N, k0, kn, ks, vb, tid);
+        store<LA>(va, ks, as, tid);
+        store<LB>(vb, ks, bs, tid);
+    }
+    __syncthreads();
+
+    const int g = tid / 64, t = tid % 64, tm = (t / 8) * 4, tn = (t % 8) * 4;
+    static_assert(kTile * kTile == 2 * kThreads, "the groups' sum takes two outputs a thread");
+    float acc[4][4] = {};
+#pragma unroll 4
+    for (int k = g; k < kn; k += kGroups) {
+        const float4 a = *reinterpret_cast<const float4 *>(as + k * kTile + tm);
+        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kTile + tn);
+        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    if (OP == kWeightGrad && tid < kTile) {
+        /* The bias gradient's part: this slice's sum of A's row (dz's column). */
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        int k = 0;
+        for (; k + 4 <= kn; k += 4) {
+            s0 += as[k * kTile + tid];
+            s1 += as[(k + 1) * kTile + tid];
+            s2 += as[(k + 2) * kTile + tid];
+            s3 += as[(k + 3) * kTile + tid];
+        }
+        for (; k < kn; k++)
+            s0 += as[k * kTile + tid];
+        rsum[tid] = (s0 + s1) + (s2 + s3);
+    }
+    __syncthreads(); /* the operands are read: their space takes the groups' partials */
+    float *red = sm;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        *reinterpret_cast<float4 *>(red + g * kTile * kTile + (tm + i) * kTile + tn) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    __syncthreads();
+    {
+        const int e = tid * 2; /* kTile * kTile / kThreads = 2 each */
+        float2 s = *reinterpret_cast<const float2 *>(red + e);
+#pragma unroll
+        for (int q = 1; q < kGroups; q++) {
+            const float2 u = *reinterpret_cast<const float2 *>(red + q * kTile * kTile + e);
+            s.x += u.x, s.y += u.y;
+        }
+        *reinterpret_cast<float2 *>(part + e) = s;
+    }
+    cl.sync(); /* every block's partial tile is ready */
+    /* Block `rank` adds the cluster's partials of its share of the tile's rows, in rank
+     * order, and applies the epilogue. */
+    const int rows = kTile / split;
+    for (int e = tid; e < rows * kTile; e += kThreads) {
+        const int r = rank * rows + e / kTile, col = e % kTile;
+        const int m = m0 + r, n = n0 + col;
+        float v = 0.0f;
+        for (int q = 0; q < split; q++)
+            v += cl.map_shared_rank(part, q)[r * kTile + col];
+        if (m < p.M && n < p.N) {
+            if (OP == kForward) {
+                if (p.bias != nullptr)
+                    v += p.bias[n];
+                if (RELU)
+                    v = v > 0.0f ? v : 0.0f;
+            }
+            if (OP == kInputGrad && RELU)
+                v = p.y[(size_t)m * p.ldy + n] > 0.0f ? v : 0.0f;
+            p.c[(size_t)m * p.ldc + n] = v;
+        }
+        if (OP == kInputGrad) /* this block's rows, for the bias gradient below */
+            red[(e / kTile) * kTile + col] = m < p.M && n < p.N ? v : 0.0f;
+        if (OP == kWeightGrad && p.dbias != nullptr && blockIdx.y == 0 && col == 0 && m < p.M) {
+            float s = 0.0f;
+            for (int q = 0; q < split; q++)
+                s += cl.map_shared_rank(rsum, q)[r];
+            p.dbias[m] = s;
+        }
+    }
+    if (OP == kInputGrad && p.dbias != nullptr) {
+        /* The bias gradient: the column sums of dx. Each block adds its rows of the tile, rank
+         * 0 adds the cluster's sums (rank order) into one partial row per tile, and the tile
+         * that comes last in its column adds the column's partials in tile order. No atomics
+         * on the values: a rerun gives the same bits. */
+        __shared__ bool last;
+        __syncthreads();
+        if (tid < kTile) {
+            float s = 0.0f;
+            for (int rr = 0; rr < rows; rr++)
+                s += red[rr * kTile + tid];
+            rsum[tid] = s;
+        }
+        cl.sync();
+        if (rank == 0) {
+            if (tid < kTile && n0 + tid < p.N) {
+                float s = 0.0f;
+                for (int q = 0; q < split; q++)
+                    s += cl.map_shared_rank(rsum, q)[tid];
+                p.part[(size_t)blockIdx.z * p.N + n0 + tid] = s;
+            }
+            __threadfence();
+            __syncthreads();
+            if (tid == 0)
+                last = atomicAdd(&p.count[blockIdx.y], 1u) == gridDim.z - 1;
+            __syncthreads();
+            if (last) {
+                if (tid < kTile && n0 + tid < p.N) {
+                    /* Eight loads in flight at a time, added in tile order. */
+                    const float *col = p.part + n0 + tid;
+                    const unsigned tiles = gridDim.z;
+                    float s = 0.0f;
+                    unsigned t = 0;
+                    for (; t + 8 <= tiles; t += 8) {
+                        float v[8];
+#pragma unroll
+                        for (int j = 0; j < 8; j++)
+                            v[j] = __ldcg(col + (size_t)(t + j) * p.N);
+#pragma unroll
+                        for (int j = 0; j < 8; j++)
+                            s += v[j];
+                    }
+                    for (; t < tiles; t++)
+                        s += __ldcg(col + (size_t)t * p.N);
+                    p.dbias[n0 + tid] = s;
+                }
+                if (tid == 0)
+                    p.count[blockIdx.y] = 0;
+            }
+        }
+    }
+    cl.sync(); /* no block leaves while another reads its shared memory */
+}
+
+template <int LA, int LB, int OP, bool RELU>
+cudaError_t go(const Args &a, int split, cudaStream_t st)
+{
+    auto kernel = sg_kernel<LA, LB, OP, RELU>;
+    /* Above 48 KiB of dynamic shared memory a kernel must say so, once per device. */
+    static std::atomic<unsigned long long> set_on{0};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    const unsigned long long bit = 1ull << (dev % kMaxDevices);
+    if ((set_on.load() & bit) == 0) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(sizeof(float) * smem_floats(kMaxSlice)));
+        if (e != cudaSuccess)
+            return e;
+        set_on.fetch_or(bit);
+    }
+    const int ks = ((a.K + split - 1) / split + 3) / 4 * 4;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)split, (unsigned)((a.N + kTile - 1) / kTile),
+                       (unsigned)((a.M + kTile - 1) / kTile));
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = sizeof(float) * smem_floats(ks);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)split;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, a, ks);
+}
+
+bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
+} // namespace
+
+int split_for(Op op, const Args &a, int sms)
+{
+    if (a.M < 1 || a.N < 1 || a.K < 1 || 2.0 * a.M * a.N * a.K > kMaxFlops)
+        return 0;
+    const int la = op == kWeightGrad ? kRc : kKc, lb = op == kForward ? kKc : kRc;
+    if (!aligned16(a.a) || !aligned16(a.b) || a.lda % 4 != 0 || a.ldb % 4 != 0 ||
+        (la == kKc ? a.K : a.M) % 4 != 0 || (lb == kKc ? a.K : a.N) % 4 != 0)
+        return 0;
+    const int need = (a.K + kMaxSlice - 1) / kMaxSlice;
+    int split = 1;
+    while (split < need)
+        split *= 2;
+    const long tiles = (long)((a.M + kTile - 1) / kTile) * ((a.N + kTile - 1) / kTile);
+    /* More blocks than multiprocessors: a second wave, where cuBLAS's larger tiles are faster
+     * (measured on the H200: 13.6 against 7.8 us for 256 x 784 x 256). */
+    if (split > kMaxCluster || tiles * split > sms)
+        return 0;
+    const char *env = getenv("MGPU_SG_SPLIT");
+    const int forced = env != NULL ? atoi(env) : 0;
+    if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
+        return forced;
+    /* At most a block per multiprocessor (one of 512 threads, its k slice in flight at once, is
+     * the unit that hides latency; a second block on some multiprocessors would make them
+     * the kernel's tail), then no block without a k of its own. */
+    while (split < kMaxCluster && tiles * split * 2 <= sms)
+        split *= 2;
+    while (split > need && (long)(split - 1) * (((a.K + split - 1) / split + 3) / 4 * 4) >= a.K)
+        split /= 2;
+    return split;
+}
+
+cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st)
+{
+    switch (op) {
+    case kForward:
+        return a.relu ? go<kKc, kKc, kForward, true>(a, split, st)
+                      : go<kKc, kKc, kForward, false>(a, split, st);
+    case kInputGrad:
+        return a.relu ? go<kKc, kRc, kInputGrad, true>(a, split, st)
+                      : go<kKc, kRc, kInputGrad, false>(a, split, st);
+    case kWeightGrad:
+        return go<kRc, kRc, kWeightGrad, false>(a, split, st);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} // namespace mgpu_sg

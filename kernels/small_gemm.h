@@ -1,0 +1,68 @@
+/* small_gemm.h - fp32 products of launch-bound linear layers with their epilogues, for the
+ * CUDA backend (kernels/small_gemm.cu; C++, included by kernels_cuda.cu only).
+ *
+ * C[M x N] (row-major, ldc) = sum over k of A(m, k) B(k, n), where each operand is either
+ * "k-contiguous" (A(m, k) = a[m * lda + k]) or "row-contiguous" (A(m, k) = a[k * lda + m]),
+ * and likewise for B with n. The three ops of a linear layer:
+ *   forward          y = act(x . W^T + b)    A = x  (k-contig),  B = W  (k-contig)
+ *   input gradient   dx = (dz . W) * act'(y), db_below = column sums of dx
+ *                                            A = dz (k-contig),  B = W  (row-contig)
+ *   weight gradient  dW = dz^T . x, db = column sums of dz
+ *                                            A = dz (row-contig), B = x (row-contig)
+ * Activations: identity and ReLU (its derivative from y, as everywhere in this backend).
+ *
+ * Why: at a launch-bound model's sizes (a batch of 256, layers of 256-784) cuBLAS's fp32
+ * kernels take 6-10 us each, and its split-K ones a second kernel for the reduction and the
+ * epilogue. Here one kernel: 32 x 32 output tiles, K split over a thread-block cluster of up
+ * to 8 blocks, each staging its whole K slice (at most kMaxSlice) in shared memory with all
+ * its loads in flight at once, eight groups of 64 threads each taking every eighth k of it,
+ * then the groups' and the cluster's partial tiles added in a fixed order through distributed
+ * shared memory (so reruns give the same bits), and the epilogue. */
+#ifndef MGPU_SMALL_GEMM_H
+#define MGPU_SMALL_GEMM_H
+
+#include <cuda_runtime.h> /* cudaStream_t, cudaError_t */
+
+namespace mgpu_sg
+{
+
+enum Op { kForward = 0, kInputGrad = 1, kWeightGrad = 2 };
+
+constexpr int kMaxSlice = 512;      /* k per block */
+constexpr int kMaxCluster = 8;      /* blocks per cluster (the portable limit) */
+constexpr double kMaxFlops = 2.7e8; /* 2 M N K above which cuBLAS's kernels are the better bet */
+
+struct Args {
+    int M, N, K;
+    const float *a;
+    int lda;
+    const float *b;
+    int ldb;
+    float *c;
+    int ldc;
+    const float *bias; /* kForward: [N], may be NULL */
+    const float *y;    /* kInputGrad with relu: the layer's output [M x N], ld ldy */
+    int ldy;
+    /* kWeightGrad: [M] = sums over k of A(m, k); kInputGrad: [N] = the column sums of C (the
+     * layer below's bias gradient), with part (M tiles x N floats) and count (N tiles
+     * counters, zero between launches, which the launch leaves zero) of the caller's. May
+     * be NULL. */
+    float *dbias;
+    float *part;
+    unsigned *count;
+    bool relu;
+};
+
+/* Blocks per cluster (the K split) for this shape on a device of `sms` multiprocessors, or 0
+ * when the op is not for this kernel: too many flops, K over kMaxCluster * kMaxSlice, or an
+ * operand whose float4 loads would be misaligned (pointers, leading dimensions, and the
+ * dimension each float4 runs along: k for a k-contiguous operand, m or n for the other).
+ * MGPU_SG_SPLIT=n (a power of two) overrides the split where it fits. */
+int split_for(Op op, const Args &a, int sms);
+
+/* Queues the op on st with `split` blocks per cluster (split_for's answer). */
+cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st);
+
+} // namespace mgpu_sg
+
+#endif
