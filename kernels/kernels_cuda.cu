@@ -2398,6 +2398,16 @@ bool own_relu_backward(const cuda_impl *c, mgpu_act_t act, int rows, int cols)
            cols % 4 == 0 && (size_t)rows * cols >= kOwnDreluMin;
 }
 
+/* Whether cuBLASLt's bias/ReLU epilogue (forward) or ReLU-derivative epilogue (input gradient)
+ * of a product with rows x cols outputs is slower than the product alone and this file's
+ * elementwise passes: tf32, large. cuBLASLt then runs the epilogue as a kernel of its own at
+ * about a third of the copy bandwidth (470-520 us for 8192 x 8192 on the H200); declining it
+ * took (c)'s TF32 step from 36.7 to 35.1 ms. */
+bool lt_epilogue_slower(const cuda_impl *c, int rows, int cols)
+{
+    return c->prec == MGPU_PREC_TF32 && (size_t)rows * cols >= kOwnDreluMin;
+}
+
 int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, const float *x,
                         const float *w, const float *bias, float *z, float *y, void *aux,
                         mgpu_err_t *err)
@@ -2414,7 +2424,8 @@ int cuda_linear_forward(void *impl, mgpu_act_t act, int rows, int out, int in, c
             return sg_launch(c, mgpu_sg::kForward, a, split, c->stream, err);
         }
     }
-    if ((act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY) || !(c->lt_epi & 1)) {
+    if ((act != MGPU_ACT_RELU && act != MGPU_ACT_IDENTITY) || !(c->lt_epi & 1) ||
+        lt_epilogue_slower(c, rows, out)) {
         if (aux != nullptr)
             aux_mark(c, aux, false);
         return MGPU_K_DECLINED;
@@ -2547,7 +2558,8 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
         return 0;
     }
     /* Only with the mask a fused forward wrote into aux_in. */
-    if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in) || !(c->lt_epi & 2))
+    if (act != MGPU_ACT_RELU || aux_in == nullptr || !aux_known(c, aux_in) || !(c->lt_epi & 2) ||
+        lt_epilogue_slower(c, rows, in))
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi =
         dbias != nullptr ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU;

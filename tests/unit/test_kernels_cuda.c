@@ -920,11 +920,12 @@ static void test_linear_fused(void)
     /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits, output
      * layers (out <= 32) with many rows and columns for narrow_dw_kernel's splits, and for
      * small_gemm.cu: a batch that is no multiple of 4 with wide layers, an input of 2000
-     * (its forward split over a cluster of 8 blocks) and a tile that sticks out of N. */
-    static const int shapes[][4] = {{256, 10, 256, 784}, {256, 256, 256, 784}, {3, 5, 7, 9},
-                                    {127, 33, 130, 65},  {64, 300, 257, 128},  {3000, 7, 130, 20},
-                                    {100, 32, 1000, 16}, {30, 64, 2000, 12},   {64, 40, 68, 2000},
-                                    {256, 256, 784, 256}};
+     * (its forward split over a cluster of 8 blocks) and a tile that sticks out of N; and a
+     * layer of 1024 x 1024 outputs, which tf32 composes (lt_epilogue_slower). */
+    static const int shapes[][4] = {{256, 10, 256, 784},  {256, 256, 256, 784}, {3, 5, 7, 9},
+                                    {127, 33, 130, 65},   {64, 300, 257, 128},  {3000, 7, 130, 20},
+                                    {100, 32, 1000, 16},  {30, 64, 2000, 12},   {64, 40, 68, 2000},
+                                    {256, 256, 784, 256}, {1024, 16, 1024, 64}};
     /* Twice: the backend's own kernels (the output layers' weight gradients, all three of
      * small_gemm.cu's products in fp32 and tf32, more than a step uses by default), then
      * cuBLASLt's (MGPU_CUDA_HEAD=0 and MGPU_SMALL_GEMM=0, read when the backend is created). */
