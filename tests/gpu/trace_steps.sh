@@ -30,15 +30,19 @@ rows = []
 for r in csv.DictReader(open(sys.argv[1])):
     rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), r["kind"], r["name"]))
 rows.sort()
-# A step starts with its gather (gpustep.cu's gather_kernel).
+# A step starts with its gather (gpustep.cu's gather_kernel), or, when it reads the data set
+# in place, right after the previous step's optimizer update.
 starts = [i for i, r in enumerate(rows) if "gather_kernel" in r[4]]
+if len(starts) < 3:
+    starts = [i + 1 for i, r in enumerate(rows[:-1]) if "Sgd" in r[4] or "AdamW" in r[4]]
 if len(starts) < 3:
     print("  fewer than 3 steps traced"); sys.exit(0)
 steps = [rows[a:b] for a, b in zip(starts, starts[1:])]
 n = len(steps[-1])
 same = [s for s in steps[-51:] if len(s) == n and
         [x[4] for x in s] == [x[4] for x in steps[-1]]]
-period = [b[0][0] - a[0][0] for a, b in zip(steps[-51:], steps[-50:])]
+last = steps[-51:]
+period = [b[0][0] - a[0][0] for a, b in zip(last, last[1:])]
 print("  %d steps traced; the last %d alike (%d kernels each); step period median %.2f us "
       "(min %.2f, max %.2f)" % (len(steps), len(same), n, st.median(period) / 1e3,
                                 min(period) / 1e3, max(period) / 1e3))
