@@ -54,10 +54,11 @@ struct Args {
 };
 
 /* Blocks per cluster (the K split) for this shape on a device of `sms` multiprocessors, or 0
- * when the op is not for this kernel: too many flops, K over kMaxCluster * kMaxSlice, or an
- * operand whose float4 loads would be misaligned (pointers, leading dimensions, and the
- * dimension each float4 runs along: k for a k-contiguous operand, m or n for the other).
- * MGPU_SG_SPLIT=n (a power of two) overrides the split where it fits. */
+ * when the op is not for this kernel: too many flops, K over kMaxCluster * kMaxSlice, more
+ * blocks than multiprocessors (a second wave, where cuBLAS's larger tiles win), or an operand
+ * whose float4 loads would be misaligned (pointers, leading dimensions, and the dimension each
+ * float4 runs along: k for a k-contiguous operand, m or n for the other). MGPU_SG_SPLIT=n (a
+ * power of two) overrides the split where it fits. */
 int split_for(Op op, const Args &a, int sms);
 
 /* Queues the op on st with `split` blocks per cluster (split_for's answer). */
