@@ -2814,3 +2814,14 @@ extern "C" long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k)
         return 0;
     return ((const cuda_impl *)k->impl)->sg_launches;
 }
+
+extern "C" int mgpu_kernels_cuda_small_gemm_split(int op, int m, int n, int k, const void *a,
+                                                  int lda, const void *b, int ldb, int sms)
+{
+    if (op < mgpu_sg::kForward || op > mgpu_sg::kWeightGrad)
+        return 0;
+    mgpu_sg::Args g{};
+    g.M = m, g.N = n, g.K = k, g.a = (const float *)a, g.lda = lda, g.b = (const float *)b;
+    g.ldb = ldb;
+    return mgpu_sg::split_for((mgpu_sg::Op)op, g, sms);
+}

@@ -34,6 +34,12 @@ void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
  * know that a shape took that path. */
 long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k);
 
+/* small_gemm.cu's rule, which needs no GPU: the K split it would use for op (0 forward, 1
+ * input gradient, 2 weight gradient) of m x n outputs over k, with operands a (leading
+ * dimension lda) and b (ldb) on a device of sms multiprocessors; 0 when it declines. */
+int mgpu_kernels_cuda_small_gemm_split(int op, int m, int n, int k, const void *a, int lda,
+                                       const void *b, int ldb, int sms);
+
 #ifdef __cplusplus
 }
 #endif

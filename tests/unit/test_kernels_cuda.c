@@ -915,6 +915,48 @@ static void linear_case(env_t *e, mgpu_precision_t prec, int rows, int out, int 
         mgpu_k_free(e->gpu, b[i]);
 }
 
+/* small_gemm.cu's choice of shapes and K split (host code: runs without a GPU). */
+static void test_small_gemm_rule(void)
+{
+#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
+    SKIP("built without CUDA (CUDA=0 or no nvcc)");
+#else
+    static float buf[64] __attribute__((aligned(16)));
+    const void *al = buf, *odd = buf + 1;
+    unsetenv("MGPU_SG_SPLIT");
+    /* The MLP of (b) on 132 multiprocessors: 64 tiles of 32 x 32, one block per multiprocessor
+     * at most, a K slice of at most 512. */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 784, al, 784, al, 784, 132), 2);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 2);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(1, 256, 256, 256, al, 256, al, 256, 132), 2);
+    /* 200 tiles: a second wave, declined; so are 64 tiles split in two on 100. */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(2, 256, 784, 256, al, 256, al, 784, 132), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 784, al, 784, al, 784, 100), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 100), 1);
+    /* K of 2000 over a cluster of 8; more than 8 slices of 512 declined. */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 64, 68, 2000, al, 2000, al, 2000, 132), 8);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 8, 8, 4100, al, 4100, al, 4100, 132), 0);
+    /* No block without a k of its own: K = 8 keeps a split of 2. */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 32, 32, 8, al, 8, al, 8, 132), 2);
+    /* Misaligned float4 loads: a pointer, a leading dimension, k for k-contiguous operands,
+     * m or n for the others; batch rows need no alignment in the weight gradient (its K). */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, odd, 256, al, 256, 132), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 254, al, 254, al, 254, 132), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(1, 256, 258, 256, al, 256, al, 258, 132), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(2, 10, 256, 256, al, 10, al, 256, 132), 0);
+    CHECK(mgpu_kernels_cuda_small_gemm_split(2, 64, 256, 30, al, 64, al, 256, 132) > 0);
+    /* Too many flops for a launch-bound kernel; an unknown op. */
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 512, 512, 1024, al, 1024, al, 1024, 132), 0);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(3, 32, 32, 32, al, 32, al, 32, 132), 0);
+    /* MGPU_SG_SPLIT forces a power of two that fits. */
+    setenv("MGPU_SG_SPLIT", "4", 1);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 4);
+    setenv("MGPU_SG_SPLIT", "3", 1);
+    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 2);
+    unsetenv("MGPU_SG_SPLIT");
+#endif
+}
+
 static void test_linear_fused(void)
 {
     /* rows, out, in, in0: the article's MLP, odd sizes, a mask wider than 128 bits, output
@@ -1140,6 +1182,7 @@ int main(void)
     RUN(test_argmax_and_count_correct);
     RUN(test_sgd);
     RUN(test_adamw);
+    RUN(test_small_gemm_rule);
     RUN(test_linear_fused);
     RUN(test_linear_loss);
     RUN(test_linear_loss_bad_label_is_nan);
