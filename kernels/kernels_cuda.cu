@@ -47,8 +47,8 @@
  *   fp32 the forward and the input gradient (one kernel each, the epilogue inside, where
  *   cuBLAS's fp32 kernels take a split-K reduction or an epilogue kernel more), in tf32 the
  *   input gradient only (cuBLAS's tensor-core forward is faster). MGPU_SG_FP32 and
- *   MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SMALL_GEMM=0 turns it
- *   off. */
+ *   MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SG_SPLIT=n its K
+ *   split, MGPU_SMALL_GEMM=0 turns it off. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
@@ -256,6 +256,7 @@ struct cuda_impl {
     bool head_off;                     /* MGPU_CUDA_HEAD=0: linear_loss is composed */
     bool sg_off;                       /* MGPU_SMALL_GEMM=0: no small_gemm.cu products */
     int sg_ops_fp32, sg_ops_tf32;      /* which (1 << mgpu_sg::Op) it runs, per precision */
+    int sg_forced;                     /* MGPU_SG_SPLIT: its K split, where that fits */
     float *sg_part;                    /* its input gradient's bias partials (kSgPartFloats) */
     unsigned *sg_count;                /* and their counters (kSgCounters, zero between) */
     long long sg_launches;             /* mgpu_kernels_cuda_small_gemms */
@@ -1531,6 +1532,13 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     c->sg_ops_fp32 = e != NULL ? atoi(e) : (1 << mgpu_sg::kForward) | (1 << mgpu_sg::kInputGrad);
     e = getenv("MGPU_SG_TF32");
     c->sg_ops_tf32 = e != NULL ? atoi(e) : 1 << mgpu_sg::kInputGrad;
+    e = getenv("MGPU_SG_SPLIT");
+    c->sg_forced = e != NULL ? atoi(e) : 0;
+    /* A device that cannot give the kernel its shared memory runs cuBLAS's products. */
+    if (!c->sg_off && mgpu_sg::prepare() != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->sg_off = true;
+    }
     c->prec = MGPU_PREC_FP32;
     return 0;
 }
@@ -2374,7 +2382,7 @@ int sg_split(const cuda_impl *c, mgpu_sg::Op op, const mgpu_sg::Args &a)
                                                 : 0;
     if (c->sg_off || !(ops & (1 << (int)op)))
         return 0;
-    return mgpu_sg::split_for(op, a, c->sms);
+    return mgpu_sg::split_for(op, a, c->sms, c->sg_forced);
 }
 
 int sg_launch(cuda_impl *c, mgpu_sg::Op op, const mgpu_sg::Args &a, int split, cudaStream_t st,
@@ -2816,12 +2824,13 @@ extern "C" long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k)
 }
 
 extern "C" int mgpu_kernels_cuda_small_gemm_split(int op, int m, int n, int k, const void *a,
-                                                  int lda, const void *b, int ldb, int sms)
+                                                  int lda, const void *b, int ldb, int sms,
+                                                  int forced)
 {
     if (op < mgpu_sg::kForward || op > mgpu_sg::kWeightGrad)
         return 0;
     mgpu_sg::Args g{};
     g.M = m, g.N = n, g.K = k, g.a = (const float *)a, g.lda = lda, g.b = (const float *)b;
     g.ldb = ldb;
-    return mgpu_sg::split_for((mgpu_sg::Op)op, g, sms);
+    return mgpu_sg::split_for((mgpu_sg::Op)op, g, sms, forced);
 }

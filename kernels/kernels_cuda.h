@@ -36,9 +36,10 @@ long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k);
 
 /* small_gemm.cu's rule, which needs no GPU: the K split it would use for op (0 forward, 1
  * input gradient, 2 weight gradient) of m x n outputs over k, with operands a (leading
- * dimension lda) and b (ldb) on a device of sms multiprocessors; 0 when it declines. */
+ * dimension lda) and b (ldb) on a device of sms multiprocessors, forced: MGPU_SG_SPLIT's value
+ * (0: none); 0 when it declines. */
 int mgpu_kernels_cuda_small_gemm_split(int op, int m, int n, int k, const void *a, int lda,
-                                       const void *b, int ldb, int sms);
+                                       const void *b, int ldb, int sms, int forced);
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,7 @@
 
 #include <cooperative_groups.h> /* this_cluster, map_shared_rank */
 
-#include <atomic>   /* the per-device shared-memory attribute, set once */
 #include <stdint.h> /* uintptr_t */
-#include <stdlib.h> /* getenv, atoi */
 
 namespace cg = cooperative_groups;
 
@@ -21,7 +19,13 @@ constexpr int kGroups = kThreads / 64;
 constexpr int kRed = kGroups * kTile * kTile; /* the groups' partial tiles */
 constexpr int kKc = 0, kRc = 1;               /* operand layouts: k-contiguous, row-contiguous */
 constexpr int kPer = kMaxSlice * kTile / 4 / kThreads; /* float4 loads per thread per operand */
-constexpr int kMaxDevices = 64;
+
+/* The k slice of each block when K is split over `split` blocks: a multiple of 4 (float4
+ * loads along k). */
+__host__ __device__ constexpr int slice(int K, int split)
+{
+    return ((K + split - 1) / split + 3) / 4 * 4;
+}
 
 /* Floats of dynamic shared memory for a slice of ks: the operands (or, after them, the
  * groups' partials), the block's partial tile and its row sums. */
@@ -237,25 +241,18 @@ __global__ void __launch_bounds__(kThreads) sg_kernel(Args p, int ks)
     cl.sync(); /* no block leaves while another reads its shared memory */
 }
 
+/* Above 48 KiB of dynamic shared memory a kernel must say so (per device: see prepare). */
+template <int LA, int LB, int OP, bool RELU> cudaError_t allow_smem()
+{
+    return cudaFuncSetAttribute(sg_kernel<LA, LB, OP, RELU>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(sizeof(float) * smem_floats(kMaxSlice)));
+}
+
 template <int LA, int LB, int OP, bool RELU>
 cudaError_t go(const Args &a, int split, cudaStream_t st)
 {
-    auto kernel = sg_kernel<LA, LB, OP, RELU>;
-    /* Above 48 KiB of dynamic shared memory a kernel must say so, once per device. */
-    static std::atomic<unsigned long long> set_on{0};
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    const unsigned long long bit = 1ull << (dev % kMaxDevices);
-    if ((set_on.load() & bit) == 0) {
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)(sizeof(float) * smem_floats(kMaxSlice)));
-        if (e != cudaSuccess)
-            return e;
-        set_on.fetch_or(bit);
-    }
-    const int ks = ((a.K + split - 1) / split + 3) / 4 * 4;
+    const int ks = slice(a.K, split);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)split, (unsigned)((a.N + kTile - 1) / kTile),
                        (unsigned)((a.M + kTile - 1) / kTile));
@@ -269,7 +266,7 @@ cudaError_t go(const Args &a, int split, cudaStream_t st)
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, a, ks);
+    return cudaLaunchKernelEx(&cfg, sg_kernel<LA, LB, OP, RELU>, a, ks);
 }
 
 bool aligned16(const void *p)
@@ -279,7 +276,18 @@ bool aligned16(const void *p)
 
 } // namespace
 
-int split_for(Op op, const Args &a, int sms)
+cudaError_t prepare()
+{
+    cudaError_t e;
+    if ((e = allow_smem<kKc, kKc, kForward, true>()) != cudaSuccess ||
+        (e = allow_smem<kKc, kKc, kForward, false>()) != cudaSuccess ||
+        (e = allow_smem<kKc, kRc, kInputGrad, true>()) != cudaSuccess ||
+        (e = allow_smem<kKc, kRc, kInputGrad, false>()) != cudaSuccess)
+        return e;
+    return allow_smem<kRc, kRc, kWeightGrad, false>();
+}
+
+int split_for(Op op, const Args &a, int sms, int forced)
 {
     if (a.M < 1 || a.N < 1 || a.K < 1 || 2.0 * a.M * a.N * a.K > kMaxFlops)
         return 0;
@@ -296,8 +304,6 @@ int split_for(Op op, const Args &a, int sms)
      * (measured on the H200: 13.6 against 7.8 us for 256 x 784 x 256). */
     if (split > kMaxCluster || tiles * split > sms)
         return 0;
-    const char *env = getenv("MGPU_SG_SPLIT");
-    const int forced = env != NULL ? atoi(env) : 0;
     if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
         return forced;
     /* At most a block per multiprocessor (one of 512 threads, its k slice in flight at once, is
@@ -305,7 +311,7 @@ int split_for(Op op, const Args &a, int sms)
      * the kernel's tail), then no block without a k of its own. */
     while (split < kMaxCluster && tiles * split * 2 <= sms)
         split *= 2;
-    while (split > need && (long)(split - 1) * (((a.K + split - 1) / split + 3) / 4 * 4) >= a.K)
+    while (split > need && (long)(split - 1) * slice(a.K, split) >= a.K)
         split /= 2;
     return split;
 }

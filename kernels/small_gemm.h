@@ -57,9 +57,13 @@ struct Args {
  * when the op is not for this kernel: too many flops, K over kMaxCluster * kMaxSlice, more
  * blocks than multiprocessors (a second wave, where cuBLAS's larger tiles win), or an operand
  * whose float4 loads would be misaligned (pointers, leading dimensions, and the dimension each
- * float4 runs along: k for a k-contiguous operand, m or n for the other). MGPU_SG_SPLIT=n (a
- * power of two) overrides the split where it fits. */
-int split_for(Op op, const Args &a, int sms);
+ * float4 runs along: k for a k-contiguous operand, m or n for the other). forced (a power of
+ * two; 0: none) overrides the split where it fits. */
+int split_for(Op op, const Args &a, int sms, int forced);
+
+/* Lets every variant of the kernel take the shared memory of the largest slice on the current
+ * device; once per device before the first launch there. */
+cudaError_t prepare();
 
 /* Queues the op on st with `split` blocks per cluster (split_for's answer). */
 cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st);

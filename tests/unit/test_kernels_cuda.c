@@ -923,37 +923,49 @@ static void test_small_gemm_rule(void)
 #else
     static float buf[64] __attribute__((aligned(16)));
     const void *al = buf, *odd = buf + 1;
-    unsetenv("MGPU_SG_SPLIT");
-    /* The MLP of (b) on 132 multiprocessors: 64 tiles of 32 x 32, one block per multiprocessor
-     * at most, a K slice of at most 512. */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 784, al, 784, al, 784, 132), 2);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 2);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(1, 256, 256, 256, al, 256, al, 256, 132), 2);
-    /* 200 tiles: a second wave, declined; so are 64 tiles split in two on 100. */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(2, 256, 784, 256, al, 256, al, 784, 132), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 784, al, 784, al, 784, 100), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 100), 1);
-    /* K of 2000 over a cluster of 8; more than 8 slices of 512 declined. */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 64, 68, 2000, al, 2000, al, 2000, 132), 8);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 8, 8, 4100, al, 4100, al, 4100, 132), 0);
-    /* No block without a k of its own: K = 8 keeps a split of 2. */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 32, 32, 8, al, 8, al, 8, 132), 2);
-    /* Misaligned float4 loads: a pointer, a leading dimension, k for k-contiguous operands,
-     * m or n for the others; batch rows need no alignment in the weight gradient (its K). */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, odd, 256, al, 256, 132), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 254, al, 254, al, 254, 132), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(1, 256, 258, 256, al, 256, al, 258, 132), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(2, 10, 256, 256, al, 10, al, 256, 132), 0);
-    CHECK(mgpu_kernels_cuda_small_gemm_split(2, 64, 256, 30, al, 64, al, 256, 132) > 0);
-    /* Too many flops for a launch-bound kernel; an unknown op. */
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 512, 512, 1024, al, 1024, al, 1024, 132), 0);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(3, 32, 32, 32, al, 32, al, 32, 132), 0);
-    /* MGPU_SG_SPLIT forces a power of two that fits. */
-    setenv("MGPU_SG_SPLIT", "4", 1);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 4);
-    setenv("MGPU_SG_SPLIT", "3", 1);
-    CHECK_INT(mgpu_kernels_cuda_small_gemm_split(0, 256, 256, 256, al, 256, al, 256, 132), 2);
-    unsetenv("MGPU_SG_SPLIT");
+    /* want: the split, 0 declined, -1 any split (> 0). */
+    static const struct {
+        int op, m, n, k, a_odd, lda, ldb, sms, forced, want;
+    } cases[] = {
+        /* The MLP of (b) on 132 multiprocessors: 64 tiles of 32 x 32, one block per
+         * multiprocessor at most, a K slice of at most 512. */
+        {0, 256, 256, 784, 0, 784, 784, 132, 0, 2},
+        {0, 256, 256, 256, 0, 256, 256, 132, 0, 2},
+        {1, 256, 256, 256, 0, 256, 256, 132, 0, 2},
+        /* 200 tiles: a second wave, declined; so are 64 tiles split in two on 100. */
+        {2, 256, 784, 256, 0, 256, 784, 132, 0, 0},
+        {0, 256, 256, 784, 0, 784, 784, 100, 0, 0},
+        {0, 256, 256, 256, 0, 256, 256, 100, 0, 1},
+        /* K of 2000 over a cluster of 8; more than 8 slices of 512 declined. */
+        {0, 64, 68, 2000, 0, 2000, 2000, 132, 0, 8},
+        {0, 8, 8, 4100, 0, 4100, 4100, 132, 0, 0},
+        /* No block without a k of its own: K = 8 keeps a split of 2. */
+        {0, 32, 32, 8, 0, 8, 8, 132, 0, 2},
+        /* Misaligned float4 loads: a pointer, a leading dimension, k for k-contiguous
+         * operands, m or n for the others; batch rows need no alignment in the weight
+         * gradient (its K). */
+        {0, 256, 256, 256, 1, 256, 256, 132, 0, 0},
+        {0, 256, 256, 254, 0, 254, 254, 132, 0, 0},
+        {1, 256, 258, 256, 0, 256, 258, 132, 0, 0},
+        {2, 10, 256, 256, 0, 10, 256, 132, 0, 0},
+        {2, 64, 256, 30, 0, 64, 256, 132, 0, -1},
+        /* Too many flops for a launch-bound kernel; an unknown op. */
+        {0, 512, 512, 1024, 0, 1024, 1024, 132, 0, 0},
+        {3, 32, 32, 32, 0, 32, 32, 132, 0, 0},
+        /* MGPU_SG_SPLIT forces a power of two that fits. */
+        {0, 256, 256, 256, 0, 256, 256, 132, 4, 4},
+        {0, 256, 256, 256, 0, 256, 256, 132, 3, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int got = mgpu_kernels_cuda_small_gemm_split(
+            cases[i].op, cases[i].m, cases[i].n, cases[i].k, cases[i].a_odd ? odd : al,
+            cases[i].lda, al, cases[i].ldb, cases[i].sms, cases[i].forced);
+        if (cases[i].want < 0 ? got <= 0 : got != cases[i].want) {
+            printf("  case %zu: op %d %dx%dx%d on %d: split %d, expected %d\n", i, cases[i].op,
+                   cases[i].m, cases[i].n, cases[i].k, cases[i].sms, got, cases[i].want);
+            check_failed++;
+        }
+    }
 #endif
 }
 
