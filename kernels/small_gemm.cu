@@ -13,30 +13,33 @@ namespace mgpu_sg
 namespace
 {
 
-constexpr int kTile = 32;     /* output tile: kTile x kTile */
+constexpr int kTile = 32; /* output tile: kTile x kTile */
+constexpr int kLd =
+    kTile + 4; /* the staged operands' row stride: conflict-free transposing stores */
 constexpr int kThreads = 512; /* eight k-groups of 64 threads, each thread 4 x 4 outputs */
 constexpr int kGroups = kThreads / 64;
 constexpr int kRed = kGroups * kTile * kTile; /* the groups' partial tiles */
 constexpr int kKc = 0, kRc = 1;               /* operand layouts: k-contiguous, row-contiguous */
 constexpr int kPer = kMaxSlice * kTile / 4 / kThreads; /* float4 loads per thread per operand */
 
-/* The k slice of each block when K is split over `split` blocks: a multiple of 4 (float4
- * loads along k). */
+/* The k slice of each block when K is split over `split` blocks: a multiple of 8 (pairs of
+ * float4 loads along k). */
 __host__ __device__ constexpr int slice(int K, int split)
 {
-    return ((K + split - 1) / split + 3) / 4 * 4;
+    return ((K + split - 1) / split + 7) / 8 * 8;
 }
 
 /* Floats of dynamic shared memory for a slice of ks: the operands (or, after them, the
  * groups' partials), the block's partial tile and its row sums. */
 __host__ __device__ constexpr int smem_floats(int ks)
 {
-    return (2 * ks * kTile > kRed ? 2 * ks * kTile : kRed) + kTile * kTile + kTile;
+    return (2 * ks * kLd > kRed ? 2 * ks * kLd : kRed) + kTile * kTile + kTile;
 }
 
 /* The float4 loads of one operand's slice: element (r0 + r, k0 + k) for k < ks, r < kTile,
  * zero past R or kn. A thread issues all of both operands' loads before storing any, so the
- * slice costs one memory latency. */
+ * slice costs one memory latency. Along k, two neighbouring threads take the two halves of a
+ * 32-byte sector (one thread a row would use half of each sector it fetches). */
 template <int L>
 __device__ __forceinline__ void load(const float *__restrict__ src, int ld, int r0, int R, int k0,
                                      int kn, int ks, float4 (&v)[kPer], int tid)
@@ -48,7 +51,7 @@ __device__ __forceinline__ void load(const float *__restrict__ src, int ld, int 
         v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (idx < items) {
             if (L == kKc) {
-                const int r = idx % kTile, kq = idx / kTile;
+                const int r = (idx >> 1) % kTile, kq = idx / (2 * kTile) * 2 + (idx & 1);
                 if (r0 + r < R && kq * 4 < kn)
                     v[i] = __ldg(reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + k0 +
                                                                   kq * 4));
@@ -62,7 +65,7 @@ __device__ __forceinline__ void load(const float *__restrict__ src, int ld, int 
     }
 }
 
-/* ... and their stores, k-major: dst[k * kTile + r]. */
+/* ... and their stores, k-major: dst[k * kLd + r]. */
 template <int L>
 __device__ __forceinline__ void store(const float4 (&v)[kPer], int ks, float *dst, int tid)
 {
@@ -72,15 +75,15 @@ __device__ __forceinline__ void store(const float4 (&v)[kPer], int ks, float *ds
         const int idx = tid + i * kThreads;
         if (idx < items) {
             if (L == kKc) {
-                const int r = idx % kTile, kq = idx / kTile;
-                float *d = dst + kq * 4 * kTile + r;
+                const int r = (idx >> 1) % kTile, kq = idx / (2 * kTile) * 2 + (idx & 1);
+                float *d = dst + kq * 4 * kLd + r;
                 d[0] = v[i].x;
-                d[kTile] = v[i].y;
-                d[2 * kTile] = v[i].z;
-                d[3 * kTile] = v[i].w;
+                d[kLd] = v[i].y;
+                d[2 * kLd] = v[i].z;
+                d[3 * kLd] = v[i].w;
             } else {
                 const int rq = idx % (kTile / 4), k = idx / (kTile / 4);
-                *reinterpret_cast<float4 *>(dst + k * kTile + rq * 4) = v[i];
+                *reinterpret_cast<float4 *>(dst + k * kLd + rq * 4) = v[i];
             }
         }
     }
@@ -89,12 +92,12 @@ __device__ __forceinline__ void store(const float4 (&v)[kPer], int ks, float *ds
 /* Grid: (split, N tiles, M tiles), clusters of (split, 1, 1): the blocks of a cluster share
  * one output tile and take consecutive k slices of ks. */
 template <int LA, int LB, int OP, bool RELU>
-__global__ void __launch_bounds__(kThreads) sg_kernel(Args p, int ks)
+__global__ void __launch_bounds__(kThreads, 1) sg_kernel(Args p, int ks)
 {
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
-    float *as = sm, *bs = sm + ks * kTile;
-    float *part = sm + (2 * ks * kTile > kRed ? 2 * ks * kTile : kRed);
+    float *as = sm, *bs = sm + ks * kLd;
+    float *part = sm + (2 * ks * kLd > kRed ? 2 * ks * kLd : kRed);
     float *rsum = part + kTile * kTile;
     cg::cluster_group cl = cg::this_cluster();
     const int split = (int)cl.num_blocks(), rank = (int)cl.block_rank();
@@ -117,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) sg_kernel(Args p, int ks)
     float acc[4][4] = {};
 #pragma unroll 4
     for (int k = g; k < kn; k += kGroups) {
-        const float4 a = *reinterpret_cast<const float4 *>(as + k * kTile + tm);
-        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kTile + tn);
+        const float4 a = *reinterpret_cast<const float4 *>(as + k * kLd + tm);
+        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kLd + tn);
         const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -131,13 +134,13 @@ __global__ void __launch_bounds__(kThreads) sg_kernel(Args p, int ks)
         float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
         int k = 0;
         for (; k + 4 <= kn; k += 4) {
-            s0 += as[k * kTile + tid];
-            s1 += as[(k + 1) * kTile + tid];
-            s2 += as[(k + 2) * kTile + tid];
-            s3 += as[(k + 3) * kTile + tid];
+            s0 += as[k * kLd + tid];
+            s1 += as[(k + 1) * kLd + tid];
+            s2 += as[(k + 2) * kLd + tid];
+            s3 += as[(k + 3) * kLd + tid];
         }
         for (; k < kn; k++)
-            s0 += as[k * kTile + tid];
+            s0 += as[k * kLd + tid];
         rsum[tid] = (s0 + s1) + (s2 + s3);
     }
     __syncthreads(); /* the operands are read: their space takes the groups' partials */

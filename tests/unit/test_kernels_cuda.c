@@ -939,8 +939,10 @@ static void test_small_gemm_rule(void)
         /* K of 2000 over a cluster of 8; more than 8 slices of 512 declined. */
         {0, 64, 68, 2000, 0, 2000, 2000, 132, 0, 8},
         {0, 8, 8, 4100, 0, 4100, 4100, 132, 0, 0},
-        /* No block without a k of its own: K = 8 keeps a split of 2. */
-        {0, 32, 32, 8, 0, 8, 8, 132, 0, 2},
+        /* No block without a k of its own (slices are multiples of 8): K = 16 keeps a split
+         * of 2, K = 8 takes one block. */
+        {0, 32, 32, 16, 0, 16, 16, 132, 0, 2},
+        {0, 32, 32, 8, 0, 8, 8, 132, 0, 1},
         /* Misaligned float4 loads: a pointer, a leading dimension, k for k-contiguous
          * operands, m or n for the others; batch rows need no alignment in the weight
          * gradient (its K). */
