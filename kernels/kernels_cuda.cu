@@ -40,15 +40,15 @@
  * - Launch-bound steps are chains of dependent kernels, so the ops that end a step's chain
  *   early are fused where cuBLAS leaves a gap: a narrow output layer (linear_loss) is one
  *   warp-per-row kernel (product, loss, gradient, input gradient), and its weight gradient
- *   another (narrow_dw_kernel) on a side stream. Small weight gradients run on two side
- *   streams taken in turn, so the output layer's and the next layer's overlap that layer's
- *   input gradient. The hidden layers' products of a launch-bound step are small_gemm.cu's
- *   where that measured faster on the H200 (tests/bench/GPU_TRAIN_RESULTS.md, session 4): in
- *   fp32 the forward and the input gradient (one kernel each, the epilogue inside, where
- *   cuBLAS's fp32 kernels take a split-K reduction or an epilogue kernel more), in tf32 the
- *   input gradient only (cuBLAS's tensor-core forward is faster). MGPU_SG_FP32 and
- *   MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SG_SPLIT=n its K
- *   split, MGPU_SMALL_GEMM=0 turns it off. */
+ *   another (narrow_dw_kernel) on a side stream. Small weight gradients run on side streams
+ *   taken in turn, after the input gradient of their layer (the model queues that first: it
+ *   is the step's chain), beside the weight gradients of the layers below. The hidden layers'
+ * products of a launch-bound step are small_gemm.cu's where that measured faster on the H200
+ * (tests/bench/GPU_TRAIN_RESULTS.md, session 4): in fp32 the forward and the input gradient (one
+ * kernel each, the epilogue inside, where cuBLAS's fp32 kernels take a split-K reduction or an
+ * epilogue kernel more), in tf32 the input gradient only (cuBLAS's tensor-core forward is faster).
+ * MGPU_SG_FP32 and MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SG_SPLIT=n
+ * its K split, MGPU_SMALL_GEMM=0 turns it off. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
 
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
@@ -239,8 +239,9 @@ struct cuda_impl {
     /* A small weight-gradient product runs on a side stream, forked from `stream` (ev_fork)
      * so that it overlaps the input-gradient product of the same layer, and the next layer's
      * when the model defers the join (the fused output layer); cuda_join waits for the `done`
-     * event of each pending one. Two of them, taken in turn, each with its own cuBLASLt
-     * workspace and narrow_dw_kernel's partial sums and counters. */
+     * event of each pending one. Four of them, taken in turn (a step's output layer, the
+     * layer below with its bias gradient, and the first layer all run beside each other),
+     * each with its own cuBLASLt workspace and narrow_dw_kernel's partial sums and counters. */
     struct side_stream {
         cudaStream_t s;
         void *ws;
@@ -248,7 +249,7 @@ struct cuda_impl {
         bool pending;
         float *nw_part;
         unsigned *nw_count;
-    } side[2];
+    } side[4];
     int side_next;                     /* the one the next weight gradient takes */
     cudaEvent_t ev_fork, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
     struct AdamState *adam;            /* AdamW's step, in device memory */
@@ -1331,7 +1332,8 @@ struct NarrowArgs {
  * the head's W loads, unconditional). The warps' sums are added in warp order in shared
  * memory; with several splits each block writes its sums and the last block of the column
  * group adds the splits in order: the same bits on every run. */
-template <int NJ> __global__ void __launch_bounds__(kThreads) narrow_dw_kernel(NarrowArgs a)
+template <int NJ>
+__global__ void __launch_bounds__(kThreads, NJ <= 16 ? 4 : 1) narrow_dw_kernel(NarrowArgs a)
 {
     __shared__ float sm[kNarrowWarps][NJ][33];
     __shared__ float sb[kNarrowWarps][NJ];
@@ -2578,6 +2580,9 @@ int cuda_linear_backward_data(void *impl, mgpu_act_t act, int rows, int out, int
 
 /* Launch-bound sizes: their weight-gradient product runs on a side stream (see cuda_impl). */
 constexpr double kSideMaxFlops = 2.0 * (1 << 26);
+/* Up to this many rows (a pass of sum_rows_kernel's 8 row groups) the bias gradient of such a
+ * product runs on a side stream of its own (cuda_linear_backward_weight). */
+constexpr int kSideBiasRows = 4096;
 
 /* The output layer's weight gradient as narrow_dw_kernel: dz at most 32 wide (a classifier's
  * logits), launch-bound sizes, fp32 math (so not bf16 mode). cuBLAS gives such a product 8
@@ -2593,8 +2598,10 @@ int launch_narrow_dw(cuda_impl *c, int i, int rows, int out, int in, const float
                      const float *x, float *dw, float *dbias, mgpu_err_t *err)
 {
     const long groups = (in + 31) / 32;
-    /* Splits of at least 16 rows (two a warp), about a block per multiprocessor in all. */
-    long splits = (c->sms + groups - 1) / groups, by_rows = (rows + 15) / 16;
+    /* Splits of at least 16 rows (two a warp), about a block per two multiprocessors in all:
+     * this product runs beside the layer below's input gradient, whose blocks need the rest
+     * of a multiprocessor (registers: at most 64 a thread here, NJ <= 16). */
+    long splits = (c->sms / 2 + groups - 1) / groups, by_rows = (rows + 15) / 16;
     const int nj = out <= 4 ? 4 : out <= 16 ? 16 : 32;
     const long by_part = (long)(kNarrowPartFloats / ((size_t)groups * (nj * 32 + nj)));
     splits = splits < by_rows ? splits : by_rows;
@@ -2648,10 +2655,29 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
                          dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* The side stream's previous GEMM was joined (cuda_join) or is ordered before this fork
      * by its own stream; the join after this layer's input gradient waits for this one. */
+    constexpr int kSides = (int)(sizeof c->side / sizeof c->side[0]);
     const int i = c->side_next;
-    c->side_next ^= 1;
+    c->side_next = (i + 1) % kSides;
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
     CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_fork, 0));
+    if (!narrow && !split && dbias != nullptr && rows <= kSideBiasRows) {
+        /* cuBLASLt's bias gradient (BGRADB) is a kernel of its own after the product's (2 us
+         * at (b)'s sizes, the last of the step's chain): the column sums of dz run on the
+         * next side stream instead, beside the product, in one pass (no partials). */
+        const int j = c->side_next;
+        c->side_next = (j + 1) % kSides;
+        CUDA_CHECK(err, cudaStreamWaitEvent(c->side[j].s, c->ev_fork, 0));
+        sum_rows_kernel<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, c->side[j].s>>>(
+            rows, out, dz, rows, nullptr, 0.0f, dbias, 1);
+        cudaError_t le = cudaGetLastError();
+        CUDA_CHECK(err, cudaEventRecord(c->side[j].done, c->side[j].s));
+        c->side[j].pending = true;
+        if (le != cudaSuccess)
+            return mgpu_err_set(err, MGPU_E_CUDA, "launch of sum_rows_kernel (%d x %d): %s", rows,
+                                out, cudaGetErrorString(le));
+        epi = CUBLASLT_EPILOGUE_DEFAULT;
+        dbias = nullptr;
+    }
     int rc =
         narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
         : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
