@@ -243,24 +243,38 @@ int mgpu_model_backward(mgpu_model_t *m, const float *x, const int32_t *labels,
     return mgpu_model_backward_hooked(m, x, labels, targets, NULL, NULL, err);
 }
 
+/* dW [out, in] of layer l = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz,
+ * here only for the output layer (the input gradient of the layer above writes the others)
+ * and for the layer below it when mgpu_k_linear_loss left that (bias_left). */
+static int weight_grad(mgpu_model_t *m, int l, const float *dz, const float *x, int bias_left,
+                       mgpu_err_t *err)
+{
+    const mgpu_layer_t *ly = &m->layers[l];
+    int top = l == m->n_layers - 1 && ly->act == MGPU_ACT_IDENTITY;
+    int bias_here = top || (bias_left && l == m->n_layers - 2);
+    return mgpu_k_linear_backward_weight(m->k, m->last_batch, ly->out, ly->in, dz,
+                                         l > 0 ? m->y[l - 1] : x, m->grads + ly->w_off,
+                                         bias_here ? m->grads + ly->b_off : NULL, err);
+}
+
 /* The backward from the output layer down, d holding dz of the output layer. With
  * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
  * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
  * them. With bias_left too, mgpu_k_linear_loss left the layer below's bias gradient to that
- * layer's weight-gradient op. */
+ * layer's weight-gradient op. Each layer queues its input gradient before its weight
+ * gradient: the input gradients are the step's chain, and a small weight gradient, which the
+ * backend runs on a side stream, then overlaps the layers below instead of delaying it. */
 static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done, int bias_left,
                            mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
-    int batch = m->last_batch, rc, deferred = -1;
-    float *other = top_done ? m->dy_a : m->dy_b;
+    int batch = m->last_batch, rc = 0, deferred = -1;
+    float *other = top_done ? m->dy_a : m->dy_b, *d_deferred = NULL;
 
     for (int l = m->n_layers - 1; l >= 0; l--) {
         const mgpu_layer_t *ly = &m->layers[l];
-        const float *in = l > 0 ? m->y[l - 1] : x;
         /* d is dz of this layer: the output layer has no activation, and each lower layer's
          * activation backward ran inside the input-gradient GEMM of the layer above, which
          * also wrote that layer's bias gradient (but for mgpu_k_linear_loss). */
-        int top = l == m->n_layers - 1 && ly->act == MGPU_ACT_IDENTITY;
         if (l == m->n_layers - 1 && ly->act != MGPU_ACT_IDENTITY) {
             /* (never for the models built here: the output layer is identity) */
             rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
@@ -270,32 +284,31 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
             if (rc < 0)
                 return rc;
         }
-        /* dW [out, in] = dz^T [out, batch] . in [batch, in]; db [out] = column sums of dz
-         * (here only for the output layer, see above, and for the layer below it when
-         * mgpu_k_linear_loss left that). */
-        int bias_here = top || (bias_left && l == m->n_layers - 2);
-        rc =
-            mgpu_k_linear_backward_weight(m->k, batch, ly->out, ly->in, d, in, m->grads + ly->w_off,
-                                          bias_here ? m->grads + ly->b_off : NULL, err);
-        if (rc == 0 && top_done && l == m->n_layers - 1 && l > 0) {
+        if (top_done && l == m->n_layers - 1 && l > 0) {
             deferred = l; /* d(in) is in other: on to the layer below, joined with it */
+            d_deferred = d;
             d = other;
             other = m->dy_b;
             continue;
         }
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
-        if (rc == 0 && l > 0) {
+        if (l > 0) {
             const mgpu_layer_t *lb = &m->layers[l - 1];
             rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
                                              m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
                                              m->aux[l - 1], other, m->grads + lb->b_off, err);
         }
-        /* The weight gradient may have run beside d(in) (mgpu_k_join); both are done before
+        /* The weight gradients: the deferred output layer's, then this one's. */
+        if (rc == 0 && deferred >= 0)
+            rc = weight_grad(m, deferred, d_deferred, x, bias_left, err);
+        if (rc == 0)
+            rc = weight_grad(m, l, d, x, bias_left, err);
+        /* The weight gradients may have run beside d(in) (mgpu_k_join); all are done before
          * the hook's all-reduce reads this layer's gradients and before d is overwritten.
-         * Without a hook, the first layer's weight gradient need not wait for this one: it
+         * Without a hook, the first layer's weight gradient need not wait for this one's: it
          * reads neither this layer's d nor its gradients, and nothing writes d after it (the
-         * first layer has no input gradient), so the two overlap and are joined after it. */
+         * first layer has no input gradient), so they overlap and are joined after it. */
         if (rc == 0 && !(hook == NULL && l == 1))
             rc = mgpu_k_join(m->k, err);
         if (rc == 0 && hook != NULL && deferred >= 0)
