@@ -261,9 +261,11 @@ static int weight_grad(mgpu_model_t *m, int l, const float *dz, const float *x, 
  * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
  * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
  * them. With bias_left too, mgpu_k_linear_loss left the layer below's bias gradient to that
- * layer's weight-gradient op. Each layer queues its input gradient before its weight
- * gradient: the input gradients are the step's chain, and a small weight gradient, which the
- * backend runs on a side stream, then overlaps the layers below instead of delaying it. */
+ * layer's weight-gradient op. A small weight gradient runs on a side stream of the backend,
+ * beside what is queued after it until the next mgpu_k_join: a layer followed by a join
+ * queues its weight gradients first, beside its input gradient; the layer whose join is
+ * skipped (see below) queues its input gradient first, the step's chain, and its weight
+ * gradients then run beside the first layer's instead of delaying that chain. */
 static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done, int bias_left,
                            mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
@@ -291,25 +293,29 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
             other = m->dy_b;
             continue;
         }
+        const int joined = !(hook == NULL && l == 1);
+        if (joined && deferred >= 0)
+            rc = weight_grad(m, deferred, d_deferred, x, bias_left, err);
+        if (rc == 0 && joined)
+            rc = weight_grad(m, l, d, x, bias_left, err);
         /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
          * and the layer below's bias gradient; not needed for the input. */
-        if (l > 0) {
+        if (rc == 0 && l > 0) {
             const mgpu_layer_t *lb = &m->layers[l - 1];
             rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
                                              m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
                                              m->aux[l - 1], other, m->grads + lb->b_off, err);
         }
-        /* The weight gradients: the deferred output layer's, then this one's. */
-        if (rc == 0 && deferred >= 0)
+        if (rc == 0 && !joined && deferred >= 0)
             rc = weight_grad(m, deferred, d_deferred, x, bias_left, err);
-        if (rc == 0)
+        if (rc == 0 && !joined)
             rc = weight_grad(m, l, d, x, bias_left, err);
         /* The weight gradients may have run beside d(in) (mgpu_k_join); all are done before
          * the hook's all-reduce reads this layer's gradients and before d is overwritten.
          * Without a hook, the first layer's weight gradient need not wait for this one's: it
          * reads neither this layer's d nor its gradients, and nothing writes d after it (the
          * first layer has no input gradient), so they overlap and are joined after it. */
-        if (rc == 0 && !(hook == NULL && l == 1))
+        if (rc == 0 && joined)
             rc = mgpu_k_join(m->k, err);
         if (rc == 0 && hook != NULL && deferred >= 0)
             rc = hook(hook_ctx, deferred, err);
