@@ -41,8 +41,9 @@
  *   early are fused where cuBLAS leaves a gap: a narrow output layer (linear_loss) is one
  *   warp-per-row kernel (product, loss, gradient, input gradient), and its weight gradient
  *   another (narrow_dw_kernel) on a side stream. Small weight gradients run on side streams
- *   taken in turn, after the input gradient of their layer (the model queues that first: it
- *   is the step's chain), beside the weight gradients of the layers below. The hidden layers'
+ *   taken in turn, beside what the model queues after them until its next join: the input
+ *   gradient of their layer, or, where the model queues that first (the layer whose join it
+ *   skips), the first layer's weight gradient. The hidden layers'
  * products of a launch-bound step are small_gemm.cu's where that measured faster on the H200
  * (tests/bench/GPU_TRAIN_RESULTS.md, session 4): in fp32 the forward and the input gradient (one
  * kernel each, the epilogue inside, where cuBLAS's fp32 kernels take a split-K reduction or an
