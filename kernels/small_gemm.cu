@@ -14,8 +14,8 @@ namespace
 {
 
 constexpr int kTile = 32; /* output tile: kTile x kTile */
-constexpr int kLd =
-    kTile + 4; /* the staged operands' row stride: conflict-free transposing stores */
+/* The staged operands' row stride: 36 keeps the transposing stores free of bank conflicts. */
+constexpr int kLd = kTile + 4;
 constexpr int kThreads = 512; /* eight k-groups of 64 threads, each thread 4 x 4 outputs */
 constexpr int kGroups = kThreads / 64;
 constexpr int kRed = kGroups * kTile * kTile; /* the groups' partial tiles */
