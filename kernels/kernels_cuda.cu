@@ -2661,33 +2661,35 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     c->side_next = (i + 1) % kSides;
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
     CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_fork, 0));
-    if (!narrow && !split && dbias != nullptr && rows <= kSideBiasRows) {
-        /* cuBLASLt's bias gradient (BGRADB) is a kernel of its own after the product's (2 us
-         * at (b)'s sizes, the last of the step's chain): the column sums of dz run on the
-         * next side stream instead, beside the product, in one pass (no partials). */
-        const int j = c->side_next;
-        c->side_next = (j + 1) % kSides;
-        CUDA_CHECK(err, cudaStreamWaitEvent(c->side[j].s, c->ev_fork, 0));
-        sum_rows_kernel<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, c->side[j].s>>>(
-            rows, out, dz, rows, nullptr, 0.0f, dbias, 1);
-        cudaError_t le = cudaGetLastError();
-        CUDA_CHECK(err, cudaEventRecord(c->side[j].done, c->side[j].s));
-        c->side[j].pending = true;
-        if (le != cudaSuccess)
-            return mgpu_err_set(err, MGPU_E_CUDA, "launch of sum_rows_kernel (%d x %d): %s", rows,
-                                out, cudaGetErrorString(le));
+    /* cuBLASLt's bias gradient (BGRADB) is a kernel of its own after the product's (2 us at
+     * (b)'s sizes, the last of the step's chain): the column sums of dz run on the next side
+     * stream instead, beside the product, in one pass (no partials); only once the product is
+     * queued (a declined one leaves both to the launcher's composition). */
+    const bool side_bias = !narrow && !split && dbias != nullptr && rows <= kSideBiasRows;
+    if (side_bias)
         epi = CUBLASLT_EPILOGUE_DEFAULT;
-        dbias = nullptr;
-    }
-    int rc =
-        narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-        : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
-                : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
-                            x, in, dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
+    int rc = narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+             : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
+                     : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
+                                 rows, x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias,
+                                 nullptr, 0, kReuse, kFresh, err);
     /* Joined even when declined: a side stream that joined a capture must leave it. */
     CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
     c->side[i].pending = true;
-    return rc;
+    if (rc != 0 || !side_bias)
+        return rc;
+    const int j = c->side_next;
+    c->side_next = (j + 1) % kSides;
+    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[j].s, c->ev_fork, 0));
+    sum_rows_kernel<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, c->side[j].s>>>(
+        rows, out, dz, rows, nullptr, 0.0f, dbias, 1);
+    cudaError_t le = cudaGetLastError();
+    CUDA_CHECK(err, cudaEventRecord(c->side[j].done, c->side[j].s));
+    c->side[j].pending = true;
+    if (le != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA, "launch of sum_rows_kernel (%d x %d): %s", rows, out,
+                            cudaGetErrorString(le));
+    return 0;
 }
 
 /* The output layer and its loss (mgpu_k_linear_loss) as head_kernel, for outputs that fit a
