@@ -282,6 +282,7 @@ static int parse_endpoint(const char *what, const char *v, mgpu_cli_t *cli, mgpu
         return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': the port must be 0 to 65535", what, v);
     snprintf(cli->endpoint_host, sizeof cli->endpoint_host, "%s", host);
     cli->endpoint_port = (int)p;
+    cli->endpoint_port_given = port != NULL;
     return 0;
 }
 
@@ -630,6 +631,14 @@ int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv
         return mgpu_err_set(err, MGPU_E_USAGE,
                             "--node_rank=%d: expected a node rank from 0 to %d (--nnodes=%d)",
                             cli->node_rank, cli->nnodes_max - 1, cli->nnodes_max);
+    if (cli->nnodes_max > 1 && cli->nnodes_min == cli->nnodes_max &&
+        strcmp(cli->rdzv_backend, "static") == 0 && cli->endpoint_host[0] &&
+        !cli->endpoint_port_given)
+        /* torchrun: "Port is absent in endpoint" */
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--rdzv_endpoint='%s': the static rendezvous (--nnodes=%d, node ranks "
+                            "given) meets at HOST:PORT; expected a port",
+                            cli->rdzv_endpoint, cli->nnodes_max);
     if (cli->standalone) {
         /* torchrun: --standalone ignores the rendezvous options and runs one node. */
         if (cli->nnodes_max != 1)

@@ -39,6 +39,7 @@ typedef struct mgpu_cli {
     int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
     char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
     int endpoint_port;        /* and port (default 29400) */
+    int endpoint_port_given;  /* the port was in --rdzv_endpoint */
     int max_restarts;
     double monitor_interval; /* accepted for compatibility; supervision is event-driven */
     char start_method[16];

@@ -55,6 +55,16 @@ static void missing_nodes(mgpu_rdzv_t *r, int from, int to, char *buf, size_t le
     }
 }
 
+/* A rendezvous waits up to its join timeout (600 s by default) for nodes that may never come:
+ * after this long it says, once, what it is still waiting for, then waits the rest. */
+#define NOTICE_AFTER_S 10.0
+
+/* The first part of a wait of timeout s (at most NOTICE_AFTER_S). */
+static double first_part(double timeout)
+{
+    return timeout > NOTICE_AFTER_S ? NOTICE_AFTER_S : timeout;
+}
+
 /* Static: node ranks given. Node 0 (which serves the store) decides whether the round is
  * complete and tells each node under its own key, so a node that never comes is named by every
  * node at the same moment, and no node asks a store that went away. */
@@ -83,7 +93,15 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     if (r->server == NULL) {
         /* Node 0 answers once every node came or its join timeout passed. */
         snprintf(key, sizeof key, "verdict/%d", r->node_rank);
-        rc = mgpu_store_get(r->client, key, o->join_timeout + 30.0, &cur, &clen, err);
+        const double total = o->join_timeout + 30.0, t1 = first_part(total);
+        rc = mgpu_store_get(r->client, key, t1, &cur, &clen, err);
+        if (rc == MGPU_E_TIMEOUT && total > t1) {
+            if (t1 < o->join_timeout) /* the others may still come */
+                mgpu_warn("rendezvous '%s' at %s: node rank %d of %d joined; waiting for the "
+                          "other nodes (up to %g s more)",
+                          o->run_id, r->where, r->node_rank, r->nnodes, o->join_timeout - t1);
+            rc = mgpu_store_get(r->client, key, total - t1, &cur, &clen, err);
+        }
         if (rc < 0)
             return mgpu_err_set(err, rc, "rendezvous '%s' at %s: no answer from node 0: %s",
                                 o->run_id, r->where, err->msg);
@@ -102,8 +120,17 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     for (int i = 0; i < r->nnodes; i++)
         if (asprintf(&keys[i], "node/%d", i) < 0)
             keys[i] = NULL;
-    rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, o->join_timeout,
-                         err);
+    const double t1 = first_part(o->join_timeout);
+    rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, t1, err);
+    if (rc == MGPU_E_TIMEOUT && o->join_timeout > t1) {
+        char miss[1024];
+        missing_nodes(r, 0, r->nnodes, miss, sizeof miss);
+        mgpu_warn("rendezvous '%s' at %s: waiting for node rank(s) %s of %d to join (up to %g s "
+                  "more)",
+                  o->run_id, r->where, miss, r->nnodes, o->join_timeout - t1);
+        rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes,
+                             o->join_timeout - t1, err);
+    }
     for (int i = 0; i < r->nnodes; i++)
         free(keys[i]);
     free(keys);
@@ -181,8 +208,16 @@ static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *m
         for (int i = 0; i < o->nnodes_max; i++)
             if (asprintf(&keys[i], "node/%d", i) < 0)
                 keys[i] = NULL;
-        rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_min,
-                             o->join_timeout, err);
+        const double t1 = first_part(o->join_timeout);
+        rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_min, t1, err);
+        if (rc == MGPU_E_TIMEOUT && o->join_timeout > t1) {
+            mgpu_store_add(r->client, "arrivals", 0, &total, NULL);
+            mgpu_warn("rendezvous '%s' at %s: %lld of at least %d nodes joined; waiting for the "
+                      "others (up to %g s more)",
+                      o->run_id, r->where, (long long)total, o->nnodes_min, o->join_timeout - t1);
+            rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_min,
+                                 o->join_timeout - t1, err);
+        }
         if (rc == 0 && o->nnodes_max > o->nnodes_min) {
             rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_max,
                                  o->last_call_timeout, err);

@@ -57,6 +57,36 @@ t_mn_loopback_three_nodes_ranks_by_node_rank() {
     check_world "2 1 3" "$port"
 }
 
+t_mn_loopback_static_rdzv_endpoint() {
+    # torchrun's static rendezvous meets at --rdzv_endpoint HOST:PORT when it is given (not at
+    # --master_addr:--master_port, here left to their defaults)
+    local port; port=$(free_port)
+    local a="--nnodes=2 --rdzv_endpoint=127.0.0.1:$port"
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 "$TW" env e.1.%l
+    start_node 0 - $a --node_rank=0 --nproc_per_node=2 "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses of nodes 0/1 ($(dump_nodes err.0 err.1 2>&1))"
+    check_world "2 1" "$port"
+    expect_eq "$(envval e.1.0 MGPU_STORE_PORT)" "$port" "the store's port (the endpoint's)"
+}
+
+t_mn_loopback_waiting_is_said() {
+    # a node that waits for the others says so, once, after 10 s (not only at the join timeout)
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    local t0; t0=$(now_ms)
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 "$TW" env e.0.%l
+    wait_until 30 grep -q 'waiting for node rank(s) 1 of 2 to join' err.0 ||
+        fail "node 0 said nothing while waiting ($(dump_nodes err.0 2>&1))"
+    local ms=$(($(now_ms) - t0))
+    [ "$ms" -ge 9000 ] || fail "said it after ${ms} ms, before 10 s"
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 "$TW" env e.1.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses of nodes 0/1 ($(dump_nodes err.0 err.1 2>&1))"
+    expect_eq "$(grep -c waiting err.0)" 1 "lines saying node 0 waits"
+    check_world "1 1" "$port"
+}
+
 # ------------------------------------------------------------------ network namespaces
 
 t_mn_netns_three_nodes_with_token() {

@@ -83,7 +83,8 @@ static void test_program_ends_options(void)
 {
     mgpu_cli_t *c = calloc(1, sizeof *c);
     mgpu_err_t e;
-    CHECK_INT(parse(c, &e, "--nproc_per_node=2", "train.py", "--nproc_per_node=5", "--", "-x", NULL), 0);
+    CHECK_INT(
+        parse(c, &e, "--nproc_per_node=2", "train.py", "--nproc_per_node=5", "--", "-x", NULL), 0);
     CHECK_STR(c->nproc, "2");
     CHECK_INT(c->prog_argc, 4);
     CHECK_STR(c->prog_argv[1], "--nproc_per_node=5");
@@ -153,7 +154,18 @@ static void test_bad_input(void)
     BAD("'--no_python' flag and the '--module' flag", "--no_python", "-m", "x");
     BAD("unknown option -z", "-z", "x");
     BAD("--rdzv_backend='etcd'", "--rdzv_backend=etcd", "x");
+    /* torchrun's static rendezvous meets at --rdzv_endpoint when given: HOST:PORT. */
+    BAD("--rdzv_endpoint='node0': the static rendezvous", "--nnodes=2", "--rdzv_endpoint=node0",
+        "x");
 #undef BAD
+    /* ... which elastic and one-node jobs do not need (c10d's default port is 29400). */
+    CHECK_INT(parse(c, &e, "--nnodes=2", "--rdzv_endpoint=node0:29555", "x", NULL), 0);
+    CHECK_INT(c->endpoint_port, 29555);
+    CHECK_INT(parse(c, &e, "--nnodes=1:2", "--rdzv_endpoint=node0", "x", NULL), 0);
+    CHECK_INT(c->endpoint_port, 29400);
+    CHECK_INT(parse(c, &e, "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=node0", "x", NULL),
+              0);
+    CHECK_INT(parse(c, &e, "--rdzv_endpoint=node0", "x", NULL), 0);
     free(c);
 }
 
