@@ -373,8 +373,10 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_MASTER_ADDR:
         if (*v == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a host name or address", what);
+        cli->master_given = 1;
         return copy_str(what, cli->master_addr, sizeof cli->master_addr, v, err);
     case O_MASTER_PORT:
+        cli->master_given = 1;
         rc = parse_long(what, v, 0, 65535, &n, err);
         cli->master_port = (int)n;
         return rc;

@@ -27,7 +27,8 @@ typedef struct mgpu_cli {
     int nnodes_min, nnodes_max;
     int node_rank;
     char master_addr[256];
-    int master_port; /* -1: not given */
+    int master_port;  /* -1: not given */
+    int master_given; /* --master_addr or --master_port (or their PET_ defaults) was given */
     int standalone;
     char rdzv_backend[32];
     char rdzv_endpoint[300];

@@ -173,6 +173,10 @@ int main(int argc, char **argv)
         mgpu_log_init("mgpu-launch", MGPU_LOG_ERROR);
     else if (cli->verbose)
         mgpu_log_init("mgpu-launch", MGPU_LOG_INFO);
+    if (cli->nnodes_max > 1 && cli->endpoint_host[0] && cli->master_given && !cli->standalone)
+        mgpu_warn("--master_addr and --master_port are only used without --rdzv_endpoint: the "
+                  "nodes meet at %s, as with torchrun",
+                  cli->rdzv_endpoint);
 
     /* Facts of this machine the plan needs. */
     n = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -332,9 +332,8 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     } else {
         plan->master_port = 29500;
     }
-    if (plan->nnodes > 1 && cli->endpoint_host[0] && cli->nnodes_min == cli->nnodes_max &&
-        strcmp(cli->rdzv_backend, "static") == 0) {
-        /* The static rendezvous meets at --rdzv_endpoint when it is given (main.c). */
+    if (plan->nnodes > 1 && cli->endpoint_host[0]) {
+        /* The nodes meet at --rdzv_endpoint when it is given (main.c). */
         snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->endpoint_host);
         plan->master_port = cli->endpoint_port;
     }

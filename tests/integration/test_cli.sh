@@ -55,6 +55,20 @@ t_bad_nnodes() {
     bad 'x' --nnodes=x
     bad ':2' --nnodes=:2
 }
+t_bad_static_endpoint_without_port() {
+    # torchrun's static rendezvous meets at --rdzv_endpoint when given: it needs a port
+    bad "rdzv_endpoint='node0'.*port" --nnodes=2 --rdzv_endpoint=node0
+}
+t_opt_rdzv_endpoint_beats_master_addr() {
+    # a job given both: the nodes meet at the endpoint; --master_addr is ignored, and said to be
+    "$LAUNCH" --nnodes=2 --node_rank=1 --rdzv_endpoint=10.9.8.7:29911 --master_addr=10.1.1.1 \
+        --dry-run "$TW" true >out 2>err || fail "exit $? ($(cat err))"
+    expect_grep out 'master: 10\.9\.8\.7:29911'
+    expect_grep err 'only used without --rdzv_endpoint: the nodes meet at 10\.9\.8\.7:29911'
+    "$LAUNCH" --nnodes=2 --node_rank=1 --rdzv_endpoint=10.9.8.7:29911 --dry-run "$TW" true \
+        >out 2>err || fail "exit $? ($(cat err))"
+    [ ! -s err ] || fail "a warning without --master_addr: $(cat err)"
+}
 t_bad_master_port() {
     bad '70000' --master_port=70000
     bad '-5' --master_port=-5
