@@ -2585,6 +2585,25 @@ constexpr double kSideMaxFlops = 2.0 * (1 << 26);
  * product runs on a side stream of its own (cuda_linear_backward_weight). */
 constexpr int kSideBiasRows = 4096;
 
+/* Takes the next side stream (cuda_impl::side) and makes it wait for ev_fork: the main stream
+ * as it was when the caller recorded it. */
+int side_fork(cuda_impl *c, int *i, mgpu_err_t *err)
+{
+    *i = c->side_next;
+    c->side_next = (*i + 1) % (int)(sizeof c->side / sizeof c->side[0]);
+    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[*i].s, c->ev_fork, 0));
+    return 0;
+}
+
+/* What side stream i was given is for cuda_join to wait for (also after a failed launch: a
+ * side stream that joined a capture must leave it). */
+int side_queued(cuda_impl *c, int i, mgpu_err_t *err)
+{
+    CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
+    c->side[i].pending = true;
+    return 0;
+}
+
 /* The output layer's weight gradient as narrow_dw_kernel: dz at most 32 wide (a classifier's
  * logits), launch-bound sizes, fp32 math (so not bf16 mode). cuBLAS gives such a product 8
  * blocks of 32 x 32 and a second kernel for the bias gradient: 15 us on the H200. */
@@ -2656,11 +2675,10 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
                          dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* The side stream's previous GEMM was joined (cuda_join) or is ordered before this fork
      * by its own stream; the join after this layer's input gradient waits for this one. */
-    constexpr int kSides = (int)(sizeof c->side / sizeof c->side[0]);
-    const int i = c->side_next;
-    c->side_next = (i + 1) % kSides;
     CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
-    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_fork, 0));
+    int i, j, rc;
+    if ((rc = side_fork(c, &i, err)) < 0)
+        return rc;
     /* cuBLASLt's bias gradient (BGRADB) is a kernel of its own after the product's (2 us at
      * (b)'s sizes, the last of the step's chain): the column sums of dz run on the next side
      * stream instead, beside the product, in one pass (no partials); only once the product is
@@ -2668,24 +2686,23 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     const bool side_bias = !narrow && !split && dbias != nullptr && rows <= kSideBiasRows;
     if (side_bias)
         epi = CUBLASLT_EPILOGUE_DEFAULT;
-    int rc = narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-             : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
-                     : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
-                                 rows, x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias,
-                                 nullptr, 0, kReuse, kFresh, err);
-    /* Joined even when declined: a side stream that joined a capture must leave it. */
-    CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
-    c->side[i].pending = true;
+    rc = narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+         : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
+                 : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
+                             rows, x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias,
+                             nullptr, 0, kReuse, kFresh, err);
+    const int qc = side_queued(c, i, err); /* even when declined */
+    if (qc < 0)
+        return qc;
     if (rc != 0 || !side_bias)
         return rc;
-    const int j = c->side_next;
-    c->side_next = (j + 1) % kSides;
-    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[j].s, c->ev_fork, 0));
+    if ((rc = side_fork(c, &j, err)) < 0)
+        return rc;
     sum_rows_kernel<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, c->side[j].s>>>(
         rows, out, dz, rows, nullptr, 0.0f, dbias, 1);
     cudaError_t le = cudaGetLastError();
-    CUDA_CHECK(err, cudaEventRecord(c->side[j].done, c->side[j].s));
-    c->side[j].pending = true;
+    if ((rc = side_queued(c, j, err)) < 0)
+        return rc;
     if (le != cudaSuccess)
         return mgpu_err_set(err, MGPU_E_CUDA, "launch of sum_rows_kernel (%d x %d): %s", rows, out,
                             cudaGetErrorString(le));
