@@ -251,7 +251,12 @@ struct cuda_impl {
         float *nw_part;
         unsigned *nw_count;
     } side[4];
-    int side_next;                     /* the one the next weight gradient takes */
+    int side_next; /* the one the next weight gradient takes */
+    /* small_gemm.cu's weight gradients, queued and launched as one group at the join (or
+     * sooner, when the next would not fit it) on a side stream that waits for ev_wg, the main
+     * stream as it was when the last of them was queued. */
+    mgpu_sg::Group wg;
+    cudaEvent_t ev_wg;
     cudaEvent_t ev_fork, ev_t0, ev_t1; /* t0, t1: lt_tune's timing */
     struct AdamState *adam;            /* AdamW's step, in device memory */
     bool tune_off;                     /* MGPU_LT_TUNE=0: the heuristic's first */
@@ -1449,7 +1454,7 @@ void cuda_impl_destroy(void *impl)
     (void)cudaFree(c->adam);
     (void)cudaFree(c->sg_part);
     (void)cudaFree(c->sg_count);
-    cudaEvent_t evs[] = {c->ev_fork, c->ev_t0, c->ev_t1};
+    cudaEvent_t evs[] = {c->ev_fork, c->ev_wg, c->ev_t0, c->ev_t1};
     for (cudaEvent_t ev : evs)
         if (ev != NULL)
             (void)cudaEventDestroy(ev);
@@ -1506,6 +1511,7 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
         CUDA_CHECK(err, cudaMemset(sd.nw_count, 0, kNarrowCounters * sizeof(unsigned)));
     }
     CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
+    CUDA_CHECK(err, cudaEventCreateWithFlags(&c->ev_wg, cudaEventDisableTiming));
     CUDA_CHECK(err, cudaMalloc((void **)&c->sg_part, kSgPartFloats * sizeof(float)));
     CUDA_CHECK(err, cudaMalloc((void **)&c->sg_count, kSgCounters * sizeof(unsigned)));
     CUDA_CHECK(err, cudaMemset(c->sg_count, 0, kSgCounters * sizeof(unsigned)));
@@ -1532,7 +1538,9 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
      * multiprocessors the input gradient waits for), 60.0 with none; tf32 45.4 us with the
      * input gradient only, 47.2 with none, 49.1 with the forward too. */
     e = getenv("MGPU_SG_FP32");
-    c->sg_ops_fp32 = e != NULL ? atoi(e) : (1 << mgpu_sg::kForward) | (1 << mgpu_sg::kInputGrad);
+    c->sg_ops_fp32 = e != NULL ? atoi(e)
+                               : (1 << mgpu_sg::kForward) | (1 << mgpu_sg::kInputGrad) |
+                                     (1 << mgpu_sg::kWeightGrad);
     e = getenv("MGPU_SG_TF32");
     c->sg_ops_tf32 = e != NULL ? atoi(e) : 1 << mgpu_sg::kInputGrad;
     e = getenv("MGPU_SG_SPLIT");
@@ -1660,6 +1668,9 @@ int cuda_sync(void *impl, mgpu_err_t *err)
 {
     /* Also where a fault of an earlier kernel (an illegal address) surfaces. */
     cuda_impl *c = (cuda_impl *)impl;
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
     for (const cuda_impl::side_stream &sd : c->side)
         CUDA_CHECK(err, cudaStreamSynchronize(sd.s));
@@ -2653,6 +2664,62 @@ int launch_narrow_dw(cuda_impl *c, int i, int rows, int out, int in, const float
     return 0;
 }
 
+/* Launches the queued weight gradients (cuda_impl::wg) as one group on the next side stream. */
+int wg_flush(cuda_impl *c, mgpu_err_t *err)
+{
+    if (c->wg.n == 0)
+        return 0;
+    mgpu_sg::Group g = c->wg;
+    c->wg.n = 0;
+    const int split = mgpu_sg::group_split(g, c->sms, c->sg_forced);
+    const int i = c->side_next;
+    c->side_next = (i + 1) % (int)(sizeof c->side / sizeof c->side[0]);
+    CUDA_CHECK(err, cudaStreamWaitEvent(c->side[i].s, c->ev_wg, 0));
+    cudaError_t ce =
+        split > 0 ? mgpu_sg::group_launch(g, split, c->side[i].s) : cudaErrorInvalidConfiguration;
+    /* Joined even when it failed: a side stream that joined a capture must leave it. */
+    CUDA_CHECK(err, cudaEventRecord(c->side[i].done, c->side[i].s));
+    c->side[i].pending = true;
+    if (ce != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA,
+                            "small_gemm weight gradients (%d layers, K %d, split %d): %s", g.n, g.K,
+                            split, cudaGetErrorString(ce));
+    c->sg_launches++;
+    return 0;
+}
+
+/* Queues a weight gradient for small_gemm.cu's group launch (MGPU_K_DECLINED: not for it, where
+ * the op is off, the job does not fit, or alone it would need a second wave of blocks). */
+int wg_queue(cuda_impl *c, const mgpu_sg::Job &j, int K, mgpu_err_t *err)
+{
+    const int ops = c->prec == MGPU_PREC_FP32   ? c->sg_ops_fp32
+                    : c->prec == MGPU_PREC_TF32 ? c->sg_ops_tf32
+                                                : 0;
+    if (c->sg_off || !(ops & (1 << (int)mgpu_sg::kWeightGrad)) || !mgpu_sg::job_fits(j, K))
+        return MGPU_K_DECLINED;
+    for (int pass = 0; pass < 2; pass++) {
+        mgpu_sg::Group g = c->wg;
+        if (g.n == mgpu_sg::kWgMaxJobs || (g.n > 0 && g.K != K))
+            g.n = -1; /* full, or another K: launch those first */
+        else {
+            g.K = K;
+            g.job[g.n++] = j;
+        }
+        if (g.n > 0 && mgpu_sg::group_split(g, c->sms, c->sg_forced) > 0) {
+            c->wg = g;
+            CUDA_CHECK(err, cudaEventRecord(c->ev_wg, c->stream));
+            invalidate(c, j.c, sizeof(float) * (size_t)j.M * j.ldc);
+            return 0;
+        }
+        if (c->wg.n == 0)
+            return MGPU_K_DECLINED; /* alone it needs more than a wave */
+        int rc = wg_flush(c, err);
+        if (rc < 0)
+            return rc;
+    }
+    return MGPU_K_DECLINED;
+}
+
 int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const float *dz,
                                 const float *x, float *dw, float *dbias, mgpu_err_t *err)
 {
@@ -2660,17 +2727,17 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     /* Large tf32 products keep cuda_gemm's transposed copy of dz (see there). */
     double flops = 2.0 * rows * out * in;
     const bool narrow = narrow_dw(c, rows, out, in);
-    mgpu_sg::Args a{};
-    a.M = out, a.N = in, a.K = rows, a.a = dz, a.lda = out, a.b = x, a.ldb = in, a.c = dw;
-    a.ldc = in, a.dbias = dbias;
-    const int split = narrow ? 0 : sg_split(c, mgpu_sg::kWeightGrad, a);
-    if (!narrow && !split &&
-        (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27))))
+    if (!narrow && flops <= kSideMaxFlops) {
+        int rc = wg_queue(c, mgpu_sg::Job{out, in, dz, out, x, in, dw, in, dbias}, rows, err);
+        if (rc != MGPU_K_DECLINED)
+            return rc;
+    }
+    if (!narrow && (!(c->lt_epi & 4) || (c->prec == MGPU_PREC_TF32 && flops > 2.0 * (1u << 27))))
         return MGPU_K_DECLINED;
     cublasLtEpilogue_t epi =
         dbias != nullptr ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
     /* bf16 converts its operands on c->stream: no fork there. */
-    if (!narrow && !split && (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops))
+    if (!narrow && (c->prec == MGPU_PREC_BF16 || flops > kSideMaxFlops))
         return lt_matmul(c, c->stream, c->blas_ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in,
                          dz, out, dw, in, epi, dbias, nullptr, 0, kReuse, kFresh, err);
     /* The side stream's previous GEMM was joined (cuda_join) or is ordered before this fork
@@ -2683,14 +2750,13 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
      * (b)'s sizes, the last of the step's chain): the column sums of dz run on the next side
      * stream instead, beside the product, in one pass (no partials); only once the product is
      * queued (a declined one leaves both to the launcher's composition). */
-    const bool side_bias = !narrow && !split && dbias != nullptr && rows <= kSideBiasRows;
+    const bool side_bias = !narrow && dbias != nullptr && rows <= kSideBiasRows;
     if (side_bias)
         epi = CUBLASLT_EPILOGUE_DEFAULT;
-    rc = narrow  ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-         : split ? sg_launch(c, mgpu_sg::kWeightGrad, a, split, c->side[i].s, err)
-                 : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out,
-                             rows, x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias,
-                             nullptr, 0, kReuse, kFresh, err);
+    rc = narrow ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
+                : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
+                            x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias, nullptr, 0,
+                            kReuse, kFresh, err);
     const int qc = side_queued(c, i, err); /* even when declined */
     if (qc < 0)
         return qc;
@@ -2783,6 +2849,9 @@ int cuda_written(void *impl, const void *p, size_t bytes, mgpu_err_t *err)
 int cuda_join(void *impl, mgpu_err_t *err)
 {
     cuda_impl *c = (cuda_impl *)impl;
+    int rc = wg_flush(c, err);
+    if (rc < 0)
+        return rc;
     for (cuda_impl::side_stream &sd : c->side)
         if (sd.pending) {
             CUDA_CHECK(err, cudaStreamWaitEvent(c->stream, sd.done, 0));

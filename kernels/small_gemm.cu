@@ -129,20 +129,6 @@ __global__ void __launch_bounds__(kThreads, 1) sg_kernel(Args p, int ks)
             for (int j = 0; j < 4; j++)
                 acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (OP == kWeightGrad && tid < kTile) {
-        /* The bias gradient's part: this slice's sum of A's row (dz's column). */
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        int k = 0;
-        for (; k + 4 <= kn; k += 4) {
-            s0 += as[k * kLd + tid];
-            s1 += as[(k + 1) * kLd + tid];
-            s2 += as[(k + 2) * kLd + tid];
-            s3 += as[(k + 3) * kLd + tid];
-        }
-        for (; k < kn; k++)
-            s0 += as[k * kLd + tid];
-        rsum[tid] = (s0 + s1) + (s2 + s3);
-    }
     __syncthreads(); /* the operands are read: their space takes the groups' partials */
     float *red = sm;
 #pragma unroll
@@ -183,12 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1) sg_kernel(Args p, int ks)
         }
         if (OP == kInputGrad) /* this block's rows, for the bias gradient below */
             red[(e / kTile) * kTile + col] = m < p.M && n < p.N ? v : 0.0f;
-        if (OP == kWeightGrad && p.dbias != nullptr && blockIdx.y == 0 && col == 0 && m < p.M) {
-            float s = 0.0f;
-            for (int q = 0; q < split; q++)
-                s += cl.map_shared_rank(rsum, q)[r];
-            p.dbias[m] = s;
-        }
     }
     if (OP == kInputGrad && p.dbias != nullptr) {
         /* The bias gradient: the column sums of dx. Each block adds its rows of the tile, rank
@@ -277,6 +257,181 @@ bool aligned16(const void *p)
     return ((uintptr_t)p & 15) == 0;
 }
 
+/* --- weight gradients, several layers' in one launch ----------------------------------------
+ * dW [M x N] = dz^T . x: A(m, k) = dz[k * lda + m], B(k, n) = x[k * ldb + n], K the batch.
+ * Output tiles of kWgM x kWgN, four groups of 128 threads each taking every fourth k (a thread
+ * 4 x 4 outputs), the group's partials then the cluster's (the K split) added in a fixed order;
+ * the tiles of every job of the group in one grid, a job's found from the tile prefix. */
+constexpr int kWgM = 64, kWgN = 32;
+constexpr int kWgGroups = kThreads * 16 / (kWgM * kWgN);
+constexpr int kWgPerA = kWgMaxSlice * kWgM / 4 / kThreads; /* float4 loads per thread */
+constexpr int kWgPerB = kWgMaxSlice * kWgN / 4 / kThreads;
+static_assert(kWgGroups == 4 && kWgM * kWgN == 4 * kThreads, "four outputs a thread to add up");
+
+__host__ __device__ constexpr int wg_smem_floats(int ks)
+{
+    /* the operands, or after them the groups' partials; the block's partial tile; its sums
+     * of A's rows (the bias gradient) */
+    return (ks * (kWgM + kWgN) > kWgGroups * kWgM * kWgN ? ks * (kWgM + kWgN)
+                                                         : kWgGroups * kWgM * kWgN) +
+           kWgM * kWgN + kWgM;
+}
+
+/* Rows [k0, k0 + kn) of a row-contiguous operand, columns [c0, c0 + W) (zero past C or kn):
+ * float4 loads, and their stores to dst[k * W + c]. A thread issues both operands' loads
+ * before storing any. */
+template <int W, int PER>
+__device__ __forceinline__ void wg_load(const float *__restrict__ src, int ld, int c0, int C,
+                                        int k0, int kn, int ks, float4 (&v)[PER], int tid)
+{
+    const int items = ks * W / 4;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int idx = tid + i * kThreads, cq = idx % (W / 4), k = idx / (W / 4);
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (idx < items && k < kn && c0 + cq * 4 < C)
+            v[i] =
+                __ldg(reinterpret_cast<const float4 *>(src + (size_t)(k0 + k) * ld + c0 + cq * 4));
+    }
+}
+
+template <int W, int PER>
+__device__ __forceinline__ void wg_store(const float4 (&v)[PER], int ks, float *dst, int tid)
+{
+    const int items = ks * W / 4;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int idx = tid + i * kThreads;
+        if (idx < items)
+            reinterpret_cast<float4 *>(dst)[idx] = v[i];
+    }
+}
+
+/* Grid: (split, the group's tiles), clusters of (split, 1, 1). */
+__global__ void __launch_bounds__(kThreads, 1) wg_kernel(Group g, int ks)
+{
+    extern __shared__ float4 smem4[];
+    float *sm = reinterpret_cast<float *>(smem4);
+    float *as = sm, *bs = sm + ks * kWgM;
+    float *part = sm + (ks * (kWgM + kWgN) > kWgGroups * kWgM * kWgN ? ks * (kWgM + kWgN)
+                                                                     : kWgGroups * kWgM * kWgN);
+    float *rsum = part + kWgM * kWgN;
+    cg::cluster_group cl = cg::this_cluster();
+    const int split = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int tid = threadIdx.x;
+
+    /* This block's job and tile (constant indices: the jobs stay in parameter space). */
+    int t = (int)blockIdx.y, base = 0;
+    Job jb = g.job[0];
+#pragma unroll
+    for (int q = 1; q < kWgMaxJobs; q++)
+        if (q < g.n && t >= g.tile0[q])
+            jb = g.job[q], base = g.tile0[q];
+    t -= base;
+    const int tiles_n = (jb.N + kWgN - 1) / kWgN;
+    const int m0 = t / tiles_n * kWgM, n0 = t % tiles_n * kWgN;
+    const int k0 = rank * ks;
+    const int kn = g.K - k0 < ks ? (g.K - k0 > 0 ? g.K - k0 : 0) : ks;
+
+    {
+        float4 va[kWgPerA], vb[kWgPerB];
+        wg_load<kWgM>(jb.a, jb.lda, m0, jb.M, k0, kn, ks, va, tid);
+        wg_load<kWgN>(jb.b, jb.ldb, n0, jb.N, k0, kn, ks, vb, tid);
+        wg_store<kWgM>(va, ks, as, tid);
+        wg_store<kWgN>(vb, ks, bs, tid);
+    }
+    __syncthreads();
+
+    const int grp = tid / 128, tt = tid % 128, tm = tt / 8 * 4, tn = tt % 8 * 4;
+    float acc[4][4] = {};
+#pragma unroll 4
+    for (int k = grp; k < kn; k += kWgGroups) {
+        const float4 a = *reinterpret_cast<const float4 *>(as + k * kWgM + tm);
+        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kWgN + tn);
+        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    const bool bias = jb.dbias != nullptr && n0 == 0;
+    if (bias && tid < kWgM) {
+        /* The bias gradient's part: this slice's sum of A's row m (dz's column). */
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        int k = 0;
+        for (; k + 4 <= kn; k += 4) {
+            s0 += as[k * kWgM + tid];
+            s1 += as[(k + 1) * kWgM + tid];
+            s2 += as[(k + 2) * kWgM + tid];
+            s3 += as[(k + 3) * kWgM + tid];
+        }
+        for (; k < kn; k++)
+            s0 += as[k * kWgM + tid];
+        rsum[tid] = (s0 + s1) + (s2 + s3);
+    }
+    __syncthreads(); /* the operands are read: their space takes the groups' partials */
+    float *red = sm;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        *reinterpret_cast<float4 *>(red + grp * kWgM * kWgN + (tm + i) * kWgN + tn) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    __syncthreads();
+    {
+        const int e = tid * 4;
+        float4 s = *reinterpret_cast<const float4 *>(red + e);
+#pragma unroll
+        for (int q = 1; q < kWgGroups; q++) {
+            const float4 u = *reinterpret_cast<const float4 *>(red + q * kWgM * kWgN + e);
+            s.x += u.x, s.y += u.y, s.z += u.z, s.w += u.w;
+        }
+        *reinterpret_cast<float4 *>(part + e) = s;
+    }
+    cl.sync(); /* every block's partial tile is ready */
+    /* Block `rank` adds the cluster's partials of its share of the tile's rows, rank order. */
+    const int rows = kWgM / split;
+    for (int e = tid; e < rows * kWgN; e += kThreads) {
+        const int r = rank * rows + e / kWgN, col = e % kWgN;
+        float v = 0.0f;
+        for (int q = 0; q < split; q++)
+            v += cl.map_shared_rank(part, q)[r * kWgN + col];
+        if (m0 + r < jb.M && n0 + col < jb.N)
+            jb.c[(size_t)(m0 + r) * jb.ldc + n0 + col] = v;
+    }
+    if (bias && rank == 0 && tid < kWgM && m0 + tid < jb.M) {
+        float s = 0.0f;
+        for (int q = 0; q < split; q++)
+            s += cl.map_shared_rank(rsum, q)[tid];
+        jb.dbias[m0 + tid] = s;
+    }
+    cl.sync(); /* no block leaves while another reads its shared memory */
+}
+
+/* The group's K split: a slice of at most kWgMaxSlice, then as many blocks as fit one wave
+ * (0: more tiles than multiprocessors even unsplit). Fills in the tile prefix. */
+int wg_split(Group &g, int sms, int forced)
+{
+    long tiles = 0;
+    for (int q = 0; q < g.n; q++) {
+        g.tile0[q] = (int)tiles;
+        tiles += (long)((g.job[q].M + kWgM - 1) / kWgM) * ((g.job[q].N + kWgN - 1) / kWgN);
+    }
+    const int need = (g.K + kWgMaxSlice - 1) / kWgMaxSlice;
+    int split = 1;
+    while (split < need)
+        split *= 2;
+    if (g.n < 1 || g.K < 1 || split > kMaxCluster || tiles * split > sms)
+        return 0;
+    if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
+        return forced;
+    while (split < kMaxCluster && tiles * split * 2 <= sms)
+        split *= 2;
+    /* no block without a k of its own */
+    while (split > need && (long)(split - 1) * slice(g.K, split) >= g.K)
+        split /= 2;
+    return split;
+}
+
 } // namespace
 
 cudaError_t prepare()
@@ -287,14 +442,59 @@ cudaError_t prepare()
         (e = allow_smem<kKc, kRc, kInputGrad, true>()) != cudaSuccess ||
         (e = allow_smem<kKc, kRc, kInputGrad, false>()) != cudaSuccess)
         return e;
-    return allow_smem<kRc, kRc, kWeightGrad, false>();
+    return cudaFuncSetAttribute(wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(sizeof(float) * wg_smem_floats(kWgMaxSlice)));
+}
+
+bool job_fits(const Job &j, int K)
+{
+    return j.M >= 1 && j.N >= 1 && K >= 1 && 2.0 * j.M * j.N * K <= kMaxFlops && aligned16(j.a) &&
+           aligned16(j.b) && j.lda % 4 == 0 && j.ldb % 4 == 0 && j.M % 4 == 0 && j.N % 4 == 0;
+}
+
+int group_split(Group &g, int sms, int forced)
+{
+    for (int q = 0; q < g.n; q++)
+        if (!job_fits(g.job[q], g.K))
+            return 0;
+    return g.n <= kWgMaxJobs ? wg_split(g, sms, forced) : 0;
+}
+
+cudaError_t group_launch(Group &g, int split, cudaStream_t st)
+{
+    int tiles = 0;
+    for (int q = 0; q < g.n; q++) {
+        g.tile0[q] = tiles;
+        tiles += ((g.job[q].M + kWgM - 1) / kWgM) * ((g.job[q].N + kWgN - 1) / kWgN);
+    }
+    const int ks = slice(g.K, split);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)split, (unsigned)tiles, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = sizeof(float) * wg_smem_floats(ks);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)split;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, wg_kernel, g, ks);
 }
 
 int split_for(Op op, const Args &a, int sms, int forced)
 {
+    if (op == kWeightGrad) {
+        Group g{};
+        g.K = a.K;
+        g.n = 1;
+        g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+        return group_split(g, sms, forced);
+    }
     if (a.M < 1 || a.N < 1 || a.K < 1 || 2.0 * a.M * a.N * a.K > kMaxFlops)
         return 0;
-    const int la = op == kWeightGrad ? kRc : kKc, lb = op == kForward ? kKc : kRc;
+    const int la = kKc, lb = op == kForward ? kKc : kRc;
     if (!aligned16(a.a) || !aligned16(a.b) || a.lda % 4 != 0 || a.ldb % 4 != 0 ||
         (la == kKc ? a.K : a.M) % 4 != 0 || (lb == kKc ? a.K : a.N) % 4 != 0)
         return 0;
@@ -328,8 +528,13 @@ cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st)
     case kInputGrad:
         return a.relu ? go<kKc, kRc, kInputGrad, true>(a, split, st)
                       : go<kKc, kRc, kInputGrad, false>(a, split, st);
-    case kWeightGrad:
-        return go<kRc, kRc, kWeightGrad, false>(a, split, st);
+    case kWeightGrad: {
+        Group g{};
+        g.K = a.K;
+        g.n = 1;
+        g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+        return group_launch(g, split, st);
+    }
     }
     return cudaErrorInvalidValue;
 }

@@ -53,6 +53,35 @@ struct Args {
     bool relu;
 };
 
+/* Weight gradients of several layers with the same K (the batch) in one launch (kWeightGrad's
+ * kernel: 64 x 32 output tiles, every job's in one grid): dW [M x N] = dz^T . x with dz
+ * [K x M] (lda) and x [K x N] (ldb), row-major, and dbias [M] = dz's column sums where not
+ * NULL. Each job's M and N a multiple of 4, its operands 16-byte aligned. */
+constexpr int kWgMaxJobs = 4;
+constexpr int kWgMaxSlice = 256; /* k per block */
+struct Job {
+    int M, N;
+    const float *a;
+    int lda;
+    const float *b;
+    int ldb;
+    float *c;
+    int ldc;
+    float *dbias;
+};
+struct Group {
+    int K, n;
+    Job job[kWgMaxJobs];
+    int tile0[kWgMaxJobs]; /* the first tile of each job (group_split and group_launch set it) */
+};
+/* Whether a job may join a group of this K (alignment, launch-bound size). */
+bool job_fits(const Job &j, int K);
+/* The group's K split, or 0 when its tiles need more than one wave of blocks on `sms`
+ * multiprocessors or a job does not fit; forced as in split_for. */
+int group_split(Group &g, int sms, int forced);
+/* Queues the group on st with `split` blocks per cluster (group_split's answer). */
+cudaError_t group_launch(Group &g, int split, cudaStream_t st);
+
 /* Blocks per cluster (the K split) for this shape on a device of `sms` multiprocessors, or 0
  * when the op is not for this kernel: too many flops, K over kMaxCluster * kMaxSlice, more
  * blocks than multiprocessors (a second wave, where cuBLAS's larger tiles win), or an operand

@@ -932,8 +932,13 @@ static void test_small_gemm_rule(void)
         {0, 256, 256, 784, 0, 784, 784, 132, 0, 2},
         {0, 256, 256, 256, 0, 256, 256, 132, 0, 2},
         {1, 256, 256, 256, 0, 256, 256, 132, 0, 2},
-        /* 200 tiles: a second wave, declined; so are 64 tiles split in two on 100. */
-        {2, 256, 784, 256, 0, 256, 784, 132, 0, 0},
+        /* The weight gradient's tiles are 64 x 32 (M x N): 100 for 256 x 784, one wave
+         * unsplit; 200 tiles of 32 x 32 are a second wave, declined; so are 64 tiles split
+         * in two on 100. */
+        {2, 256, 784, 256, 0, 256, 784, 132, 0, 1},
+        {2, 256, 784, 256, 0, 256, 784, 64, 0, 0},
+        {2, 256, 256, 256, 0, 256, 256, 132, 0, 4},
+        {0, 256, 784, 256, 0, 256, 256, 132, 0, 0},
         {0, 256, 256, 784, 0, 784, 784, 100, 0, 0},
         {0, 256, 256, 256, 0, 256, 256, 100, 0, 1},
         /* K of 2000 over a cluster of 8; more than 8 slices of 512 declined. */
@@ -969,6 +974,68 @@ static void test_small_gemm_rule(void)
         }
     }
 #endif
+}
+
+/* small_gemm.cu's weight gradients, several layers' queued and launched as one group at the
+ * join: (b)'s two hidden layers (one wave of 64 x 32 tiles on an H200), a third that no longer
+ * fits that wave (the group launches, the third starts another), odd batches, a bias gradient
+ * on some; each against the CPU, in fp32 and tf32 (both full fp32 math here). */
+static void test_weight_grad_grouped(void)
+{
+    static const int layers[][3] = {{256, 784, 1}, {256, 256, 0}, {64, 128, 1}, {12, 20, 1}};
+    static const int batches[] = {256, 30, 517};
+    enum { L = sizeof layers / sizeof *layers };
+    env_t e;
+    setenv("MGPU_SG_FP32", "7", 1);
+    setenv("MGPU_SG_TF32", "7", 1);
+    env_open(&e);
+    unsetenv("MGPU_SG_FP32");
+    unsetenv("MGPU_SG_TF32");
+    for (int p = 0; p < 2; p++)
+        for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+            const int rows = batches[bi];
+            void *b[4 * L];
+            int nb = 0;
+            float *hdz[L], *hx[L], *ddw[L], *ddb[L];
+            OK(&e, mgpu_kernels_set_precision(e.gpu, (mgpu_precision_t)p, &e.err));
+            const long long before = small_gemms(e.gpu);
+            for (int l = 0; l < L; l++) {
+                const int out = layers[l][0], in = layers[l][1];
+                hdz[l] = hrand((size_t)rows * out, 1.0f);
+                hx[l] = hrand((size_t)rows * in, 1.0f);
+                float *ddz = dupd(&e, hdz[l], (size_t)rows * out, 0, &b[nb++]);
+                float *dx = dupd(&e, hx[l], (size_t)rows * in, 0, &b[nb++]);
+                ddw[l] = dpoison(&e, (size_t)out * in, 0, &b[nb++]);
+                ddb[l] = layers[l][2] ? dpoison(&e, (size_t)out, 0, &b[nb++]) : NULL;
+                OK(&e, mgpu_k_linear_backward_weight(e.gpu, rows, out, in, ddz, dx, ddw[l], ddb[l],
+                                                     &e.err));
+            }
+            OK(&e, mgpu_k_join(e.gpu, &e.err));
+            const long long groups = small_gemms(e.gpu) - before;
+            if (groups < 1 || groups > L) {
+                printf("  %s, batch %d: %lld small_gemm launches for %d weight gradients\n",
+                       mgpu_precision_name((mgpu_precision_t)p), rows, groups, L);
+                check_failed++;
+            }
+            for (int l = 0; l < L; l++) {
+                const int out = layers[l][0], in = layers[l][1];
+                float *cdw = hbuf((size_t)out * in), *cdb = hbuf((size_t)out);
+                OK(&e, mgpu_k_linear_backward_weight(e.cpu, rows, out, in, hdz[l], hx[l], cdw,
+                                                     layers[l][2] ? cdb : NULL, &e.err));
+                /* Products over a wave, or over kSideMaxFlops, are cuBLAS's: tf32 there. */
+                const double tol =
+                    (p == MGPU_PREC_TF32 ? 3e-3 : 1e-5) * (sqrt((double)rows) + 1.0) * 4.0;
+                close_to_dev(&e, ddw[l], cdw, (size_t)out * in, tol, 1e-4, "grouped dW %s %dx%dx%d",
+                             mgpu_precision_name((mgpu_precision_t)p), rows, out, in);
+                if (layers[l][2])
+                    close_to_dev(&e, ddb[l], cdb, (size_t)out, tol, 1e-4, "grouped db %s %dx%dx%d",
+                                 mgpu_precision_name((mgpu_precision_t)p), rows, out, in);
+                free(cdw), free(cdb), free(hdz[l]), free(hx[l]);
+            }
+            for (int i = 0; i < nb; i++)
+                mgpu_k_free(e.gpu, b[i]);
+        }
+    env_close(&e);
 }
 
 static void test_linear_fused(void)
@@ -1197,6 +1264,7 @@ int main(void)
     RUN(test_sgd);
     RUN(test_adamw);
     RUN(test_small_gemm_rule);
+    RUN(test_weight_grad_grouped);
     RUN(test_linear_fused);
     RUN(test_linear_loss);
     RUN(test_linear_loss_bad_label_is_nan);
