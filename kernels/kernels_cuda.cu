@@ -210,7 +210,8 @@ struct cuda_impl {
     cudaStream_t stream;
     cublasHandle_t blas;
     mgpu_precision_t prec;
-    float *scratch; /* kScratchFloats: reduction partials, sum_rows' row-split partials */
+    float *scratch;   /* kScratchFloats: reduction partials, sum_rows' row-split partials */
+    float *head_part; /* head_kernel's loss partials, a float a block (sms * kHeadBlocksPerSm) */
     void *blas_ws;
     void *ws; /* GEMM operand copies: bf16 conversions, tf32 transposes */
     size_t ws_bytes;
@@ -1220,7 +1221,7 @@ struct HeadArgs {
  * lane every output, bit for bit the same. Then the loss and its gradient, as
  * xent_warp_kernel and Mse compute them (lane j writes y and dy of output j), and, with
  * A >= 0 (the activation below), dx over the row's columns: (dy . W) * act'(z_in, x). The
- * loss adds up as every reduction here does (block_result).
+ * loss: a partial a block, which head_loss_kernel adds up.
  * Outputs j >= out read W's last row instead (their sums are never used, their gradients are
  * 0): every load is unconditional, so a lane's loads are all in flight together; loads
  * behind a branch per output each waited for the one before, 30 us for the article's MLP. */
@@ -1314,8 +1315,28 @@ __global__ void __launch_bounds__(kHeadThreads) head_kernel(HeadArgs a, float *p
             }
         }
     }
+    /* The loss: this block's share into part[block]; head_loss_kernel adds them up on a side
+     * stream, so the step's chain does not wait for the last block's sum. */
     loss = block_sum(loss);
-    block_result(loss, part, a.loss, a.scale);
+    if (threadIdx.x == 0) {
+        if (gridDim.x == 1)
+            *a.loss = (float)((double)loss * a.scale);
+        else
+            part[blockIdx.x] = loss;
+    }
+}
+
+/* head_kernel's loss: its n blocks' partials added in the order block_result adds a
+ * reduction's (the same bits as when head_kernel finished it in its last block). */
+__global__ void __launch_bounds__(kHeadThreads)
+    head_loss_kernel(const float *part, int n, float *out, double scale)
+{
+    double s = 0.0;
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x)
+        s += part[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        *out = (float)(s * scale);
 }
 
 /* --- the output layer's weight gradient: dz narrow enough for a lane to keep all of a row -- */
@@ -1478,6 +1499,7 @@ void cuda_impl_destroy(void *impl)
         (void)B.p_cublasLtDestroy(c->lt);
     (void)cudaFree(c->ws);
     (void)cudaFree(c->scratch);
+    (void)cudaFree(c->head_part);
     (void)cudaFree(c->blas_ws);
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
@@ -1499,6 +1521,8 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUDA_CHECK(err, cudaMalloc(&c->blas_ws, kBlasWorkspace));
     CUBLAS_CHECK(err, B.p_cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
     CUDA_CHECK(err, cudaMalloc((void **)&c->scratch, kScratchFloats * sizeof(float)));
+    CUDA_CHECK(
+        err, cudaMalloc((void **)&c->head_part, (size_t)c->sms * kHeadBlocksPerSm * sizeof(float)));
     /* The last word is block_result's counter. */
     CUDA_CHECK(err, cudaMemset(c->scratch, 0, kScratchFloats * sizeof(float)));
     CUBLAS_CHECK(err, B.p_cublasLtCreate(&c->lt));
@@ -2785,6 +2809,11 @@ int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
     cuda_impl *c = (cuda_impl *)impl;
     if (c->head_off || c->prec == MGPU_PREC_BF16 || h->out > kHeadMaxOut)
         return MGPU_K_DECLINED;
+    /* An earlier call's head_loss_kernel may still read head_part on its side stream: joined
+     * first (a no-op in a training step, whose backward ends with a join). */
+    int jrc = cuda_join(c, err);
+    if (jrc < 0)
+        return jrc;
     const bool xent = h->loss == MGPU_LOSS_CROSS_ENTROPY;
     HeadArgs a{h->rows,
                h->out,
@@ -2814,13 +2843,13 @@ int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
             constexpr bool X = decltype(x)::value;
             if (h->dx == nullptr) {
                 head_kernel<NJ, X, -1>
-                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->scratch);
+                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->head_part);
                 return 0;
             }
             return with_act(h->act_in, [&](auto act) {
                 constexpr int A = decltype(act)::value;
                 head_kernel<NJ, X, A>
-                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->scratch);
+                    <<<(unsigned)blocks, kHeadThreads, 0, c->stream>>>(a, c->head_part);
                 return 0;
             });
         };
@@ -2834,6 +2863,21 @@ int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err)
         go(std::integral_constant<int, 32>());
     CUDA_CHECK_LAUNCH(err, "head_kernel (%d x %d -> %d, %s, %ld blocks)", h->rows, h->in, h->out,
                       xent ? "cross_entropy" : "mse", blocks);
+    if (blocks > 1) {
+        /* The loss's sum on the next side stream (joined with the weight gradients). */
+        int i, rc;
+        CUDA_CHECK(err, cudaEventRecord(c->ev_fork, c->stream));
+        if ((rc = side_fork(c, &i, err)) < 0)
+            return rc;
+        head_loss_kernel<<<1, kHeadThreads, 0, c->side[i].s>>>(c->head_part, (int)blocks,
+                                                               h->loss_out, a.scale);
+        cudaError_t le = cudaGetLastError();
+        if ((rc = side_queued(c, i, err)) < 0)
+            return rc;
+        if (le != cudaSuccess)
+            return mgpu_err_set(err, MGPU_E_CUDA, "launch of head_loss_kernel (%ld partials): %s",
+                                blocks, cudaGetErrorString(le));
+    }
     return h->dx != nullptr && h->dbias_in != nullptr ? MGPU_K_BIAS_LEFT : 0;
 }
 
