@@ -55,10 +55,11 @@
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
 #include "small_gemm.h" /* mgpu_sg: launch-bound fp32 products with their epilogues */
 
-#include <cublasLt.h>     /* cublasLtMatmul: the fused linear-layer ops' epilogues */
-#include <cublas_v2.h>    /* cublasGemmEx */
-#include <cuda_bf16.h>    /* __nv_bfloat16, __floats2bfloat162_rn */
-#include <cuda_runtime.h> /* streams, cudaMalloc, <<<>>> */
+#include <cublasLt.h>           /* cublasLtMatmul: the fused linear-layer ops' epilogues */
+#include <cublas_v2.h>          /* cublasGemmEx */
+#include <cuda_bf16.h>          /* __nv_bfloat16, __floats2bfloat162_rn */
+#include <cooperative_groups.h> /* this_cluster, map_shared_rank: xent_cluster_kernel */
+#include <cuda_runtime.h>       /* streams, cudaMalloc, <<<>>> */
 
 #include <dlfcn.h>     /* dlopen: cuBLAS is opened, not linked */
 #include <errno.h>     /* ENOMEM */
@@ -68,6 +69,8 @@
 #include <stdlib.h>    /* calloc, free */
 #include <mutex>       /* std::call_once */
 #include <type_traits> /* std::integral_constant */
+
+namespace cg = cooperative_groups;
 
 namespace
 {
@@ -176,6 +179,7 @@ constexpr int kRedBlocksPerSm = 8;           /* grid cap of reductions: one full
 constexpr size_t kScratchFloats = 1u << 20;  /* 4 MiB of partial sums */
 constexpr size_t kBlasWorkspace = 32u << 20; /* cuBLAS's recommendation for Hopper */
 constexpr int kXentWarpMaxCols = 1024;       /* above: a block per row */
+constexpr int kXentClusterMax = 8;           /* blocks a row at most (a portable cluster) */
 
 constexpr int kLtCand = 16; /* heuristic candidates timed per configuration (lt_tune) */
 
@@ -207,6 +211,7 @@ constexpr int kSgCounters = 4096;
 struct cuda_impl {
     int device;
     int sms;
+    int l2_bytes; /* the L2 cache's size */
     cudaStream_t stream;
     cublasHandle_t blas;
     mgpu_precision_t prec;
@@ -830,6 +835,50 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* The same through 64 x 64 tiles, 16-byte loads and stores: src's rows (lds) and dst's
+ * (ldd) start 16-byte aligned, rows a multiple of 4. A thread moves 16 floats a tile, four
+ * 16-byte loads in flight (the 32 x 32 kernel: four 4-byte ones, 78% of the copy bandwidth
+ * for 8192^2 on the H200). src's columns past a multiple of 4 are read one at a time. */
+__global__ void __launch_bounds__(kThreads)
+    transpose4_kernel(int rows, int cols, const float *src, int lds, float *dst, int ldd)
+{
+    __shared__ float tile[64][65];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int tiles_y = (rows + 63) / 64;
+    for (int by = blockIdx.y; by < tiles_y; by += gridDim.y) {
+        const int r0 = by * 64, c0 = blockIdx.x * 64;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            const int r = r0 + ty + 16 * p, c = c0 + 4 * tx;
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < rows) {
+                const float *sp = src + (size_t)r * lds + c;
+                if (c + 3 < cols)
+                    q = *reinterpret_cast<const float4 *>(sp);
+                else {
+                    q.x = c < cols ? sp[0] : 0.0f;
+                    q.y = c + 1 < cols ? sp[1] : 0.0f;
+                    q.z = c + 2 < cols ? sp[2] : 0.0f;
+                }
+            }
+            float *t = &tile[ty + 16 * p][4 * tx];
+            t[0] = q.x, t[1] = q.y, t[2] = q.z, t[3] = q.w;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            const int c = c0 + ty + 16 * p, r = r0 + 4 * tx;
+            if (c < cols && r < rows) {
+                const int k = ty + 16 * p;
+                float4 o = make_float4(tile[4 * tx][k], tile[4 * tx + 1][k], tile[4 * tx + 2][k],
+                                       tile[4 * tx + 3][k]);
+                *reinterpret_cast<float4 *>(dst + (size_t)c * ldd + r) = o;
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* Column sums of x[rows, cols] over the rows [y * rps, (y + 1) * rps) of this block's split:
  * a block covers 32 columns with 8 row lanes (a warp reads 128 contiguous bytes of a row).
  * direct: one split, so out = beta out + sum; else part[split * cols + col]. */
@@ -988,78 +1037,95 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-/* Softmax cross-entropy, a warp per row: each lane holds V values of a row (columns lane,
- * lane + 32, ...), R rows at a time, so the row is read from memory once and R * V loads per
- * lane are in flight together. dlogits may alias logits: the label's logit is read, and the
- * warp synchronised, before any gradient is written. */
-template <int V, int R>
+template <int G> __device__ __forceinline__ float group_max(float v)
+{
+    for (int o = G / 2; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int G> __device__ __forceinline__ float group_sum(float v)
+{
+    for (int o = G / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Softmax cross-entropy, G lanes per row (G = 32: a warp; short rows: 32 / G rows side by
+ * side, so a warp's loads and shuffles serve several rows): each lane holds V values of a row
+ * (columns g, g + G, ...), R rows at a time, so the row is read from memory once and R * V
+ * loads per lane are in flight together, with the rows' labels. A warp takes 32 / G * R
+ * consecutive rows an iteration. Nothing is read after the reductions: the lane holding the
+ * label's logit adds that row's loss, and the gradient is exp(v - max) / sum, kept from the
+ * sum. dlogits may alias logits (a lane writes only what it read itself). */
+template <int G, int V, int R>
 __global__ void __launch_bounds__(kThreads)
     xent_warp_kernel(int rows, int cols, const float *logits, const int32_t *labels, float *dlogits,
                      float inv_rows, float *part, float *out, double scale)
 {
-    int lane = threadIdx.x & 31;
+    constexpr int kPerWarp = 32 / G * R;
+    const int lane = threadIdx.x & 31, g = lane & (G - 1), sub = lane / G;
     long warp = ((long)blockIdx.x * kThreads + threadIdx.x) >> 5;
     long nwarps = ((long)gridDim.x * kThreads) >> 5;
     float loss = 0.0f;
-    for (long r0 = warp * R; r0 < rows; r0 += nwarps * R) {
+    for (long base = warp * kPerWarp; base < rows; base += nwarps * kPerWarp) {
         float v[R][V], mx[R], s[R], ly[R];
         int y[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            long r = r0 + i;
+            const long r = base + sub * R + i;
+            y[i] = r < rows ? __ldg(labels + r) : 0;
             mx[i] = -INFINITY;
 #pragma unroll
             for (int j = 0; j < V; j++) {
-                int c = lane + 32 * j;
-                v[i][j] = r < rows && c < cols ? logits[(size_t)r * cols + c] : -INFINITY;
+                const int c = g + G * j;
+                /* (rows past the end: zeros, so that their unused sums stay finite) */
+                v[i][j] = r >= rows ? 0.0f : c < cols ? logits[(size_t)r * cols + c] : -INFINITY;
                 mx[i] = fmaxf(mx[i], v[i][j]);
             }
         }
 #pragma unroll
-        for (int i = 0; i < R; i++)
-            mx[i] = warp_max(mx[i]);
-#pragma unroll
         for (int i = 0; i < R; i++) {
+            mx[i] = group_max<G>(mx[i]);
             s[i] = 0.0f;
+            ly[i] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < V; j++)
-                if (lane + 32 * j < cols)
-                    s[i] += expf(v[i][j] - mx[i]);
+            for (int j = 0; j < V; j++) {
+                if (g + G * j == y[i])
+                    ly[i] = v[i][j];
+                v[i][j] = g + G * j < cols ? expf(v[i][j] - mx[i]) : 0.0f;
+                s[i] += v[i][j];
+            }
         }
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            long r = r0 + i;
-            s[i] = warp_sum(s[i]);
-            y[i] = r < rows ? labels[r] : 0;
-            ly[i] = r < rows && y[i] >= 0 && y[i] < cols ? logits[(size_t)r * cols + y[i]] : NAN;
-        }
-        __syncwarp();
+        for (int i = 0; i < R; i++)
+            s[i] = group_sum<G>(s[i]);
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            long r = r0 + i;
+            const long r = base + sub * R + i;
             if (r >= rows)
                 break;
-            float lse = mx[i] + logf(s[i]);
-            bool ok = y[i] >= 0 && y[i] < cols;
+            const float lse = mx[i] + logf(s[i]), gs = inv_rows / s[i];
+            const bool ok = y[i] >= 0 && y[i] < cols;
             if (dlogits != nullptr) {
                 float *d = dlogits + (size_t)r * cols;
 #pragma unroll
                 for (int j = 0; j < V; j++) {
-                    int c = lane + 32 * j;
+                    const int c = g + G * j;
                     if (c < cols)
-                        d[c] =
-                            ok ? (expf(v[i][j] - lse) - (c == y[i] ? 1.0f : 0.0f)) * inv_rows : NAN;
+                        d[c] = ok ? v[i][j] * gs - (c == y[i] ? inv_rows : 0.0f) : NAN;
                 }
             }
-            if (lane == 0)
-                loss += lse - ly[i];
+            if (!ok ? g == 0 : (y[i] & (G - 1)) == g)
+                loss += ok ? lse - ly[i] : NAN;
         }
     }
     loss = block_sum(loss);
     block_result(loss, part, out, scale);
 }
 
-/* The same with a block per row and V values per thread (rows of up to kThreads * V). */
+/* The same with a block per row and V values per thread (rows of up to kThreads * V); the
+ * thread holding the label's logit adds the row's loss. */
 template <int V>
 __global__ void __launch_bounds__(kThreads)
     xent_block_kernel(int rows, int cols, const float *logits, const int32_t *labels,
@@ -1069,7 +1135,8 @@ __global__ void __launch_bounds__(kThreads)
     float loss = 0.0f;
     for (long r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *l = logits + (size_t)r * cols;
-        float v[V], mx = -INFINITY, s = 0.0f;
+        const int y = __ldg(labels + r);
+        float v[V], mx = -INFINITY, s = 0.0f, ly = 0.0f;
 #pragma unroll
         for (int j = 0; j < V; j++) {
             int c = t + kThreads * j;
@@ -1078,27 +1145,198 @@ __global__ void __launch_bounds__(kThreads)
         }
         mx = block_max(mx);
 #pragma unroll
-        for (int j = 0; j < V; j++)
-            if (t + kThreads * j < cols)
-                s += expf(v[j] - mx);
+        for (int j = 0; j < V; j++) {
+            if (t + kThreads * j == y)
+                ly = v[j];
+            v[j] = t + kThreads * j < cols ? expf(v[j] - mx) : 0.0f;
+            s += v[j];
+        }
         s = block_sum(s);
-        float lse = mx + logf(s);
-        int y = labels[r];
-        bool ok = y >= 0 && y < cols;
-        float ly = ok ? l[y] : NAN;
-        __syncthreads(); /* every read of ly before a gradient overwrites it */
+        const float lse = mx + logf(s), g = inv_rows / s;
+        const bool ok = y >= 0 && y < cols;
         if (dlogits != nullptr) {
             float *d = dlogits + (size_t)r * cols;
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 int c = t + kThreads * j;
                 if (c < cols)
-                    d[c] = ok ? (expf(v[j] - lse) - (c == y ? 1.0f : 0.0f)) * inv_rows : NAN;
+                    d[c] = ok ? v[j] * g - (c == y ? inv_rows : 0.0f) : NAN;
             }
         }
-        if (t == 0)
-            loss += lse - ly;
+        if (!ok ? t == 0 : y % kThreads == t)
+            loss += ok ? lse - ly : NAN;
     }
+    loss = block_sum(loss);
+    block_result(loss, part, out, scale);
+}
+
+/* Hopper's transaction barriers in shared memory (PTX mbarrier), for xent_cluster_kernel: a
+ * value stored into another block's shared memory with st.async counts its bytes on that
+ * block's barrier, so the receiver waits for exactly those stores; a cluster barrier would
+ * also wait for every global store the blocks made before it (their gradients). */
+__device__ __forceinline__ unsigned smem_addr(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+
+/* This thread's arrival for the barrier's current phase, which then also waits for bytes. */
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
+{
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "wait:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra wait;\n}" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src into this block's
+ * shared dst by the copy engine (TMA), counted on *bar. */
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+/* v into block `rank`'s copy of *dst, counted on its copy of *bar. */
+__device__ __forceinline__ void st_async_to(float *dst, uint64_t *bar, unsigned rank, float v)
+{
+    unsigned rd, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(rd)
+                 : "r"(smem_addr(dst)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(rb)
+                 : "r"(smem_addr(bar)), "r"(rank));
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(rd),
+        "f"(v), "r"(rb)
+        : "memory");
+}
+
+/* Rows too wide for a block's registers: a cluster of n blocks per row, each holding
+ * kThreads * V of its columns (block rank k: columns k * kThreads * V ...), which send each
+ * other their maximum, then their sum of exponentials (st.async into every block's slot,
+ * added in rank order: the same bits every run). One read of each row, and several rows in
+ * flight on each multiprocessor, where a block of 1024 threads per row left the SM idle
+ * between rows (60% of the copy bandwidth at 32768 columns on the H200; a cluster barrier in
+ * place of st.async, which also waits for the blocks' earlier gradient stores: 53%).
+ * STAGED (rows of a multiple of 4 floats, 16-byte aligned): the copy engine brings each
+ * block's share of its next row into shared memory while the block works on this one, so
+ * memory is read while the blocks wait for each other (without: 64% at 32768 columns). A
+ * buffer is refilled one row after it was read, by then past the block's barriers.
+ * A block's slots are rewritten only after it read them: block A sends row r + 1's maximum
+ * after it has every sum of row r, so after each block read its maxima of row r; likewise
+ * for the sums. Each barrier completes once a row, so its phase is the row's parity. (One
+ * exchange a row, of each block's maximum and sum combined, measured slower: 71%.) */
+template <int V, bool STAGED>
+__global__ void __launch_bounds__(kThreads, V <= 16 ? 4 : 2)
+    xent_cluster_kernel(int rows, int cols, const float *logits, const int32_t *labels,
+                        float *dlogits, float inv_rows, float *part, float *out, double scale)
+{
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ __align__(8) uint64_t bar[2]; /* the maxima, the sums */
+    __shared__ float slot[2][kXentClusterMax];
+    __shared__ __align__(128) float buf[STAGED ? 2 : 1][STAGED ? kThreads * V : 1];
+    __shared__ __align__(8) uint64_t ld[2]; /* buf's */
+    const int t = threadIdx.x, rank = (int)cl.block_rank(), n = (int)cl.num_blocks();
+    const int c0 = rank * kThreads * V;
+    const long clusters = gridDim.x / n;
+    const int share = min(max(cols - c0, 0), kThreads * V); /* this block's columns */
+    auto stage = [&](long row, int b) {
+        if (share > 0)
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_arrive_expect(&ld[b], sizeof(float) * share);
+        if (share > 0)
+            bulk_load(buf[b], logits + (size_t)row * cols + c0, sizeof(float) * share, &ld[b]);
+    };
+    if (t == 0) {
+        mbar_init(&bar[0], 1);
+        mbar_init(&bar[1], 1);
+        mbar_init(&ld[0], 1);
+        mbar_init(&ld[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cl.sync(); /* every block's barriers are ready before anything is sent to them */
+    float loss = 0.0f;
+    unsigned it = 0, phase = 0;
+    if (STAGED && t == 0 && blockIdx.x / n < rows)
+        stage(blockIdx.x / n, 0);
+    /* The same rows for every block of a cluster. */
+    for (long r = blockIdx.x / n; r < rows; r += clusters, it++, phase ^= 1) {
+        const float *l = logits + (size_t)r * cols;
+        const int y = __ldg(labels + r);
+        float v[V], mx = -INFINITY, s = 0.0f, ly = 0.0f;
+        if (STAGED) {
+            if (t == 0 && r + clusters < rows)
+                stage(r + clusters, (it + 1) & 1);
+            mbar_wait(&ld[it & 1], (it >> 1) & 1);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int c = c0 + t + kThreads * j;
+            v[j] = c >= cols ? -INFINITY : STAGED ? buf[it & 1][t + kThreads * j] : l[c];
+            mx = fmaxf(mx, v[j]);
+        }
+        mx = block_max(mx);
+        if (t == 0) {
+            mbar_arrive_expect(&bar[0], sizeof(float) * n);
+            for (int k = 0; k < n; k++)
+                st_async_to(&slot[0][rank], &bar[0], (unsigned)k, mx);
+        }
+        mbar_wait(&bar[0], phase);
+        mx = -INFINITY;
+        for (int k = 0; k < n; k++)
+            mx = fmaxf(mx, slot[0][k]);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int c = c0 + t + kThreads * j;
+            if (c == y)
+                ly = v[j];
+            v[j] = c < cols ? expf(v[j] - mx) : 0.0f;
+            s += v[j];
+        }
+        s = block_sum(s);
+        if (t == 0) {
+            mbar_arrive_expect(&bar[1], sizeof(float) * n);
+            for (int k = 0; k < n; k++)
+                st_async_to(&slot[1][rank], &bar[1], (unsigned)k, s);
+        }
+        mbar_wait(&bar[1], phase);
+        s = 0.0f;
+        for (int k = 0; k < n; k++)
+            s += slot[1][k];
+        const float lse = mx + logf(s), gs = inv_rows / s;
+        const bool ok = y >= 0 && y < cols;
+        if (dlogits != nullptr) {
+            float *d = dlogits + (size_t)r * cols;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const int c = c0 + t + kThreads * j;
+                if (c < cols)
+                    d[c] = ok ? v[j] * gs - (c == y ? inv_rows : 0.0f) : NAN;
+            }
+        }
+        const int own = y - c0;
+        if (!ok ? rank == 0 && t == 0 : own >= 0 && own < kThreads * V && own % kThreads == t)
+            loss += ok ? lse - ly : NAN;
+    }
+    cl.sync(); /* no block leaves while another may still address its shared memory */
     loss = block_sum(loss);
     block_result(loss, part, out, scale);
 }
@@ -1218,8 +1456,8 @@ struct HeadArgs {
 
 /* A warp per row (rows warp, warp + all warps, ...). Each lane multiplies the columns lane,
  * lane + 32, ... of x's row with W's rows into NJ accumulators; a butterfly sum gives every
- * lane every output, bit for bit the same. Then the loss and its gradient, as
- * xent_warp_kernel and Mse compute them (lane j writes y and dy of output j), and, with
+ * lane every output, bit for bit the same. Then the loss and its gradient (softmax
+ * cross-entropy or mean squared error; lane j writes y and dy of output j), and, with
  * A >= 0 (the activation below), dx over the row's columns: (dy . W) * act'(z_in, x). The
  * loss: a partial a block, which head_loss_kernel adds up.
  * Outputs j >= out read W's last row instead (their sums are never used, their gradients are
@@ -1512,6 +1750,7 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
      * device, so a thread that drives backends of several devices sets it between them. */
     CUDA_CHECK(err, cudaSetDevice(c->device));
     CUDA_CHECK(err, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->device));
+    CUDA_CHECK(err, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device));
     /* Non-blocking: no implicit ordering with the legacy default stream that other code in
      * the process (a data loader's cudaMemcpy) may use. */
     CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -1738,10 +1977,18 @@ int to_bf16(cuda_impl *c, int rows, int cols, const float *src, int lds, __nv_bf
     return 0;
 }
 
-/* dst (cols x rows, ld rows) = src (rows x cols, ld lds) transposed. */
+/* dst (cols x rows, ld rows) = src (rows x cols, ld lds) transposed; 16 bytes at a time where
+ * the layout allows. */
 int transpose(cuda_impl *c, int rows, int cols, const float *src, int lds, float *dst,
               mgpu_err_t *err)
 {
+    if (((uintptr_t)src | (uintptr_t)dst) % 16 == 0 && lds % 4 == 0 && rows % 4 == 0) {
+        int tiles_y = (rows + 63) / 64;
+        dim3 grid((unsigned)((cols + 63) / 64), (unsigned)(tiles_y < 65535 ? tiles_y : 65535));
+        transpose4_kernel<<<grid, kThreads, 0, c->stream>>>(rows, cols, src, lds, dst, rows);
+        CUDA_CHECK_LAUNCH(err, "transpose4_kernel (%d x %d, ld %d)", rows, cols, lds);
+        return 0;
+    }
     int tiles_y = (rows + 31) / 32;
     dim3 grid((unsigned)((cols + 31) / 32), (unsigned)(tiles_y < 65535 ? tiles_y : 65535));
     transpose_kernel<<<grid, dim3(32, 8), 0, c->stream>>>(rows, cols, src, lds, dst, rows);
@@ -1884,23 +2131,24 @@ int cuda_sum_rows(void *impl, int rows, int cols, const float *x, float beta, fl
     return 0;
 }
 
-/* Launches xent_warp_kernel<V, R> with R = 8 / V rows per warp for short rows (at least 8
- * loads in flight per lane) and one row for long ones. */
-template <int V>
+/* Launches xent_warp_kernel<G, V, R> with R = 8 / V rows per lane group for short rows (at
+ * least 8 loads in flight per lane) and one row for long ones. */
+template <int G, int V>
 unsigned launch_xent_warp(cuda_impl *c, int rows, int cols, const float *logits,
                           const int32_t *labels, float *dlogits, float *loss)
 {
-    constexpr int R = V >= 8 ? 1 : 8 / V;
-    /* Fewer rows than warps in one wave: a row per warp, the latency of one row. */
-    if (R > 1 && (size_t)rows <= (size_t)c->sms * 32) {
-        unsigned blocks = (unsigned)(((size_t)rows * 32 + kThreads - 1) / kThreads);
-        xent_warp_kernel<V, 1><<<blocks, kThreads, 0, c->stream>>>(
+    constexpr int R = G < 32 ? 4 : V >= 8 ? 1 : 8 / V, kGroups = 32 / G;
+    /* Fewer rows than lane groups in one wave: a row per group, the latency of one row. */
+    if (R > 1 && (size_t)rows <= (size_t)c->sms * 32 * kGroups) {
+        size_t warps = ((size_t)rows + kGroups - 1) / kGroups;
+        unsigned blocks = (unsigned)((warps * 32 + kThreads - 1) / kThreads);
+        xent_warp_kernel<G, V, 1><<<blocks, kThreads, 0, c->stream>>>(
             rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
         return blocks;
     }
-    size_t warps = ((size_t)rows + R - 1) / R;
+    size_t warps = ((size_t)rows + kGroups * R - 1) / (kGroups * R);
     unsigned blocks = grid_for(c, warps * 32, kRedBlocksPerSm);
-    xent_warp_kernel<V, R><<<blocks, kThreads, 0, c->stream>>>(
+    xent_warp_kernel<G, V, R><<<blocks, kThreads, 0, c->stream>>>(
         rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
     return blocks;
 }
@@ -1916,6 +2164,35 @@ unsigned launch_xent_block(cuda_impl *c, int rows, int cols, const float *logits
     return blocks;
 }
 
+/* xent_cluster_kernel<V> with clusters of 1, 2, 4 or 8 blocks (cols <= 8 * kThreads * V),
+ * staged where the rows allow it and the buffers fit the 48 KiB of static shared memory. */
+template <int V>
+cudaError_t launch_xent_cluster(cuda_impl *c, int rows, int cols, const float *logits,
+                                const int32_t *labels, float *dlogits, float *loss,
+                                unsigned *blocks)
+{
+    int n = (cols + kThreads * V - 1) / (kThreads * V);
+    n = n <= 2 ? n : n <= 4 ? 4 : kXentClusterMax;
+    size_t clusters = (size_t)c->sms * kRedBlocksPerSm / n;
+    clusters = (size_t)rows < clusters ? (size_t)rows : clusters;
+    *blocks = (unsigned)(clusters * n);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(*blocks, 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)n;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const bool staged = V <= 16 && cols % 4 == 0 && ((uintptr_t)logits & 15) == 0;
+    return cudaLaunchKernelEx(
+        &cfg, staged ? xent_cluster_kernel<V, V <= 16> : xent_cluster_kernel<V, false>, rows, cols,
+        logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+}
+
 int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const int32_t *labels,
                       float *loss, float *dlogits, mgpu_err_t *err)
 {
@@ -1923,26 +2200,48 @@ int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const
         invalidate((cuda_impl *)impl, dlogits, sizeof(float) * rows * (size_t)cols);
     cuda_impl *c = (cuda_impl *)impl;
     unsigned blocks;
-    if (cols <= 32)
-        blocks = launch_xent_warp<1>(c, rows, cols, logits, labels, dlogits, loss);
+    if (cols <= 4)
+        blocks = launch_xent_warp<1, 4>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 8)
+        blocks = launch_xent_warp<2, 4>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 16)
+        blocks = launch_xent_warp<4, 4>(c, rows, cols, logits, labels, dlogits, loss);
+    else if (cols <= 32)
+        blocks = launch_xent_warp<8, 4>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= 64)
-        blocks = launch_xent_warp<2>(c, rows, cols, logits, labels, dlogits, loss);
+        blocks = launch_xent_warp<32, 2>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= 128)
-        blocks = launch_xent_warp<4>(c, rows, cols, logits, labels, dlogits, loss);
+        blocks = launch_xent_warp<32, 4>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= 256)
-        blocks = launch_xent_warp<8>(c, rows, cols, logits, labels, dlogits, loss);
+        blocks = launch_xent_warp<32, 8>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= 512)
-        blocks = launch_xent_warp<16>(c, rows, cols, logits, labels, dlogits, loss);
+        blocks = launch_xent_warp<32, 16>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= kXentWarpMaxCols)
-        blocks = launch_xent_warp<32>(c, rows, cols, logits, labels, dlogits, loss);
+        blocks = launch_xent_warp<32, 32>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= kThreads * 8)
         blocks = launch_xent_block<8>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= kThreads * 16)
         blocks = launch_xent_block<16>(c, rows, cols, logits, labels, dlogits, loss);
     else if (cols <= kThreads * 32)
         blocks = launch_xent_block<32>(c, rows, cols, logits, labels, dlogits, loss);
-    else {
-        size_t cap = (size_t)c->sms * kRedBlocksPerSm;
+    else if (cols <= kXentClusterMax * kThreads * 32) {
+        cudaError_t le =
+            cols <= kXentClusterMax * kThreads * 16
+                ? launch_xent_cluster<16>(c, rows, cols, logits, labels, dlogits, loss, &blocks)
+                : launch_xent_cluster<32>(c, rows, cols, logits, labels, dlogits, loss, &blocks);
+        if (le != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mgpu_err_set(err, MGPU_E_CUDA,
+                                "launch of softmax_xent's cluster kernel (%d x %d, %u blocks): %s",
+                                rows, cols, blocks, cudaGetErrorString(le));
+        }
+    } else {
+        /* Two reads of each row: the second hits L2 only while the rows in flight fit in half
+         * of it (a full wave of 1056 rows of 32768 floats, 138 MB, read every row twice from
+         * memory on the H200: 41% of the copy bandwidth). */
+        size_t cap = (size_t)c->sms * kRedBlocksPerSm, row_bytes = sizeof(float) * (size_t)cols;
+        size_t fit = (size_t)c->l2_bytes / 2 / row_bytes;
+        cap = fit < cap ? (fit > (size_t)c->sms ? fit : (size_t)c->sms) : cap;
         blocks = (unsigned)((size_t)rows < cap ? (size_t)rows : cap);
         xent_wide_kernel<<<blocks, kThreads, 0, c->stream>>>(
             rows, cols, logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
@@ -2933,6 +3232,20 @@ extern "C" int mgpu_kernels_cuda_device_count(mgpu_err_t *err)
         return 0;
     }
     return n;
+}
+
+extern "C" int mgpu_kernels_cuda_transpose(mgpu_kernels_t *k, int rows, int cols, const float *src,
+                                           int lds, float *dst, mgpu_err_t *err)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return mgpu_err_set(err, MGPU_E_USAGE, "transpose: not a CUDA backend");
+    if (rows < 0 || cols < 0 || lds < cols)
+        return mgpu_err_set(err, MGPU_E_RANGE, "transpose: %d x %d with ld %d, expected ld >= cols",
+                            rows, cols, lds);
+    if (rows == 0 || cols == 0)
+        return 0;
+    invalidate((cuda_impl *)k->impl, dst, sizeof(float) * (size_t)rows * cols);
+    return transpose((cuda_impl *)k->impl, rows, cols, src, lds, dst, err);
 }
 
 extern "C" void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k)

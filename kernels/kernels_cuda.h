@@ -30,6 +30,12 @@ int mgpu_kernels_cuda_blas_load(mgpu_err_t *err);
  * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
 void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
 
+/* dst (cols x rows, leading dimension rows) = src (rows x cols, leading dimension lds)
+ * transposed, queued on k's stream: the copy a tf32 product with A transposed makes first
+ * (exposed for its test and benchmark). MGPU_E_USAGE when k is not a CUDA backend. */
+int mgpu_kernels_cuda_transpose(mgpu_kernels_t *k, int rows, int cols, const float *src, int lds,
+                                float *dst, mgpu_err_t *err);
+
 /* How many products small_gemm.cu has run on k (0 for another backend): the tests' way to
  * know that a shape took that path. */
 long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k);

@@ -23,7 +23,7 @@ int main(void)
 }
 #else
 
-#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream, mgpu_kernels_cuda_device_count */
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream, _device_count, _transpose */
 
 #include <cublas_v2.h>        /* the bare cuBLAS reference GEMMs */
 #include <cuda_runtime_api.h> /* events, cudaMemcpyAsync, device properties */
@@ -179,6 +179,12 @@ static int op_sum_rows(bench_t *b)
 static int op_xent(bench_t *b)
 {
     return mgpu_k_softmax_xent(b->k, b->rows, b->cols, b->x, b->labels, b->scalar, b->y, &b->err);
+}
+
+/* The copy a tf32 product with A transposed makes first (kernels_cuda.cu's transpose). */
+static int op_transpose(bench_t *b)
+{
+    return mgpu_kernels_cuda_transpose(b->k, b->rows, b->cols, b->x, b->cols, b->y, &b->err);
 }
 
 static int op_count_correct(bench_t *b)
@@ -415,6 +421,7 @@ static int mem_table(bench_t *b)
         {"softmax_xent + grad [n/4096,4096]", op_xent, 0, 4096, 8},
         {"softmax_xent + grad [n/32768,32768]", op_xent, 0, 32768, 8},
         {"count_correct [n/1000,1000]", op_count_correct, 0, 1000, 4},
+        {"transpose [n/8192,8192] (tf32 operand)", op_transpose, 0, 8192, 8},
     };
     double copy_gbs = 0.0;
     int rc;

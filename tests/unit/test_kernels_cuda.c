@@ -11,7 +11,7 @@
 #include "kernels.h"
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-#include "kernels_cuda.h" /* mgpu_kernels_cuda_device_count, mgpu_kernels_cuda_stream */
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_device_count, _stream, _transpose */
 #endif
 
 /* small_gemm.cu's launches on k so far (0 without CUDA). */
@@ -511,14 +511,54 @@ static void test_sum_rows(void)
     env_close(&e);
 }
 
+/* The tf32 products' operand transpose: both kernels (16-byte aligned with rows a multiple of
+ * 4, and any other layout), edges that cut a 64 x 64 tile, a padded source; exact. */
+static void test_transpose(void)
+{
+    /* rows, cols, lds padding, source offset in floats */
+    static const int cases[][4] = {{1, 1, 0, 0},      {3, 5, 0, 0},     {64, 64, 0, 0},
+                                   {100, 37, 3, 0},   {128, 130, 2, 0}, {260, 67, 1, 0},
+                                   {100, 37, 0, 1},   {7, 9, 4, 1},     {2052, 517, 0, 0},
+                                   {517, 2052, 4, 2}, {2052, 516, 4, 0}};
+    env_t e;
+    env_open(&e);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const int rows = cases[i][0], cols = cases[i][1], lds = cols + cases[i][2];
+        const size_t off = (size_t)cases[i][3], n = (size_t)rows * lds;
+        float *h = hrand(n, 1.0f), *want = hbuf((size_t)rows * cols);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++)
+                want[(size_t)c * rows + r] = h[(size_t)r * lds + c];
+        void *bs, *bd;
+        float *ds = dupd(&e, h, n, off, &bs), *dd = dpoison(&e, (size_t)rows * cols, 0, &bd);
+        OK(&e, mgpu_kernels_cuda_transpose(e.gpu, rows, cols, ds, lds, dd, &e.err));
+        float *got = down(&e, dd, (size_t)rows * cols);
+        char what[80];
+        snprintf(what, sizeof what, "transpose %dx%d ld %d offset %zu", rows, cols, lds, off);
+        close_to(what, got, want, (size_t)rows * cols, 0.0, 0.0);
+        free(h), free(want), free(got);
+        mgpu_k_free(e.gpu, bs);
+        mgpu_k_free(e.gpu, bd);
+    }
+    mgpu_err_t err;
+    CHECK(mgpu_kernels_cuda_transpose(e.cpu, 2, 2, NULL, 2, NULL, &err) == MGPU_E_USAGE);
+    CHECK(mgpu_kernels_cuda_transpose(e.gpu, 2, 3, NULL, 2, NULL, &err) == MGPU_E_RANGE);
+    env_close(&e);
+}
+
 static void test_softmax_xent(void)
 {
-    /* Every path: a warp per row with 1..32 values per lane (columns up to 32, 64, 128, 256,
-     * 512, 1024), a block per row with 8, 16, 32 values per thread (up to 8192), and the
-     * two-pass kernel for wider rows. */
-    static const int shapes[][2] = {{1, 1},     {3, 5},    {127, 10},  {4099, 3},    {77, 50},
-                                    {9, 100},   {65, 200}, {31, 300},  {1000, 1000}, {5, 1025},
-                                    {33, 4099}, {2, 8192}, {3, 10000}, {4, 40000}};
+    /* Every path: 1, 2, 4 or 8 lanes per row for rows of up to 4, 8, 16, 32 (one and two rows
+     * a lane group: many rows), a warp per row with 2..32 values per lane (up to 64, 128, 256,
+     * 512, 1024), a block per row with 8, 16, 32 values per thread (up to 8192), a cluster of
+     * 1, 2, 4 or 8 blocks with 16 or 32 values per thread (up to 65536; staged through shared
+     * memory when the rows are a multiple of 4 floats: 10000, 32768, 20000 with more rows than
+     * clusters; not for 8193, 16385, 20001), and the two-pass kernel for wider rows. */
+    static const int shapes[][2] = {
+        {1, 1},       {3, 5},     {127, 10},  {4099, 3},  {140000, 3}, {1000, 7},    {999, 13},
+        {20000, 32},  {77, 50},   {9, 100},   {65, 200},  {31, 300},   {1000, 1000}, {5, 1025},
+        {33, 4099},   {2, 8192},  {1, 8193},  {3, 10000}, {5, 16385},  {3, 32768},   {300, 20000},
+        {200, 20001}, {4, 40000}, {2, 65536}, {2, 70000}};
     env_t e;
     env_open(&e);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
@@ -1256,6 +1296,7 @@ int main(void)
     RUN(test_bias_act_forward);
     RUN(test_act_backward);
     RUN(test_sum_rows);
+    RUN(test_transpose);
     RUN(test_softmax_xent);
     RUN(test_softmax_xent_bad_label_is_nan);
     RUN(test_mse);
