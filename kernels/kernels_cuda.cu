@@ -45,9 +45,11 @@
  *   gradient of their layer, or, where the model queues that first (the layer whose join it
  *   skips), the first layer's weight gradient. The hidden layers'
  * products of a launch-bound step are small_gemm.cu's where that measured faster on the H200
- * (tests/bench/GPU_TRAIN_RESULTS.md, session 4): in fp32 the forward and the input gradient (one
- * kernel each, the epilogue inside, where cuBLAS's fp32 kernels take a split-K reduction or an
- * epilogue kernel more), in tf32 the input gradient only (cuBLAS's tensor-core forward is faster).
+ * (tests/bench/GPU_TRAIN_RESULTS.md, sessions 4 and 6): in fp32 the forward and the input
+ * gradient (one kernel each, the epilogue inside, where cuBLAS's fp32 kernels take a split-K
+ * reduction or an epilogue kernel more) and the weight gradients, all of a step's in one launch
+ * at the join (wg_queue, wg_flush); in tf32 the input gradient only (cuBLAS's tensor-core
+ * forward and weight gradients are faster).
  * MGPU_SG_FP32 and MGPU_SG_TF32 (bit masks of mgpu_sg::Op) override that choice, MGPU_SG_SPLIT=n
  * its K split, MGPU_SMALL_GEMM=0 turns it off. */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_ops, kernels.h */
@@ -1797,9 +1799,12 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     e = getenv("MGPU_SMALL_GEMM");
     c->sg_off = e != NULL && e[0] == '0';
     /* Measured on the H200 ((b)'s step, session 4): fp32 51.8 us with the forward and the
-     * input gradient here, 55.0 with the weight gradient too (its blocks then take the
-     * multiprocessors the input gradient waits for), 60.0 with none; tf32 45.4 us with the
-     * input gradient only, 47.2 with none, 49.1 with the forward too. */
+     * input gradient here, 55.0 with the 32 x 32 weight gradient too (its blocks then took
+     * the multiprocessors the input gradient waits for), 60.0 with none; tf32 45.4 us with
+     * the input gradient only, 47.2 with none, 49.1 with the forward too. Session 6: the
+     * weight gradients grouped into one launch at the join, fp32 49.5 -> 46.4 us (tf32
+     * unchanged: it keeps cuBLAS's there); the tf32 ops on the tensor cores (mma.sync),
+     * 41.8 -> 43.7 us, dropped. */
     e = getenv("MGPU_SG_FP32");
     c->sg_ops_fp32 = e != NULL ? atoi(e)
                                : (1 << mgpu_sg::kForward) | (1 << mgpu_sg::kInputGrad) |
