@@ -1231,6 +1231,20 @@ __device__ __forceinline__ void st_async_to(float *dst, uint64_t *bar, unsigned 
         : "memory");
 }
 
+/* Thread 0 sends v, the same in every thread, into slots[rank] of each of the cluster's n
+ * blocks; every thread then waits until this block's slots[0 .. n) hold all n values (its
+ * barrier's phase `phase`). */
+__device__ __forceinline__ void cluster_exchange(float v, float *slots, uint64_t *bar,
+                                                 unsigned phase, int rank, int n)
+{
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect(bar, sizeof(float) * n);
+        for (int k = 0; k < n; k++)
+            st_async_to(&slots[rank], bar, (unsigned)k, v);
+    }
+    mbar_wait(bar, phase);
+}
+
 /* Rows too wide for a block's registers: a cluster of n blocks per row, each holding
  * kThreads * V of its columns (block rank k: columns k * kThreads * V ...), which send each
  * other their maximum, then their sum of exponentials (st.async into every block's slot,
@@ -1295,13 +1309,7 @@ __global__ void __launch_bounds__(kThreads, V <= 16 ? 4 : 2)
             v[j] = c >= cols ? -INFINITY : STAGED ? buf[it & 1][t + kThreads * j] : l[c];
             mx = fmaxf(mx, v[j]);
         }
-        mx = block_max(mx);
-        if (t == 0) {
-            mbar_arrive_expect(&bar[0], sizeof(float) * n);
-            for (int k = 0; k < n; k++)
-                st_async_to(&slot[0][rank], &bar[0], (unsigned)k, mx);
-        }
-        mbar_wait(&bar[0], phase);
+        cluster_exchange(block_max(mx), slot[0], &bar[0], phase, rank, n);
         mx = -INFINITY;
         for (int k = 0; k < n; k++)
             mx = fmaxf(mx, slot[0][k]);
@@ -1313,13 +1321,7 @@ __global__ void __launch_bounds__(kThreads, V <= 16 ? 4 : 2)
             v[j] = c < cols ? expf(v[j] - mx) : 0.0f;
             s += v[j];
         }
-        s = block_sum(s);
-        if (t == 0) {
-            mbar_arrive_expect(&bar[1], sizeof(float) * n);
-            for (int k = 0; k < n; k++)
-                st_async_to(&slot[1][rank], &bar[1], (unsigned)k, s);
-        }
-        mbar_wait(&bar[1], phase);
+        cluster_exchange(block_sum(s), slot[1], &bar[1], phase, rank, n);
         s = 0.0f;
         for (int k = 0; k < n; k++)
             s += slot[1][k];

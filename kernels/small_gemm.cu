@@ -91,6 +91,20 @@ __device__ __forceinline__ void store(const float4 (&v)[kPer], int ks, float *ds
 
 /* Grid: (split, N tiles, M tiles), clusters of (split, 1, 1): the blocks of a cluster share
  * one output tile and take consecutive k slices of ks. */
+/* acc += a b^T for one k: a thread's 4 x 4 outputs from four staged values of each operand
+ * (16-byte aligned). */
+__device__ __forceinline__ void outer4(float (&acc)[4][4], const float *a4, const float *b4)
+{
+    const float4 a = *reinterpret_cast<const float4 *>(a4);
+    const float4 b = *reinterpret_cast<const float4 *>(b4);
+    const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+}
+
 template <int LA, int LB, int OP, bool RELU>
 __global__ void __launch_bounds__(kThreads, 1) sg_kernel(Args p, int ks)
 {
@@ -120,14 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) sg_kernel(Args p, int ks)
     float acc[4][4] = {};
 #pragma unroll 4
     for (int k = g; k < kn; k += kGroups) {
-        const float4 a = *reinterpret_cast<const float4 *>(as + k * kLd + tm);
-        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kLd + tn);
-        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        outer4(acc, as + k * kLd + tm, bs + k * kLd + tn);
     }
     __syncthreads(); /* the operands are read: their space takes the groups' partials */
     float *red = sm;
@@ -346,14 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) wg_kernel(Group g, int ks)
     float acc[4][4] = {};
 #pragma unroll 4
     for (int k = grp; k < kn; k += kWgGroups) {
-        const float4 a = *reinterpret_cast<const float4 *>(as + k * kWgM + tm);
-        const float4 b = *reinterpret_cast<const float4 *>(bs + k * kWgN + tn);
-        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        outer4(acc, as + k * kWgM + tm, bs + k * kWgN + tn);
     }
     const bool bias = jb.dbias != nullptr && n0 == 0;
     if (bias && tid < kWgM) {
