@@ -2183,21 +2183,11 @@ cudaError_t launch_xent_cluster(cuda_impl *c, int rows, int cols, const float *l
     size_t clusters = (size_t)c->sms * kRedBlocksPerSm / n;
     clusters = (size_t)rows < clusters ? (size_t)rows : clusters;
     *blocks = (unsigned)(clusters * n);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(*blocks, 1, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)n;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
     const bool staged = V <= 16 && cols % 4 == 0 && ((uintptr_t)logits & 15) == 0;
-    return cudaLaunchKernelEx(
-        &cfg, staged ? xent_cluster_kernel<V, V <= 16> : xent_cluster_kernel<V, false>, rows, cols,
-        logits, labels, dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
+    return mgpu_sg::launch_clustered(
+        staged ? xent_cluster_kernel<V, V <= 16> : xent_cluster_kernel<V, false>,
+        dim3(*blocks, 1, 1), kThreads, 0, c->stream, (unsigned)n, rows, cols, logits, labels,
+        dlogits, 1.0f / (float)rows, c->scratch, loss, 1.0 / rows);
 }
 
 int cuda_softmax_xent(void *impl, int rows, int cols, const float *logits, const int32_t *labels,

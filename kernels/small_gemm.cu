@@ -243,20 +243,10 @@ template <int LA, int LB, int OP, bool RELU>
 cudaError_t go(const Args &a, int split, cudaStream_t st)
 {
     const int ks = slice(a.K, split);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)split, (unsigned)((a.N + kTile - 1) / kTile),
-                       (unsigned)((a.M + kTile - 1) / kTile));
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = sizeof(float) * smem_floats(ks);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)split;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, sg_kernel<LA, LB, OP, RELU>, a, ks);
+    const dim3 grid((unsigned)split, (unsigned)((a.N + kTile - 1) / kTile),
+                    (unsigned)((a.M + kTile - 1) / kTile));
+    return launch_clustered(sg_kernel<LA, LB, OP, RELU>, grid, kThreads,
+                            sizeof(float) * smem_floats(ks), st, (unsigned)split, a, ks);
 }
 
 bool aligned16(const void *p)
@@ -407,8 +397,32 @@ __global__ void __launch_bounds__(kThreads, 1) wg_kernel(Group g, int ks)
     cl.sync(); /* no block leaves while another reads its shared memory */
 }
 
-/* The group's K split: a slice of at most kWgMaxSlice, then as many blocks as fit one wave
- * (0: more tiles than multiprocessors even unsplit). Fills in the tile prefix. */
+/* The K split of `tiles` output tiles over K, a slice of at most max_slice k a block: a power of
+ * two up to kMaxCluster, 0 when even that takes more blocks than multiprocessors (a second
+ * wave, where cuBLAS's larger tiles are faster: measured on the H200, 13.6 against 7.8 us for
+ * 256 x 784 x 256). forced (MGPU_SG_SPLIT) where it fits. Else at most a block per
+ * multiprocessor (one of 512 threads, its k slice in flight at once, is the unit that hides
+ * latency; a second block on some multiprocessors would make them the kernel's tail), then
+ * no block without a k of its own. */
+int k_split(int K, int max_slice, long tiles, int sms, int forced)
+{
+    const int need = (K + max_slice - 1) / max_slice;
+    int split = 1;
+    while (split < need)
+        split *= 2;
+    if (split > kMaxCluster || tiles * split > sms)
+        return 0;
+    if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
+        return forced;
+    while (split < kMaxCluster && tiles * split * 2 <= sms)
+        split *= 2;
+    while (split > need && (long)(split - 1) * slice(K, split) >= K)
+        split /= 2;
+    return split;
+}
+
+/* The group's K split (k_split with slices of at most kWgMaxSlice); fills in the tile
+ * prefix. */
 int wg_split(Group &g, int sms, int forced)
 {
     long tiles = 0;
@@ -416,20 +430,7 @@ int wg_split(Group &g, int sms, int forced)
         g.tile0[q] = (int)tiles;
         tiles += (long)((g.job[q].M + kWgM - 1) / kWgM) * ((g.job[q].N + kWgN - 1) / kWgN);
     }
-    const int need = (g.K + kWgMaxSlice - 1) / kWgMaxSlice;
-    int split = 1;
-    while (split < need)
-        split *= 2;
-    if (g.n < 1 || g.K < 1 || split > kMaxCluster || tiles * split > sms)
-        return 0;
-    if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
-        return forced;
-    while (split < kMaxCluster && tiles * split * 2 <= sms)
-        split *= 2;
-    /* no block without a k of its own */
-    while (split > need && (long)(split - 1) * slice(g.K, split) >= g.K)
-        split /= 2;
-    return split;
+    return g.n < 1 || g.K < 1 ? 0 : k_split(g.K, kWgMaxSlice, tiles, sms, forced);
 }
 
 } // namespace
@@ -468,28 +469,24 @@ cudaError_t group_launch(Group &g, int split, cudaStream_t st)
         tiles += ((g.job[q].M + kWgM - 1) / kWgM) * ((g.job[q].N + kWgN - 1) / kWgN);
     }
     const int ks = slice(g.K, split);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)split, (unsigned)tiles, 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = sizeof(float) * wg_smem_floats(ks);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)split;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, wg_kernel, g, ks);
+    return launch_clustered(wg_kernel, dim3((unsigned)split, (unsigned)tiles, 1), kThreads,
+                            sizeof(float) * wg_smem_floats(ks), st, (unsigned)split, g, ks);
+}
+
+/* A weight gradient given as Args: a group of one. */
+static Group alone(const Args &a)
+{
+    Group g{};
+    g.K = a.K;
+    g.n = 1;
+    g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+    return g;
 }
 
 int split_for(Op op, const Args &a, int sms, int forced)
 {
     if (op == kWeightGrad) {
-        Group g{};
-        g.K = a.K;
-        g.n = 1;
-        g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+        Group g = alone(a);
         return group_split(g, sms, forced);
     }
     if (a.M < 1 || a.N < 1 || a.K < 1 || 2.0 * a.M * a.N * a.K > kMaxFlops)
@@ -498,25 +495,8 @@ int split_for(Op op, const Args &a, int sms, int forced)
     if (!aligned16(a.a) || !aligned16(a.b) || a.lda % 4 != 0 || a.ldb % 4 != 0 ||
         (la == kKc ? a.K : a.M) % 4 != 0 || (lb == kKc ? a.K : a.N) % 4 != 0)
         return 0;
-    const int need = (a.K + kMaxSlice - 1) / kMaxSlice;
-    int split = 1;
-    while (split < need)
-        split *= 2;
     const long tiles = (long)((a.M + kTile - 1) / kTile) * ((a.N + kTile - 1) / kTile);
-    /* More blocks than multiprocessors: a second wave, where cuBLAS's larger tiles are faster
-     * (measured on the H200: 13.6 against 7.8 us for 256 x 784 x 256). */
-    if (split > kMaxCluster || tiles * split > sms)
-        return 0;
-    if (forced >= split && forced <= kMaxCluster && (forced & (forced - 1)) == 0)
-        return forced;
-    /* At most a block per multiprocessor (one of 512 threads, its k slice in flight at once, is
-     * the unit that hides latency; a second block on some multiprocessors would make them
-     * the kernel's tail), then no block without a k of its own. */
-    while (split < kMaxCluster && tiles * split * 2 <= sms)
-        split *= 2;
-    while (split > need && (long)(split - 1) * slice(a.K, split) >= a.K)
-        split /= 2;
-    return split;
+    return k_split(a.K, kMaxSlice, tiles, sms, forced);
 }
 
 cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st)
@@ -529,10 +509,7 @@ cudaError_t launch(Op op, const Args &a, int split, cudaStream_t st)
         return a.relu ? go<kKc, kRc, kInputGrad, true>(a, split, st)
                       : go<kKc, kRc, kInputGrad, false>(a, split, st);
     case kWeightGrad: {
-        Group g{};
-        g.K = a.K;
-        g.n = 1;
-        g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+        Group g = alone(a);
         return group_launch(g, split, st);
     }
     }

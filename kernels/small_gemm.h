@@ -21,10 +21,34 @@
 #ifndef MGPU_SMALL_GEMM_H
 #define MGPU_SMALL_GEMM_H
 
-#include <cuda_runtime.h> /* cudaStream_t, cudaError_t */
+#include <cuda_runtime.h> /* cudaStream_t, cudaError_t, cudaLaunchKernelEx */
+
+#include <utility> /* std::forward */
 
 namespace mgpu_sg
 {
+
+/* kernel<<<grid, threads, smem, st>>>(args...) in thread-block clusters of `cluster` blocks
+ * along x (small_gemm.cu's split K, kernels_cuda.cu's cross-entropy rows); the launch's own
+ * error, as cudaLaunchKernelEx returns it. */
+template <class... P, class... A>
+cudaError_t launch_clustered(void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,
+                             cudaStream_t st, unsigned cluster, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cluster;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
 
 enum Op { kForward = 0, kInputGrad = 1, kWeightGrad = 2 };
 
