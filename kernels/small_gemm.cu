@@ -479,7 +479,7 @@ static Group alone(const Args &a)
     Group g{};
     g.K = a.K;
     g.n = 1;
-    g.job[0] = Job{a.M, a.N, a.a, a.lda, a.b, a.ldb, a.c, a.ldc, a.dbias};
+    g.job[0] = a; /* its Job part */
     return g;
 }
 

@@ -56,22 +56,28 @@ constexpr int kMaxSlice = 512;      /* k per block */
 constexpr int kMaxCluster = 8;      /* blocks per cluster (the portable limit) */
 constexpr double kMaxFlops = 2.7e8; /* 2 M N K above which cuBLAS's kernels are the better bet */
 
-struct Args {
-    int M, N, K;
+/* One product's operands and output: C [M x N] (ldc) from A (lda) and B (ldb), in the layouts
+ * of the op (top of this file). */
+struct Job {
+    int M, N;
     const float *a;
     int lda;
     const float *b;
     int ldb;
     float *c;
     int ldc;
+    /* kWeightGrad: [M] = sums over k of A(m, k); kInputGrad: [N] = the column sums of C (the
+     * layer below's bias gradient), with Args's part and count. May be NULL. */
+    float *dbias;
+};
+
+struct Args : Job {
+    int K;
     const float *bias; /* kForward: [N], may be NULL */
     const float *y;    /* kInputGrad with relu: the layer's output [M x N], ld ldy */
     int ldy;
-    /* kWeightGrad: [M] = sums over k of A(m, k); kInputGrad: [N] = the column sums of C (the
-     * layer below's bias gradient), with part (M tiles x N floats) and count (N tiles
-     * counters, zero between launches, which the launch leaves zero) of the caller's. May
-     * be NULL. */
-    float *dbias;
+    /* kInputGrad's dbias: part (M tiles x N floats) and count (N tiles counters, zero between
+     * launches, which the launch leaves zero) of the caller's. */
     float *part;
     unsigned *count;
     bool relu;
@@ -83,16 +89,6 @@ struct Args {
  * NULL. Each job's M and N a multiple of 4, its operands 16-byte aligned. */
 constexpr int kWgMaxJobs = 4;
 constexpr int kWgMaxSlice = 256; /* k per block */
-struct Job {
-    int M, N;
-    const float *a;
-    int lda;
-    const float *b;
-    int ldb;
-    float *c;
-    int ldc;
-    float *dbias;
-};
 struct Group {
     int K, n;
     Job job[kWgMaxJobs];
