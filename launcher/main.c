@@ -89,18 +89,13 @@ static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const c
         ro->bind_host =
             mgpu_sock_is_loopback(eh) ? "127.0.0.1" : (cli->is_host == 1 ? "0.0.0.0" : eh);
         return;
-    } else if (cli->endpoint_host[0]) {
-        /* torchrun's static rendezvous meets at --rdzv_endpoint when it is given. */
-        ro->store_host = cli->endpoint_host;
-        ro->store_port = cli->endpoint_port;
-        ro->serve = cli->node_rank == 0;
-        ro->master_addr = cli->endpoint_host;
-    } else {
-        ro->store_host = cli->master_addr;
-        ro->store_port = cli->master_port >= 0 ? cli->master_port : 29500;
-        ro->serve = cli->node_rank == 0;
-        ro->master_addr = cli->master_addr;
     }
+    /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
+     * when it is given, as torchrun's static rendezvous; else --master_addr:--master_port). */
+    ro->store_host = plan->master_addr;
+    ro->store_port = plan->master_port;
+    ro->serve = cli->node_rank == 0;
+    ro->master_addr = plan->master_addr;
     ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
 }
 
