@@ -404,7 +404,7 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
     /* One eager step first: it sizes the backend's GEMM workspaces (a capture cannot
      * allocate) and does the optimizer's first update, the one whose arguments differ. */
     if (g->use_graph && count == (size_t)t->max_batch && g->eager_steps > 0) {
-        if (g->exec != nullptr && g->exec_in_place != in_place(g, (int)count)) {
+        if (g->exec != nullptr && g->exec_in_place != g->last_in_place) {
             /* An epoch in another order than the captured step's (a sampler that shuffles
              * some epochs only): capture again. */
             CUDA_CHECK(err, cudaStreamSynchronize(g->s));
