@@ -1,23 +1,29 @@
 # mgpu - build everything that can be built here.
 #
 #   make              programs in build/bin, libraries in build/lib
-#   make test         unit tests, then integration tests against the real binaries
+#   make test         the layering check, unit tests, then integration tests against the binaries
 #   make asan         the same build and tests under AddressSanitizer + UBSan (build-asan/)
+#   make check-layers fail on an #include that crosses a layer (tests/layers.sh)
 #   make install PREFIX=/usr/local
 #   CUDA=0 / CUDA=1   force the CUDA parts off / on (default: on when nvcc is found)
 #
-# Sources are found by wildcard, so a new module is a new .c/.h pair and nothing here changes:
-#   common/*.c                       -> libmgpu_common.a (no CUDA, shared by all)
-#   launcher/*.c (main.c is main)    -> bin/mgpu-launch
-#   worker/*.c kernels/*.c (+ .cu)   -> lib/libmgpu.a; worker/worker_main.c -> bin/mgpu-worker
-#   tests/unit/test_*.c              -> tests/test_* (each links everything above)
-#   tests/helper/*.c                 -> tests/<name> (programs the integration tests spawn)
+# Sources are found by wildcard, so a new module is a new .c/.h pair and nothing here changes.
+# Each layer sees only the folders below it, by its own include path:
+#   common/*.c               -> libmgpu_common.a   sees common
+#   launcher/*.c             -> bin/mgpu-launch    sees launcher, common
+#   worker/runtime/*.c (.cu) -> lib/libmgpu.a      sees runtime, common (the library users link;
+#                               libmgpu_cuda.a is the same with NCCL, in CUDA builds)
+#   kernels/*.c (.cu)        -> libmgpu_kernels.a  sees kernels, common
+#   worker/trainer/*.c (.cu) -> bin/mgpu-worker    sees trainer, runtime, kernels, common
+#   tests/unit/test_*.c      -> tests/test_*       sees everything
+#   tests/helper/*.c         -> tests/<name>       programs the integration tests spawn
 
 BUILD    ?= build
 comma    := ,
 PREFIX   ?= /usr/local
 CC       ?= cc
 SANITIZE ?=
+VERSION  := 0.1.0
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
@@ -32,42 +38,78 @@ CJSON_SO ?= $(firstword $(wildcard /usr/lib/$(shell $(CC) -dumpmachine)/libcjson
 # snprintf truncation is how messages are bounded here, so that warning is off.
 WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-format-truncation
 CFLAGS   ?= -O2 -g
-CPPFLAGS += -D_GNU_SOURCE -Icommon -Ilauncher -Iworker -Ikernels -MMD -MP
+CPPFLAGS += -D_GNU_SOURCE -MMD -MP
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) $(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += $(SANITIZE) -Wl,-rpath,'$$ORIGIN/../lib'
 LAUNCH_LIBS = $(LIBUV_A) $(BUILD)/lib/libcjson.so.1 -lpthread -ldl -lm
-WORKER_LIBS = $(BUILD)/lib/libcjson.so.1 -lpthread -lm -lrt
+BASE_LIBS   = $(BUILD)/lib/libcjson.so.1 -lpthread -lm -lrt
+
+# The layers' include paths (see the table above); tests/layers.sh checks the same rules.
+INC_common   := -Icommon
+INC_launcher := -Ilauncher -Icommon
+INC_runtime  := -Iworker/runtime -Icommon
+INC_kernels  := -Ikernels -Icommon
+INC_trainer  := -Iworker/trainer -Iworker/runtime -Ikernels -Icommon
+INC_tests    := -Itests/unit -Ilauncher -Iworker/trainer -Iworker/runtime -Ikernels -Icommon
+layer = $(if $(filter common/%,$1),common,$(if $(filter launcher/%,$1),launcher,$(if \
+        $(filter worker/runtime/%,$1),runtime,$(if $(filter kernels/%,$1),kernels,$(if \
+        $(filter worker/trainer/%,$1),trainer,tests)))))
 
 ifeq ($(CUDA),1)
-CPPFLAGS   += -DMGPU_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_CPPFLAGS := -DMGPU_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -Werror all-warnings
-# cuBLAS is dlopen'ed by kernels_cuda.cu (through this run path), not linked: see there.
-WORKER_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnccl -lstdc++ -ldl
-CU_SRC := $(wildcard kernels/*.cu worker/*.cu)
+# cuBLAS is dlopen'ed by the kernels (through this run path), not linked: see kernels/README.md.
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnccl -lstdc++ -ldl
+RUNTIME_CU := $(wildcard worker/runtime/*.cu)
+KERNELS_CU := $(wildcard kernels/*.cu)
+TRAINER_CU := $(wildcard worker/trainer/*.cu)
 else
-CU_SRC :=
+CUDA_CPPFLAGS :=
+CUDA_LIBS  :=
+RUNTIME_CU :=
+KERNELS_CU :=
+TRAINER_CU :=
 endif
+# CUDA headers and MGPU_HAVE_CUDA reach the layers that may use them, never common or launcher.
+CUDA_OK = $(filter runtime kernels trainer tests,$(call layer,$1))
 
 COMMON_SRC   := $(wildcard common/*.c)
 LAUNCHER_SRC := $(filter-out launcher/main.c,$(wildcard launcher/*.c))
-WORKER_SRC   := $(filter-out worker/worker_main.c,$(wildcard worker/*.c)) $(wildcard kernels/*.c)
+RUNTIME_SRC  := $(wildcard worker/runtime/*.c)
+KERNELS_SRC  := $(wildcard kernels/*.c)
+TRAINER_SRC  := $(filter-out worker/trainer/main.c,$(wildcard worker/trainer/*.c))
 UNIT_SRC     := $(wildcard tests/unit/test_*.c)
 HELPER_SRC   := $(wildcard tests/helper/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(1)))
 COMMON_OBJ   := $(call obj,$(COMMON_SRC))
-# The launcher checks a train.cfg before it starts anything, with the worker's own parser
-# (plain C, no CUDA).
-LAUNCHER_OBJ := $(call obj,$(LAUNCHER_SRC) $(wildcard worker/cfg.c))
-WORKER_OBJ   := $(call obj,$(WORKER_SRC) $(CU_SRC))
+LAUNCHER_OBJ := $(call obj,$(LAUNCHER_SRC))
+KERNELS_OBJ  := $(call obj,$(KERNELS_SRC) $(KERNELS_CU))
+TRAINER_OBJ  := $(call obj,$(TRAINER_SRC) $(TRAINER_CU))
+# libmgpu.a is the runtime without NCCL or CUDA (mgpu.c built a second time, without
+# MGPU_HAVE_CUDA), so a CPU-only program links nothing of CUDA's; libmgpu_cuda.a has NCCL.
+RUNTIME_OBJ     := $(call obj,$(RUNTIME_SRC) $(RUNTIME_CU))
+RUNTIME_CPU_OBJ := $(call obj,$(filter-out worker/runtime/mgpu.c,$(RUNTIME_SRC))) $(BUILD)/obj-cpu/worker/runtime/mgpu.o
+
+LIB_COMMON   := $(BUILD)/lib/libmgpu_common.a
+LIB_LAUNCHER := $(BUILD)/lib/libmgpu_launcher.a
+LIB_MGPU     := $(BUILD)/lib/libmgpu.a
+LIB_KERNELS  := $(BUILD)/lib/libmgpu_kernels.a
+LIB_TRAINER  := $(BUILD)/lib/libmgpu_trainer.a
+ifeq ($(CUDA),1)
+LIB_RUNTIME  := $(BUILD)/lib/libmgpu_cuda.a
+else
+LIB_RUNTIME  := $(LIB_MGPU)
+endif
+WORKER_LIBS = $(BASE_LIBS) $(CUDA_LIBS)
 
 LAUNCH_BIN := $(BUILD)/bin/mgpu-launch
-WORKER_BIN := $(if $(wildcard worker/worker_main.c),$(BUILD)/bin/mgpu-worker)
+WORKER_BIN := $(BUILD)/bin/mgpu-worker
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 HELPER_BINS:= $(patsubst tests/helper/%.c,$(BUILD)/tests/%,$(HELPER_SRC))
 
-.PHONY: all test unit integration asan install clean info format
-all: info $(LAUNCH_BIN) $(WORKER_BIN) $(BUILD)/lib/libmgpu.a $(UNIT_BINS) $(HELPER_BINS)
+.PHONY: all test unit integration asan install clean info format check-layers
+all: info $(LAUNCH_BIN) $(WORKER_BIN) $(LIB_MGPU) $(LIB_RUNTIME) $(UNIT_BINS) $(HELPER_BINS)
 
 info:
 	@echo "mgpu: CUDA=$(CUDA) nvcc=$(or $(NVCC),none) libuv=$(or $(LIBUV_A),MISSING) cjson=$(or $(CJSON_SO),MISSING) build=$(BUILD)"
@@ -81,41 +123,48 @@ $(BUILD)/lib/libcjson.so.1: $(CJSON_SO)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(INC_$(call layer,$<)) $(if $(call CUDA_OK,$<),$(CUDA_CPPFLAGS)) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj-cpu/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(INC_$(call layer,$<)) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -Icommon -Iworker -Ikernels -DMGPU_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(INC_$(call layer,$<)) -DMGPU_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
-$(BUILD)/lib/libmgpu_common.a: $(COMMON_OBJ)
+# ar of a fresh archive: an object removed from the tree never lingers in a library.
+define archive
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+endef
+$(LIB_COMMON): $(COMMON_OBJ) ; $(archive)
+$(LIB_LAUNCHER): $(LAUNCHER_OBJ) ; $(archive)
+$(LIB_KERNELS): $(KERNELS_OBJ) ; $(archive)
+$(LIB_TRAINER): $(TRAINER_OBJ) ; $(archive)
+# The runtime libraries hold common/ too, so a user's program links one library.
+$(LIB_MGPU): $(RUNTIME_CPU_OBJ) $(COMMON_OBJ) ; $(archive)
+ifeq ($(CUDA),1)
+$(BUILD)/lib/libmgpu_cuda.a: $(RUNTIME_OBJ) $(COMMON_OBJ) ; $(archive)
+endif
 
-$(BUILD)/lib/libmgpu_launcher.a: $(LAUNCHER_OBJ)
+$(LAUNCH_BIN): $(BUILD)/obj/launcher/main.o $(LIB_LAUNCHER) $(LIB_COMMON) $(BUILD)/lib/libcjson.so.1
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $^
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB_LAUNCHER) $(LIB_COMMON) $(LAUNCH_LIBS)
 
-# libmgpu.a holds common/ too, so a worker program links one library.
-$(BUILD)/lib/libmgpu.a: $(WORKER_OBJ) $(COMMON_OBJ)
+$(WORKER_BIN): $(BUILD)/obj/worker/trainer/main.o $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(BUILD)/lib/libcjson.so.1
 	@mkdir -p $(@D)
-	rm -f $@ && ar rcs $@ $^
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(WORKER_LIBS)
 
-$(LAUNCH_BIN): $(BUILD)/obj/launcher/main.o $(BUILD)/lib/libmgpu_launcher.a $(BUILD)/lib/libmgpu_common.a $(BUILD)/lib/libcjson.so.1
-	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmgpu_launcher.a $(BUILD)/lib/libmgpu_common.a $(LAUNCH_LIBS)
-
-$(BUILD)/bin/mgpu-worker: $(BUILD)/obj/worker/worker_main.o $(BUILD)/lib/libmgpu.a $(BUILD)/lib/libcjson.so.1
-	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmgpu.a $(WORKER_LIBS)
-
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/lib/libmgpu_launcher.a $(BUILD)/lib/libmgpu.a $(BUILD)/lib/libcjson.so.1
+$(BUILD)/tests/%: tests/unit/%.c $(LIB_LAUNCHER) $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(BUILD)/lib/libcjson.so.1
 	@mkdir -p $(@D) $(BUILD)/obj/tests
-	$(CC) $(CPPFLAGS) -Itests/unit $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< \
-	  $(BUILD)/lib/libmgpu_launcher.a $(BUILD)/lib/libmgpu.a $(LDFLAGS) $(LIBUV_A) $(WORKER_LIBS) -ldl
+	$(CC) $(CPPFLAGS) $(INC_tests) $(CUDA_CPPFLAGS) $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< \
+	  $(LIB_LAUNCHER) $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(LDFLAGS) $(LIBUV_A) $(WORKER_LIBS) -ldl
 
-$(BUILD)/tests/%: tests/helper/%.c $(BUILD)/lib/libmgpu.a $(BUILD)/lib/libcjson.so.1
+$(BUILD)/tests/%: tests/helper/%.c $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(BUILD)/lib/libcjson.so.1
 	@mkdir -p $(@D) $(BUILD)/obj/tests
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< $(BUILD)/lib/libmgpu.a $(LDFLAGS) $(WORKER_LIBS) $(HELPER_LIBS_$*)
+	$(CC) $(CPPFLAGS) $(INC_tests) $(CUDA_CPPFLAGS) $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< \
+	  $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(LDFLAGS) $(WORKER_LIBS) $(HELPER_LIBS_$*)
 
 # kernels_bench calls cuBLAS itself (its bare reference GEMMs).
 ifeq ($(CUDA),1)
@@ -136,7 +185,10 @@ $(TRACE_LIB): tests/gpu/kernel_trace.c $(BUILD)/lib/$(notdir $(CUPTI_SO))
 	$(CC) $(ALL_CFLAGS) -fPIC -shared -I$(dir $(CUPTI_INC)) -o $@ $< $(BUILD)/lib/$(notdir $(CUPTI_SO)) -Wl,-rpath,'$$ORIGIN'
 endif
 
-test: all
+check-layers:
+	@bash tests/layers.sh
+
+test: all check-layers
 	@MGPU_BUILD=$(abspath $(BUILD)) bash tests/run.sh
 
 unit: all
@@ -150,19 +202,28 @@ asan:
 	ASAN_OPTIONS=handle_segv=0:$(ASAN_OPTIONS) $(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g" \
 	  SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
 
+# Headers install under include/mgpu/ and are included as <mgpu/mgpu.h>: -I<prefix>/include
+# never hides a system header (glibc's <error.h>) behind one of mgpu's.
+PUBLIC_H := worker/runtime/mgpu.h common/error.h
+# pc_file NAME,DESCRIPTION,LIBRARY,EXTRA LIBS: a pkg-config file on stdout.
+pc_file = printf 'prefix=%s\nName: %s\nDescription: %s\nVersion: %s\nCflags: -I$${prefix}/include\nLibs: -L$${prefix}/lib -l%s $${prefix}/lib/libcjson.so.1 -Wl,-rpath,$${prefix}/lib %s -lpthread -lm -lrt\n' \
+  '$(PREFIX)' '$(1)' '$(2)' '$(VERSION)' '$(3)' '$(4)'
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/mgpu $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(LAUNCH_BIN) $(WORKER_BIN) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(BUILD)/lib/libmgpu.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(BUILD)/lib/libcjson.so.1 $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(wildcard worker/mgpu.h common/error.h) $(DESTDIR)$(PREFIX)/include/mgpu/
-	printf 'prefix=%s\nName: mgpu\nDescription: mgpu worker runtime (libmgpu)\nVersion: 0.1.0\nCflags: -I$${prefix}/include/mgpu\nLibs: -L$${prefix}/lib -lmgpu $${prefix}/lib/libcjson.so.1 -Wl,-rpath,$${prefix}/lib %s -lpthread -lm -lrt\n' \
-	  '$(PREFIX)' '$(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart_static -lnccl -lstdc++ -ldl)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mgpu.pc
+	install -m 644 $(LIB_MGPU) $(BUILD)/lib/libcjson.so.1 $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(PUBLIC_H) $(DESTDIR)$(PREFIX)/include/mgpu/
+	$(call pc_file,mgpu,mgpu worker runtime (libmgpu) on the CPU,mgpu,) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mgpu.pc
+ifeq ($(CUDA),1)
+	install -m 644 $(BUILD)/lib/libmgpu_cuda.a $(DESTDIR)$(PREFIX)/lib/
+	$(call pc_file,mgpu-cuda,mgpu worker runtime (libmgpu) with NCCL,mgpu_cuda,-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart_static -lnccl -lstdc++ -ldl) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mgpu-cuda.pc
+endif
 
 format:
-	clang-format -i $(wildcard common/*.[ch] launcher/*.[ch] worker/*.[ch] kernels/*.[ch] kernels/*.cu tests/unit/*.[ch] tests/helper/*.c)
+	clang-format -i $(shell find common launcher worker kernels tests/unit tests/helper -name '*.[ch]' -o -name '*.cu')
 
 clean:
 	rm -rf build build-asan
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/obj-cpu -name '*.d' 2>/dev/null)

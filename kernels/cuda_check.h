@@ -10,18 +10,11 @@
 #include <cublas_v2.h>        /* cublasStatus_t */
 #include <cuda_runtime_api.h> /* cudaError_t, cudaGetErrorName/String, cudaGetLastError */
 
-/* error.h is a C header with no linkage block of its own. */
-extern "C" {
-#include "error.h" /* mgpu_err_set, MGPU_E_CUDA, MGPU_E_CUBLAS */
-}
+#include "status_check.h" /* MGPU_STATUS_CHECK, mgpu_err_set */
 
 #define CUDA_CHECK(err, call)                                                                      \
-    do {                                                                                           \
-        cudaError_t cc_rc_ = (call);                                                               \
-        if (cc_rc_ != cudaSuccess)                                                                 \
-            return mgpu_err_set((err), MGPU_E_CUDA, "%s:%d: %s: %s (%s)", __FILE__, __LINE__,      \
-                                #call, cudaGetErrorString(cc_rc_), cudaGetErrorName(cc_rc_));      \
-    } while (0)
+    MGPU_STATUS_CHECK(err, MGPU_E_CUDA, cudaError_t, cudaSuccess, cudaGetErrorString,              \
+                      cudaGetErrorName, call)
 
 /* After a <<<...>>> launch: a bad configuration is reported here, at the launch, rather than
  * by whatever call next touches the stream. what names the kernel and its sizes. */
@@ -39,12 +32,7 @@ const char *mgpu_cublas_status_string(cublasStatus_t rc);
 const char *mgpu_cublas_status_name(cublasStatus_t rc);
 
 #define CUBLAS_CHECK(err, call)                                                                    \
-    do {                                                                                           \
-        cublasStatus_t cb_rc_ = (call);                                                            \
-        if (cb_rc_ != CUBLAS_STATUS_SUCCESS)                                                       \
-            return mgpu_err_set((err), MGPU_E_CUBLAS, "%s:%d: %s: %s (%s)", __FILE__, __LINE__,    \
-                                #call, mgpu_cublas_status_string(cb_rc_),                          \
-                                mgpu_cublas_status_name(cb_rc_));                                  \
-    } while (0)
+    MGPU_STATUS_CHECK(err, MGPU_E_CUBLAS, cublasStatus_t, CUBLAS_STATUS_SUCCESS,                   \
+                      mgpu_cublas_status_string, mgpu_cublas_status_name, call)
 
 #endif

@@ -8,8 +8,15 @@
 #include <string.h>      /* strcmp */
 #include <sys/stat.h>    /* stat */
 #include <unistd.h>      /* access */
+#include <fcntl.h>       /* open */
+#include <signal.h>      /* kill */
 
-#include "cfg.h" /* mgpu_cfg_load: a train.cfg is checked before anything starts */
+#include <poll.h>         /* poll */
+#include <spawn.h>        /* posix_spawn */
+#include <sys/wait.h>     /* waitpid */
+#include <time.h>         /* clock_gettime */
+
+extern char **environ;
 
 static void set_var(mgpu_worker_plan_t *w, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -84,6 +91,93 @@ static int check_file(const char *what, const char *file, mgpu_err_t *err)
     if (access(file, R_OK) != 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "%s '%s': %s", what, file, strerror(errno));
     return 0;
+}
+
+/* A train.cfg is checked by the worker that will read it (`mgpu-worker --check FILE
+ * key=value ...`), before anything starts: a bad cfg is one message and exit 2 here, not the
+ * same error from every rank after they started, and the launcher links no trainer code. The
+ * check is bounded in time, so a cfg that blocks its reader cannot hang the launcher. */
+#define CFG_CHECK_TIMEOUT_MS 10000
+
+static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    const char **argv = calloc((size_t)cli->prog_argc + 3, sizeof *argv);
+    char out[4096];
+    size_t len = 0;
+    int fds[2], status = 0, argc = 0;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    struct timespec t0, t;
+
+    if (argv == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    argv[argc++] = worker_bin;
+    argv[argc++] = "--check";
+    for (int i = 0; i < cli->prog_argc; i++)
+        argv[argc++] = cli->prog_argv[i];
+    argv[argc] = NULL;
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        free(argv);
+        return mgpu_err_set(err, -errno, "pipe: %s", strerror(errno));
+    }
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    int rc = posix_spawn(&pid, worker_bin, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    free(argv);
+    close(fds[1]);
+    if (rc != 0) {
+        close(fds[0]);
+        return mgpu_err_set(err, MGPU_E_USAGE, "checking '%s' with %s --check: %s",
+                            cli->prog_argv[0], worker_bin, strerror(rc));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct pollfd p = {.fd = fds[0], .events = POLLIN};
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long left = CFG_CHECK_TIMEOUT_MS - ((t.tv_sec - t0.tv_sec) * 1000 +
+                                           (t.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        int n = poll(&p, 1, (int)left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            continue;
+        char buf[1024];
+        ssize_t got = read(fds[0], buf, sizeof buf);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        size_t take = (size_t)got < sizeof out - 1 - len ? (size_t)got : sizeof out - 1 - len;
+        memcpy(out + len, buf, take);
+        len += take;
+    }
+    close(fds[0]);
+    out[len] = '\0';
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    /* The worker's message is "mgpu-worker: error: FILE:LINE: ...": keep what follows. */
+    while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r'))
+        out[--len] = '\0';
+    const char *msg = out, *tag = strstr(out, ": error: ");
+    if (tag != NULL)
+        msg = tag + strlen(": error: ");
+    if (WIFSIGNALED(status))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "checking '%s' with %s --check: %s (the check was killed by signal "
+                            "%d%s)",
+                            cli->prog_argv[0], worker_bin, *msg ? msg : "no message",
+                            WTERMSIG(status),
+                            WTERMSIG(status) == SIGKILL ? ", after 10 s" : "");
+    return mgpu_err_set(err, MGPU_E_USAGE, "%s", *msg ? msg : "bad training config");
 }
 
 static int resolve_nproc(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
@@ -169,27 +263,15 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         if ((rc = check_file("python script", prog, err)) < 0)
             return rc;
     } else if (!cli->no_python && ends_with(prog, ".cfg")) {
-        mgpu_cfg_t *cfg = malloc(sizeof *cfg);
-        if ((rc = check_file("training config", prog, err)) < 0) {
-            free(cfg);
+        if ((rc = check_file("training config", prog, err)) < 0)
             return rc;
-        }
-        /* The worker's own parser, with the key=value overrides it will get: a bad cfg is one
-         * message and exit 2 here, not the same error from every rank after they started. */
-        rc = cfg == NULL ? mgpu_err_set(err, -ENOMEM, "out of memory")
-                         : mgpu_cfg_load(prog, cfg, err);
-        for (int i = 1; rc >= 0 && i < cli->prog_argc; i++)
-            rc = mgpu_cfg_override(cfg, cli->prog_argv[i], err);
-        if (rc >= 0)
-            rc = mgpu_cfg_check(cfg, err);
-        free(cfg);
-        if (rc < 0)
-            return err->code = MGPU_E_USAGE; /* the message names file:line already */
         if (access(in->worker_bin, X_OK) != 0)
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "'%s' needs mgpu-worker, but '%s' is missing (%s); build it with "
                                 "make",
                                 prog, in->worker_bin, strerror(errno));
+        if ((rc = check_cfg(in->worker_bin, cli, err)) < 0)
+            return rc;
         head[nhead++] = in->worker_bin;
     } else if (find_program(prog, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0) {
         return mgpu_err_set(err, MGPU_E_USAGE, "worker program '%s': %s", prog, why);

@@ -1,4 +1,4 @@
-/* test_train_gpu.c - the trainer's GPU path (worker/gpustep.cu through mgpu_ddp_run).
+/* test_train_gpu.c - the trainer's GPU path (worker/trainer/gpustep.cu through mgpu_ddp_run).
  *
  * Everywhere: the bucket schedule (which layer's backward completes each gradient bucket,
  * checked against the gradients themselves: at the hook that launches a bucket, its slice

@@ -2,6 +2,7 @@
  * srun, mpirun) job. Exit status: 0 done, 2 bad cfg or data, 1 anything else. */
 #include <stdio.h>  /* fprintf */
 #include <stdlib.h> /* free */
+#include <string.h> /* strcmp */
 
 #include "cfg.h"     /* mgpu_cfg_load */
 #include "ddp.h"     /* mgpu_ddp_run */
@@ -52,7 +53,8 @@ static void mark(void *ctx, const char *event)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n");
+    fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n"
+                    "       mgpu-worker --check TRAIN.CFG [key=value ...]\n");
     return 2;
 }
 
@@ -66,6 +68,10 @@ int main(int argc, char **argv)
     int rc;
 
     mgpu_log_init("mgpu-worker", MGPU_LOG_WARN);
+    /* --check: validate only (mgpu-launch runs this before it starts any worker). */
+    int check = argc >= 3 && strcmp(argv[1], "--check") == 0;
+    argv += check;
+    argc -= check;
     if (argc < 2 || argv[1][0] == '-')
         return usage();
     /* Step 1: the cfg and the command-line overrides. */
@@ -74,8 +80,10 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++)
         if ((rc = mgpu_cfg_override(&cfg, argv[i], &err)) < 0)
             goto fail;
-    if (argc > 2 && (rc = mgpu_cfg_check(&cfg, &err)) < 0)
+    if ((argc > 2 || check) && (rc = mgpu_cfg_check(&cfg, &err)) < 0)
         goto fail;
+    if (check)
+        return 0;
     /* Step 2: who am I, which device. */
     if ((rc = mgpu_init(NULL, &ctx, &err)) < 0)
         goto fail;

@@ -21,19 +21,34 @@
 #include <cuda_runtime_api.h> /* cudaSetDevice, cudaEvent_t, cudaStreamIsCapturing */
 #include <nccl.h>             /* ncclCommInitRankConfig, ncclAllReduce, ncclCommAbort */
 
-#include "cuda_check.h" /* CUDA_CHECK */
+#include "status_check.h" /* MGPU_STATUS_CHECK */
 extern "C" {
 #include "store.h" /* mgpu_store_set, mgpu_store_get, mgpu_store_check */
 }
 
-/* As CUDA_CHECK, for NCCL calls that must succeed at once (never ncclInProgress). */
+/* NCCL has no function that names a status; ncclGetErrorString describes it. */
+static const char *nccl_status_name(ncclResult_t rc)
+{
+    switch (rc) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "ncclResult_t";
+    }
+}
+
+#define CUDA_CHECK(err, call)                                                                      \
+    MGPU_STATUS_CHECK(err, MGPU_E_CUDA, cudaError_t, cudaSuccess, cudaGetErrorString,              \
+                      cudaGetErrorName, call)
+/* For NCCL calls that must succeed at once (never ncclInProgress). */
 #define NCCL_CHECK(err, call)                                                                      \
-    do {                                                                                           \
-        ncclResult_t nc_rc_ = (call);                                                              \
-        if (nc_rc_ != ncclSuccess)                                                                 \
-            return mgpu_err_set((err), MGPU_E_NCCL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,    \
-                                ncclGetErrorString(nc_rc_));                                       \
-    } while (0)
+    MGPU_STATUS_CHECK(err, MGPU_E_NCCL, ncclResult_t, ncclSuccess, ncclGetErrorString,             \
+                      nccl_status_name, call)
 
 /* Collectives the watchdog can track at once; an enqueue beyond waits for the oldest. A
  * training step enqueues a few dozen buckets, so this is never the limit in practice. */

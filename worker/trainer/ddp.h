@@ -8,11 +8,11 @@
  * and checkpoints; evaluation is sharded over the ranks and reduced.
  *
  * The collectives are callbacks, so the loop runs over libmgpu's communicator (mgpu.h:
- * mgpu_allreduce_f32 / mgpu_broadcast, wired by worker_main), over threads standing in for
+ * mgpu_allreduce_f32 / mgpu_broadcast, wired by main.c), over threads standing in for
  * ranks (tests), or alone (world_size 1, callbacks may be NULL). Buffers passed to them are
  * backend memory (the kernels object's): device memory for NCCL, host memory for the CPU.
  *
- * Wiring to libmgpu (worker_main), one line each:
+ * Wiring to libmgpu (main.c), one line each:
  *   static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
  *   { return mgpu_allreduce_f32(c, b, n, MGPU_AVG, NULL, e); }
  *   static int sum(void *c, float *b, size_t n, mgpu_err_t *e)
