@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Scenario 3 of the article: --nproc_per_node=4 with CUDA_VISIBLE_DEVICES unset: every GPU is
-# visible and local rank k runs on physical GPU k. On a machine with fewer than 4 GPUs (the
-# one-GPU H200 here) it runs one process per GPU there is, which shows the same thing.
+# visible and local rank k runs on physical GPU k. On a machine with fewer than 4 GPUs (one,
+# say) it runs one process per GPU there is, which shows the same thing.
 source "$(dirname "$0")/scenario_lib.sh"
 n=$(real_gpus)
 if [ "${n:-0}" -ge 1 ] && [ "${n:-0}" -lt 4 ] && [ -z "${MGPU_SIM_GPUS:-}" ]; then

@@ -16,11 +16,12 @@
 #      (mgpu: the final metrics object's first_step_unix_s; PyTorch: its JSON line), the
 #      model of (b); torchrun's worker joins an NCCL process group and wraps the model in DDP
 #      as a torchrun script does, mgpu-worker with world size 1 needs no communicator.
-# Targets (issue 5): (a), (b) <= 0.05x PyTorch eager's step time; (c) >= 1.05x PyTorch's
+# Targets: (a), (b) <= 0.05x PyTorch eager's step time; (c) >= 1.05x PyTorch's
 # throughput; first step <= 0.5x torchrun's.
 #
 # usage: tests/bench/gpu_train_bench.sh [OUTDIR]   (MGPU_BUILD: build dir, RUNS: default 3,
-#        PYTHON: default python3, SKIP_TORCH_COMPILE=1 to leave out the compiled variant)
+#        PYTHON: default python3, SKIP_TORCH_COMPILE=1 to leave out the compiled variant,
+#        TORCH_COMPILE_BUDGET_S=S to skip the compiled variants left after S seconds)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

@@ -10,7 +10,7 @@
 #   2. the launcher's peak RSS (/usr/bin/time -f %M, and VmHWM from /proc while it runs);
 #   3. how long a worker's death takes to reach the other workers' SIGTERM: rank 0 records
 #      CLOCK_MONOTONIC just before _exit(1), the others in their SIGTERM handler.
-# Targets (issue 2): median < 20 ms on a 2-core machine, RSS < 8 MB, death->SIGTERM < 5 ms.
+# Targets: median < 20 ms on a 2-core machine, RSS < 8 MB, death->SIGTERM < 5 ms.
 #
 # usage: tests/bench/launch_bench.sh [RUNS] [TORCHRUN_RUNS] [DEATH_RUNS]   (default 200 5 30)
 #   MGPU_BUILD=build dir (default: build next to tests/), TORCHRUN_PYTHON=/usr/bin/python3
