@@ -5,8 +5,9 @@
 #include <stdarg.h>  /* va_list */
 #include <stdio.h>   /* vsnprintf */
 #include <strings.h> /* strcasecmp */
-#include <time.h>    /* clock_gettime */
 #include <unistd.h>  /* write */
+
+#include "clock.h" /* mgpu_clock_mono_ns */
 
 /* The process's logging state: written once by main before anything else runs. */
 static const char *log_prog = "mgpu";
@@ -47,11 +48,9 @@ void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
         return;
     if (level == MGPU_LOG_DEBUG) {
         /* Debug lines carry a monotonic time (ms), to see where a run spends its time. */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = mgpu_clock_mono_ns();
         n = snprintf(line, sizeof line, "%s: debug %lld.%03ld: ", log_prog,
-                     (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000,
-                     (ts.tv_nsec / 1000) % 1000);
+                     (long long)(ns / 1000000), (long)((ns / 1000) % 1000));
     } else {
         n = snprintf(line, sizeof line, "%s: %s: ", log_prog, names[level]);
     }

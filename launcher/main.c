@@ -1,16 +1,16 @@
 /* main.c - mgpu-launch: parse -> plan -> rendezvous -> spawn and supervise -> report. */
-#include <errno.h>        /* errno */
-#include <fcntl.h>        /* open */
-#include <libgen.h>       /* dirname */
-#include <stdio.h>        /* printf */
-#include <stdlib.h>       /* getenv */
-#include <string.h>       /* strcmp */
-#include <sys/random.h>   /* getrandom */
-#include <sys/resource.h> /* setrlimit */
-#include <unistd.h>       /* sysconf */
+#include <errno.h>      /* errno */
+#include <fcntl.h>      /* open */
+#include <stdio.h>      /* printf */
+#include <stdlib.h>     /* getenv */
+#include <string.h>     /* strcmp */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* sysconf */
 
 #include "cli.h"        /* mgpu_cli_parse */
 #include "engines.h"    /* mgpu_engines_apply */
+#include "fdio.h"       /* mgpu_fdio_raise_limit */
+#include "path.h"       /* mgpu_path_dirname */
 #include "log.h"        /* mgpu_log_init */
 #include "plan.h"       /* mgpu_plan_build */
 #include "rdzv.h"       /* mgpu_rdzv_join */
@@ -43,32 +43,6 @@ static void random_run_id(char *buf, size_t len)
     snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
              b[14], b[15]);
-}
-
-static void raise_fd_limit(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
-/* Linux grows a process's file table by copying it, and when the process has threads it
- * waits for an RCU grace period first: 20-30 ms measured on the 16-core H200 host, where 8
- * workers (6 pipe ends each) took the table past 64 files after the store's thread had
- * started. Grown here, before any thread, it costs microseconds; it never shrinks. */
-static void grow_fd_table(long fds)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (rlim_t)fds > rl.rlim_cur)
-        fds = (long)rl.rlim_cur;
-    if (fds <= 64)
-        return;
-    int fd = fcntl(2, F_DUPFD_CLOEXEC, (int)fds - 1); /* the lowest free one from fds - 1 */
-    if (fd >= 0)
-        close(fd);
 }
 
 /* Parse: the command line, with torchrun's defaults from the environment and from Slurm or
@@ -113,11 +87,13 @@ static int parse(mgpu_cli_t *cli, int argc, char **argv)
 static int plan_run(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
 {
     mgpu_plan_input_t in = {0};
-    char exe[4096], worker_bin[4200], host[256], run_id[64];
+    char exe[4096], dir[4096], worker_bin[4200], host[256], run_id[64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
 
     exe[n > 0 ? n : 0] = '\0';
-    snprintf(worker_bin, sizeof worker_bin, "%s/mgpu-worker", n > 0 ? dirname(exe) : ".");
+    if (n <= 0 || mgpu_path_dirname(exe, dir, sizeof dir) < 0)
+        snprintf(dir, sizeof dir, ".");
+    snprintf(worker_bin, sizeof worker_bin, "%s/mgpu-worker", dir);
     if (gethostname(host, sizeof host) != 0)
         snprintf(host, sizeof host, "localhost");
     random_run_id(run_id, sizeof run_id);
@@ -226,9 +202,9 @@ int main(int argc, char **argv)
         return 0;
     }
     announce(&plan);
-    raise_fd_limit();
+    mgpu_fdio_raise_limit(-1);
     /* The workers' pipes, the store's connections, slack. */
-    grow_fd_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
+    mgpu_fdio_grow_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
 
     if ((rc = rendezvous(&plan, &rdzv, &err)) < 0) {
         mgpu_error("%s", err.msg);

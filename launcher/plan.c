@@ -16,7 +16,8 @@
 #include <sys/wait.h> /* waitpid */
 #include <time.h>     /* clock_gettime */
 
-#include "sock.h" /* mgpu_sock_is_loopback */
+#include "clock.h" /* mgpu_clock_mono */
+#include "sock.h"  /* mgpu_sock_is_loopback */
 
 extern char **environ;
 
@@ -109,7 +110,7 @@ static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *
     int fds[2], status = 0, argc = 0;
     pid_t pid;
     posix_spawn_file_actions_t fa;
-    struct timespec t0, t;
+    double t0;
 
     if (argv == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
@@ -135,12 +136,10 @@ static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *
         return mgpu_err_set(err, MGPU_E_USAGE, "checking '%s' with %s --check: %s",
                             cli->prog_argv[0], worker_bin, strerror(rc));
     }
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = mgpu_clock_mono();
     for (;;) {
         struct pollfd p = {.fd = fds[0], .events = POLLIN};
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long left = CFG_CHECK_TIMEOUT_MS -
-                    ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+        long left = CFG_CHECK_TIMEOUT_MS - (long)((mgpu_clock_mono() - t0) * 1000);
         if (left <= 0) {
             kill(pid, SIGKILL);
             break;

@@ -7,20 +7,21 @@
  * callbacks, so one slow or silent client never delays another. */
 #include "store_server.h"
 
-#include <errno.h>        /* ENOMEM */
-#include <netdb.h>        /* getaddrinfo */
-#include <netinet/in.h>   /* sockaddr_in */
-#include <stdarg.h>       /* va_list */
-#include <stdio.h>        /* snprintf */
-#include <stdlib.h>       /* malloc, free */
-#include <string.h>       /* memcmp, memcpy */
-#include <sys/random.h>   /* getrandom */
-#include <sys/resource.h> /* getrlimit, setrlimit */
-#include <sys/socket.h>   /* socket, bind, listen */
-#include <unistd.h>       /* close */
+#include <errno.h>      /* ENOMEM */
+#include <netdb.h>      /* getaddrinfo */
+#include <netinet/in.h> /* sockaddr_in */
+#include <stdarg.h>     /* va_list */
+#include <stdio.h>      /* snprintf */
+#include <stdlib.h>     /* malloc, free */
+#include <string.h>     /* memcmp, memcpy */
+#include <sys/random.h> /* getrandom */
+#include <sys/socket.h> /* socket, bind, listen */
+#include <unistd.h>     /* close */
 
+#include "fdio.h"           /* mgpu_fdio_raise_limit */
 #include "log.h"            /* mgpu_warn, mgpu_debug */
 #include "store_proto.h"    /* frames, decoder */
+#include "sock.h"           /* mgpu_sock_addr_is_loopback */
 #include "store_requests.h" /* the table and the handlers */
 
 #define DEFAULT_MAX_CONNS 4096
@@ -392,30 +393,18 @@ static void sweep(uv_timer_t *t)
 
 /* ---- the public API ---- */
 
-static int is_loopback(const struct sockaddr *a)
-{
-    static const struct in6_addr lo6 = IN6ADDR_LOOPBACK_INIT;
-    if (a->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
-    return a->sa_family == AF_INET6 &&
-           memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
-}
-
 /* Each connection is a descriptor, and the usual soft limit (1024) is below the default
  * max_conns: without this, a rendezvous of a thousand workers fails at accept(2) with EMFILE.
  * Raises the soft limit as far as the hard one allows (children inherit it, which is harmless),
  * and says so when even that is short. */
 static void raise_fd_limit(int max_conns)
 {
-    struct rlimit rl;
-    rlim_t want = (rlim_t)max_conns + 256; /* the launcher's own pipes, logs, workers */
-    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
-        return;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
-        mgpu_warn("store: max_conns is %d but this process may open only %llu descriptors "
+    long want = (long)max_conns + 256; /* the launcher's own pipes, logs, workers */
+    long got = mgpu_fdio_raise_limit(want);
+    if (got >= 0 && got < want)
+        mgpu_warn("store: max_conns is %d but this process may open only %ld descriptors "
                   "(ulimit -n): clients beyond that will be refused",
-                  max_conns, (unsigned long long)rl.rlim_cur);
+                  max_conns, got);
 }
 
 int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err)
@@ -493,7 +482,7 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
         goto fail;
     }
 
-    if (!is_loopback(ai->ai_addr) && (o->token == NULL || *o->token == '\0'))
+    if (!mgpu_sock_addr_is_loopback(ai->ai_addr) && (o->token == NULL || *o->token == '\0'))
         mgpu_warn("store: listening on %s with no token: anyone who can reach it can read and "
                   "change the job's keys",
                   addr_str);

@@ -5,7 +5,6 @@
 #include <dirent.h>    /* opendir */
 #include <errno.h>     /* errno */
 #include <fcntl.h>     /* open, O_CLOEXEC */
-#include <poll.h>      /* poll */
 #include <signal.h>    /* kill, sigprocmask */
 #include <stdio.h>     /* snprintf */
 #include <stdlib.h>    /* calloc, mkdtemp */
@@ -13,10 +12,11 @@
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
 #include <sys/stat.h>  /* mkdir */
 #include <sys/wait.h>  /* waitpid */
-#include <time.h>      /* clock_gettime */
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
 
+#include "clock.h"   /* mgpu_clock_real */
+#include "fdio.h"    /* mgpu_fdio_write_all */
 #include "log.h"     /* mgpu_warn */
 #include "output.h"  /* mgpu_linebuf_t */
 #include "spawner.h" /* mgpu_spawner_worker */
@@ -79,45 +79,11 @@ typedef struct sup {
     int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
 } sup_t;
 
-static double now_real(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Writes the whole buffer to a blocking or non-blocking descriptor. */
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && errno == EAGAIN) {
-            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            poll(&pfd, 1, 100);
-            continue;
-        }
-        if (w < 0)
-            return -errno;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static void console_write(sup_t *s, int fd, const char *p, size_t n)
 {
     if (fd < 0 || s->console_dead[fd] || n == 0)
         return;
-    if (write_all(fd, p, n) == -EPIPE)
+    if (mgpu_fdio_write_all(fd, p, n) == -EPIPE)
         s->console_dead[fd] = 1; /* `mgpu-launch ... | head`: keep supervising, stop printing */
 }
 
@@ -200,7 +166,7 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
     if (st->which == 2)
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)
-        write_all(st->file_fd, raw, rlen);
+        mgpu_fdio_write_all(st->file_fd, raw, rlen);
     console_write(st->proc->sup, st->console_fd, block, blen);
 }
 
@@ -383,8 +349,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     p->running = 0;
     s->running--;
     mgpu_debug("local rank %d exited (%d still running)", p->k, s->running);
-    o->t_end = now_real();
-    o->t_detected_mono = now_mono();
+    o->t_end = mgpu_clock_real();
+    o->t_detected_mono = mgpu_clock_mono();
     if (o->exec_errno) {
         o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
         exec_reason(s->plan->exe, o->exec_errno, o->exec_reason, sizeof o->exec_reason);
@@ -557,7 +523,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             break;
         }
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
-        p->out->t_start = now_real();
+        p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
                                   pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS);
         free(envp);
@@ -796,7 +762,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
 
     memset(res, 0, sizeof *res);
     res->root = res->root_attempt = -1;
-    res->t_start = now_real();
+    res->t_start = mgpu_clock_real();
     if (s == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
     s->plan = plan;
@@ -816,7 +782,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     /* The run's folder: error files always (TORCHELASTIC_ERROR_FILE), logs when asked. */
     if (plan->output.log_dir[0]) {
         char rnd[9];
-        unsigned v = (unsigned)getpid() ^ (unsigned)(now_real() * 1e6);
+        unsigned v = (unsigned)getpid() ^ (unsigned)(mgpu_clock_real() * 1e6);
         snprintf(rnd, sizeof rnd, "%08x", v * 2654435761u);
         snprintf(res->log_root, sizeof res->log_root, "%s/%s_%s", plan->output.log_dir,
                  plan->run_id, rnd);
@@ -860,7 +826,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     /* Every worker is gone: release the keeper without letting it kill anything. */
     mgpu_spawner_keeper_release(&s->keeper);
     res->signal = s->user_signal;
-    res->t_end = now_real();
+    res->t_end = mgpu_clock_real();
     /* The workers' startup timelines of the last attempt, when they published any. */
     for (int k = 0; rdzv != NULL && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
