@@ -480,8 +480,9 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     if ((rc = check_devices(plan, cli, err)) < 0)
         return rc;
 
-    /* Static rendezvous: every node runs nproc workers and ranks follow node ranks (nodes of
-     * different sizes meet through the store, issue 3). */
+    /* A first guess, as a static rendezvous would have it: every node runs nproc workers and
+     * ranks follow node ranks. The rendezvous replaces it (mgpu_plan_set_world), since nodes
+     * of different sizes meet through the store. */
     plan->nnodes = cli->nnodes_max;
     plan->node_rank = cli->node_rank;
     plan->world_size = plan->nproc * plan->nnodes;
