@@ -9,6 +9,7 @@
 #include <sys/uio.h>     /* struct iovec */
 
 #include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "names.h"       /* mgpu_names_get */
 
 static char *read_file(const char *path, size_t max)
 {
@@ -80,19 +81,12 @@ static void fmt_time(double t, char *buf, size_t len)
 
 static const char *state_name(mgpu_wstate_t s)
 {
-    switch (s) {
-    case MGPU_W_NEW:
-        return "not started";
-    case MGPU_W_RUNNING:
-        return "running";
-    case MGPU_W_SUCCEEDED:
-        return "succeeded";
-    case MGPU_W_FAILED:
-        return "failed";
-    case MGPU_W_STOPPED:
-        return "stopped";
-    }
-    return "?";
+    static const char *const names[] = {
+        [MGPU_W_NEW] = "not started",     [MGPU_W_RUNNING] = "running",
+        [MGPU_W_SUCCEEDED] = "succeeded", [MGPU_W_FAILED] = "failed",
+        [MGPU_W_STOPPED] = "stopped",
+    };
+    return mgpu_names_get(names, MGPU_NAMES_COUNT(names), (int)s, "?");
 }
 
 static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)

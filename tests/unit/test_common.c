@@ -1,4 +1,4 @@
-/* test_common.c - the shared helpers of common/: clock, fdio, atomic_file, path, sock. */
+/* test_common.c - the shared helpers of common/: clock, fdio, atomic_file, path, names, sock. */
 #include <errno.h>        /* EPIPE */
 #include <fcntl.h>        /* open */
 #include <netinet/in.h>   /* sockaddr_in */
@@ -12,8 +12,11 @@
 #include "check.h"
 #include "clock.h"
 #include "fdio.h"
+#include "log.h"
+#include "names.h"
 #include "path.h"
 #include "sock.h"
+#include "store_proto.h"
 
 static void test_clock_mono_advances(void)
 {
@@ -153,6 +156,32 @@ static void test_sock_loopback(void)
     CHECK_INT(mgpu_sock_is_loopback("10.0.0.1"), 0);
 }
 
+enum { COLOR_RED, COLOR_GREEN, COLOR_HOLE, COLOR_BLUE };
+
+static void test_names_both_ways(void)
+{
+    static const char *const names[] = {
+        [COLOR_RED] = "red", [COLOR_GREEN] = "green", [COLOR_BLUE] = "blue"};
+    CHECK_INT(MGPU_NAMES_COUNT(names), 4);
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), COLOR_GREEN, "?"), "green");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), COLOR_HOLE, "?"), "?");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), 4, "?"), "?");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), -1, "none"), "none");
+    CHECK_INT(mgpu_names_find(names, MGPU_NAMES_COUNT(names), "Blue"), COLOR_BLUE);
+    CHECK_INT(mgpu_names_find(names, MGPU_NAMES_COUNT(names), "purple"), -1);
+    /* The tables written with it. */
+    CHECK_STR(mgpu_store_op_name(MGPU_STORE_OP_COMPARE_SET), "COMPARE_SET");
+    CHECK_STR(mgpu_store_op_name(MGPU_STORE_OP_GET | MGPU_STORE_RESP), "GET");
+    CHECK_STR(mgpu_store_op_name(0), "?");
+    CHECK_STR(mgpu_store_op_name(200), "?");
+    CHECK_STR(mgpu_store_status_name(MGPU_STORE_ST_AUTH), "authentication failed");
+    CHECK_INT(mgpu_log_level_parse("WARNING"), MGPU_LOG_WARN);
+    CHECK_INT(mgpu_log_level_parse("warn"), MGPU_LOG_WARN);
+    CHECK_INT(mgpu_log_level_parse("critical"), MGPU_LOG_ERROR);
+    CHECK_INT(mgpu_log_level_parse("Debug"), MGPU_LOG_DEBUG);
+    CHECK_INT(mgpu_log_level_parse("loud"), -1);
+}
+
 int main(void)
 {
     RUN(test_clock_mono_advances);
@@ -163,5 +192,6 @@ int main(void)
     RUN(test_atomic_file_errors_name_the_call);
     RUN(test_path_dirname);
     RUN(test_sock_loopback);
+    RUN(test_names_both_ways);
     return check_done();
 }
