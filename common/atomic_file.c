@@ -10,7 +10,8 @@
 #include "fdio.h" /* mgpu_fdio_write_all */
 #include "path.h" /* mgpu_path_dirname */
 
-int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, mgpu_err_t *err)
+int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
+                           mgpu_err_t *err)
 {
     char tmp[4200], dir[4096];
     int fd, dfd, rc;
@@ -26,7 +27,7 @@ int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, 
             mgpu_err_set(err, rc, "write(%s): %s", tmp, strerror(-rc));
             goto fail;
         }
-    if (fsync(fd) != 0) {
+    if (!(flags & MGPU_ATOMIC_FILE_NO_SYNC) && fsync(fd) != 0) {
         rc = mgpu_err_set(err, -errno, "fsync(%s): %s", tmp, strerror(errno));
         goto fail;
     }
@@ -40,6 +41,8 @@ int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, 
         rc = mgpu_err_set(err, -errno, "rename(%s, %s): %s", tmp, path, strerror(errno));
         goto fail;
     }
+    if (flags & MGPU_ATOMIC_FILE_NO_SYNC)
+        return 0;
     dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return mgpu_err_set(err, -errno, "open(%s): %s", dir, strerror(errno));

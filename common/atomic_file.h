@@ -12,10 +12,19 @@
 
 #include "error.h" /* mgpu_err_t */
 
-/* Writes the niov buffers, in order, as the new contents of path. On failure the temporary
- * file is removed, path is left as it was (unless only the directory's fsync failed: the
- * new file is then in place), and err names the call and the file. Returns 0 or a negative
- * errno. */
-int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, mgpu_err_t *err);
+/* Flags of mgpu_atomic_file_write. */
+enum {
+    /* Readers never see half a file, but a crash may lose it: no fsync of the file or the
+     * directory (test helpers and scratch files, where an fsync's latency costs more than a
+     * crash could). */
+    MGPU_ATOMIC_FILE_NO_SYNC = 1,
+};
+
+/* Writes the niov buffers, in order, as the new contents of path. flags: 0 (durable) or
+ * MGPU_ATOMIC_FILE_NO_SYNC. On failure the temporary file is removed, path is left as it was
+ * (unless only the directory's fsync failed: the new file is then in place), and err names
+ * the call and the file. Returns 0 or a negative errno. */
+int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
+                           mgpu_err_t *err);
 
 #endif

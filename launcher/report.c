@@ -396,7 +396,7 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     text[len] = '\n';
     iov.iov_base = text;
     iov.iov_len = len + 1;
-    if ((rc = mgpu_atomic_file_write(path, &iov, 1, &aerr)) < 0)
+    if ((rc = mgpu_atomic_file_write(path, &iov, 1, 0, &aerr)) < 0)
         mgpu_err_set(err, rc, "--summary: %s", aerr.msg);
     cJSON_free(text);
     return rc;

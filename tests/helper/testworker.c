@@ -129,7 +129,7 @@ static void write_file(const char *path, const char *text, int append)
 static void write_file_atomic(const char *path, const char *text)
 {
     struct iovec iov = {.iov_base = (void *)text, .iov_len = strlen(text)};
-    if (mgpu_atomic_file_write(path, &iov, 1, NULL) < 0)
+    if (mgpu_atomic_file_write(path, &iov, 1, MGPU_ATOMIC_FILE_NO_SYNC, NULL) < 0)
         die("cannot write %s", path);
 }
 

@@ -103,14 +103,14 @@ static void test_atomic_file_write_replaces(void)
 
     CHECK(dir != NULL);
     snprintf(path, sizeof path, "%s/f.json", dir);
-    CHECK_INT(mgpu_atomic_file_write(path, iov, 2, &err), 0);
+    CHECK_INT(mgpu_atomic_file_write(path, iov, 2, 0, &err), 0);
     fd = open(path, O_RDONLY);
     CHECK(fd >= 0);
     CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 11);
     close(fd);
     CHECK_STR(buf, "hello world");
     /* Replaced whole, and no temporary file left behind. */
-    CHECK_INT(mgpu_atomic_file_write(path, iov + 1, 1, &err), 0);
+    CHECK_INT(mgpu_atomic_file_write(path, iov + 1, 1, MGPU_ATOMIC_FILE_NO_SYNC, &err), 0);
     fd = open(path, O_RDONLY);
     memset(buf, 0, sizeof buf);
     CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 5);
@@ -127,7 +127,7 @@ static void test_atomic_file_errors_name_the_call(void)
 {
     struct iovec iov = {.iov_base = "x", .iov_len = 1};
     mgpu_err_t err = {0};
-    CHECK_INT(mgpu_atomic_file_write("/nonexistent_dir_mgpu/f", &iov, 1, &err), -ENOENT);
+    CHECK_INT(mgpu_atomic_file_write("/nonexistent_dir_mgpu/f", &iov, 1, 0, &err), -ENOENT);
     CHECK_CONTAINS(err.msg, "open(/nonexistent_dir_mgpu/f.tmp.");
 }
 

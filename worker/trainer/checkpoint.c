@@ -87,7 +87,7 @@ int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err)
     iov[0] = (struct iovec){.iov_base = &h, .iov_len = sizeof h};
     iov[1] = (struct iovec){.iov_base = (void *)c->params, .iov_len = sizeof(float) * c->n_params};
     iov[2] = (struct iovec){.iov_base = (void *)c->state, .iov_len = sizeof(float) * c->n_state};
-    if ((rc = mgpu_atomic_file_write(path, iov, c->n_state > 0 ? 3 : 2, &aerr)) < 0)
+    if ((rc = mgpu_atomic_file_write(path, iov, c->n_state > 0 ? 3 : 2, 0, &aerr)) < 0)
         return mgpu_err_set(err, rc, "checkpoint: %s", aerr.msg);
     return 0;
 }
