@@ -3,7 +3,7 @@
  * Discovery reads the installed NVIDIA GPUs from /proc/driver/nvidia/gpus/ (PCI bus order), or
  * invents N of them when MGPU_SIM_GPUS=N (a machine with no GPU; every report says
  * "simulated"). Visibility applies CUDA_VISIBLE_DEVICES by the rules the CUDA driver follows
- * (measured on an H200 with driver 580, see DESIGN.md): unset -> all; empty -> none; entries
+ * (measured on an H200 with driver 580): unset -> all; empty -> none; entries
  * are indices or GPU-/MIG- UUID prefixes, read left to right with surrounding spaces ignored;
  * the list ends at the first invalid or out-of-range entry, or at -1; a repeated index makes
  * the whole list an error ("invalid device ordinal"), while a UUID naming a device already

@@ -5,8 +5,10 @@
 #include <stdarg.h>  /* va_list */
 #include <stdio.h>   /* vsnprintf */
 #include <strings.h> /* strcasecmp */
-#include <time.h>    /* clock_gettime */
 #include <unistd.h>  /* write */
+
+#include "clock.h" /* mgpu_clock_mono_ns */
+#include "names.h" /* mgpu_names_get */
 
 /* The process's logging state: written once by main before anything else runs. */
 static const char *log_prog = "mgpu";
@@ -23,22 +25,26 @@ mgpu_log_level_t mgpu_log_level(void)
     return log_level;
 }
 
+/* The names in log lines, and the names LOGLEVEL takes (Python's logging spells them so). */
+static const char *const level_names[] = {
+    [MGPU_LOG_ERROR] = "error",
+    [MGPU_LOG_WARN] = "warning",
+    [MGPU_LOG_INFO] = "info",
+    [MGPU_LOG_DEBUG] = "debug",
+};
+
 int mgpu_log_level_parse(const char *s)
 {
-    if (strcasecmp(s, "error") == 0 || strcasecmp(s, "critical") == 0)
+    /* Python's logging also takes CRITICAL and WARN; mgpu has no level above error. */
+    if (strcasecmp(s, "critical") == 0)
         return MGPU_LOG_ERROR;
-    if (strcasecmp(s, "warn") == 0 || strcasecmp(s, "warning") == 0)
+    if (strcasecmp(s, "warn") == 0)
         return MGPU_LOG_WARN;
-    if (strcasecmp(s, "info") == 0)
-        return MGPU_LOG_INFO;
-    if (strcasecmp(s, "debug") == 0)
-        return MGPU_LOG_DEBUG;
-    return -1;
+    return mgpu_names_find(level_names, MGPU_NAMES_COUNT(level_names), s);
 }
 
 void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
 {
-    static const char *names[] = {"error", "warning", "info", "debug"};
     char line[4096];
     int n;
     va_list ap;
@@ -47,13 +53,12 @@ void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
         return;
     if (level == MGPU_LOG_DEBUG) {
         /* Debug lines carry a monotonic time (ms), to see where a run spends its time. */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = mgpu_clock_mono_ns();
         n = snprintf(line, sizeof line, "%s: debug %lld.%03ld: ", log_prog,
-                     (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000,
-                     (ts.tv_nsec / 1000) % 1000);
+                     (long long)(ns / 1000000), (long)((ns / 1000) % 1000));
     } else {
-        n = snprintf(line, sizeof line, "%s: %s: ", log_prog, names[level]);
+        n = snprintf(line, sizeof line, "%s: %s: ", log_prog,
+                     mgpu_names_get(level_names, MGPU_NAMES_COUNT(level_names), level, "?"));
     }
     va_start(ap, fmt);
     n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);

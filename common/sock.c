@@ -2,7 +2,7 @@
 #include "sock.h"
 
 #include <netinet/in.h> /* sockaddr_in */
-#include <string.h>     /* strcmp */
+#include <string.h>     /* strcmp, memcmp */
 #include <sys/socket.h> /* socket */
 #include <unistd.h>     /* close */
 
@@ -25,4 +25,13 @@ int mgpu_sock_is_loopback(const char *host)
 {
     return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
            strcmp(host, "::1") == 0;
+}
+
+int mgpu_sock_addr_is_loopback(const struct sockaddr *a)
+{
+    static const struct in6_addr lo6 = IN6ADDR_LOOPBACK_INIT;
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    return a->sa_family == AF_INET6 &&
+           memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
 }

@@ -1,4 +1,4 @@
-/* sock.h - small socket facts shared by the launcher's modules. */
+/* sock.h - small socket facts shared by the launcher's modules. Nothing to own or free. */
 #ifndef MGPU_SOCK_H
 #define MGPU_SOCK_H
 
@@ -9,5 +9,9 @@ int mgpu_sock_free_port(void);
 
 /* 1 when host names the loopback interface ("localhost", 127.x.y.z, "::1"). */
 int mgpu_sock_is_loopback(const char *host);
+
+/* 1 when the address is on the loopback interface (127.0.0.0/8 or ::1). */
+struct sockaddr;
+int mgpu_sock_addr_is_loopback(const struct sockaddr *a);
 
 #endif

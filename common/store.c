@@ -19,9 +19,10 @@
 #include <stdlib.h>      /* malloc, getenv */
 #include <string.h>      /* strlen, memcpy */
 #include <sys/socket.h>  /* socket, connect, send, recv */
-#include <time.h>        /* clock_gettime, nanosleep */
+#include <time.h>        /* nanosleep */
 #include <unistd.h>      /* close, getpid */
 
+#include "clock.h"       /* mgpu_clock_mono */
 #include "store_proto.h" /* frames, decoder */
 
 /* Backoff between connection attempts: starts short because the server is usually starting at
@@ -43,20 +44,13 @@ struct mgpu_store {
     mgpu_store_buf_t out;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* poll() timeout in ms until deadline (< 0: none). */
 static int ms_left(double deadline)
 {
     double left;
     if (deadline < 0)
         return -1;
-    left = deadline - now_s();
+    left = deadline - mgpu_clock_mono();
     if (left <= 0)
         return 0;
     return left > 2e6 ? 2000000000 : (int)ceil(left * 1000.0);
@@ -280,7 +274,7 @@ static int reconnect(mgpu_store_t *s, double deadline, mgpu_err_t *err)
             if (rc != MGPU_E_PEER && rc != -ECONNRESET)
                 return rc;
         }
-        if (deadline >= 0 && now_s() + backoff > deadline) {
+        if (deadline >= 0 && mgpu_clock_mono() + backoff > deadline) {
             char why[sizeof err->msg - 100];
             snprintf(why, sizeof why, "%.800s", err ? err->msg : "");
             return mgpu_err_set(err, MGPU_E_TIMEOUT,
@@ -318,7 +312,7 @@ int mgpu_store_connect(const char *host, int port, const char *token, double tim
     /* Ids start from the pid so that two clients' frames are told apart in a capture. */
     s->next_id = ((uint32_t)getpid() << 16) | 1u;
     mgpu_store_dec_init(&s->dec, NULL, 1);
-    rc = reconnect(s, now_s() + s->io_timeout_s, err);
+    rc = reconnect(s, mgpu_clock_mono() + s->io_timeout_s, err);
     if (rc < 0) {
         mgpu_store_close(s);
         return rc;
@@ -431,7 +425,7 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
     uint8_t op = s->out.p[start + 2];
     uint32_t id = (uint32_t)s->out.p[start + 4] | (uint32_t)s->out.p[start + 5] << 8 |
                   (uint32_t)s->out.p[start + 6] << 16 | (uint32_t)s->out.p[start + 7] << 24;
-    double deadline = wait_s < 0 ? -1.0 : now_s() + wait_s + s->io_timeout_s;
+    double deadline = wait_s < 0 ? -1.0 : mgpu_clock_mono() + wait_s + s->io_timeout_s;
     int rc;
 
     if (mgpu_store_buf_frame_end(&s->out, start) < 0)
@@ -444,7 +438,7 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
                                 s->port);
         if (s->fd < 0) {
             /* Reconnecting before anything was sent is always safe. */
-            rc = reconnect(s, now_s() + s->io_timeout_s, err);
+            rc = reconnect(s, mgpu_clock_mono() + s->io_timeout_s, err);
             if (rc < 0)
                 return rc;
         }

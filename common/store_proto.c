@@ -6,6 +6,8 @@
 #include <stdlib.h> /* malloc, realloc, free */
 #include <string.h> /* memcpy, memmove */
 
+#include "names.h" /* mgpu_names_get */
+
 /* Whatever the decoder reads at once when no frame tells it more: large enough for many
  * small requests per read, small enough that a thousand idle connections cost little. */
 #define DEC_MIN_CHUNK (16u << 10)
@@ -438,19 +440,32 @@ void mgpu_store_buf_raw(mgpu_store_buf_t *b, const void *p, size_t n)
 
 const char *mgpu_store_op_name(uint8_t op)
 {
-    static const char *names[] = {"?",    "HELLO", "SET",    "GET",      "ADD",  "COMPARE_SET",
-                                  "WAIT", "CHECK", "DELETE", "NUM_KEYS", "PING", "ON_CLOSE"};
+    static const char *const names[] = {
+        [MGPU_STORE_OP_HELLO] = "HELLO",
+        [MGPU_STORE_OP_SET] = "SET",
+        [MGPU_STORE_OP_GET] = "GET",
+        [MGPU_STORE_OP_ADD] = "ADD",
+        [MGPU_STORE_OP_COMPARE_SET] = "COMPARE_SET",
+        [MGPU_STORE_OP_WAIT] = "WAIT",
+        [MGPU_STORE_OP_CHECK] = "CHECK",
+        [MGPU_STORE_OP_DELETE] = "DELETE",
+        [MGPU_STORE_OP_NUM_KEYS] = "NUM_KEYS",
+        [MGPU_STORE_OP_PING] = "PING",
+        [MGPU_STORE_OP_ON_CLOSE] = "ON_CLOSE",
+    };
     op &= (uint8_t)~MGPU_STORE_RESP;
-    return op <= MGPU_STORE_OP_LAST ? names[op] : "?";
+    return mgpu_names_get(names, MGPU_NAMES_COUNT(names), op, "?");
 }
 
 const char *mgpu_store_status_name(uint8_t status)
 {
-    static const char *names[] = {"ok",
-                                  "timeout",
-                                  "bad value",
-                                  "authentication failed",
-                                  "version mismatch",
-                                  "protocol error"};
-    return status <= MGPU_STORE_ST_LAST ? names[status] : "?";
+    static const char *const names[] = {
+        [MGPU_STORE_ST_OK] = "ok",
+        [MGPU_STORE_ST_TIMEOUT] = "timeout",
+        [MGPU_STORE_ST_BAD_VALUE] = "bad value",
+        [MGPU_STORE_ST_AUTH] = "authentication failed",
+        [MGPU_STORE_ST_VERSION] = "version mismatch",
+        [MGPU_STORE_ST_PROTOCOL] = "protocol error",
+    };
+    return mgpu_names_get(names, MGPU_NAMES_COUNT(names), status, "?");
 }

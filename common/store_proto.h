@@ -1,8 +1,10 @@
 /* store_proto.h - the wire format of mgpu's key-value store, shared by the server
  * (launcher/store_server.c) and the blocking client (common/store.c).
  *
- * mgpu speaks its own protocol rather than PyTorch's TCPStore protocol, which changes between
- * PyTorch releases (TORCHRUN.md section 6). Every integer is little-endian, whatever the host.
+ * mgpu speaks its own protocol rather than PyTorch's TCPStore protocol, which is not stable
+ * across PyTorch releases: the command numbers were renumbered (2.0/2.1 against 2.3 and
+ * later), a handshake was added, and one version prefixed every command with a magic number.
+ * Every integer is little-endian, whatever the host.
  *
  * Frame = 12-byte header + payload:
  *

@@ -1,16 +1,16 @@
-/* main.c - mgpu-launch: parse, plan, start, supervise, report. */
-#include <errno.h>        /* errno */
-#include <fcntl.h>        /* open */
-#include <libgen.h>       /* dirname */
-#include <stdio.h>        /* printf */
-#include <stdlib.h>       /* getenv */
-#include <string.h>       /* strcmp */
-#include <sys/random.h>   /* getrandom */
-#include <sys/resource.h> /* setrlimit */
-#include <unistd.h>       /* sysconf */
+/* main.c - mgpu-launch: parse -> plan -> rendezvous -> spawn and supervise -> report. */
+#include <errno.h>      /* errno */
+#include <fcntl.h>      /* open */
+#include <stdio.h>      /* printf */
+#include <stdlib.h>     /* getenv */
+#include <string.h>     /* strcmp */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* sysconf */
 
 #include "cli.h"        /* mgpu_cli_parse */
 #include "engines.h"    /* mgpu_engines_apply */
+#include "fdio.h"       /* mgpu_fdio_raise_limit */
+#include "path.h"       /* mgpu_path_dirname */
 #include "log.h"        /* mgpu_log_init */
 #include "plan.h"       /* mgpu_plan_build */
 #include "rdzv.h"       /* mgpu_rdzv_join */
@@ -45,105 +45,12 @@ static void random_run_id(char *buf, size_t len)
              b[14], b[15]);
 }
 
-/* Where the launchers meet, and whether this one serves the store there. */
-static void rdzv_options(const mgpu_cli_t *cli, const mgpu_plan_t *plan, const char *host,
-                         mgpu_rdzv_opts_t *ro)
+/* Parse: the command line, with torchrun's defaults from the environment and from Slurm or
+ * Open MPI. Returns -1 to go on, else the exit status (help, version, bad usage). */
+static int parse(mgpu_cli_t *cli, int argc, char **argv)
 {
-    memset(ro, 0, sizeof *ro);
-    ro->run_id = plan->run_id;
-    ro->nnodes_min = cli->nnodes_min;
-    ro->nnodes_max = cli->nnodes_max;
-    ro->node_rank = cli->node_rank;
-    ro->nproc = plan->nproc;
-    ro->hostname = cli->local_addr[0] ? cli->local_addr : host;
-    ro->token = cli->rdzv_token[0] ? cli->rdzv_token : NULL;
-    ro->join_timeout = cli->join_timeout;
-    ro->last_call_timeout = cli->last_call_timeout;
-    ro->elastic = cli->nnodes_min != cli->nnodes_max || strcmp(cli->rdzv_backend, "c10d") == 0;
-    /* Two connections a launcher, one or two a worker, nodes alike in size; and room to spare. */
-    ro->max_conns = cli->nnodes_max * (2 * plan->nproc + 4) + 64;
-    if (ro->max_conns > 65536)
-        ro->max_conns = 65536;
-    if (cli->nnodes_max == 1) {
-        /* One node: the store is this launcher's own, on loopback at a free port, and
-         * MASTER_PORT is --master_port or another free port. */
-        ro->elastic = 0;
-        ro->node_rank = 0;
-        ro->store_host = "127.0.0.1";
-        ro->bind_host = "127.0.0.1";
-        ro->serve = 1;
-        ro->master_addr = plan->master_addr;
-        ro->master_port = plan->master_port;
-        return;
-    }
-    if (ro->elastic) {
-        const char *eh = cli->endpoint_host[0] ? cli->endpoint_host : cli->master_addr;
-        ro->store_host = eh;
-        ro->store_port = cli->endpoint_host[0] ? cli->endpoint_port
-                                               : (cli->master_port >= 0 ? cli->master_port : 29400);
-        /* torchrun's c10d: the launcher on the endpoint's host serves it. Which host that is,
-         * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
-         * another launcher here serves already with EADDRINUSE; main then joins as a client. */
-        ro->serve = cli->is_host >= 0 ? cli->is_host : 1;
-        ro->master_addr = mgpu_sock_is_loopback(eh) ? "127.0.0.1" : ro->hostname;
-        ro->bind_host =
-            mgpu_sock_is_loopback(eh) ? "127.0.0.1" : (cli->is_host == 1 ? "0.0.0.0" : eh);
-        return;
-    }
-    /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
-     * when it is given, as torchrun's static rendezvous; else --master_addr:--master_port). */
-    ro->store_host = plan->master_addr;
-    ro->store_port = plan->master_port;
-    ro->serve = cli->node_rank == 0;
-    ro->master_addr = plan->master_addr;
-    ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
-}
-
-static void raise_fd_limit(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
-/* Linux grows a process's file table by copying it, and when the process has threads it
- * waits for an RCU grace period first: 20-30 ms measured on the 16-core H200 host, where 8
- * workers (6 pipe ends each) took the table past 64 files after the store's thread had
- * started. Grown here, before any thread, it costs microseconds; it never shrinks. */
-static void grow_fd_table(long fds)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (rlim_t)fds > rl.rlim_cur)
-        fds = (long)rl.rlim_cur;
-    if (fds <= 64)
-        return;
-    int fd = fcntl(2, F_DUPFD_CLOEXEC, (int)fds - 1); /* the lowest free one from fds - 1 */
-    if (fd >= 0)
-        close(fd);
-}
-
-int main(int argc, char **argv)
-{
-    mgpu_cli_t cli_storage; /* ~30 KiB, on the stack: no early return can leak it */
-    mgpu_cli_t *cli = &cli_storage;
-    mgpu_plan_t plan;
-    mgpu_plan_input_t in = {0};
-    mgpu_run_result_t res;
-    mgpu_rdzv_opts_t ro;
-    mgpu_rdzv_world_t world;
-    mgpu_rdzv_t *rdzv = NULL;
-    int rc;
     mgpu_err_t err = {0};
-    char exe[4096], worker_bin[4200], host[256], run_id[64];
-    const char *loglevel = getenv("LOGLEVEL");
-    int level = loglevel ? mgpu_log_level_parse(loglevel) : -1;
-    ssize_t n;
 
-    ensure_std_fds();
-    mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
     if (mgpu_cli_parse(cli, argc, argv, env_lookup, &err) < 0) {
         mgpu_error("%s", err.msg);
         return 2;
@@ -172,11 +79,21 @@ int main(int argc, char **argv)
         mgpu_warn("--master_addr and --master_port are only used without --rdzv_endpoint: the "
                   "nodes meet at %s, as with torchrun",
                   cli->rdzv_endpoint);
+    return -1;
+}
 
-    /* Facts of this machine the plan needs. */
-    n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+/* Plan: who runs where, from the command line and this machine's facts. The plan is the only
+ * reader of the command line: every later phase takes the plan. */
+static int plan_run(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    mgpu_plan_input_t in = {0};
+    char exe[4096], dir[4096], worker_bin[4200], host[256], run_id[64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+
     exe[n > 0 ? n : 0] = '\0';
-    snprintf(worker_bin, sizeof worker_bin, "%s/mgpu-worker", n > 0 ? dirname(exe) : ".");
+    if (n <= 0 || mgpu_path_dirname(exe, dir, sizeof dir) < 0)
+        snprintf(dir, sizeof dir, ".");
+    snprintf(worker_bin, sizeof worker_bin, "%s/mgpu-worker", dir);
     if (gethostname(host, sizeof host) != 0)
         snprintf(host, sizeof host, "localhost");
     random_run_id(run_id, sizeof run_id);
@@ -193,60 +110,112 @@ int main(int argc, char **argv)
     in.hostname = host;
     in.run_id = run_id;
     in.path_env = getenv("PATH");
+    return mgpu_plan_build(plan, cli, &in, err);
+}
 
-    if (mgpu_plan_build(&plan, cli, &in, &err) < 0) {
-        mgpu_error("%s", err.msg);
-        mgpu_plan_free(&plan);
-        return 2;
-    }
-    if (cli->dry_run != MGPU_DRY_NONE) {
-        if (cli->dry_run == MGPU_DRY_JSON)
-            mgpu_plan_print_json(&plan, stdout);
-        else
-            mgpu_plan_print(&plan, stdout);
-        mgpu_plan_free(&plan);
-        return 0;
-    }
-    if (plan.omp_warning && !cli->quiet)
+/* What the user sees before the workers start: the OMP banner, where options came from, why
+ * the workers run on the CPU. */
+static void announce(const mgpu_plan_t *plan)
+{
+    if (plan->omp_warning && !plan->output.quiet)
         fprintf(stderr,
                 "*****************************************\n"
                 "Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
                 "default, to avoid your system being overloaded, please further tune the variable "
                 "for optimal performance in your application as needed.\n"
                 "*****************************************\n");
-    if (cli->derived[0])
-        mgpu_info("from the environment: %s", cli->derived);
-    if (plan.cpu_reason[0] && plan.gpus.count > 0)
-        mgpu_warn("workers run on the CPU: %s", plan.cpu_reason);
-    raise_fd_limit();
-    /* The workers' pipes, the store's connections (as rdzv_options counts them), slack. */
-    grow_fd_table(128 + 8L * plan.nproc + (long)cli->nnodes_max * (2 * plan.nproc + 4) + 64);
+    if (plan->derived[0])
+        mgpu_info("from the environment: %s", plan->derived);
+    if (plan->cpu_reason[0] && plan->gpus.count > 0)
+        mgpu_warn("workers run on the CPU: %s", plan->cpu_reason);
+}
 
-    /* Meet the other launchers (or, on one node, just start the store for the workers). */
-    mgpu_debug("planned %d workers; rendezvous", plan.nproc);
-    rdzv_options(cli, &plan, host, &ro);
-    rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
-    if (rc < 0 && ro.serve && ro.elastic && cli->is_host < 0 &&
-        (err.code == -EADDRINUSE || err.code == -EADDRNOTAVAIL)) {
+/* Rendezvous: meet the other launchers (or, on one node, just start the store for the
+ * workers); the world they agree on goes into the plan. */
+static int rendezvous(mgpu_plan_t *plan, mgpu_rdzv_t **rdzv, mgpu_err_t *err)
+{
+    mgpu_rdzv_opts_t ro;
+    mgpu_rdzv_world_t world;
+    int rc;
+
+    mgpu_debug("planned %d workers; rendezvous", plan->nproc);
+    mgpu_plan_rdzv_opts(plan, &ro);
+    rc = mgpu_rdzv_join(&ro, rdzv, &world, err);
+    if (rc < 0 && ro.serve && ro.elastic && plan->rdzv.is_host < 0 &&
+        (err->code == -EADDRINUSE || err->code == -EADDRNOTAVAIL)) {
         /* The endpoint is another host's, or another launcher here serves it: join it. */
         ro.serve = 0;
-        rc = mgpu_rdzv_join(&ro, &rdzv, &world, &err);
+        rc = mgpu_rdzv_join(&ro, rdzv, &world, err);
     }
-    if (rc < 0) {
+    if (rc < 0)
+        return rc;
+    mgpu_debug("rendezvous done");
+    mgpu_plan_set_world(plan, &world);
+    if (plan->rdzv.nnodes_max > 1)
+        mgpu_info("node %d of %d: global ranks %d..%d of %d; MASTER_ADDR=%s MASTER_PORT=%d",
+                  world.node_rank, world.nnodes, world.base_rank, world.base_rank + plan->nproc - 1,
+                  world.world_size, world.master_addr, world.master_port);
+    return 0;
+}
+
+/* Report: the root cause, the startup timeline, the summary file. */
+static void report(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
+{
+    mgpu_err_t err = {0};
+
+    mgpu_report_print(plan, res, stderr);
+    if (!plan->output.quiet)
+        mgpu_report_timeline(plan, res, stderr);
+    if (res->keep_logs && !plan->output.log_dir[0])
+        mgpu_warn("worker logs are in %s", res->log_root);
+    if (plan->output.summary[0] &&
+        mgpu_report_write_summary(plan, res, plan->output.summary, &err) < 0)
+        mgpu_error("%s", err.msg);
+}
+
+int main(int argc, char **argv)
+{
+    mgpu_cli_t cli; /* ~30 KiB, on the stack: no early return can leak it */
+    mgpu_plan_t plan;
+    mgpu_run_result_t res;
+    mgpu_rdzv_t *rdzv = NULL;
+    mgpu_err_t err = {0};
+    const char *loglevel = getenv("LOGLEVEL");
+    int level = loglevel ? mgpu_log_level_parse(loglevel) : -1;
+    int rc;
+
+    ensure_std_fds();
+    mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
+    if ((rc = parse(&cli, argc, argv)) >= 0)
+        return rc;
+    if (plan_run(&plan, &cli, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        mgpu_plan_free(&plan);
+        return 2;
+    }
+    if (plan.dry_run != MGPU_DRY_NONE) {
+        if (plan.dry_run == MGPU_DRY_JSON)
+            mgpu_plan_print_json(&plan, stdout);
+        else
+            mgpu_plan_print(&plan, stdout);
+        mgpu_plan_free(&plan);
+        return 0;
+    }
+    announce(&plan);
+    mgpu_fdio_raise_limit(-1);
+    /* The workers' pipes, the store's connections, slack. */
+    mgpu_fdio_grow_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
+
+    if ((rc = rendezvous(&plan, &rdzv, &err)) < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
-    mgpu_debug("rendezvous done");
-    mgpu_plan_set_world(&plan, &world);
-    if (cli->nnodes_max > 1)
-        mgpu_info("node %d of %d: global ranks %d..%d of %d; MASTER_ADDR=%s MASTER_PORT=%d",
-                  world.node_rank, world.nnodes, world.base_rank, world.base_rank + plan.nproc - 1,
-                  world.world_size, world.master_addr, world.master_port);
     fflush(stdout);
     fflush(stderr);
 
-    rc = mgpu_sup_run(&plan, cli, rdzv, &res, &err);
+    /* Spawn and supervise, every attempt. */
+    rc = mgpu_sup_run(&plan, rdzv, &res, &err);
     mgpu_rdzv_close(rdzv);
     if (rc < 0) {
         mgpu_error("%s", err.msg);
@@ -255,15 +224,9 @@ int main(int argc, char **argv)
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
     mgpu_debug("run over");
-    mgpu_report_print(&plan, &res, stderr);
-    if (!cli->quiet)
-        mgpu_report_timeline(&plan, &res, stderr);
-    if (res.keep_logs && !cli->log_dir[0])
-        mgpu_warn("worker logs are in %s", res.log_root);
-    if (cli->summary[0] && mgpu_report_write_summary(&plan, &res, cli->summary, &err) < 0)
-        mgpu_error("%s", err.msg);
-    n = res.exit_code;
+    report(&plan, &res);
+    rc = res.exit_code;
     mgpu_run_result_free(&res);
     mgpu_plan_free(&plan);
-    return (int)n;
+    return rc;
 }

@@ -11,10 +11,13 @@
 #include <fcntl.h>       /* open */
 #include <signal.h>      /* kill */
 
-#include <poll.h>         /* poll */
-#include <spawn.h>        /* posix_spawn */
-#include <sys/wait.h>     /* waitpid */
-#include <time.h>         /* clock_gettime */
+#include <poll.h>     /* poll */
+#include <spawn.h>    /* posix_spawn */
+#include <sys/wait.h> /* waitpid */
+#include <time.h>     /* clock_gettime */
+
+#include "clock.h" /* mgpu_clock_mono */
+#include "sock.h"  /* mgpu_sock_is_loopback */
 
 extern char **environ;
 
@@ -107,7 +110,7 @@ static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *
     int fds[2], status = 0, argc = 0;
     pid_t pid;
     posix_spawn_file_actions_t fa;
-    struct timespec t0, t;
+    double t0;
 
     if (argv == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
@@ -133,12 +136,10 @@ static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *
         return mgpu_err_set(err, MGPU_E_USAGE, "checking '%s' with %s --check: %s",
                             cli->prog_argv[0], worker_bin, strerror(rc));
     }
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = mgpu_clock_mono();
     for (;;) {
         struct pollfd p = {.fd = fds[0], .events = POLLIN};
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long left = CFG_CHECK_TIMEOUT_MS - ((t.tv_sec - t0.tv_sec) * 1000 +
-                                           (t.tv_nsec - t0.tv_nsec) / 1000000);
+        long left = CFG_CHECK_TIMEOUT_MS - (long)((mgpu_clock_mono() - t0) * 1000);
         if (left <= 0) {
             kill(pid, SIGKILL);
             break;
@@ -175,8 +176,7 @@ static int check_cfg(const char *worker_bin, const mgpu_cli_t *cli, mgpu_err_t *
                             "checking '%s' with %s --check: %s (the check was killed by signal "
                             "%d%s)",
                             cli->prog_argv[0], worker_bin, *msg ? msg : "no message",
-                            WTERMSIG(status),
-                            WTERMSIG(status) == SIGKILL ? ", after 10 s" : "");
+                            WTERMSIG(status), WTERMSIG(status) == SIGKILL ? ", after 10 s" : "");
     return mgpu_err_set(err, MGPU_E_USAGE, "%s", *msg ? msg : "bad training config");
 }
 
@@ -362,6 +362,94 @@ static void build_vars(mgpu_plan_t *plan)
     }
 }
 
+static void copy_rdzv(mgpu_plan_rdzv_t *r, const mgpu_cli_t *cli)
+{
+    r->nnodes_min = cli->nnodes_min;
+    r->nnodes_max = cli->nnodes_max;
+    r->node_rank = cli->node_rank;
+    r->is_host = cli->is_host;
+    r->c10d = strcmp(cli->rdzv_backend, "c10d") == 0;
+    r->join_timeout = cli->join_timeout;
+    r->last_call_timeout = cli->last_call_timeout;
+    snprintf(r->local_addr, sizeof r->local_addr, "%s", cli->local_addr);
+    snprintf(r->token, sizeof r->token, "%s", cli->rdzv_token);
+    snprintf(r->endpoint_host, sizeof r->endpoint_host, "%s", cli->endpoint_host);
+    r->endpoint_port = cli->endpoint_port;
+    snprintf(r->master_addr, sizeof r->master_addr, "%s", cli->master_addr);
+    r->master_port = cli->master_port;
+}
+
+static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
+{
+    o->redirects = cli->redirects;
+    o->tee = cli->tee;
+    o->nfilter = cli->nfilter;
+    memcpy(o->filter, cli->filter, sizeof o->filter);
+    o->no_prefix = cli->no_prefix;
+    snprintf(o->prefix_template, sizeof o->prefix_template, "%s", cli->prefix_template);
+    snprintf(o->log_dir, sizeof o->log_dir, "%s", cli->log_dir);
+    snprintf(o->summary, sizeof o->summary, "%s", cli->summary);
+    o->quiet = cli->quiet;
+    o->verbose = cli->verbose;
+}
+
+void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
+{
+    const mgpu_plan_rdzv_t *r = &plan->rdzv;
+
+    memset(ro, 0, sizeof *ro);
+    ro->run_id = plan->run_id;
+    ro->nnodes_min = r->nnodes_min;
+    ro->nnodes_max = r->nnodes_max;
+    ro->node_rank = r->node_rank;
+    ro->nproc = plan->nproc;
+    ro->hostname = r->local_addr[0] ? r->local_addr : plan->hostname;
+    ro->token = r->token[0] ? r->token : NULL;
+    ro->join_timeout = r->join_timeout;
+    ro->last_call_timeout = r->last_call_timeout;
+    ro->elastic = r->nnodes_min != r->nnodes_max || r->c10d;
+    ro->max_conns = mgpu_plan_max_conns(plan);
+    if (r->nnodes_max == 1) {
+        /* One node: the store is this launcher's own, on loopback at a free port, and
+         * MASTER_PORT is --master_port or another free port. */
+        ro->elastic = 0;
+        ro->node_rank = 0;
+        ro->store_host = "127.0.0.1";
+        ro->bind_host = "127.0.0.1";
+        ro->serve = 1;
+        ro->master_addr = plan->master_addr;
+        ro->master_port = plan->master_port;
+        return;
+    }
+    if (ro->elastic) {
+        const char *eh = r->endpoint_host[0] ? r->endpoint_host : r->master_addr;
+        ro->store_host = eh;
+        ro->store_port =
+            r->endpoint_host[0] ? r->endpoint_port : (r->master_port >= 0 ? r->master_port : 29400);
+        /* torchrun's c10d: the launcher on the endpoint's host serves it. Which host that is,
+         * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
+         * another launcher here serves already with EADDRINUSE; main then joins as a client. */
+        ro->serve = r->is_host >= 0 ? r->is_host : 1;
+        ro->master_addr = mgpu_sock_is_loopback(eh) ? "127.0.0.1" : ro->hostname;
+        ro->bind_host =
+            mgpu_sock_is_loopback(eh) ? "127.0.0.1" : (r->is_host == 1 ? "0.0.0.0" : eh);
+        return;
+    }
+    /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
+     * when it is given, as torchrun's static rendezvous; else --master_addr:--master_port). */
+    ro->store_host = plan->master_addr;
+    ro->store_port = plan->master_port;
+    ro->serve = r->node_rank == 0;
+    ro->master_addr = plan->master_addr;
+    ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
+}
+
+int mgpu_plan_max_conns(const mgpu_plan_t *plan)
+{
+    long n = (long)plan->rdzv.nnodes_max * (2 * plan->nproc + 4) + 64;
+    return n > 65536 ? 65536 : (int)n;
+}
+
 void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
 {
     plan->nnodes = world->nnodes;
@@ -392,13 +480,18 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     if ((rc = check_devices(plan, cli, err)) < 0)
         return rc;
 
-    /* Static rendezvous: every node runs nproc workers and ranks follow node ranks (nodes of
-     * different sizes meet through the store, issue 3). */
+    /* A first guess, as a static rendezvous would have it: every node runs nproc workers and
+     * ranks follow node ranks. The rendezvous replaces it (mgpu_plan_set_world), since nodes
+     * of different sizes meet through the store. */
     plan->nnodes = cli->nnodes_max;
     plan->node_rank = cli->node_rank;
     plan->world_size = plan->nproc * plan->nnodes;
     plan->base_rank = plan->node_rank * plan->nproc;
     plan->max_restarts = cli->max_restarts;
+    plan->grace_period = cli->grace_period;
+    plan->dry_run = cli->dry_run;
+    copy_rdzv(&plan->rdzv, cli);
+    copy_output(&plan->output, cli);
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->master_addr);
     snprintf(plan->role, sizeof plan->role, "%s", cli->role);
     snprintf(plan->hostname, sizeof plan->hostname, "%s",

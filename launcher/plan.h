@@ -12,7 +12,7 @@
 #include "cli.h"     /* mgpu_cli_t */
 #include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
 #include "error.h"   /* mgpu_err_t */
-#include "rdzv.h"    /* mgpu_rdzv_world_t */
+#include "rdzv.h"    /* mgpu_rdzv_world_t, mgpu_rdzv_opts_t */
 
 #define MGPU_VERSION "0.1.0"
 #define MGPU_MAX_VARS 40
@@ -47,6 +47,35 @@ typedef struct mgpu_worker_plan {
     char **argv;                   /* NULL-terminated */
 } mgpu_worker_plan_t;
 
+/* Where the launchers meet: the command line's rendezvous options, as the plan keeps them for
+ * mgpu_plan_rdzv_opts. */
+typedef struct mgpu_plan_rdzv {
+    int nnodes_min, nnodes_max;
+    int node_rank;
+    int is_host;         /* from --rdzv_conf is_host: -1 unset, 0, 1 */
+    int c10d;            /* --rdzv_backend c10d: ranks in arrival order */
+    double join_timeout; /* seconds */
+    double last_call_timeout;
+    char local_addr[256];    /* --local_addr, "" = the hostname */
+    char token[128];         /* --rdzv_token, "" = generated on one node */
+    char endpoint_host[256]; /* --rdzv_endpoint's host, "" = none */
+    int endpoint_port;
+    char master_addr[256]; /* --master_addr as given (the plan's own may be the endpoint) */
+    int master_port;       /* --master_port as given, -1 = none */
+} mgpu_plan_rdzv_t;
+
+/* What the supervisor does with the workers' output, and what the run reports. */
+typedef struct mgpu_plan_output {
+    mgpu_std_spec_t redirects, tee; /* -r / -t: which streams go to files, which to both */
+    int nfilter;                    /* --local_ranks_filter entries; 0 = every rank shown */
+    int filter[MGPU_MAX_LOCAL];
+    int no_prefix;
+    char prefix_template[256]; /* "" = "[rank${rank}]:" */
+    char log_dir[1024];        /* "" = a temporary folder, removed unless logs were kept */
+    char summary[1024];        /* --summary FILE, "" = none */
+    int quiet, verbose;
+} mgpu_plan_output_t;
+
 typedef struct mgpu_plan {
     int nproc;  /* local workers */
     int nnodes; /* nodes (the static rendezvous takes the maximum) */
@@ -58,6 +87,10 @@ typedef struct mgpu_plan {
     int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */
     int sharing;           /* --allow_gpu_sharing took effect */
     int max_restarts;
+    double grace_period; /* seconds from the stop signal to SIGKILL */
+    mgpu_dry_t dry_run;  /* --dry-run: print the plan, start nothing */
+    mgpu_plan_rdzv_t rdzv;
+    mgpu_plan_output_t output;
     char master_addr[256];
     char run_id[128];
     char role[64];
@@ -79,6 +112,13 @@ typedef struct mgpu_plan {
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                     mgpu_err_t *err);
 void mgpu_plan_free(mgpu_plan_t *plan);
+
+/* The rendezvous options for this plan: where the store is served and by whom, who meets
+ * whom. The strings point into plan, which must outlive ro. */
+void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro);
+/* Connections the store may see at most: two a launcher, one or two a worker, nodes alike in
+ * size, and room to spare (capped at 65536). */
+int mgpu_plan_max_conns(const mgpu_plan_t *plan);
 
 /* After the rendezvous: the world as the nodes agreed it (ranks, MASTER_ADDR/PORT, the store)
  * replaces the static guess of mgpu_plan_build in every worker's variables. */

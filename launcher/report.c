@@ -3,11 +3,13 @@
 
 #include <cjson/cJSON.h> /* error files and the summary */
 #include <errno.h>       /* errno */
-#include <fcntl.h>       /* open */
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* strlen */
 #include <time.h>        /* localtime_r */
-#include <unistd.h>      /* fsync */
+#include <sys/uio.h>     /* struct iovec */
+
+#include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "names.h"       /* mgpu_names_get */
 
 static char *read_file(const char *path, size_t max)
 {
@@ -79,19 +81,12 @@ static void fmt_time(double t, char *buf, size_t len)
 
 static const char *state_name(mgpu_wstate_t s)
 {
-    switch (s) {
-    case MGPU_W_NEW:
-        return "not started";
-    case MGPU_W_RUNNING:
-        return "running";
-    case MGPU_W_SUCCEEDED:
-        return "succeeded";
-    case MGPU_W_FAILED:
-        return "failed";
-    case MGPU_W_STOPPED:
-        return "stopped";
-    }
-    return "?";
+    static const char *const names[] = {
+        [MGPU_W_NEW] = "not started",     [MGPU_W_RUNNING] = "running",
+        [MGPU_W_SUCCEEDED] = "succeeded", [MGPU_W_FAILED] = "failed",
+        [MGPU_W_STOPPED] = "stopped",
+    };
+    return mgpu_names_get(names, MGPU_NAMES_COUNT(names), (int)s, "?");
 }
 
 static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)
@@ -334,9 +329,11 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
                               const char *path, mgpu_err_t *err)
 {
     cJSON *root = cJSON_CreateObject(), *workers, *history;
-    char tmp[1200], *text;
-    int fd, rc = 0;
+    char *text;
+    int rc = 0;
     size_t len;
+    struct iovec iov;
+    mgpu_err_t aerr = {0};
 
     if (root == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
@@ -395,26 +392,12 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
     cJSON_Delete(root);
     if (text == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = mgpu_err_set(err, -errno, "--summary: open(%s): %s", tmp, strerror(errno));
-        goto out;
-    }
     len = strlen(text);
     text[len] = '\n';
-    if (write(fd, text, len + 1) != (ssize_t)(len + 1) || fsync(fd) != 0) {
-        rc = mgpu_err_set(err, -errno, "--summary: write(%s): %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        goto out;
-    }
-    close(fd);
-    if (rename(tmp, path) != 0) {
-        rc = mgpu_err_set(err, -errno, "--summary: rename(%s, %s): %s", tmp, path, strerror(errno));
-        unlink(tmp);
-    }
-out:
+    iov.iov_base = text;
+    iov.iov_len = len + 1;
+    if ((rc = mgpu_atomic_file_write(path, &iov, 1, 0, &aerr)) < 0)
+        mgpu_err_set(err, rc, "--summary: %s", aerr.msg);
     cJSON_free(text);
     return rc;
 }

@@ -1,17 +1,10 @@
-/* supervisor.c - spawning, watching and stopping the workers (see supervisor.h).
- *
- * Spawning follows libuv's src/unix/process.c, written out here because the child needs two
- * steps uv_spawn has no hook for: PR_SET_PDEATHSIG (with its race closed) and a new session.
- * All signals are blocked across fork, so a signal arriving in the child before exec cannot run
- * the launcher's handler there (it would write into the launcher's own signal pipe). exec
- * errors travel back on a close-on-exec pipe, so a worker that could not start is known at
- * once, with its errno, and is never signalled as if it were running. */
+/* supervisor.c - watching and stopping the workers (see supervisor.h); starting one worker is
+ * spawner.c's. */
 #include "supervisor.h"
 
 #include <dirent.h>    /* opendir */
 #include <errno.h>     /* errno */
 #include <fcntl.h>     /* open, O_CLOEXEC */
-#include <poll.h>      /* poll */
 #include <signal.h>    /* kill, sigprocmask */
 #include <stdio.h>     /* snprintf */
 #include <stdlib.h>    /* calloc, mkdtemp */
@@ -19,12 +12,14 @@
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
 #include <sys/stat.h>  /* mkdir */
 #include <sys/wait.h>  /* waitpid */
-#include <time.h>      /* clock_gettime */
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
 
-#include "log.h"    /* mgpu_warn */
-#include "output.h" /* mgpu_linebuf_t */
+#include "clock.h"   /* mgpu_clock_real */
+#include "fdio.h"    /* mgpu_fdio_write_all */
+#include "log.h"     /* mgpu_warn */
+#include "output.h"  /* mgpu_linebuf_t */
+#include "spawner.h" /* mgpu_spawner_worker */
 
 extern char **environ;
 
@@ -58,7 +53,6 @@ typedef struct sup {
     uv_signal_t sigs[NSIGS];
     uv_timer_t grace_timer, drain_timer;
     const mgpu_plan_t *plan;
-    const mgpu_cli_t *cli;
     mgpu_run_result_t *res;
     proc_t *procs;
     int nproc;
@@ -71,8 +65,8 @@ typedef struct sup {
     int user_signal;  /* a terminating signal the launcher received */
     int root;         /* first failure of this attempt, -1 */
     int finished;
-    int console_dead[3]; /* EPIPE seen on fd 1 or 2: stop writing there */
-    pid_t keeper;        /* the keeper process (see keeper_start), -1 when none */
+    int console_dead[3];          /* EPIPE seen on fd 1 or 2: stop writing there */
+    mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
     /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
      * is written before the next read, so one of each serves all workers (and keeps the
      * launcher small however many workers write at once). */
@@ -83,48 +77,13 @@ typedef struct sup {
     int ending;          /* this node's attempt is over; waiting for the other nodes */
     int pending_work;    /* rendezvous calls on the thread pool */
     int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
-    int keeper_fd;       /* write end of its pipe */
 } sup_t;
-
-static double now_real(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Writes the whole buffer to a blocking or non-blocking descriptor. */
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && errno == EAGAIN) {
-            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            poll(&pfd, 1, 100);
-            continue;
-        }
-        if (w < 0)
-            return -errno;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 static void console_write(sup_t *s, int fd, const char *p, size_t n)
 {
     if (fd < 0 || s->console_dead[fd] || n == 0)
         return;
-    if (write_all(fd, p, n) == -EPIPE)
+    if (mgpu_fdio_write_all(fd, p, n) == -EPIPE)
         s->console_dead[fd] = 1; /* `mgpu-launch ... | head`: keep supervising, stop printing */
 }
 
@@ -207,7 +166,7 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
     if (st->which == 2)
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)
-        write_all(st->file_fd, raw, rlen);
+        mgpu_fdio_write_all(st->file_fd, raw, rlen);
     console_write(st->proc->sup, st->console_fd, block, blen);
 }
 
@@ -310,7 +269,7 @@ static int sweep_leftovers(sup_t *s, int sig)
         int worker = 0;
         for (int k = 0; k < s->nproc; k++)
             worker |= s->procs[k].pid == kids[i] && s->procs[k].running;
-        worker |= kids[i] == s->keeper;
+        worker |= kids[i] == s->keeper.pid;
         if (!worker && kill(kids[i], sig) == 0)
             n++;
     }
@@ -333,7 +292,7 @@ static void kill_everything(sup_t *s)
         proc_t *p = &s->procs[k];
         if (p->running && !p->out->exec_errno) {
             mgpu_warn("local rank %d (pid %d) did not stop within %gs: sending SIGKILL", k,
-                      (int)p->pid, s->cli->grace_period);
+                      (int)p->pid, s->plan->grace_period);
             if (p->out->stop_signal == 0)
                 p->out->stop_signal = SIGKILL;
             kill(-p->pid, SIGKILL);
@@ -355,10 +314,11 @@ static void stop_group(sup_t *s, int sig)
     if (s->stopping)
         return;
     s->stopping = 1;
-    if (s->cli->grace_period <= 0)
+    if (s->plan->grace_period <= 0)
         kill_everything(s);
     else
-        uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000), 0);
+        uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->plan->grace_period * 1000),
+                       0);
 }
 
 /* Why execve(path) failed, in words. ENOENT for a file that exists means the interpreter of
@@ -389,8 +349,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     p->running = 0;
     s->running--;
     mgpu_debug("local rank %d exited (%d still running)", p->k, s->running);
-    o->t_end = now_real();
-    o->t_detected_mono = now_mono();
+    o->t_end = mgpu_clock_real();
+    o->t_detected_mono = mgpu_clock_mono();
     if (o->exec_errno) {
         o->exit_code = o->exec_errno == ENOENT || o->exec_errno == ENOTDIR ? 127 : 126;
         exec_reason(s->plan->exe, o->exec_errno, o->exec_reason, sizeof o->exec_reason);
@@ -421,8 +381,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         /* Every worker exited: stop what they left behind, SIGKILL after the grace period. */
         if (!s->swept && sweep_leftovers(s, SIGTERM) > 0 && !s->stopping) {
             s->stopping = 1;
-            uv_timer_start(&s->grace_timer, on_grace_timer, (uint64_t)(s->cli->grace_period * 1000),
-                           0);
+            uv_timer_start(&s->grace_timer, on_grace_timer,
+                           (uint64_t)(s->plan->grace_period * 1000), 0);
         }
         s->swept = 1;
         /* Nothing is left to read when no process holds the pipes any more. */
@@ -468,121 +428,9 @@ static void on_signal(uv_signal_t *h, int sig)
         s->user_signal = sig;
         report_failure(s, -1, -1, 128 + sig);
         mgpu_warn("received SIG%s: stopping the workers (SIGKILL after %gs%s)", sigabbrev_np(sig),
-                  s->cli->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
+                  s->plan->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
     }
     stop_group(s, sig);
-}
-
-/* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
-                       int err_w, int exec_w, pid_t parent)
-{
-    sigset_t none;
-    int e;
-
-    for (int i = 0; i < NSIGS; i++)
-        signal(handled_signals[i], SIG_DFL);
-    signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
-    /* A session of its own: the launcher alone decides which signal reaches which worker, and
-     * a terminal's Ctrl-C reaches the launcher only (it forwards it). */
-    setsid();
-    /* Dies with the launcher, even by SIGKILL. The launcher may have died already between
-     * fork and prctl: then this process was reparented and getppid() tells. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(128 + SIGKILL);
-    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
-        goto fail;
-    /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
-     * inherited by workers, and by what they leave behind, could keep the wrapper waiting. The
-     * exec-error pipe stays open until execve closes it (close-on-exec). */
-    if ((exec_w > 3 && close_range(3, (unsigned)exec_w - 1, 0) != 0) ||
-        close_range((unsigned)exec_w + 1, ~0u, 0) != 0)
-        for (int fd = 3; fd < 4096; fd++) /* kernels before 5.9 */
-            if (fd != exec_w)
-                close(fd);
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    /* The moment of exec, for the startup timeline: the pipe carries it first (8 bytes), then
-     * either EOF (exec succeeded and closed the pipe) or the errno of a failed exec. */
-    {
-        struct timespec ts;
-        int64_t ns;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-        while (write(exec_w, &ns, sizeof ns) < 0 && errno == EINTR)
-            ;
-    }
-    execve(path, argv, envp);
-fail:
-    e = errno;
-    while (write(exec_w, &e, sizeof e) < 0 && errno == EINTR)
-        ;
-    _exit(e == ENOENT ? 127 : 126);
-}
-
-/* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
- * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
- * (a shell's children, data-loader processes): those would be reparented to init and hold the
- * GPU. The launcher tells the keeper every worker's process group; when the pipe reaches EOF
- * without the launcher's "quit" (-1), the launcher died, and the keeper SIGKILLs every group.
- * It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
- * one job. */
-static void keeper_main(int fd)
-{
-    int32_t pgids[4096], v;
-    int n = 0;
-    sigset_t all;
-
-    sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, NULL);
-    prctl(PR_SET_NAME, "mgpu-keeper");
-    for (;;) {
-        ssize_t r = read(fd, &v, sizeof v);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r != (ssize_t)sizeof v)
-            break;
-        if (v == -1)
-            _exit(0);
-        if (n < 4096)
-            pgids[n++] = v;
-    }
-    for (int i = 0; i < n; i++)
-        kill(-pgids[i], SIGKILL);
-    _exit(0);
-}
-
-static void keeper_start(sup_t *s)
-{
-    int fds[2];
-    sigset_t all, old;
-
-    s->keeper = -1;
-    s->keeper_fd = -1;
-    if (pipe2(fds, O_CLOEXEC) != 0)
-        return; /* the run goes on, with workers still tied to the launcher by PDEATHSIG */
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    s->keeper = fork();
-    if (s->keeper == 0) {
-        close(fds[1]);
-        keeper_main(fds[0]);
-    }
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    close(fds[0]);
-    if (s->keeper < 0)
-        close(fds[1]);
-    else
-        s->keeper_fd = fds[1];
-}
-
-static void keeper_tell(sup_t *s, int32_t v)
-{
-    if (s->keeper_fd >= 0 && write(s->keeper_fd, &v, sizeof v) != (ssize_t)sizeof v) {
-        close(s->keeper_fd);
-        s->keeper_fd = -1;
-    }
 }
 
 static int open_log(const char *dir, const char *name, mgpu_err_t *err)
@@ -599,11 +447,10 @@ static int open_log(const char *dir, const char *name, mgpu_err_t *err)
 static int start_attempt(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
-    const mgpu_cli_t *cli = s->cli;
+    const mgpu_plan_output_t *o_opts = &plan->output;
     char attempt_dir[2200];
     int pipes[MGPU_MAX_LOCAL][3][2];
     sigset_t all, old;
-    pid_t self = getpid();
     int rc = 0;
 
     s->root = -1;
@@ -617,12 +464,12 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         proc_t *p = &s->procs[k];
         mgpu_outcome_t *o = &s->res->outcomes[k];
         char rank_dir[2300];
-        int redirect = mgpu_std_spec_get(&cli->redirects, k);
-        int tee = mgpu_std_spec_get(&cli->tee, k);
-        int shown = cli->nfilter == 0;
+        int redirect = mgpu_std_spec_get(&o_opts->redirects, k);
+        int tee = mgpu_std_spec_get(&o_opts->tee, k);
+        int shown = o_opts->nfilter == 0;
 
-        for (int i = 0; i < cli->nfilter; i++)
-            shown |= cli->filter[i] == k;
+        for (int i = 0; i < o_opts->nfilter; i++)
+            shown |= o_opts->filter[i] == k;
         memset(o, 0, sizeof *o);
         o->local_rank = k;
         o->rank = plan->workers[k].rank;
@@ -635,11 +482,12 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
         snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
         unlink(o->error_file);
-        if (cli->no_prefix)
+        if (o_opts->no_prefix)
             p->prefix[0] = '\0';
         else
-            mgpu_prefix_format(cli->prefix_template[0] ? cli->prefix_template : "[rank${rank}]:",
-                               plan->role, k, o->rank, p->prefix, sizeof p->prefix);
+            mgpu_prefix_format(
+                o_opts->prefix_template[0] ? o_opts->prefix_template : "[rank${rank}]:", plan->role,
+                k, o->rank, p->prefix, sizeof p->prefix);
         for (int i = 0; i < 2; i++) {
             stream_t *st = &p->s[i];
             int bit = i == 0 ? 1 : 2;
@@ -675,19 +523,17 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             break;
         }
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
-        p->out->t_start = now_real();
-        pid = fork();
-        if (pid == 0)
-            child_exec(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1], pipes[k][1][1],
-                       pipes[k][2][1], self);
+        p->out->t_start = mgpu_clock_real();
+        pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
+                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS);
         free(envp);
         if (pid < 0) {
-            rc = mgpu_err_set(err, -errno, "fork: %s (local rank %d)", strerror(errno), k);
+            rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);
             break;
         }
         p->pid = pid;
         mgpu_debug("local rank %d forked (pid %d)", k, (int)pid);
-        keeper_tell(s, pid);
+        mgpu_spawner_keeper_tell(&s->keeper, pid);
         p->running = 1;
         p->out->pid = pid;
         p->out->state = MGPU_W_RUNNING;
@@ -700,24 +546,8 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         proc_t *p = &s->procs[k];
         for (int i = 0; i < 3; i++)
             close(pipes[k][i][1]);
-        if (p->pid > 0) {
-            /* [int64 ns of exec] [int errno, only if exec failed]; a child that died before
-             * exec (its launcher gone) sends neither. */
-            char buf[sizeof(int64_t) + sizeof(int)];
-            size_t got = 0;
-            ssize_t r;
-            while (got < sizeof buf &&
-                   ((r = read(pipes[k][2][0], buf + got, sizeof buf - got)) > 0 ||
-                    (r < 0 && errno == EINTR)))
-                got += r > 0 ? (size_t)r : 0;
-            if (got >= sizeof(int64_t)) {
-                int64_t ns;
-                memcpy(&ns, buf, sizeof ns);
-                p->out->t_exec = (double)ns * 1e-9;
-            }
-            if (got == sizeof buf)
-                memcpy(&p->out->exec_errno, buf + sizeof(int64_t), sizeof(int));
-        }
+        if (p->pid > 0)
+            mgpu_spawner_read_exec(pipes[k][2][0], &p->out->t_exec, &p->out->exec_errno);
         close(pipes[k][2][0]);
         for (int i = 0; i < 2; i++) {
             stream_t *st = &p->s[i];
@@ -778,8 +608,8 @@ static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
         } else if (h != NULL) {
             r->history = h;
         }
-        if (!stopped_by_user && s->attempt < s->cli->max_restarts) {
-            int left = s->cli->max_restarts - s->attempt;
+        if (!stopped_by_user && s->attempt < s->plan->max_restarts) {
+            int left = s->plan->max_restarts - s->attempt;
             if (rf != NULL)
                 mgpu_warn("worker group failed (node %d, rank %d exited with %d); restarting: "
                           "attempt %d, %d restart%s left after it",
@@ -821,7 +651,7 @@ static void rwork_run(uv_work_t *req)
         w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
         break;
     case RW_END:
-        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->cli->grace_period + 30.0, &w->failed,
+        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->plan->grace_period + 30.0, &w->failed,
                                       &w->f, &w->err);
         break;
     }
@@ -905,7 +735,7 @@ static void maybe_finish(sup_t *s)
         return;
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
-        others += kids[i] != s->keeper;
+        others += kids[i] != s->keeper.pid;
     if (others > 0 && !s->killed)
         return; /* leftovers are stopping; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
@@ -924,19 +754,18 @@ static void maybe_finish(sup_t *s)
     attempt_done(s, s->root >= 0, NULL);
 }
 
-int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rdzv,
-                 mgpu_run_result_t *res, mgpu_err_t *err)
+int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
+                 mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
     int rc;
 
     memset(res, 0, sizeof *res);
     res->root = res->root_attempt = -1;
-    res->t_start = now_real();
+    res->t_start = mgpu_clock_real();
     if (s == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
     s->plan = plan;
-    s->cli = cli;
     s->res = res;
     s->rdzv = rdzv;
     s->multi = rdzv != NULL && plan->nnodes > 1;
@@ -951,11 +780,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rd
     }
 
     /* The run's folder: error files always (TORCHELASTIC_ERROR_FILE), logs when asked. */
-    if (cli->log_dir[0]) {
+    if (plan->output.log_dir[0]) {
         char rnd[9];
-        unsigned v = (unsigned)getpid() ^ (unsigned)(now_real() * 1e6);
+        unsigned v = (unsigned)getpid() ^ (unsigned)(mgpu_clock_real() * 1e6);
         snprintf(rnd, sizeof rnd, "%08x", v * 2654435761u);
-        snprintf(res->log_root, sizeof res->log_root, "%s/%s_%s", cli->log_dir, plan->run_id, rnd);
+        snprintf(res->log_root, sizeof res->log_root, "%s/%s_%s", plan->output.log_dir,
+                 plan->run_id, rnd);
         res->keep_logs = 1;
         if ((rc = mkdir_p(res->log_root)) < 0) {
             rc = mgpu_err_set(err, MGPU_E_USAGE, "--log_dir: mkdir(%s): %s", res->log_root,
@@ -976,7 +806,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rd
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    keeper_start(s);
+    mgpu_spawner_keeper_start(&s->keeper);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -994,11 +824,9 @@ int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rd
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
     /* Every worker is gone: release the keeper without letting it kill anything. */
-    keeper_tell(s, -1);
-    if (s->keeper_fd >= 0)
-        close(s->keeper_fd);
+    mgpu_spawner_keeper_release(&s->keeper);
     res->signal = s->user_signal;
-    res->t_end = now_real();
+    res->t_end = mgpu_clock_real();
     /* The workers' startup timelines of the last attempt, when they published any. */
     for (int k = 0; rdzv != NULL && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,

@@ -5,14 +5,13 @@
  * same signal to every worker's process group, SIGKILL after the grace period), then the group
  * restarts while restarts remain, or the run ends.
  *
- * Ownership: the supervisor keeps pointers to the plan and the options (they must outlive
- * it) and owns everything else it creates; mgpu_sup_run returns once every handle is closed. */
+ * Ownership: the supervisor keeps a pointer to the plan (it must outlive it) and owns everything
+ * else it creates; mgpu_sup_run returns once every handle is closed. */
 #ifndef MGPU_SUPERVISOR_H
 #define MGPU_SUPERVISOR_H
 
 #include <sys/types.h> /* pid_t */
 
-#include "cli.h"   /* mgpu_cli_t */
 #include "error.h" /* mgpu_err_t */
 #include "plan.h"  /* mgpu_plan_t */
 #include "rdzv.h"  /* mgpu_rdzv_t */
@@ -69,8 +68,8 @@ typedef struct mgpu_run_result {
 
 /* Runs the whole job (all attempts). Returns 0 when the supervision itself worked (whatever
  * the workers did: see res), or a negative code when it could not start (err says why). */
-int mgpu_sup_run(const mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_rdzv_t *rdzv,
-                 mgpu_run_result_t *res, mgpu_err_t *err);
+int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
+                 mgpu_err_t *err);
 /* Frees res and removes the run's folder unless logs were asked for. */
 void mgpu_run_result_free(mgpu_run_result_t *res);
 

@@ -15,23 +15,16 @@
 #include <stdlib.h>   /* strtoull, setenv */
 #include <string.h>   /* strcmp */
 #include <sys/wait.h> /* waitpid */
-#include <time.h>     /* clock_gettime */
 #include <unistd.h>   /* fork */
 
-#include "mgpu.h" /* mgpu_init, mgpu_allreduce_f32 */
+#include "clock.h" /* mgpu_clock_mono */
+#include "mgpu.h"  /* mgpu_init, mgpu_allreduce_f32 */
 
 typedef struct bench_opts {
     int nproc; /* 0: be one rank of an already launched job */
     size_t min, max;
     double seconds;
 } bench_opts_t;
-
-static double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int bench_size(const char *s, size_t *out)
 {
@@ -106,10 +99,10 @@ static int bench_rank(const bench_opts_t *o)
             buf[i] = bench_value(rank, i);
         /* Warm-up; the first call also faults the pages in. Its duration, agreed on by all
          * ranks (the slowest), sizes the timed loop so every rank runs the same count. */
-        t = bench_now();
+        t = mgpu_clock_mono();
         for (int w = 0; w < 2 && rc == 0; w++)
             rc = mgpu_allreduce_f32(comm, buf, n, MGPU_SUM, NULL, &err);
-        t = (bench_now() - t) / 2;
+        t = (mgpu_clock_mono() - t) / 2;
         if (rc == 0)
             rc = mgpu_allgather(comm, &t, times, sizeof t, NULL, &err);
         if (rc < 0)
@@ -120,10 +113,10 @@ static int bench_rank(const bench_opts_t *o)
         iters = iters < 5 ? 5 : iters > 20000 ? 20000 : iters;
         if ((rc = mgpu_barrier(comm, &err)) < 0)
             break;
-        t = bench_now();
+        t = mgpu_clock_mono();
         for (long it = 0; it < iters && rc == 0; it++)
             rc = mgpu_allreduce_f32(comm, buf, n, MGPU_SUM, NULL, &err);
-        t = (bench_now() - t) / (double)iters;
+        t = (mgpu_clock_mono() - t) / (double)iters;
         if (rc == 0)
             rc = mgpu_allgather(comm, &t, times, sizeof t, NULL, &err);
         if (rc < 0)

@@ -63,6 +63,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "clock.h"       /* mgpu_clock_mono_ns */
+#include "fdio.h"        /* mgpu_fdio_write_all */
+
 extern char **environ;
 
 /* ---------------------------------------------------------------- helpers */
@@ -112,43 +116,21 @@ static const char *expand(const char *s)
     return out;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static void write_file(const char *path, const char *text, int append)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
     if (fd < 0)
         die("cannot open %s", path);
-    write_all(fd, text, strlen(text));
+    mgpu_fdio_write_all(fd, text, strlen(text));
     close(fd);
 }
 
 /* Written to a temporary name, then renamed: a reader never sees half a file. */
 static void write_file_atomic(const char *path, const char *text)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
-    write_file(tmp, text, 0);
-    rename(tmp, path);
-}
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    struct iovec iov = {.iov_base = (void *)text, .iov_len = strlen(text)};
+    if (mgpu_atomic_file_write(path, &iov, 1, MGPU_ATOMIC_FILE_NO_SYNC, NULL) < 0)
+        die("cannot write %s", path);
 }
 
 static void sleep_s(double secs)
@@ -204,7 +186,7 @@ static void on_sig(int sig)
     const char *name = sig_name(sig);
     char digits[32];
     int nd = 0;
-    int64_t t = mono_ns();
+    int64_t t = mgpu_clock_mono_ns();
 
     while (*name)
         line[n++] = *name++;
@@ -372,13 +354,13 @@ static void do_output(long nlines, uint64_t seed)
         }
         if (n > avail)
             n = avail;
-        if (write_all(s->fd, s->pend + s->poff, n) < 0)
+        if (mgpu_fdio_write_all(s->fd, s->pend + s->poff, n) < 0)
             exit(98);
         s->poff += n;
     }
     for (int i = 0; i < 2; i++) {
         tail_line(rank, i + 1, line, MAXLINE);
-        write_all(i + 1, line, strlen(line));
+        mgpu_fdio_write_all(i + 1, line, strlen(line));
         free(g[i].pend);
     }
     free(line);
@@ -531,7 +513,7 @@ static int timeit(int argc, char **argv)
     }
     for (int i = 0; i < n; i++) {
         int status;
-        int64_t t0 = mono_ns();
+        int64_t t0 = mgpu_clock_mono_ns();
         pid_t pid = fork();
         if (pid == 0) {
             execvp(argv[4], argv + 4);
@@ -539,7 +521,7 @@ static int timeit(int argc, char **argv)
         }
         if (pid < 0 || waitpid(pid, &status, 0) != pid)
             return 3;
-        int64_t t1 = mono_ns();
+        int64_t t1 = mgpu_clock_mono_ns();
         fprintf(out, "%lld %d %lld %lld\n", (long long)(t1 - t0),
                 WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), (long long)t0,
                 (long long)t1);
@@ -740,7 +722,7 @@ int main(int argc, char **argv)
             if (DO(1)) {
                 char text[4200];
                 snprintf(text, sizeof text, "%s%s", expand(argv[i]), a[strlen(a) - 1] == 't' ? "\n" : "");
-                write_all(a[0] == 'e' ? 2 : 1, text, strlen(text));
+                mgpu_fdio_write_all(a[0] == 'e' ? 2 : 1, text, strlen(text));
             }
         } else if (strcmp(a, "exit") == 0) {
             if (DO(1))
@@ -771,9 +753,9 @@ int main(int argc, char **argv)
                 install(expand(argv[i - 1]), argv[i], a[0] == 't');
         } else if (strcmp(a, "sleep") == 0) {
             if (DO(1)) {
-                int64_t end = mono_ns() + (int64_t)(atof(argv[i]) * 1e9);
+                int64_t end = mgpu_clock_mono_ns() + (int64_t)(atof(argv[i]) * 1e9);
                 int64_t left;
-                while ((left = end - mono_ns()) > 0)
+                while ((left = end - mgpu_clock_mono_ns()) > 0)
                     sleep_s((double)left / 1e9);
             }
         } else if (strcmp(a, "pause") == 0) {
@@ -810,8 +792,8 @@ int main(int argc, char **argv)
                 int code = atoi(argv[i]);
                 int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
                 /* the stamp is taken as late as possible: right before _exit */
-                snprintf(text, sizeof text, "%lld\n", (long long)mono_ns());
-                write_all(fd, text, strlen(text));
+                snprintf(text, sizeof text, "%lld\n", (long long)mgpu_clock_mono_ns());
+                mgpu_fdio_write_all(fd, text, strlen(text));
                 close(fd);
                 _exit(code);
             }

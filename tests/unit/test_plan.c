@@ -85,7 +85,8 @@ static void test_scenario4_refused(void)
     CHECK_CONTAINS(e.msg, "local rank 4 would fail in cudaSetDevice(4)");
     CHECK_CONTAINS(e.msg, "--allow_gpu_sharing");
     mgpu_plan_free(&p);
-    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "--allow_gpu_sharing", "/bin/true", NULL), 0);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "--allow_gpu_sharing", "/bin/true", NULL),
+              0);
     CHECK_INT(p.sharing, 1);
     CHECK_INT(p.workers[4].ordinal, 0);
     CHECK_INT(p.workers[4].physical, 1);
@@ -119,7 +120,8 @@ static void test_cpu_workers(void)
     CHECK_INT(build(&p, &e, &in, "--nproc_per_node=auto", "/bin/true", NULL), 0);
     CHECK_INT(p.nproc, 3);
     mgpu_plan_free(&p);
-    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=cpu", "--allow_gpu_sharing", "/bin/true", NULL), 0);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=cpu", "--allow_gpu_sharing", "/bin/true", NULL),
+              0);
     CHECK_INT(p.nproc, 6);
     mgpu_plan_free(&p);
     in = input("2", "0,0");
@@ -133,14 +135,14 @@ static void test_env_contract(void)
     mgpu_plan_t p;
     mgpu_err_t e;
     mgpu_plan_input_t in = input("0", NULL);
-    char *environ_[] = {"HOME=/root", "RANK=99", "OMP_NUM_THREADS=7", "TORCHELASTIC_RESTART_COUNT=5",
-                        NULL};
+    char *environ_[] = {"HOME=/root", "RANK=99", "OMP_NUM_THREADS=7",
+                        "TORCHELASTIC_RESTART_COUNT=5", NULL};
     char **env;
     int seen_home = 0, seen_rank = 0;
 
-    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--nproc_per_node=3", "--role=trainer",
-                    "--rdzv_id=job7", "--master_addr=10.0.0.1", "--max_restarts=3", "/bin/true",
-                    NULL),
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--nproc_per_node=3",
+                    "--role=trainer", "--rdzv_id=job7", "--master_addr=10.0.0.1",
+                    "--max_restarts=3", "/bin/true", NULL),
               0);
     CHECK_INT(p.world_size, 6);
     CHECK_STR(mgpu_plan_var(&p, 2, "RANK"), "5");
@@ -208,15 +210,16 @@ static void test_commands(void)
     f = fopen("/tmp/mgpu_test_plan.cfg", "w");
     fclose(f);
 
-    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/tmp/mgpu_test_plan.py", "--lr", "1", NULL), 0);
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/tmp/mgpu_test_plan.py", "--lr", "1", NULL),
+              0);
     CHECK_STR(p.workers[1].argv[0], "sh");
     CHECK_STR(p.workers[1].argv[1], "-u");
     CHECK_STR(p.workers[1].argv[2], "/tmp/mgpu_test_plan.py");
     CHECK_STR(p.workers[1].argv[3], "--lr");
     CHECK(p.workers[1].argv[5] == NULL);
     mgpu_plan_free(&p);
-    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "--legacy_local_rank", "/tmp/mgpu_test_plan.py",
-                    "--lr", NULL),
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "--legacy_local_rank",
+                    "/tmp/mgpu_test_plan.py", "--lr", NULL),
               0);
     CHECK_STR(p.workers[1].argv[3], "--local_rank=1");
     CHECK_STR(p.workers[1].argv[4], "--lr");
@@ -254,9 +257,89 @@ static void test_commands(void)
     unlink("/tmp/mgpu_test_plan.cfg");
 }
 
+/* Where the launchers meet, as the plan decides it from the command line. */
+static void test_rdzv_options(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    /* One node: its own store on loopback, served here, at a free port. */
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.serve, 1);
+    CHECK_INT(ro.elastic, 0);
+    CHECK_STR(ro.store_host, "127.0.0.1");
+    CHECK_STR(ro.bind_host, "127.0.0.1");
+    CHECK_INT(ro.store_port, 0);
+    CHECK_INT(ro.master_port, 41234);
+    CHECK_STR(ro.hostname, "node-a");
+    CHECK(ro.token == NULL);
+    CHECK_INT(ro.max_conns, 2 * 2 + 4 + 64);
+    mgpu_plan_free(&p);
+
+    /* Static, two nodes: node 1 joins node 0's store at the master address and port. */
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.5",
+                    "--master_port=29511", "--rdzv_token=tok", "--local_addr=10.0.0.6", "/bin/true",
+                    NULL),
+              0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.serve, 0);
+    CHECK_INT(ro.elastic, 0);
+    CHECK_STR(ro.store_host, "10.0.0.5");
+    CHECK_INT(ro.store_port, 29511);
+    CHECK_STR(ro.bind_host, "0.0.0.0");
+    CHECK_STR(ro.hostname, "10.0.0.6");
+    CHECK_STR(ro.token, "tok");
+    CHECK_INT(ro.nnodes_min, 2);
+    CHECK_INT(ro.nnodes_max, 2);
+    mgpu_plan_free(&p);
+
+    /* Elastic: the endpoint's host serves; with no is_host, this launcher tries. */
+    CHECK_INT(build(&p, &e, &in, "--nnodes=1:3", "--rdzv_backend=c10d",
+                    "--rdzv_endpoint=127.0.0.1:29477", "--rdzv_token=tok", "/bin/true", NULL),
+              0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.elastic, 1);
+    CHECK_INT(ro.serve, 1);
+    CHECK_STR(ro.store_host, "127.0.0.1");
+    CHECK_INT(ro.store_port, 29477);
+    CHECK_STR(ro.bind_host, "127.0.0.1");
+    CHECK_STR(ro.master_addr, "127.0.0.1");
+    CHECK_INT(p.rdzv.is_host, -1);
+    mgpu_plan_free(&p);
+}
+
+/* Everything the later phases read comes from the plan: output options, grace period,
+ * restarts, summary. */
+static void test_plan_carries_run_options(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "--max_restarts=3", "--grace_period=7",
+                    "--summary=/tmp/s.json", "--log_dir=/tmp/logs", "--tee=2",
+                    "--local_ranks_filter=1", "--quiet", "/bin/true", NULL),
+              0);
+    CHECK_INT(p.max_restarts, 3);
+    CHECK(p.grace_period == 7.0);
+    CHECK_STR(p.output.summary, "/tmp/s.json");
+    CHECK_STR(p.output.log_dir, "/tmp/logs");
+    CHECK_INT(mgpu_std_spec_get(&p.output.tee, 0), 2);
+    CHECK_INT(p.output.nfilter, 1);
+    CHECK_INT(p.output.filter[0], 1);
+    CHECK_INT(p.output.quiet, 1);
+    CHECK_INT(p.dry_run, MGPU_DRY_NONE);
+    mgpu_plan_free(&p);
+}
+
 int main(void)
 {
     RUN(test_scenario1);
+    RUN(test_rdzv_options);
+    RUN(test_plan_carries_run_options);
     RUN(test_scenario2_and_3);
     RUN(test_scenario4_refused);
     RUN(test_cpu_workers);

@@ -14,6 +14,7 @@
 #include <time.h>         /* clock_gettime */
 
 #include "check.h"
+#include "clock.h"
 #include "log.h"
 #include "store.h"
 #include "store_proto.h"
@@ -24,13 +25,6 @@ typedef struct srv {
     int port;
     char log[64];
 } srv_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void sleep_s(double s)
 {
@@ -299,7 +293,7 @@ static void t_get_waits_for_later_set(void)
     mgpu_err_t err = {0};
     void *v = NULL;
     size_t n;
-    double t0 = now_s();
+    double t0 = mgpu_clock_mono();
     pid_t pid = fork();
 
     if (pid == 0) {
@@ -310,8 +304,8 @@ static void t_get_waits_for_later_set(void)
         _exit(0);
     }
     CHECK_INT(mgpu_store_get(c, "late", 10.0, &v, &n, &err), 0);
-    CHECK(now_s() - t0 >= 0.25);
-    CHECK(now_s() - t0 < 5.0);
+    CHECK(mgpu_clock_mono() - t0 >= 0.25);
+    CHECK(mgpu_clock_mono() - t0 < 5.0);
     CHECK_STR((char *)v, "v");
     free(v);
     waitpid(pid, NULL, 0);
@@ -327,17 +321,17 @@ static void t_waits_time_out(void)
     const char *keys[] = {"x", "y", "z"};
     void *v = NULL;
     size_t n;
-    double t0 = now_s(), dt;
+    double t0 = mgpu_clock_mono(), dt;
 
     CHECK_INT(mgpu_store_set(c, "y", "1", 1, &err), 0);
     CHECK_INT(mgpu_store_wait(c, keys, 3, 0.3, &err), MGPU_E_TIMEOUT);
-    dt = now_s() - t0;
+    dt = mgpu_clock_mono() - t0;
     CHECK(dt >= 0.28 && dt < 2.0);
     CHECK_CONTAINS(err.msg, "2 of 3 keys not set after 300 ms");
     CHECK_INT(mgpu_store_wait(c, keys, 3, 0, &err), MGPU_E_TIMEOUT); /* no wait */
-    t0 = now_s();
+    t0 = mgpu_clock_mono();
     CHECK_INT(mgpu_store_get(c, "x", 0.2, &v, &n, &err), MGPU_E_TIMEOUT);
-    dt = now_s() - t0;
+    dt = mgpu_clock_mono() - t0;
     CHECK(dt >= 0.18 && dt < 2.0);
     CHECK_CONTAINS(err.msg, "\"x\" not set after 200 ms");
     /* the connection is still good, and the timed-out waiters are gone */
@@ -354,7 +348,7 @@ static void t_wait_for_several_keys(void)
     mgpu_err_t err = {0};
     const char *keys[] = {"k0", "k1", "k2", "k1"}; /* a repeated key counts once it is set */
     pid_t pid = fork();
-    double t0 = now_s();
+    double t0 = mgpu_clock_mono();
 
     if (pid == 0) {
         mgpu_store_t *w = client(s.port, NULL);
@@ -368,7 +362,7 @@ static void t_wait_for_several_keys(void)
         _exit(0);
     }
     CHECK_INT(mgpu_store_wait(c, keys, 4, 10.0, &err), 0);
-    CHECK(now_s() - t0 >= 0.28);
+    CHECK(mgpu_clock_mono() - t0 >= 0.28);
     waitpid(pid, NULL, 0);
     mgpu_store_close(c);
     srv_stop(&s);
@@ -513,12 +507,12 @@ static void t_token(void)
     srv_t s = srv_start(&o);
     mgpu_store_t *c = NULL;
     mgpu_err_t err = {0};
-    double t0 = now_s();
+    double t0 = mgpu_clock_mono();
     uint8_t st = 0, op = 0;
     int fd;
 
     CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, "s3creT", 5.0, &c, &err), MGPU_E_AUTH);
-    CHECK(now_s() - t0 < 2.0); /* refused at once, not retried until the timeout */
+    CHECK(mgpu_clock_mono() - t0 < 2.0); /* refused at once, not retried until the timeout */
     CHECK_CONTAINS(err.msg, "wrong store token");
     CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, NULL, 5.0, &c, &err), MGPU_E_AUTH);
     CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, "s3cret1", 5.0, &c, &err), MGPU_E_AUTH);
@@ -570,11 +564,11 @@ static void t_silent_peer_is_closed(void)
     srv_t s = srv_start(&o);
     mgpu_store_t *c = client(s.port, NULL);
     mgpu_err_t err = {0};
-    double t0 = now_s();
+    double t0 = mgpu_clock_mono();
     int fd = raw_connect(s.port); /* connects and never says HELLO */
 
     CHECK(raw_closed(fd));
-    CHECK(now_s() - t0 >= 0.15 && now_s() - t0 < 2.0);
+    CHECK(mgpu_clock_mono() - t0 >= 0.15 && mgpu_clock_mono() - t0 < 2.0);
     close(fd);
     sleep_s(0.3); /* an authenticated connection is not subject to it */
     CHECK_INT(mgpu_store_ping(c, &err), 0);
@@ -702,10 +696,10 @@ static void t_slow_client_blocks_no_one(void)
     }
     raw_send(fd, b.p, b.len);
     mgpu_store_buf_free(&b);
-    t0 = now_s();
+    t0 = mgpu_clock_mono();
     for (int i = 0; i < 200; i++)
         CHECK_INT(mgpu_store_ping(c, &err), 0);
-    CHECK(now_s() - t0 < 1.0);
+    CHECK(mgpu_clock_mono() - t0 < 1.0);
     close(fd);
     free(val);
     mgpu_store_close(c);
@@ -827,9 +821,9 @@ static void t_max_conns(void)
 
     for (int i = 0; i < 3; i++)
         c[i] = client(s.port, NULL);
-    t0 = now_s();
+    t0 = mgpu_clock_mono();
     CHECK_INT(mgpu_store_connect("127.0.0.1", s.port, NULL, 5.0, &d, &err), MGPU_E_PROTOCOL);
-    CHECK(now_s() - t0 < 2.0);
+    CHECK(mgpu_clock_mono() - t0 < 2.0);
     CHECK_CONTAINS(err.msg, "too many connections (max_conns 3)");
     mgpu_store_close(c[0]);
     /* the server notices the close asynchronously: a slot frees within moments */
@@ -869,7 +863,7 @@ static void t_connect_retries_until_server_is_up(void)
     mgpu_store_t *c = NULL;
     mgpu_err_t err = {0};
     pid_t pid = fork();
-    double t0 = now_s();
+    double t0 = mgpu_clock_mono();
 
     if (pid == 0) { /* becomes the server, late */
         int p[2];
@@ -881,15 +875,15 @@ static void t_connect_retries_until_server_is_up(void)
         srv_child(&o, p[1], log);
     }
     CHECK_INT(mgpu_store_connect("127.0.0.1", o.port, NULL, 5.0, &c, &err), 0);
-    CHECK(now_s() - t0 >= 0.35);
+    CHECK(mgpu_clock_mono() - t0 >= 0.35);
     CHECK_INT(mgpu_store_ping(c, &err), 0);
     mgpu_store_close(c);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     /* nothing there: a timeout naming the address */
-    t0 = now_s();
+    t0 = mgpu_clock_mono();
     CHECK_INT(mgpu_store_connect("127.0.0.1", free_port(), NULL, 0.5, &c, &err), MGPU_E_TIMEOUT);
-    CHECK(now_s() - t0 < 2.0);
+    CHECK(mgpu_clock_mono() - t0 < 2.0);
     CHECK_CONTAINS(err.msg, "cannot reach the store at 127.0.0.1:");
     CHECK_CONTAINS(err.msg, "Connection refused");
 }

@@ -4,11 +4,13 @@
 
 #include <errno.h>    /* errno, EBADMSG */
 #include <fcntl.h>    /* open, O_CLOEXEC */
-#include <stdio.h>    /* snprintf, rename */
+#include <stdio.h>    /* fdopen */
 #include <stdlib.h>   /* malloc */
 #include <string.h>   /* memcpy, strerror */
 #include <sys/stat.h> /* fstat */
-#include <unistd.h>   /* write, fsync, close, getpid */
+#include <unistd.h>   /* close */
+
+#include "atomic_file.h" /* mgpu_atomic_file_write */
 
 #define CKPT_MAGIC "MGPUCKPT"
 #define CKPT_VERSION 1
@@ -53,36 +55,18 @@ static uint64_t checksum(const ckpt_header_t *hdr, const float *params, const fl
     return x;
 }
 
-/* write(2) until done: a regular file may still take a write in pieces (signals, quotas). */
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err)
 {
-    char tmp[4200], dir[4096];
     ckpt_header_t h;
-    int fd, rc;
+    struct iovec iov[3];
+    mgpu_err_t aerr = {0};
+    int rc;
 
     if (c->n_params > 0 && c->params == NULL)
         return mgpu_err_set(err, -EINVAL, "checkpoint: %zu params but params is NULL", c->n_params);
     if (c->n_state > 0 && c->state == NULL)
         return mgpu_err_set(err, -EINVAL, "checkpoint: %zu state floats but state is NULL",
                             c->n_state);
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return mgpu_err_set(err, -ENAMETOOLONG, "checkpoint: path too long: %s", path);
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
     h.version = CKPT_VERSION;
@@ -100,53 +84,12 @@ int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err)
     memcpy(h.rng, c->rng, sizeof h.rng);
     h.checksum = checksum(&h, c->params, c->state);
 
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return mgpu_err_set(err, -errno, "checkpoint: open(%s): %s", tmp, strerror(errno));
-    if ((rc = write_all(fd, &h, sizeof h)) < 0 ||
-        (rc = write_all(fd, c->params, sizeof(float) * c->n_params)) < 0 ||
-        (c->n_state > 0 && (rc = write_all(fd, c->state, sizeof(float) * c->n_state)) < 0)) {
-        mgpu_err_set(err, rc, "checkpoint: write(%s): %s", tmp, strerror(-rc));
-        goto fail;
-    }
-    /* The data must be on disk before the rename makes it the checkpoint; otherwise a crash
-     * can leave the new name pointing at an empty or partial file (ext4 data=ordered aside). */
-    if (fsync(fd) != 0) {
-        rc = mgpu_err_set(err, -errno, "checkpoint: fsync(%s): %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        rc = mgpu_err_set(err, -errno, "checkpoint: close(%s): %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc =
-            mgpu_err_set(err, -errno, "checkpoint: rename(%s, %s): %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    /* The rename itself lives in the directory: fsync it so the new name survives a crash. */
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return mgpu_err_set(err, -errno, "checkpoint: open(%s): %s", dir, strerror(errno));
-    rc = fsync(dfd) != 0 ? -errno : 0;
-    close(dfd);
-    if (rc < 0)
-        return mgpu_err_set(err, rc, "checkpoint: fsync(%s): %s", dir, strerror(-rc));
+    iov[0] = (struct iovec){.iov_base = &h, .iov_len = sizeof h};
+    iov[1] = (struct iovec){.iov_base = (void *)c->params, .iov_len = sizeof(float) * c->n_params};
+    iov[2] = (struct iovec){.iov_base = (void *)c->state, .iov_len = sizeof(float) * c->n_state};
+    if ((rc = mgpu_atomic_file_write(path, iov, c->n_state > 0 ? 3 : 2, 0, &aerr)) < 0)
+        return mgpu_err_set(err, rc, "checkpoint: %s", aerr.msg);
     return 0;
-fail:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-    return rc;
 }
 
 void mgpu_ckpt_free(mgpu_ckpt_t *c)

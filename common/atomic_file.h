@@ -1,0 +1,30 @@
+/* atomic_file.h - replacing a file so that a reader, or the file system after a crash, sees
+ * either the old contents or the new, never half of them.
+ *
+ * The bytes go to PATH.tmp.PID, which is fsynced (the data must be on disk before the rename
+ * makes it the file, or a crash can leave the new name on an empty or partial file), renamed
+ * over PATH, and then the directory is fsynced (the rename lives in the directory: without it
+ * the new name may not survive a crash). The caller owns path and the buffers. */
+#ifndef MGPU_ATOMIC_FILE_H
+#define MGPU_ATOMIC_FILE_H
+
+#include <sys/uio.h> /* struct iovec */
+
+#include "error.h" /* mgpu_err_t */
+
+/* Flags of mgpu_atomic_file_write. */
+enum {
+    /* Readers never see half a file, but a crash may lose it: no fsync of the file or the
+     * directory (test helpers and scratch files, where an fsync's latency costs more than a
+     * crash could). */
+    MGPU_ATOMIC_FILE_NO_SYNC = 1,
+};
+
+/* Writes the niov buffers, in order, as the new contents of path. flags: 0 (durable) or
+ * MGPU_ATOMIC_FILE_NO_SYNC. On failure the temporary file is removed, path is left as it was
+ * (unless only the directory's fsync failed: the new file is then in place), and err names
+ * the call and the file. Returns 0 or a negative errno. */
+int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
+                           mgpu_err_t *err);
+
+#endif

@@ -1,0 +1,159 @@
+/* spawner.c - starting one worker process, and the keeper (see spawner.h). */
+#include "spawner.h"
+
+#include <errno.h>     /* errno */
+#include <fcntl.h>     /* O_CLOEXEC */
+#include <signal.h>    /* signal, sigprocmask, kill */
+#include <string.h>    /* memcpy */
+#include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME */
+#include <time.h>      /* clock_gettime */
+#include <unistd.h>    /* fork, execve, setsid */
+
+/* Runs in the child between fork and exec: only async-signal-safe calls. */
+static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
+                       int err_w, int exec_w, pid_t parent, const int *reset, int nreset)
+{
+    sigset_t none;
+    int e;
+
+    for (int i = 0; i < nreset; i++)
+        signal(reset[i], SIG_DFL);
+    signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
+    /* A session of its own: the launcher alone decides which signal reaches which worker, and
+     * a terminal's Ctrl-C reaches the launcher only (it forwards it). */
+    setsid();
+    /* Dies with the launcher, even by SIGKILL. The launcher may have died already between
+     * fork and prctl: then this process was reparented and getppid() tells. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(128 + SIGKILL);
+    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+        goto fail;
+    /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
+     * inherited by workers, and by what they leave behind, could keep the wrapper waiting. The
+     * exec-error pipe stays open until execve closes it (close-on-exec). */
+    if ((exec_w > 3 && close_range(3, (unsigned)exec_w - 1, 0) != 0) ||
+        close_range((unsigned)exec_w + 1, ~0u, 0) != 0)
+        for (int fd = 3; fd < 4096; fd++) /* kernels before 5.9 */
+            if (fd != exec_w)
+                close(fd);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* The moment of exec, for the startup timeline: the pipe carries it first (8 bytes), then
+     * either EOF (exec succeeded and closed the pipe) or the errno of a failed exec. */
+    {
+        struct timespec ts;
+        int64_t ns;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+        while (write(exec_w, &ns, sizeof ns) < 0 && errno == EINTR)
+            ;
+    }
+    execve(path, argv, envp);
+fail:
+    e = errno;
+    while (write(exec_w, &e, sizeof e) < 0 && errno == EINTR)
+        ;
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
+                          int err_w, int exec_w, const int *reset, int nreset)
+{
+    pid_t self = getpid();
+    pid_t pid = fork();
+    if (pid == 0)
+        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset);
+    return pid < 0 ? -errno : pid;
+}
+
+void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno)
+{
+    /* [int64 ns of exec] [int errno, only if exec failed]; a child that died before exec (its
+     * launcher gone) sends neither. */
+    char buf[sizeof(int64_t) + sizeof(int)];
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf &&
+           ((r = read(exec_r, buf + got, sizeof buf - got)) > 0 || (r < 0 && errno == EINTR)))
+        got += r > 0 ? (size_t)r : 0;
+    if (got >= sizeof(int64_t)) {
+        int64_t ns;
+        memcpy(&ns, buf, sizeof ns);
+        *t_exec = (double)ns * 1e-9;
+    }
+    if (got == sizeof buf)
+        memcpy(exec_errno, buf + sizeof(int64_t), sizeof(int));
+}
+
+/* It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
+ * one job; -1 on the pipe is the launcher's "quit". */
+static void keeper_main(int fd)
+{
+    int32_t pgids[4096], v;
+    int n = 0;
+    sigset_t all;
+
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    prctl(PR_SET_NAME, "mgpu-keeper");
+    for (;;) {
+        ssize_t r = read(fd, &v, sizeof v);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r != (ssize_t)sizeof v)
+            break;
+        if (v == -1)
+            _exit(0);
+        if (n < 4096)
+            pgids[n++] = v;
+    }
+    for (int i = 0; i < n; i++)
+        kill(-pgids[i], SIGKILL);
+    _exit(0);
+}
+
+void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k)
+{
+    int fds[2];
+    sigset_t all, old;
+
+    k->pid = -1;
+    k->fd = -1;
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    k->pid = fork();
+    if (k->pid == 0) {
+        close(fds[1]);
+        keeper_main(fds[0]);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(fds[0]);
+    if (k->pid < 0)
+        close(fds[1]);
+    else
+        k->fd = fds[1];
+}
+
+static void keeper_send(mgpu_spawner_keeper_t *k, int32_t v)
+{
+    if (k->fd >= 0 && write(k->fd, &v, sizeof v) != (ssize_t)sizeof v) {
+        close(k->fd);
+        k->fd = -1;
+    }
+}
+
+void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid)
+{
+    keeper_send(k, (int32_t)pgid);
+}
+
+void mgpu_spawner_keeper_release(mgpu_spawner_keeper_t *k)
+{
+    keeper_send(k, -1);
+    if (k->fd >= 0)
+        close(k->fd);
+    k->fd = -1;
+}

@@ -1,0 +1,52 @@
+/* spawner.h - starting one worker process, and the keeper that outlives a killed launcher.
+ *
+ * (Not spawn.h: the launcher's folder is on the include path, and that name would hide the
+ * system's <spawn.h>.)
+ *
+ * Spawning follows libuv's src/unix/process.c, written out here because the child needs two
+ * steps uv_spawn has no hook for: PR_SET_PDEATHSIG (with its race closed) and a new session.
+ * The caller blocks all signals across the fork, so a signal arriving in the child before exec
+ * cannot run the launcher's handler there (it would write into the launcher's own signal
+ * pipe). exec errors travel back on a close-on-exec pipe, so a worker that could not start is
+ * known at once, with its errno, and is never signalled as if it were running.
+ *
+ * Ownership: the caller owns every descriptor it passes; the keeper's pipe end belongs to the
+ * mgpu_spawner_keeper_t until mgpu_spawner_keeper_release. */
+#ifndef MGPU_SPAWNER_H
+#define MGPU_SPAWNER_H
+
+#include <stdint.h>    /* int32_t */
+#include <sys/types.h> /* pid_t */
+
+/* Forks a worker that executes path with argv and envp, its stdout on out_w, its stderr on
+ * err_w. exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
+ * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno. The signals in reset go back
+ * to their default action in the child. Call with every signal blocked. Returns the child's
+ * pid, or a negative errno when fork failed. */
+pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
+                          int err_w, int exec_w, const int *reset, int nreset);
+
+/* Reads what the child wrote on the exec pipe (read end exec_r) until EOF: *t_exec gets the
+ * moment of exec in seconds (left alone when the child died before it), *exec_errno the
+ * errno of a failed execve (left alone when exec succeeded). */
+void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno);
+
+typedef struct mgpu_spawner_keeper {
+    pid_t pid; /* -1 when none could be started */
+    int fd;    /* write end of its pipe, -1 when none */
+} mgpu_spawner_keeper_t;
+
+/* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
+ * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
+ * (a shell's children, data-loader processes): those would be reparented to init and hold the
+ * GPU. The launcher tells the keeper every worker's process group; when the pipe reaches EOF
+ * without the launcher's "quit", the launcher died, and the keeper SIGKILLs every group.
+ * Without a keeper (pipe or fork failed) the run goes on, with workers still tied to the
+ * launcher by PDEATHSIG. */
+void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k);
+/* Tells the keeper one more process group to kill should the launcher die. */
+void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid);
+/* Every worker is gone: lets the keeper exit without killing anything, and closes the pipe. */
+void mgpu_spawner_keeper_release(mgpu_spawner_keeper_t *k);
+
+#endif

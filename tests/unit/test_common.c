@@ -1,0 +1,197 @@
+/* test_common.c - the shared helpers of common/: clock, fdio, atomic_file, path, names, sock. */
+#include <errno.h>        /* EPIPE */
+#include <fcntl.h>        /* open */
+#include <netinet/in.h>   /* sockaddr_in */
+#include <signal.h>       /* signal */
+#include <sys/resource.h> /* getrlimit */
+#include <sys/stat.h>     /* stat */
+#include <time.h>         /* nanosleep */
+#include <unistd.h>       /* pipe */
+
+#include "atomic_file.h"
+#include "check.h"
+#include "clock.h"
+#include "fdio.h"
+#include "log.h"
+#include "names.h"
+#include "path.h"
+#include "sock.h"
+#include "store_proto.h"
+
+static void test_clock_mono_advances(void)
+{
+    struct timespec ts = {0, 20 * 1000000L};
+    double t0 = mgpu_clock_mono();
+    int64_t n0 = mgpu_clock_mono_ns();
+    nanosleep(&ts, NULL);
+    CHECK(mgpu_clock_mono() - t0 >= 0.019);
+    CHECK(mgpu_clock_mono_ns() - n0 >= 19 * 1000000LL);
+    /* The two views are of the same clock. */
+    CHECK((double)mgpu_clock_mono_ns() * 1e-9 - mgpu_clock_mono() < 0.01);
+    /* Real time is seconds since the epoch (after 2020). */
+    CHECK(mgpu_clock_real() > 1.5e9);
+}
+
+static void test_fdio_round_trip_in_pieces(void)
+{
+    int fds[2];
+    static char big[300000], back[300000];
+    pid_t pid;
+
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)(i * 7);
+    CHECK_INT(pipe(fds), 0);
+    /* More than a pipe holds: the writer must loop over partial writes, the reader too. */
+    pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        _exit(mgpu_fdio_write_all(fds[1], big, sizeof big) == 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    CHECK_INT((int)mgpu_fdio_read_all(fds[0], back, sizeof back), (int)sizeof back);
+    CHECK(memcmp(big, back, sizeof big) == 0);
+    /* At the end of the stream: 0 bytes, not an error. */
+    CHECK_INT((int)mgpu_fdio_read_all(fds[0], back, 10), 0);
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_fdio_write_to_closed_pipe_is_epipe(void)
+{
+    int fds[2];
+    signal(SIGPIPE, SIG_IGN);
+    CHECK_INT(pipe(fds), 0);
+    close(fds[0]);
+    CHECK_INT(mgpu_fdio_write_all(fds[1], "x", 1), -EPIPE);
+    CHECK_INT(mgpu_fdio_write_all(-1, "x", 1), -EBADF);
+    close(fds[1]);
+}
+
+static void test_fdio_raise_limit(void)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max > 64) {
+        rl.rlim_cur = 64;
+        CHECK_INT(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    /* Up to what is asked, never down. */
+    CHECK(mgpu_fdio_raise_limit(48) >= 48);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK(rl.rlim_cur >= 48);
+    long top = mgpu_fdio_raise_limit(-1);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    CHECK(rl.rlim_cur == rl.rlim_max);
+    CHECK(top >= 64);
+}
+
+static char *tmpdir_make(void)
+{
+    static char dir[] = "/tmp/mgpu_test_common_XXXXXX";
+    return mkdtemp(dir);
+}
+
+static void test_atomic_file_write_replaces(void)
+{
+    char *dir = tmpdir_make(), path[256], tmp[300], buf[64] = {0};
+    struct iovec iov[2] = {{.iov_base = "hello ", .iov_len = 6},
+                           {.iov_base = "world", .iov_len = 5}};
+    mgpu_err_t err = {0};
+    int fd;
+
+    CHECK(dir != NULL);
+    snprintf(path, sizeof path, "%s/f.json", dir);
+    CHECK_INT(mgpu_atomic_file_write(path, iov, 2, 0, &err), 0);
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 11);
+    close(fd);
+    CHECK_STR(buf, "hello world");
+    /* Replaced whole, and no temporary file left behind. */
+    CHECK_INT(mgpu_atomic_file_write(path, iov + 1, 1, MGPU_ATOMIC_FILE_NO_SYNC, &err), 0);
+    fd = open(path, O_RDONLY);
+    memset(buf, 0, sizeof buf);
+    CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 5);
+    close(fd);
+    CHECK_STR(buf, "world");
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    struct stat st;
+    CHECK(stat(tmp, &st) != 0);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_atomic_file_errors_name_the_call(void)
+{
+    struct iovec iov = {.iov_base = "x", .iov_len = 1};
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_atomic_file_write("/nonexistent_dir_mgpu/f", &iov, 1, 0, &err), -ENOENT);
+    CHECK_CONTAINS(err.msg, "open(/nonexistent_dir_mgpu/f.tmp.");
+}
+
+static void test_path_dirname(void)
+{
+    char out[64];
+    CHECK_INT(mgpu_path_dirname("a/b/c", out, sizeof out), 0);
+    CHECK_STR(out, "a/b");
+    CHECK_INT(mgpu_path_dirname("c", out, sizeof out), 0);
+    CHECK_STR(out, ".");
+    CHECK_INT(mgpu_path_dirname("/c", out, sizeof out), 0);
+    CHECK_STR(out, "/");
+    CHECK_INT(mgpu_path_dirname("abcdef/g", out, 4), -ENAMETOOLONG);
+}
+
+static void test_sock_loopback(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+    struct sockaddr_in b = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x0a000001)};
+    struct sockaddr_in6 c = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    CHECK_INT(mgpu_sock_addr_is_loopback((struct sockaddr *)&a), 1);
+    CHECK_INT(mgpu_sock_addr_is_loopback((struct sockaddr *)&b), 0);
+    CHECK_INT(mgpu_sock_addr_is_loopback((struct sockaddr *)&c), 1);
+    CHECK_INT(mgpu_sock_is_loopback("127.0.0.2"), 1);
+    CHECK_INT(mgpu_sock_is_loopback("localhost"), 1);
+    CHECK_INT(mgpu_sock_is_loopback("10.0.0.1"), 0);
+}
+
+enum { COLOR_RED, COLOR_GREEN, COLOR_HOLE, COLOR_BLUE };
+
+static void test_names_both_ways(void)
+{
+    static const char *const names[] = {
+        [COLOR_RED] = "red", [COLOR_GREEN] = "green", [COLOR_BLUE] = "blue"};
+    CHECK_INT(MGPU_NAMES_COUNT(names), 4);
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), COLOR_GREEN, "?"), "green");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), COLOR_HOLE, "?"), "?");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), 4, "?"), "?");
+    CHECK_STR(mgpu_names_get(names, MGPU_NAMES_COUNT(names), -1, "none"), "none");
+    CHECK_INT(mgpu_names_find(names, MGPU_NAMES_COUNT(names), "Blue"), COLOR_BLUE);
+    CHECK_INT(mgpu_names_find(names, MGPU_NAMES_COUNT(names), "purple"), -1);
+    /* The tables written with it. */
+    CHECK_STR(mgpu_store_op_name(MGPU_STORE_OP_COMPARE_SET), "COMPARE_SET");
+    CHECK_STR(mgpu_store_op_name(MGPU_STORE_OP_GET | MGPU_STORE_RESP), "GET");
+    CHECK_STR(mgpu_store_op_name(0), "?");
+    CHECK_STR(mgpu_store_op_name(200), "?");
+    CHECK_STR(mgpu_store_status_name(MGPU_STORE_ST_AUTH), "authentication failed");
+    CHECK_INT(mgpu_log_level_parse("WARNING"), MGPU_LOG_WARN);
+    CHECK_INT(mgpu_log_level_parse("warn"), MGPU_LOG_WARN);
+    CHECK_INT(mgpu_log_level_parse("critical"), MGPU_LOG_ERROR);
+    CHECK_INT(mgpu_log_level_parse("Debug"), MGPU_LOG_DEBUG);
+    CHECK_INT(mgpu_log_level_parse("loud"), -1);
+}
+
+int main(void)
+{
+    RUN(test_clock_mono_advances);
+    RUN(test_fdio_round_trip_in_pieces);
+    RUN(test_fdio_write_to_closed_pipe_is_epipe);
+    RUN(test_fdio_raise_limit);
+    RUN(test_atomic_file_write_replaces);
+    RUN(test_atomic_file_errors_name_the_call);
+    RUN(test_path_dirname);
+    RUN(test_sock_loopback);
+    RUN(test_names_both_ways);
+    return check_done();
+}
