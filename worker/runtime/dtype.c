@@ -1,7 +1,6 @@
 /* dtype.c - element types and reductions of the CPU backend's collectives (see dtype.h). */
 #include "dtype.h"
 
-#include <math.h>   /* nearbyintf */
 #include <string.h> /* memcpy */
 
 static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i32", "i64"};
@@ -52,12 +51,19 @@ uint16_t mgpu_dtype_f32_to_f16(float f)
     if (x >= 0x477ff000u) /* 65520 and up round to inf (65520 is the tie, 65504 is odd) */
         return (uint16_t)(sign | 0x7c00u);
     if (x < 0x38800000u) {
-        /* Below the smallest normal, 2^-14: a subnormal, round(|f| * 2^24) ulps; the scaling
-         * is exact and nearbyintf rounds to nearest even in the default mode. 1024 lands on
-         * the smallest normal, which is also right. */
-        float a;
-        memcpy(&a, &x, sizeof a);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
+        /* Below the smallest normal, 2^-14: a subnormal of (1.m * 2^(e-127)) / 2^-24 =
+         * mant >> (126 - e) units, rounded to nearest even by hand (nearbyintf would do it,
+         * at the cost of saving and restoring the floating-point environment per element).
+         * A carry to 1024 lands on the smallest normal, which is also right. */
+        uint32_t e = x >> 23, mant = (x & 0x7fffffu) | 0x800000u, shift = 126 - e, q, r, half;
+        if (e == 0 || shift > 24)
+            return (uint16_t)sign; /* under 2^-25: rounds to zero */
+        q = mant >> shift;
+        r = mant & ((1u << shift) - 1);
+        half = 1u << (shift - 1);
+        if (r > half || (r == half && (q & 1u)))
+            q++;
+        return (uint16_t)(sign | q);
     }
     h = (((x >> 23) - 127 + 15) << 10) | ((x & 0x7fffffu) >> 13);
     rem = x & 0x1fffu;
