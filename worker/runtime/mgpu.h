@@ -47,8 +47,9 @@ typedef enum mgpu_backend {
     MGPU_BACKEND_NCCL
 } mgpu_backend_t;
 /* Reductions, as NCCL's ncclSum, ncclAvg, ncclMax, ncclMin. An average of floats is the sum
- * divided by the world size; of integers, the sum (wrapping on overflow) divided by the world
- * size and truncated toward zero, as NCCL's ncclAvg does for integers. */
+ * divided by the world size (on NCCL, ncclAvg's own rounding: it scales each operand by 1/W
+ * before summing); of integers, the sum (wrapping on overflow) divided by the world size and
+ * truncated toward zero, as NCCL's ncclAvg does for integers. */
 typedef enum mgpu_redop { MGPU_SUM = 0, MGPU_AVG, MGPU_MAX, MGPU_MIN } mgpu_redop_t;
 /* Element types of the general collectives (NCCL's ncclFloat32, ncclFloat64, ncclFloat16,
  * ncclBfloat16, ncclInt32, ncclInt64). The CPU backend reduces f16 and bf16 in f32 and rounds
@@ -149,7 +150,8 @@ int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes
  * reduce element i in rank order 0, 1, ..., W-1.
  * mgpu_reduce_scatter: send holds world_size * recvcount elements; rank r receives the
  * reduction of block r (elements r * recvcount ..). In place when recv == send + rank *
- * recvcount elements.
+ * recvcount elements; send is left as it was otherwise. The CPU backend all-reduces a copy of
+ * send (a temporary of its size) and keeps block r.
  * mgpu_all_gather: recv holds world_size * sendcount elements, rank r's send at element r *
  * sendcount. In place when send == recv + rank * sendcount elements. */
 int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype, mgpu_redop_t op,
