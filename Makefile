@@ -4,7 +4,8 @@
 #   make test         the layering check, unit tests, then integration tests against the binaries
 #   make asan         the same build and tests under AddressSanitizer + UBSan (build-asan/)
 #   make check-layers fail on an #include that crosses a layer (tests/layers.sh)
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local   (also builds the man pages: help2man, go-md2man)
+#   make man          the man pages under build/man
 #   CUDA=0 / CUDA=1   force the CUDA parts off / on (default: on when nvcc is found)
 #
 # Sources are found by wildcard, so a new module is a new .c/.h pair and nothing here changes.
@@ -23,7 +24,8 @@ comma    := ,
 PREFIX   ?= /usr/local
 CC       ?= cc
 SANITIZE ?=
-VERSION  := 0.1.0
+# The one version string, also compiled into the programs (common/version.h).
+VERSION  := $(shell sed -n 's/^\#define MGPU_VERSION "\(.*\)"/\1/p' common/version.h)
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
@@ -108,7 +110,7 @@ WORKER_BIN := $(BUILD)/bin/mgpu-worker
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 HELPER_BINS:= $(patsubst tests/helper/%.c,$(BUILD)/tests/%,$(HELPER_SRC))
 
-.PHONY: all test unit integration asan install clean info format check-layers
+.PHONY: all test unit integration asan install man clean info format check-layers
 all: info $(LAUNCH_BIN) $(WORKER_BIN) $(LIB_MGPU) $(LIB_RUNTIME) $(UNIT_BINS) $(HELPER_BINS)
 
 info:
@@ -204,13 +206,50 @@ asan:
 
 # Headers install under include/mgpu/ and are included as <mgpu/mgpu.h>: -I<prefix>/include
 # never hides a system header (glibc's <error.h>) behind one of mgpu's.
-PUBLIC_H := worker/runtime/mgpu.h common/error.h
+# A header installed there includes the others it needs with quotes, so they are installed too.
+PUBLIC_H := worker/runtime/mgpu.h common/error.h common/store.h
 # pc_file NAME,DESCRIPTION,LIBRARY,EXTRA LIBS: a pkg-config file on stdout.
 pc_file = printf 'prefix=%s\nName: %s\nDescription: %s\nVersion: %s\nCflags: -I$${prefix}/include\nLibs: -L$${prefix}/lib -l%s $${prefix}/lib/libcjson.so.1 -Wl,-rpath,$${prefix}/lib %s -lpthread -lm -lrt\n' \
   '$(PREFIX)' '$(1)' '$(2)' '$(VERSION)' '$(3)' '$(4)'
 
-install: all
+# Man pages: help2man makes the programs' from their --help and --version (so the page and
+# the program cannot disagree), go-md2man makes train.cfg(5) from configs/README.md (the
+# table of keys kept beside the examples). A missing tool fails with the package to install.
+MAN_DIR   := $(BUILD)/man
+MAN_PAGES := $(MAN_DIR)/mgpu-launch.1 $(MAN_DIR)/mgpu-worker.1 $(MAN_DIR)/train.cfg.5
+HELP2MAN  ?= help2man
+GO_MD2MAN ?= go-md2man
+MAN_NAME_mgpu-launch := start and supervise one worker process per GPU, as torchrun does
+MAN_NAME_mgpu-worker := train a model data-parallel as one rank of an mgpu job
+MAN_SEE_mgpu-launch  := mgpu-worker(1), train.cfg(5)
+MAN_SEE_mgpu-worker  := mgpu-launch(1), train.cfg(5)
+need_tool = @command -v $(1) >/dev/null 2>&1 || { echo "$(1) not found: apt-get install $(2) (it makes the man pages)" >&2; exit 1; }
+
+man: $(MAN_PAGES)
+
+$(MAN_DIR)/%.1: $(BUILD)/bin/% common/version.h
+	$(call need_tool,$(HELP2MAN),help2man)
+	@mkdir -p $(@D)
+	printf '[SEE ALSO]\n%s\n' '$(MAN_SEE_$*)' > $@.h2m
+	$(HELP2MAN) --no-info --section=1 --name='$(MAN_NAME_$*)' --include=$@.h2m --output=$@.tmp $<
+	mv $@.tmp $@
+
+# The README's first heading becomes NAME and DESCRIPTION; its sections about the files of
+# configs/ are the repository's, not the format's.
+$(MAN_DIR)/train.cfg.5: configs/README.md common/version.h
+	$(call need_tool,$(GO_MD2MAN),go-md2man)
+	@mkdir -p $(@D)
+	{ printf '%% TRAIN.CFG 5 "mgpu $(VERSION)" "mgpu" "File Formats"\n\n# NAME\n\ntrain.cfg - %s\n\n# DESCRIPTION\n\n' \
+	    'the settings of an mgpu-worker training run'; \
+	  sed -e '1{/^# /d}' -e '/^## Files here/,$$d' -e 's/^## /# /' $<; \
+	  printf '\n# SEE ALSO\n\nmgpu-worker(1), mgpu-launch(1)\n'; } | $(GO_MD2MAN) > $@.tmp
+	mv $@.tmp $@
+
+install: all man
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/mgpu $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 644 $(MAN_DIR)/mgpu-launch.1 $(MAN_DIR)/mgpu-worker.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 $(MAN_DIR)/train.cfg.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 755 $(LAUNCH_BIN) $(WORKER_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB_MGPU) $(BUILD)/lib/libcjson.so.1 $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(PUBLIC_H) $(DESTDIR)$(PREFIX)/include/mgpu/

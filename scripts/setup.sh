@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what mgpu needs on Debian/Ubuntu: the build (gcc, make, libuv, cJSON) and the tests'
-# real clients (Debian's PyTorch 1.13 with gloo, scikit-learn, clang for the fuzzer). The CUDA
+# Installs what mgpu needs on Debian/Ubuntu: the build (gcc, make, libuv, cJSON; help2man and
+# go-md2man for the man pages) and the tests' real clients (Debian's PyTorch 1.13 with gloo,
+# scikit-learn, clang for the fuzzer). The CUDA
 # toolkit is optional: without nvcc the CUDA parts are not built and workers run on the CPU.
 set -euo pipefail
 pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
       clang libclang-rt-14-dev procps iproute2 time gnuplot-nox jq slurm-wlm munge openmpi-bin
-      pkg-config)
+      pkg-config help2man go-md2man man-db)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -49,3 +49,23 @@ t_two_nodes_allreduce_checks_itself() {
     expect_eq "$(grep -E '^\[rank0\]: +[0-9]+ ' out.0 | awk '$NF != 0' | wc -l)" 0 \
         "sizes with wrong elements"
 }
+
+# The general collectives (all-reduce, reduce-scatter, all-gather; every dtype and reduction)
+# in workers started by mgpu-launch: each size checks itself (#wrong column).
+t_launch_collectives_check_themselves() {
+    local bench="$MGPU_BUILD/tests/collectives_bench"
+    run_launch --nproc_per_node=3 -- "$bench" --min 1K --max 64K --step 8 --seconds 0.005
+    expect_eq "$rc" 0 "exit status"
+    expect_grep out "\[rank0\]:# mgpu collectives, CPU backend \(shared memory\), 3 ranks on 1 node \(mgpu-launch\)"
+    expect_grep out "\[rank0\]:# +size +count +type +redop +time_us +algbw_GB/s +busbw_GB/s +#wrong"
+    # 6 dtypes x 4 reductions x 3 sizes for each reduction, 6 x 3 for the gather.
+    expect_eq "$(grep -cE '^\[rank0\]: +[0-9]+ +[0-9]+ +[a-z0-9]+ +(sum|avg|max|min) ' out)" 144 \
+        "reduction lines"
+    expect_eq "$(grep -cE '^\[rank0\]: +[0-9]+ +[0-9]+ +[a-z0-9]+ +none ' out)" 18 "gather lines"
+    expect_eq "$(grep -E '^\[rank0\]: +[0-9]+ ' out | awk '$NF != 0' | wc -l)" 0 \
+        "sizes with wrong elements"
+    # Bad usage names the argument and exits 2.
+    "$bench" --dtypes f8 >out 2>err
+    expect_eq "$?" 2 "exit status of a bad --dtypes"
+    expect_grep err 'collectives_bench: --dtypes "f8": expected one of f32 f64 f16 bf16 i32 i64'
+}

@@ -13,6 +13,7 @@
 #include <stdlib.h> /* setenv, strtod */
 #include <time.h>   /* clock_gettime */
 
+#include "dtype.h" /* mgpu_dtype_f32_to_f16, ...: operands and results on the host */
 #include "mgpu.h"
 #include "store.h"        /* mgpu_store_connect, mgpu_store_get */
 #include "store_thread.h" /* mgpu_store_thread_start */
@@ -20,6 +21,7 @@
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
 #include <cuda_runtime_api.h> /* cudaMalloc, cudaLaunchHostFunc */
+#include <nccl.h>             /* ncclCommCount: the handle mgpu_comm_nccl returns */
 #define HAVE_CUDA 1
 #else
 #define HAVE_CUDA 0
@@ -547,6 +549,258 @@ static void test_nccl_two_ranks_one_gpu(void)
     }
     mgpu_store_thread_stop(t);
 }
+
+/* ---- the general collectives: every op x dtype x reduction on device buffers ---------- */
+
+/* Operands are small non-negative integers, so sums, maxima and minima are exact in every
+ * type and whatever order NCCL reduces in (|sum| <= 16 * 8 < 256, exact in bf16), and an
+ * integer average is unambiguous. A float average is compared with a tolerance: NCCL
+ * multiplies each operand by 1/W before summing (ncclAvg's pre-multiplication). */
+static long gval(int rank, size_t i, int salt)
+{
+    return (long)((i * 7 + (size_t)rank * 13 + (size_t)salt) % 17);
+}
+
+static void gstore(void *p, size_t i, mgpu_dtype_t dt, double v)
+{
+    switch (dt) {
+    case MGPU_DTYPE_F32:
+        ((float *)p)[i] = (float)v;
+        break;
+    case MGPU_DTYPE_F64:
+        ((double *)p)[i] = v;
+        break;
+    case MGPU_DTYPE_F16:
+        ((uint16_t *)p)[i] = mgpu_dtype_f32_to_f16((float)v);
+        break;
+    case MGPU_DTYPE_BF16:
+        ((uint16_t *)p)[i] = mgpu_dtype_f32_to_bf16((float)v);
+        break;
+    case MGPU_DTYPE_I32:
+        ((int32_t *)p)[i] = (int32_t)v;
+        break;
+    case MGPU_DTYPE_I64:
+        ((int64_t *)p)[i] = (int64_t)v;
+        break;
+    }
+}
+
+static double gload(const void *p, size_t i, mgpu_dtype_t dt)
+{
+    switch (dt) {
+    case MGPU_DTYPE_F32:
+        return ((const float *)p)[i];
+    case MGPU_DTYPE_F64:
+        return ((const double *)p)[i];
+    case MGPU_DTYPE_F16:
+        return mgpu_dtype_f16_to_f32(((const uint16_t *)p)[i]);
+    case MGPU_DTYPE_BF16:
+        return mgpu_dtype_bf16_to_f32(((const uint16_t *)p)[i]);
+    case MGPU_DTYPE_I32:
+        return ((const int32_t *)p)[i];
+    default:
+        return (double)((const int64_t *)p)[i];
+    }
+}
+
+static double gexpect(mgpu_dtype_t dt, mgpu_redop_t op, int W, size_t i, int salt)
+{
+    long s = 0, mx = -1, mn = 1000;
+    for (int q = 0; q < W; q++) {
+        long v = gval(q, i, salt);
+        s += v;
+        mx = v > mx ? v : mx;
+        mn = v < mn ? v : mn;
+    }
+    if (op == MGPU_MAX || op == MGPU_MIN)
+        return (double)(op == MGPU_MAX ? mx : mn);
+    if (op == MGPU_SUM)
+        return (double)s;
+    if (dt == MGPU_DTYPE_I32 || dt == MGPU_DTYPE_I64)
+        return (double)(s / W);
+    return (double)s / W;
+}
+
+/* n elements of got against the expected reduction of elements first.. ; 0 when all match. */
+static size_t gcheck(const void *got, size_t n, mgpu_dtype_t dt, mgpu_redop_t op, int W,
+                     size_t first, int salt, const char *what)
+{
+    double tol = 0;
+    size_t bad = 0;
+    if (op == MGPU_AVG)
+        tol = dt == MGPU_DTYPE_F32    ? 1e-6
+              : dt == MGPU_DTYPE_F64  ? 1e-12
+              : dt == MGPU_DTYPE_F16  ? 2e-3
+              : dt == MGPU_DTYPE_BF16 ? 2e-2
+                                      : 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = gload(got, i, dt), w = gexpect(dt, op, W, first + i, salt);
+        double d = g > w ? g - w : w - g;
+        if (d > tol * (w > 1 ? w : 1) && bad++ < 3)
+            printf("  %s: element %zu is %.9g, expected %.9g\n", what, i, g, w);
+    }
+    if (bad)
+        printf("  %s: %zu of %zu wrong\n", what, bad, n);
+    return bad;
+}
+
+/* One rank of W, each on GPU LOCAL_RANK: all-reduce, reduce-scatter (out of place and in
+ * place) and all-gather (both) for every dtype and reduction, results checked on the host. */
+static void rank_general(int rank, int W, int store_port)
+{
+    static const size_t counts[] = {1, 7, 1001, 65537};
+    size_t maxn = 65537 * (size_t)W * 8;
+    mgpu_init_opts_t o = {1, 10};
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_comm_t *comm = NULL;
+    mgpu_err_t err = {0, ""};
+    cudaStream_t st;
+    char *h, *g, *d, *d2, what[128];
+    int salt = 0, nranks = 0;
+
+    rank_env(rank, W, store_port);
+    if (mgpu_init(&o, &ctx, &err) != 0 ||
+        mgpu_comm_create(ctx, MGPU_BACKEND_NCCL, 60, &comm, &err) != 0) {
+        printf("  rank %d: %s\n", rank, err.msg);
+        CHECK(0);
+        return;
+    }
+    /* The handle and stream for a program's own NCCL calls and kernels. */
+    CHECK(mgpu_comm_nccl(comm) != NULL);
+    CHECK(mgpu_comm_stream(comm) != NULL);
+    CHECK_INT(ncclCommCount((ncclComm_t)mgpu_comm_nccl(comm), &nranks), ncclSuccess);
+    CHECK_INT(nranks, W);
+    st = (cudaStream_t)mgpu_comm_stream(comm);
+    h = malloc(maxn);
+    g = malloc(maxn);
+    CU(cudaMalloc((void **)&d, maxn));
+    CU(cudaMalloc((void **)&d2, maxn));
+    for (int t = 0; t <= MGPU_DTYPE_I64; t++) {
+        mgpu_dtype_t dt = (mgpu_dtype_t)t;
+        size_t esz = mgpu_dtype_size(dt);
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            size_t n = counts[k], all = n * (size_t)W;
+            for (int op = MGPU_SUM; op <= MGPU_MIN; op++) {
+                mgpu_redop_t r = (mgpu_redop_t)op;
+                salt++;
+                for (size_t i = 0; i < n; i++)
+                    gstore(h, i, dt, (double)gval(rank, i, salt));
+                CU(cudaMemcpy(d, h, n * esz, cudaMemcpyHostToDevice));
+                OK(mgpu_allreduce(comm, d, n, dt, r, st, &err));
+                OK(mgpu_comm_wait(comm, st, &err));
+                CU(cudaMemcpy(g, d, n * esz, cudaMemcpyDeviceToHost));
+                snprintf(what, sizeof what, "rank %d: all-reduce %s %s n=%zu", rank,
+                         mgpu_dtype_name(dt), mgpu_redop_name(r), n);
+                CHECK_INT(gcheck(g, n, dt, r, W, 0, salt, what), 0);
+
+                salt++;
+                for (size_t i = 0; i < all; i++)
+                    gstore(h, i, dt, (double)gval(rank, i, salt));
+                CU(cudaMemcpy(d, h, all * esz, cudaMemcpyHostToDevice));
+                CU(cudaMemset(d2, 0xff, n * esz));
+                OK(mgpu_reduce_scatter(comm, d, d2, n, dt, r, st, &err));
+                OK(mgpu_comm_wait(comm, st, &err));
+                CU(cudaMemcpy(g, d2, n * esz, cudaMemcpyDeviceToHost));
+                snprintf(what, sizeof what, "rank %d: reduce-scatter %s %s recvcount=%zu", rank,
+                         mgpu_dtype_name(dt), mgpu_redop_name(r), n);
+                CHECK_INT(gcheck(g, n, dt, r, W, (size_t)rank * n, salt, what), 0);
+                OK(mgpu_reduce_scatter(comm, d, d + (size_t)rank * n * esz, n, dt, r, st, &err));
+                OK(mgpu_comm_wait(comm, st, &err));
+                CU(cudaMemcpy(g, d + (size_t)rank * n * esz, n * esz, cudaMemcpyDeviceToHost));
+                CHECK_INT(gcheck(g, n, dt, r, W, (size_t)rank * n, salt, "in place"), 0);
+            }
+            /* all-gather: out of place into a poisoned buffer, then in place */
+            salt++;
+            for (size_t i = 0; i < n; i++)
+                gstore(h, i, dt, (double)gval(rank, i, salt));
+            CU(cudaMemcpy(d, h, n * esz, cudaMemcpyHostToDevice));
+            CU(cudaMemset(d2, 0xff, all * esz));
+            OK(mgpu_all_gather(comm, d, d2, n, dt, st, &err));
+            OK(mgpu_comm_wait(comm, st, &err));
+            CU(cudaMemcpy(g, d2, all * esz, cudaMemcpyDeviceToHost));
+            for (int q = 0; q < W; q++)
+                for (size_t i = 0; i < n; i++)
+                    gstore(h, (size_t)q * n + i, dt, (double)gval(q, i, salt));
+            if (memcmp(g, h, all * esz) != 0) {
+                printf("  rank %d: all-gather %s n=%zu differs\n", rank, mgpu_dtype_name(dt), n);
+                CHECK(0);
+            }
+            CU(cudaMemset(d2, 0xff, all * esz));
+            CU(cudaMemcpy(d2 + (size_t)rank * n * esz, h + (size_t)rank * n * esz, n * esz,
+                          cudaMemcpyHostToDevice));
+            OK(mgpu_all_gather(comm, d2 + (size_t)rank * n * esz, d2, n, dt, st, &err));
+            OK(mgpu_comm_wait(comm, st, &err));
+            CU(cudaMemcpy(g, d2, all * esz, cudaMemcpyDeviceToHost));
+            if (memcmp(g, h, all * esz) != 0) {
+                printf("  rank %d: in-place all-gather %s n=%zu differs\n", rank,
+                       mgpu_dtype_name(dt), n);
+                CHECK(0);
+            }
+        }
+    }
+    /* Bad arguments are refused before NCCL sees them; the communicator stays usable. */
+    CHECK_INT(mgpu_allreduce(comm, d, 4, (mgpu_dtype_t)9, MGPU_SUM, st, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "dtype 9 is not an mgpu_dtype_t");
+    CHECK_INT(mgpu_reduce_scatter(comm, d, NULL, 4, MGPU_DTYPE_F16, MGPU_SUM, st, &err),
+              MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "recv is NULL");
+    CHECK_INT(mgpu_allreduce(comm, d, 4, MGPU_DTYPE_I32, (mgpu_redop_t)5, st, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "op 5 is not an mgpu_redop_t");
+    /* The program's own work on the communicator's stream, waited for through libmgpu. */
+    CU(cudaMemsetAsync(d, 0, 16, st));
+    OK(mgpu_comm_wait(comm, st, &err));
+    OK(mgpu_barrier(comm, &err));
+    cudaFree(d);
+    cudaFree(d2);
+    free(h);
+    free(g);
+    mgpu_comm_destroy(comm);
+    mgpu_finalize(ctx);
+}
+
+static void test_nccl_general_world1(void)
+{
+    need_gpu();
+    rank_general(0, 1, 0);
+}
+
+/* One rank per visible GPU, up to 4 (skips below 2 GPUs). */
+static void test_nccl_general_gpus(void)
+{
+    mgpu_init_opts_t o = {1, 10};
+    mgpu_store_thread_t *t;
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_err_t err = {0, ""};
+    int port = 0, W;
+    pid_t pid[4];
+
+    /* Counted without initialising CUDA, which the ranks forked below do. */
+    rank_env(0, 1, 0);
+    OK(mgpu_init(&o, &ctx, &err));
+    W = ctx != NULL && mgpu_device(ctx)->is_gpu && !mgpu_device(ctx)->simulated
+            ? mgpu_device(ctx)->visible_count
+            : 0;
+    mgpu_finalize(ctx);
+    if (W < 2)
+        SKIP("fewer than 2 CUDA devices (%d)", W);
+    W = W > 4 ? 4 : W;
+    printf("  %d ranks\n", W);
+    t = store_start(&port);
+    fflush(stdout);
+    for (int r = 0; r < W; r++)
+        if ((pid[r] = fork()) == 0) {
+            alarm(240); /* a hang is a failure of this rank, not of the run */
+            rank_general(r, W, port);
+            fflush(stdout);
+            _exit(check_failed ? 1 : 0);
+        }
+    for (int r = 0; r < W; r++) {
+        int st = 0;
+        CHECK(pid[r] > 0 && waitpid(pid[r], &st, 0) == pid[r]);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    mgpu_store_thread_stop(t);
+}
 #else
 /* Listed in every build, so a CPU build says what it did not run. */
 #define NO_CUDA_TEST(name)                                                                         \
@@ -560,6 +814,8 @@ NO_CUDA_TEST(test_nccl_id_timeout)
 NO_CUDA_TEST(test_nccl_collective_timeout)
 NO_CUDA_TEST(test_nccl_graph_watch)
 NO_CUDA_TEST(test_nccl_two_ranks_one_gpu)
+NO_CUDA_TEST(test_nccl_general_world1)
+NO_CUDA_TEST(test_nccl_general_gpus)
 #endif
 
 int main(void)
@@ -573,5 +829,7 @@ int main(void)
     RUN(test_nccl_collective_timeout);
     RUN(test_nccl_graph_watch);
     RUN(test_nccl_two_ranks_one_gpu);
+    RUN(test_nccl_general_world1);
+    RUN(test_nccl_general_gpus);
     return check_done();
 }

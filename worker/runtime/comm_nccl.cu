@@ -275,16 +275,57 @@ static void mgpu_nccl_describe(mgpu_nccl_t *n, char *what, size_t len, const cha
                  n->world);
 }
 
-typedef enum { MGPU_NCCL_AR, MGPU_NCCL_BC, MGPU_NCCL_AG } mgpu_nccl_op_t;
+typedef enum { MGPU_NCCL_AR, MGPU_NCCL_BC, MGPU_NCCL_AG, MGPU_NCCL_RS } mgpu_nccl_op_t;
 
 typedef struct mgpu_nccl_call {
     mgpu_nccl_op_t op;
     const void *send;
     void *recv;
-    size_t count; /* floats for all-reduce, bytes otherwise */
-    int average, root;
+    size_t count; /* elements of dtype for all-reduce and reduce-scatter, bytes otherwise */
+    mgpu_dtype_t dtype;
+    mgpu_redop_t redop;
+    int root;
     cudaStream_t stream;
 } mgpu_nccl_call_t;
+
+/* mgpu.c checked dtype and op before they came here. */
+static ncclDataType_t mgpu_nccl_dtype(mgpu_dtype_t dt)
+{
+    switch (dt) {
+    case MGPU_DTYPE_F64:
+        return ncclFloat64;
+    case MGPU_DTYPE_F16:
+        return ncclFloat16;
+    case MGPU_DTYPE_BF16:
+        return ncclBfloat16;
+    case MGPU_DTYPE_I32:
+        return ncclInt32;
+    case MGPU_DTYPE_I64:
+        return ncclInt64;
+    default:
+        return ncclFloat32;
+    }
+}
+
+static ncclRedOp_t mgpu_nccl_redop(mgpu_redop_t op)
+{
+    switch (op) {
+    case MGPU_AVG:
+        return ncclAvg;
+    case MGPU_MAX:
+        return ncclMax;
+    case MGPU_MIN:
+        return ncclMin;
+    default:
+        return ncclSum;
+    }
+}
+
+/* "floats" as before for f32 (messages and tests name them so), "bf16 elements" otherwise. */
+static const char *mgpu_nccl_elems(mgpu_dtype_t dt)
+{
+    return dt == MGPU_DTYPE_F32 ? "floats" : dt == MGPU_DTYPE_F64 ? "doubles" : NULL;
+}
 
 static int mgpu_nccl_enqueue(mgpu_nccl_t *n, const mgpu_nccl_call_t *c, mgpu_err_t *err)
 {
@@ -298,12 +339,22 @@ static int mgpu_nccl_enqueue(mgpu_nccl_t *n, const mgpu_nccl_call_t *c, mgpu_err
         goto out;
     switch (c->op) {
     case MGPU_NCCL_AR:
-        mgpu_nccl_describe(n, what, sizeof what, "all-reduce (%s) of %zu floats",
-                           c->average ? "avg" : "sum", c->count);
+        mgpu_nccl_describe(n, what, sizeof what, "all-reduce (%s) of %zu %s%s",
+                           mgpu_redop_name(c->redop), c->count,
+                           mgpu_nccl_elems(c->dtype) ? "" : mgpu_dtype_name(c->dtype),
+                           mgpu_nccl_elems(c->dtype) ? mgpu_nccl_elems(c->dtype) : " elements");
         call = "ncclAllReduce";
         line = __LINE__ + 1;
-        r = ncclAllReduce(c->send, c->recv, c->count, ncclFloat32, c->average ? ncclAvg : ncclSum,
-                          n->comm, c->stream);
+        r = ncclAllReduce(c->send, c->recv, c->count, mgpu_nccl_dtype(c->dtype),
+                          mgpu_nccl_redop(c->redop), n->comm, c->stream);
+        break;
+    case MGPU_NCCL_RS:
+        mgpu_nccl_describe(n, what, sizeof what, "reduce-scatter (%s) of %zu %s elements per rank",
+                           mgpu_redop_name(c->redop), c->count, mgpu_dtype_name(c->dtype));
+        call = "ncclReduceScatter";
+        line = __LINE__ + 1;
+        r = ncclReduceScatter(c->send, c->recv, c->count, mgpu_nccl_dtype(c->dtype),
+                              mgpu_nccl_redop(c->redop), n->comm, c->stream);
         break;
     case MGPU_NCCL_BC:
         mgpu_nccl_describe(n, what, sizeof what, "broadcast of %zu bytes from rank %d", c->count,
@@ -338,21 +389,53 @@ void mgpu_nccl_set_label(mgpu_nccl_t *n, const char *label)
 int mgpu_nccl_allreduce_f32(mgpu_nccl_t *n, float *buf, size_t count, int average, void *stream,
                             mgpu_err_t *err)
 {
-    mgpu_nccl_call_t c = {MGPU_NCCL_AR, buf, buf, count, average, 0, (cudaStream_t)stream};
+    mgpu_nccl_call_t c = {
+        MGPU_NCCL_AR,        buf, buf, count, MGPU_DTYPE_F32, average ? MGPU_AVG : MGPU_SUM, 0,
+        (cudaStream_t)stream};
     return mgpu_nccl_enqueue(n, &c, err);
+}
+
+int mgpu_nccl_allreduce(mgpu_nccl_t *n, const void *send, void *recv, size_t count,
+                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err)
+{
+    mgpu_nccl_call_t c = {MGPU_NCCL_AR, send, recv, count, dtype, op, 0, (cudaStream_t)stream};
+    return mgpu_nccl_enqueue(n, &c, err);
+}
+
+int mgpu_nccl_reduce_scatter(mgpu_nccl_t *n, const void *send, void *recv, size_t recvcount,
+                             mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err)
+{
+    mgpu_nccl_call_t c = {MGPU_NCCL_RS, send, recv, recvcount, dtype, op, 0, (cudaStream_t)stream};
+    return mgpu_nccl_enqueue(n, &c, err);
+}
+
+void *mgpu_nccl_comm(mgpu_nccl_t *n)
+{
+    void *comm;
+    pthread_mutex_lock(&n->mu);
+    comm = (void *)n->comm;
+    pthread_mutex_unlock(&n->mu);
+    return comm;
+}
+
+void *mgpu_nccl_stream(mgpu_nccl_t *n)
+{
+    return (void *)n->stream;
 }
 
 int mgpu_nccl_broadcast(mgpu_nccl_t *n, void *buf, size_t bytes, int root, void *stream,
                         mgpu_err_t *err)
 {
-    mgpu_nccl_call_t c = {MGPU_NCCL_BC, buf, buf, bytes, 0, root, (cudaStream_t)stream};
+    mgpu_nccl_call_t c = {MGPU_NCCL_BC,   buf,      buf,  bytes,
+                          MGPU_DTYPE_F32, MGPU_SUM, root, (cudaStream_t)stream};
     return mgpu_nccl_enqueue(n, &c, err);
 }
 
 int mgpu_nccl_allgather(mgpu_nccl_t *n, const void *send, void *recv, size_t bytes, void *stream,
                         mgpu_err_t *err)
 {
-    mgpu_nccl_call_t c = {MGPU_NCCL_AG, send, recv, bytes, 0, 0, (cudaStream_t)stream};
+    mgpu_nccl_call_t c = {MGPU_NCCL_AG,   send,     recv, bytes,
+                          MGPU_DTYPE_F32, MGPU_SUM, 0,    (cudaStream_t)stream};
     return mgpu_nccl_enqueue(n, &c, err);
 }
 
@@ -412,7 +495,7 @@ int mgpu_nccl_wait(mgpu_nccl_t *n, void *stream, mgpu_err_t *err)
 
 int mgpu_nccl_barrier(mgpu_nccl_t *n, mgpu_err_t *err)
 {
-    mgpu_nccl_call_t c = {MGPU_NCCL_AR, n->one, n->one, 1, 0, 0, n->stream};
+    mgpu_nccl_call_t c = {MGPU_NCCL_AR, n->one, n->one, 1, MGPU_DTYPE_F32, MGPU_SUM, 0, n->stream};
     int rc;
 
     if ((rc = mgpu_nccl_enqueue(n, &c, err)) < 0)

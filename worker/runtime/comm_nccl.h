@@ -59,6 +59,12 @@ void mgpu_nccl_set_label(mgpu_nccl_t *n, const char *label);
 /* Enqueue on stream (NULL: the legacy default stream) and return; buffers are device memory. */
 int mgpu_nccl_allreduce_f32(mgpu_nccl_t *n, float *buf, size_t count, int average, void *stream,
                             mgpu_err_t *err);
+/* The general all-reduce (in place when send == recv) and reduce-scatter; mgpu.c checked
+ * dtype and op. */
+int mgpu_nccl_allreduce(mgpu_nccl_t *n, const void *send, void *recv, size_t count,
+                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err);
+int mgpu_nccl_reduce_scatter(mgpu_nccl_t *n, const void *send, void *recv, size_t recvcount,
+                             mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err);
 int mgpu_nccl_broadcast(mgpu_nccl_t *n, void *buf, size_t bytes, int root, void *stream,
                         mgpu_err_t *err);
 int mgpu_nccl_allgather(mgpu_nccl_t *n, const void *send, void *recv, size_t bytes, void *stream,
@@ -73,6 +79,9 @@ int mgpu_nccl_barrier(mgpu_nccl_t *n, mgpu_err_t *err);
 /* Waits until everything enqueued on stream so far has finished, or the communicator fails:
  * unlike cudaStreamSynchronize, a hung collective surfaces as the watchdog's error. */
 int mgpu_nccl_wait(mgpu_nccl_t *n, void *stream, mgpu_err_t *err);
+/* The ncclComm_t (NULL once aborted) and the communicator's own cudaStream_t, as void *. */
+void *mgpu_nccl_comm(mgpu_nccl_t *n);
+void *mgpu_nccl_stream(mgpu_nccl_t *n);
 /* 0, or the error that aborted the communicator (its message copied into err). */
 int mgpu_nccl_status(mgpu_nccl_t *n, mgpu_err_t *err);
 

@@ -9,6 +9,7 @@
 #include <errno.h>      /* ENOMEM */
 #include <stdarg.h>     /* va_list */
 #include <stdio.h>      /* snprintf */
+#include <stdint.h>     /* SIZE_MAX */
 #include <stdlib.h>     /* calloc, getenv */
 #include <string.h>     /* memmove */
 #include <sys/random.h> /* getrandom */
@@ -18,6 +19,7 @@
 #include "comm_nccl.h" /* mgpu_nccl_* (defined in CUDA builds only) */
 #include "device.h"    /* mgpu_device_select */
 #include "devices.h"   /* mgpu_devices_discover, mgpu_devices_visible */
+#include "dtype.h"     /* mgpu_dtype_reduce */
 #include "shm.h"       /* mgpu_shm_* */
 #include "store.h"     /* mgpu_store_connect_env */
 #include "log.h"       /* mgpu_warn */
@@ -452,8 +454,13 @@ int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t
     char what[160];
     int rc = 0;
 
+    if (op == MGPU_MAX || op == MGPU_MIN)
+        return mgpu_allreduce(comm, buf, count, MGPU_DTYPE_F32, op, stream, err);
     if (op != MGPU_SUM && op != MGPU_AVG)
-        return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32: unknown op %d", (int)op);
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mgpu_allreduce_f32: op %d is not an mgpu_redop_t (MGPU_SUM, MGPU_AVG, "
+                            "MGPU_MAX, MGPU_MIN)",
+                            (int)op);
     if (buf == NULL && count > 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "mgpu_allreduce_f32(count=%zu): buf is NULL", count);
 #if MGPU_NCCL_BUILT
@@ -481,6 +488,164 @@ int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t
     if (comm->shm != NULL)
         rc = mgpu_shm_broadcast(comm->shm, buf, count * sizeof *buf, 0, err);
     return mgpu_comm_done(comm, rc);
+}
+
+const char *mgpu_redop_name(mgpu_redop_t op)
+{
+    static const char *const names[] = {"sum", "avg", "max", "min"};
+    return (int)op >= 0 && (int)op < 4 ? names[op] : "?";
+}
+
+/* The checks every general collective makes: dtype and op in range, buffers, and that
+ * count * world elements of dtype fit a size_t. Fills *esz. */
+static int mgpu_coll_check(const char *fn, mgpu_comm_t *comm, const void *a, const char *aname,
+                           const void *b, const char *bname, size_t count, int dtype, int op,
+                           size_t *esz, mgpu_err_t *err)
+{
+    if (comm == NULL)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s(count=%zu): comm is NULL", fn, count);
+    if (!mgpu_dtype_valid(dtype))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s(count=%zu): dtype %d is not an mgpu_dtype_t (MGPU_DTYPE_F32, "
+                            "F64, F16, BF16, I32, I64)",
+                            fn, count, dtype);
+    if (op >= 0 && op != MGPU_SUM && op != MGPU_AVG && op != MGPU_MAX && op != MGPU_MIN)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s(count=%zu, %s): op %d is not an mgpu_redop_t (MGPU_SUM, MGPU_AVG, "
+                            "MGPU_MAX, MGPU_MIN)",
+                            fn, count, mgpu_dtype_name((mgpu_dtype_t)dtype), op);
+    if (count > 0 && (a == NULL || (bname != NULL && b == NULL)))
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s(count=%zu, %s): %s is NULL", fn, count,
+                            mgpu_dtype_name((mgpu_dtype_t)dtype), a == NULL ? aname : bname);
+    *esz = mgpu_dtype_size((mgpu_dtype_t)dtype);
+    if (count > SIZE_MAX / *esz / (size_t)comm->world)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s(count=%zu, %s): %d ranks times count elements overflow size_t", fn,
+                            count, mgpu_dtype_name((mgpu_dtype_t)dtype), comm->world);
+    return 0;
+}
+
+/* The CPU backend's general all-reduce: a chunk of every rank's operands is gathered, then
+ * each rank reduces it in rank order, so every rank computes the same bits (W times the data
+ * crosses shared memory, as in its small-message path: simple, and the same across nodes,
+ * where the gather already works). */
+#define MGPU_COLL_CHUNK (256u << 10) /* bytes per rank per round */
+
+static int mgpu_cpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dt,
+                              mgpu_redop_t op, mgpu_err_t *err)
+{
+    size_t esz = mgpu_dtype_size(dt), per = MGPU_COLL_CHUNK / esz, w = (size_t)comm->world;
+    const void **src;
+    char *tmp, what[160];
+    int rc = 0;
+
+    if (comm->world == 1 || count == 0)
+        return 0; /* one rank: every reduction is the value (an average divides by 1) */
+    tmp = malloc(w * (count < per ? count : per) * esz);
+    src = malloc(w * sizeof *src);
+    if (tmp == NULL || src == NULL) {
+        free(tmp);
+        free(src);
+        return mgpu_err_set(err, -ENOMEM, "mgpu_allreduce(count=%zu, %s, %s): out of memory", count,
+                            mgpu_dtype_name(dt), mgpu_redop_name(op));
+    }
+    snprintf(what, sizeof what, "mgpu_allreduce(count=%zu, %s, %s)", count, mgpu_dtype_name(dt),
+             mgpu_redop_name(op));
+    for (size_t off = 0; off < count && rc == 0; off += per) {
+        size_t m = count - off < per ? count - off : per;
+        char *p = (char *)buf + off * esz;
+        /* Within a node the messages name this call; across nodes the gather names itself. */
+        if (comm->shm != NULL && comm->nnodes == 1)
+            mgpu_shm_set_context(comm->shm, what);
+        rc = mgpu_allgather(comm, p, tmp, m * esz, NULL, err);
+        mgpu_comm_done(comm, rc);
+        if (rc < 0)
+            break;
+        for (size_t q = 0; q < w; q++)
+            src[q] = tmp + q * m * esz;
+        mgpu_dtype_reduce(p, src, comm->world, m, dt, op);
+    }
+    free(tmp);
+    free(src);
+    return rc;
+}
+
+int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype, mgpu_redop_t op,
+                   void *stream, mgpu_err_t *err)
+{
+    size_t esz;
+    int rc;
+
+    if ((rc = mgpu_coll_check("mgpu_allreduce", comm, buf, "buf", NULL, NULL, count, (int)dtype,
+                              (int)op, &esz, err)) < 0)
+        return rc;
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_allreduce(comm->nccl, buf, buf, count, dtype, op, stream, err);
+#endif
+    if (dtype == MGPU_DTYPE_F32 && (op == MGPU_SUM || op == MGPU_AVG))
+        return mgpu_allreduce_f32(comm, buf, count, op, stream, err);
+    return mgpu_cpu_allreduce(comm, buf, count, dtype, op, err);
+}
+
+int mgpu_reduce_scatter(mgpu_comm_t *comm, const void *send, void *recv, size_t recvcount,
+                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err)
+{
+    size_t esz, block;
+    char *tmp;
+    int rc;
+
+    if ((rc = mgpu_coll_check("mgpu_reduce_scatter", comm, send, "send", recv, "recv", recvcount,
+                              (int)dtype, (int)op, &esz, err)) < 0)
+        return rc;
+#if MGPU_NCCL_BUILT
+    if (comm->nccl != NULL)
+        return mgpu_nccl_reduce_scatter(comm->nccl, send, recv, recvcount, dtype, op, stream, err);
+#endif
+    /* An all-reduce of a copy, then this rank's block: the copy keeps send intact (NCCL's
+     * contract) and makes the in-place call (recv inside send) safe. */
+    block = recvcount * esz;
+    if (recvcount == 0)
+        return mgpu_cpu_allreduce(comm, NULL, 0, dtype, op, err);
+    if ((tmp = malloc(block * (size_t)comm->world)) == NULL)
+        return mgpu_err_set(err, -ENOMEM, "mgpu_reduce_scatter(recvcount=%zu, %s): out of memory",
+                            recvcount, mgpu_dtype_name(dtype));
+    memcpy(tmp, send, block * (size_t)comm->world);
+    rc = mgpu_allreduce(comm, tmp, recvcount * (size_t)comm->world, dtype, op, stream, err);
+    if (rc == 0)
+        memmove(recv, tmp + (size_t)comm->rank * block, block);
+    free(tmp);
+    return rc;
+}
+
+int mgpu_all_gather(mgpu_comm_t *comm, const void *send, void *recv, size_t sendcount,
+                    mgpu_dtype_t dtype, void *stream, mgpu_err_t *err)
+{
+    size_t esz;
+    int rc;
+
+    if ((rc = mgpu_coll_check("mgpu_all_gather", comm, send, "send", recv, "recv", sendcount,
+                              (int)dtype, -1, &esz, err)) < 0)
+        return rc;
+    return mgpu_allgather(comm, send, recv, sendcount * esz, stream, err);
+}
+
+void *mgpu_comm_nccl(mgpu_comm_t *comm)
+{
+#if MGPU_NCCL_BUILT
+    if (comm != NULL && comm->nccl != NULL)
+        return mgpu_nccl_comm(comm->nccl);
+#endif
+    return NULL;
+}
+
+void *mgpu_comm_stream(mgpu_comm_t *comm)
+{
+#if MGPU_NCCL_BUILT
+    if (comm != NULL && comm->nccl != NULL)
+        return mgpu_nccl_stream(comm->nccl);
+#endif
+    return NULL;
 }
 
 int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,

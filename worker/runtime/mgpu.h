@@ -46,7 +46,27 @@ typedef enum mgpu_backend {
     MGPU_BACKEND_CPU,
     MGPU_BACKEND_NCCL
 } mgpu_backend_t;
-typedef enum mgpu_redop { MGPU_SUM = 0, MGPU_AVG } mgpu_redop_t;
+/* Reductions, as NCCL's ncclSum, ncclAvg, ncclMax, ncclMin. An average of floats is the sum
+ * divided by the world size (on NCCL, ncclAvg's own rounding: it scales each operand by 1/W
+ * before summing); of integers, the sum (wrapping on overflow) divided by the world size and
+ * truncated toward zero, as NCCL's ncclAvg does for integers. */
+typedef enum mgpu_redop { MGPU_SUM = 0, MGPU_AVG, MGPU_MAX, MGPU_MIN } mgpu_redop_t;
+/* Element types of the general collectives (NCCL's ncclFloat32, ncclFloat64, ncclFloat16,
+ * ncclBfloat16, ncclInt32, ncclInt64). The CPU backend reduces f16 and bf16 in f32 and rounds
+ * the result to nearest even; f32 in f32, f64 in f64. */
+typedef enum mgpu_dtype {
+    MGPU_DTYPE_F32 = 0,
+    MGPU_DTYPE_F64,
+    MGPU_DTYPE_F16,
+    MGPU_DTYPE_BF16,
+    MGPU_DTYPE_I32,
+    MGPU_DTYPE_I64
+} mgpu_dtype_t;
+/* Bytes per element (0 for a value that is not a mgpu_dtype_t), and names: "f32", "bf16",
+ * ...; "sum", "avg", "max", "min" ("?" for a value out of range). */
+size_t mgpu_dtype_size(mgpu_dtype_t dt);
+const char *mgpu_dtype_name(mgpu_dtype_t dt);
+const char *mgpu_redop_name(mgpu_redop_t op);
 
 typedef struct mgpu_init_opts {
     int want_gpu;           /* 1: use the GPU of LOCAL_RANK when one is visible; 0: CPU only */
@@ -73,11 +93,11 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err);
 void mgpu_finalize(mgpu_ctx_t *ctx);
 const mgpu_rank_info_t *mgpu_rank(const mgpu_ctx_t *ctx);
 const mgpu_device_info_t *mgpu_device(const mgpu_ctx_t *ctx);
-/* The store connection (common/store.h), NULL when MGPU_STORE_ADDR was not set. Owned by
- * ctx; its key prefix is "<run id>/<attempt>/". */
+/* The store connection, NULL when MGPU_STORE_ADDR was not set. Owned by ctx (do not close
+ * it); its key prefix is "<run id>/<attempt>/". The store client's calls (set, get, add,
+ * wait, ...) are declared in <mgpu/store.h>, installed beside this header. */
 typedef struct mgpu_store mgpu_store_t;
 mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
-
 
 /* A communicator over all ranks; every rank calls it (and every collective) in the same
  * order. timeout_s (<= 0: 300 s) bounds joining and every collective: one that does not
@@ -107,7 +127,8 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
 void mgpu_comm_destroy(mgpu_comm_t *comm);
 mgpu_backend_t mgpu_comm_backend(const mgpu_comm_t *comm);
 
-/* In place. For NCCL, buf is device memory and stream a cudaStream_t (NULL: default stream):
+/* In place; op is MGPU_SUM, AVG, MAX or MIN (the same as mgpu_allreduce with MGPU_DTYPE_F32).
+ * For NCCL, buf is device memory and stream a cudaStream_t (NULL: default stream):
  * the call enqueues the collective and returns, and its failure may surface at a later call
  * (the watchdog's); for the CPU backend buf is host memory, stream is ignored and the call
  * returns when the collective is done. */
@@ -118,6 +139,36 @@ int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *s
 /* recv holds world_size * bytes; rank r's send lands at recv + r * bytes. */
 int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
                    mgpu_err_t *err);
+/* The general collectives, with NCCL's semantics, for every mgpu_dtype_t and mgpu_redop_t.
+ * Counts are elements of dtype. Buffers are host memory on the CPU backend (the call returns
+ * when the collective is done; stream is ignored) and device memory on NCCL (the call
+ * enqueues on stream, NULL: the default stream). A dtype or op out of range, a NULL buffer
+ * with a count > 0 or a size that overflows fails with MGPU_E_USAGE naming the argument.
+ *
+ * mgpu_allreduce: in place, any count. On the CPU backend every rank gets the same bits:
+ * f32 sum and avg take the path of mgpu_allreduce_f32; the others gather the operands and
+ * reduce element i in rank order 0, 1, ..., W-1.
+ * mgpu_reduce_scatter: send holds world_size * recvcount elements; rank r receives the
+ * reduction of block r (elements r * recvcount ..). In place when recv == send + rank *
+ * recvcount elements; send is left as it was otherwise. The CPU backend all-reduces a copy of
+ * send (a temporary of its size) and keeps block r.
+ * mgpu_all_gather: recv holds world_size * sendcount elements, rank r's send at element r *
+ * sendcount. In place when send == recv + rank * sendcount elements. */
+int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype, mgpu_redop_t op,
+                   void *stream, mgpu_err_t *err);
+int mgpu_reduce_scatter(mgpu_comm_t *comm, const void *send, void *recv, size_t recvcount,
+                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err);
+int mgpu_all_gather(mgpu_comm_t *comm, const void *send, void *recv, size_t sendcount,
+                    mgpu_dtype_t dtype, void *stream, mgpu_err_t *err);
+
+/* For programs that launch their own kernels or NCCL calls beside libmgpu's: the NCCL
+ * backend's ncclComm_t and the cudaStream_t libmgpu created for it (non-blocking; barriers
+ * run on it), both owned by comm; NULL on the CPU backend. Calls made directly on them are
+ * not under the watchdog, and the watchdog may abort the communicator after a failure
+ * (mgpu_comm_wait then returns the error): do not use them after a failed call. */
+void *mgpu_comm_nccl(mgpu_comm_t *comm);
+void *mgpu_comm_stream(mgpu_comm_t *comm);
+
 /* Returns when every rank has called it (NCCL: a one-float all-reduce, waited for). */
 int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err);
 /* NCCL: waits until the work enqueued on stream so far has finished, returning the

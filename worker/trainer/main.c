@@ -11,8 +11,9 @@
 #ifdef MGPU_HAVE_CUDA
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_stream */
 #endif
-#include "log.h"  /* mgpu_log_init */
-#include "mgpu.h" /* mgpu_init, collectives */
+#include "log.h"     /* mgpu_log_init */
+#include "mgpu.h"    /* mgpu_init, collectives */
+#include "version.h" /* MGPU_VERSION */
 
 /* The collectives DDP calls, on the kernels backend's stream (NULL on the CPU), so an NCCL
  * collective is ordered after the kernels that wrote its buffer. */
@@ -54,8 +55,40 @@ static void mark(void *ctx, const char *event)
 static int usage(void)
 {
     fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n"
-                    "       mgpu-worker --check TRAIN.CFG [key=value ...]\n");
+                    "       mgpu-worker --check TRAIN.CFG [key=value ...]\n"
+                    "Try 'mgpu-worker --help' for more information.\n");
     return 2;
+}
+
+/* --help, in the layout help2man turns into mgpu-worker(1). */
+static int help(void)
+{
+    printf("Usage: mgpu-worker TRAIN.CFG [KEY=VALUE ...]\n"
+           "  or:  mgpu-worker --check TRAIN.CFG [KEY=VALUE ...]\n"
+           "Train a model data-parallel as one rank of a job, with the settings of TRAIN.CFG.\n"
+           "\n"
+           "mgpu-worker is what 'mgpu-launch --nproc_per_node=N TRAIN.CFG' runs on every rank.\n"
+           "It reads its rank and device from the environment that mgpu-launch, torchrun,\n"
+           "srun or mpirun set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, ...; the\n"
+           "device is LOCAL_RANK among CUDA_VISIBLE_DEVICES), reads TRAIN.CFG, applies the\n"
+           "KEY=VALUE overrides that follow it (the keys of the file, applied after it), and\n"
+           "trains: data, DistributedSampler, model, loss, gradient all-reduce, optimizer.\n"
+           "\n"
+           "Options:\n"
+           "      --check    only check TRAIN.CFG and the overrides (keys, values, data\n"
+           "                 files) and exit; nothing starts (mgpu-launch runs this before\n"
+           "                 it starts any worker)\n"
+           "  -h, --help     display this help and exit\n"
+           "      --version  output version information and exit\n"
+           "\n"
+           "Exit status:\n"
+           "  0  training finished, or --check found the cfg valid\n"
+           "  1  any other failure (a device, a collective, a peer that died)\n"
+           "  2  bad usage, or a bad cfg or data file (the message names file:line, the\n"
+           "     value and what is accepted)\n"
+           "\n"
+           "The keys of TRAIN.CFG, their defaults and meaning: see train.cfg(5).\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -68,6 +101,12 @@ int main(int argc, char **argv)
     int rc;
 
     mgpu_log_init("mgpu-worker", MGPU_LOG_WARN);
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0))
+        return help();
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("mgpu-worker %s\n", MGPU_VERSION);
+        return 0;
+    }
     /* --check: validate only (mgpu-launch runs this before it starts any worker). */
     int check = argc >= 3 && strcmp(argv[1], "--check") == 0;
     argv += check;
