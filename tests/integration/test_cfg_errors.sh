@@ -4,7 +4,7 @@
 # damaged .npy files). For every mutant: `mgpu-worker --check` and a short run exit 0 or 2
 # (never 1, a signal or a hang); a refusal names file:line, or the file and why it is not a
 # regular file; and mgpu-launch refuses the same mutant with the same message, exit 2, before
-# any worker starts.
+# any worker starts. Also: stale checkpoint temp files of dead writers are removed at start.
 #
 # The mutants are drawn from a seeded generator: MGPU_FUZZ_SEED=N picks another set (the
 # seed is printed with any failure, so a failing mutant can be made again).
@@ -265,4 +265,47 @@ PY
         check_mutant fy$i.cfg "bit flips in y.npy"
     done
     echo "$CHECKED mutants"
+}
+
+# A worker killed while it writes the checkpoint leaves "<checkpoint>.tmp.<pid>": the next run
+# removes those whose pid is dead, and nothing else.
+t_stale_checkpoint_temp_files_go() {
+    mkdir run
+    cat >ck.cfg <<'EOF'
+samples = 200
+batch_size = 10
+epochs = 1
+log_interval = 0
+checkpoint = run/ck
+EOF
+    local dead dead2 dead3 live f
+    sh -c 'exit 0' &
+    dead=$!
+    sh -c 'exit 0' &
+    dead2=$!
+    sh -c 'exit 0' &
+    dead3=$!
+    wait
+    sleep 60 &
+    live=$!
+    head -c 4096 /dev/zero >run/ck.tmp.$dead # stale: its writer is gone
+    head -c 4096 /dev/zero >run/ck.tmp.$live # a live writer's
+    local keep=("ck.tmp.${dead}x" "ck.tmp.0$dead" "ck.tmp.$dead.bak" "ckx.tmp.$dead"
+        "other.tmp.$dead" "ck.tmp." "ck.tmp.-$dead" "ck.tmp.$live")
+    for f in "${keep[@]}"; do [ -e "run/$f" ] || echo x >"run/$f"; done
+    mkdir "run/ck.tmp.$dead2" # the name, but not a regular file
+    ln -s ../ck.cfg "run/ck.tmp.$dead3"
+    "$LAUNCH" --nproc_per_node=2 ck.cfg >out 2>err || { cat err >&2; kill $live; fail "run exited"; }
+    kill $live
+    [ -e run/ck ] || fail "no checkpoint written"
+    [ ! -e run/ck.tmp.$dead ] || fail "the stale temp file of dead pid $dead is still there"
+    for f in "${keep[@]}" "ck.tmp.$dead2" "ck.tmp.$dead3"; do
+        [ -e "run/$f" ] || [ -L "run/$f" ] || fail "run/$f was removed"
+    done
+    expect_eq "$(ls run | wc -l)" $((${#keep[@]} + 3)) "files left in run/"
+    # A checkpoint named without a directory: its temp files are in the working directory.
+    head -c 4096 /dev/zero >ck2.tmp.$dead
+    sed 's|^checkpoint.*|checkpoint = ck2|' ck.cfg >ck2.cfg
+    "$LAUNCH" --nproc_per_node=1 ck2.cfg >out 2>err || { cat err >&2; fail "run 2 exited"; }
+    [ ! -e ck2.tmp.$dead ] || fail "ck2.tmp.$dead is still there"
 }
