@@ -7,6 +7,10 @@
 #include <errno.h> /* ENOENT */
 #include <math.h>  /* fabs */
 
+#include <fcntl.h>        /* fcntl, FD_CLOEXEC */
+#include <sys/resource.h> /* setrlimit */
+#include <sys/stat.h>     /* mkfifo */
+
 static char tmpdir[64];
 
 static void make_tmpdir(void)
@@ -319,6 +323,124 @@ static void test_split(void)
     mgpu_data_free(&tr), mgpu_data_free(&ev), mgpu_data_free(&all);
 }
 
+/* Data files that are no regular files are refused by name before they are read (a FIFO
+ * would block the reader); the kind and a link's target are named. */
+static void test_npy_file_kinds(void)
+{
+    make_tmpdir();
+    mgpu_npy_t a;
+    mgpu_err_t err = {0};
+    char want[600];
+    int fd;
+    size_t size;
+    alarm(20); /* a blocked open fails the test instead of hanging it */
+    CHECK(mkfifo(tmp("fifo.npy"), 0600) == 0);
+    CHECK_INT(mgpu_npy_read_f32(tmp("fifo.npy"), &a, &err), MGPU_E_CONFIG);
+    snprintf(want, sizeof want, "%s: is a FIFO, not a regular file", tmp("fifo.npy"));
+    CHECK_CONTAINS(err.msg, want);
+    CHECK_INT(mgpu_npy_read_f32(tmpdir, &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "is a directory, not a regular file");
+    CHECK(symlink("/dev/zero", tmp("zero.npy")) == 0);
+    CHECK_INT(mgpu_npy_read_i32(tmp("zero.npy"), &a, &err), MGPU_E_CONFIG);
+    snprintf(want, sizeof want, "%s -> /dev/zero: is a character device, not a regular file",
+             tmp("zero.npy"));
+    CHECK_CONTAINS(err.msg, want);
+    CHECK_INT(mgpu_data_open_regular(tmp("missing"), "the thing", &fd, &size, &err), -ENOENT);
+    CHECK_CONTAINS(err.msg, "missing: cannot open the thing: No such file");
+    FILE *f = fopen(tmp("r"), "w");
+    fputs("12345", f);
+    fclose(f);
+    CHECK_INT(mgpu_data_open_regular(tmp("r"), "r", &fd, &size, &err), 0);
+    CHECK_INT(size, 5);
+    CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+    close(fd);
+    remove_tmpdir();
+}
+
+/* A damaged header is an error that says so, never an allocation of what it claims. */
+static void test_npy_damaged_headers(void)
+{
+    make_tmpdir();
+    mgpu_npy_t a;
+    mgpu_err_t err = {0};
+    float f4[4] = {0};
+    /* With the address space capped at 4 GiB an allocation sized by the header fails instead
+     * of succeeding lazily (under ASan, which reserves terabytes of shadow at start, an
+     * oversized malloc aborts by itself). */
+#ifndef __SANITIZE_ADDRESS__
+    struct rlimit rl = {1UL << 32, 1UL << 32};
+    setrlimit(RLIMIT_AS, &rl);
+#endif
+    write_npy(tmp("huge.npy"),
+              "{'descr': '<f4', 'fortran_order': False, 'shape': "
+              "(4611686018427387904, 4), }",
+              f4, sizeof f4);
+    CHECK_INT(mgpu_npy_read_f32(tmp("huge.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "16 bytes of data, but the shape in {");
+    CHECK_CONTAINS(err.msg, "needs more than 2^64: damaged header");
+    write_npy(tmp("big.npy"),
+              "{'descr': '<i8', 'fortran_order': False, 'shape': (1099511627776,), }", f4,
+              sizeof f4);
+    CHECK_INT(mgpu_npy_read_i32(tmp("big.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "16 bytes of data, expected 8796093022208");
+    write_npy(tmp("neg.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }", f4,
+              sizeof f4);
+    CHECK_INT(mgpu_npy_read_f32(tmp("neg.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "cannot read the shape");
+    FILE *f = fopen(tmp("h0.npy"), "wb");
+    fwrite("\x93NUMPY\x01\x00\x00\x00", 1, 10, f);
+    fclose(f);
+    CHECK_INT(mgpu_npy_read_f32(tmp("h0.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "header of 0 bytes, expected 1 to 1048576");
+    f = fopen(tmp("h2.npy"), "wb");
+    fwrite("\x93NUMPY\x02\x00\xff\xff\xff\x7f{{{{", 1, 16, f);
+    fclose(f);
+    CHECK_INT(mgpu_npy_read_f32(tmp("h2.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "header of 2147483647 bytes, expected 1 to 1048576");
+    /* A label outside int32 is the data's fault (exit 2), not a range error of the program. */
+    int64_t big[2] = {0, (int64_t)1 << 40};
+    write_npy(tmp("l.npy"), "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", big,
+              sizeof big);
+    CHECK_INT(mgpu_npy_read_i32(tmp("l.npy"), &a, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "element 1 is 1099511627776, outside int32");
+    remove_tmpdir();
+}
+
+/* mgpu_data_check_npy finds what mgpu_data_load_npy would refuse, and in which file. */
+static void test_data_check_npy(void)
+{
+    make_tmpdir();
+    mgpu_err_t err = {0};
+    float f6[6] = {0};
+    int64_t lab[3] = {0, 1, 2}, lab2[2] = {0, 1};
+    size_t n;
+    int bad_y;
+    CHECK_INT(mgpu_npy_write_f32(tmp("x.npy"), f6, 3, 2, NULL), 0);
+    write_npy(tmp("y.npy"), "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", lab,
+              sizeof lab);
+    write_npy(tmp("y2.npy"), "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", lab2,
+              sizeof lab2);
+    CHECK_INT(mgpu_data_check_npy(tmp("x.npy"), tmp("y.npy"), 1, 0, &n, &bad_y, &err), 0);
+    CHECK_INT(n, 3);
+    CHECK_INT(bad_y, 0);
+    CHECK_INT(mgpu_data_check_npy(tmp("x.npy"), tmp("y.npy"), 1, 2, &n, &bad_y, &err),
+              MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "label 2 at sample 2, expected 0..1 (classes in the cfg)");
+    CHECK_INT(bad_y, 1);
+    CHECK_INT(mgpu_data_check_npy(tmp("x.npy"), tmp("y2.npy"), 0, 0, &n, &bad_y, &err),
+              MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "shape (2), expected (N) or (N, targets) with N = 3");
+    CHECK_INT(bad_y, 1);
+    CHECK_INT(mgpu_data_check_npy(tmp("y.npy"), tmpdir, 0, 0, &n, &bad_y, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "is a directory");
+    CHECK_INT(bad_y, 1);
+    CHECK_INT(mgpu_data_check_npy(tmpdir, tmp("y.npy"), 0, 0, &n, &bad_y, &err), MGPU_E_CONFIG);
+    CHECK_INT(bad_y, 0);
+    /* Targets (mse) are checked by header and size only. */
+    CHECK_INT(mgpu_data_check_npy(tmp("x.npy"), tmp("x.npy"), 0, 0, &n, &bad_y, &err), 0);
+    remove_tmpdir();
+}
+
 int main(void)
 {
     RUN(test_random_dataset);
@@ -328,5 +450,8 @@ int main(void)
     RUN(test_npy_errors);
     RUN(test_npy_from_numpy);
     RUN(test_split);
+    RUN(test_npy_file_kinds);
+    RUN(test_npy_damaged_headers);
+    RUN(test_data_check_npy);
     return check_done();
 }

@@ -3,14 +3,18 @@
  * new key is one line here and one in configs/README.md. */
 #include "cfg.h"
 
-#include <errno.h>   /* errno */
-#include <limits.h>  /* INT_MAX */
-#include <math.h>    /* isfinite */
-#include <stddef.h>  /* offsetof */
-#include <stdlib.h>  /* strtod, strtoll */
-#include <string.h>  /* strchr, strlen */
-#include <strings.h> /* strcasecmp */
-#include <unistd.h>  /* access */
+#include <errno.h>    /* errno */
+#include <limits.h>   /* INT_MAX */
+#include <math.h>     /* isfinite */
+#include <stddef.h>   /* offsetof */
+#include <stdlib.h>   /* strtod, strtoll */
+#include <string.h>   /* strchr, strlen */
+#include <strings.h>  /* strcasecmp */
+#include <sys/stat.h> /* stat, S_ISDIR */
+#include <unistd.h>   /* access, read, close */
+
+#include "data.h" /* mgpu_data_open_regular, mgpu_data_check_npy */
+#include "dp.h"   /* MGPU_DP_MAX_DEVICES */
 
 typedef enum ktype {
     T_ENUM,    /* int-sized enum field, value one of names[] */
@@ -47,6 +51,11 @@ static const char *const act_names[] = {"identity", "relu", "gelu", "tanh", "sig
 static const char *const loss_names[] = {"mse", "cross_entropy", NULL};
 static const char *const optim_names[] = {"sgd", "adamw", NULL};
 
+/* Limits of what is read: a cfg is a few dozen short lines. */
+#define CFG_MAX_BYTES (1 << 20) /* the whole file */
+#define CFG_LINE_MAX 4095       /* one line, without its '\n' */
+#define SHOWN 80                /* bytes of a key or a line quoted in a message */
+
 #define F(field) offsetof(mgpu_cfg_t, field)
 #define BIG 1e15 /* "no practical limit" for long long keys */
 
@@ -57,7 +66,7 @@ static const cfg_key_t keys[] = {
      "process drives all devices (DataParallel)"},
     {"backend", T_ENUM, F(backend), backend_names, 0, 0,
      "collectives: auto picks nccl when the worker has a GPU, cpu otherwise"},
-    {"dp_devices", T_INT, F(dp_devices), NULL, 0, 1024,
+    {"dp_devices", T_INT, F(dp_devices), NULL, 0, MGPU_DP_MAX_DEVICES,
      "mode = dp: devices to use (threads stand in for them on a CPU); 0 = all visible, 2 on a "
      "CPU"},
     {"precision", T_ENUM, F(precision), prec_names, 0, 0,
@@ -439,18 +448,29 @@ static int parse_line(mgpu_cfg_t *cfg, char *text, const char *name, int lineno,
     char *eq = strchr(text, '='), *key, *val;
     int ki;
 
+    /* Messages quote at most SHOWN bytes of what the user wrote, so that one stays readable
+     * (and whole through mgpu-launch) whatever the line holds. */
     if (lineno >= 0)
         snprintf(where, sizeof where, "%s:%d", name, lineno);
     else
-        snprintf(where, sizeof where, "override '%s'", text);
-    if (eq == NULL)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: '%s': expected 'key = value'", where,
-                            trim(text));
+        snprintf(where, sizeof where, "command line: override '%.*s%s'", SHOWN, text,
+                 strlen(text) > SHOWN ? "..." : "");
+    if (eq == NULL) {
+        text = trim(text);
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: '%.*s%s': expected 'key = value'", where,
+                            SHOWN, text, strlen(text) > SHOWN ? "..." : "");
+    }
     *eq = 0;
     key = trim(text);
     val = trim(eq + 1);
     if (*key == 0)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: no key before '='", where);
+    if (strlen(key) > SHOWN)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: unknown key '%.*s...' (%zu bytes long)", where,
+                            SHOWN, key, strlen(key));
+    if (strlen(val) >= MGPU_CFG_PATH_MAX)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: a value of %zu bytes, expected at most %d",
+                            where, key, strlen(val), MGPU_CFG_PATH_MAX - 1);
     /* An optional pair of double quotes keeps leading spaces or a " #" in a path. */
     size_t vl = strlen(val);
     if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
@@ -469,23 +489,74 @@ static int parse_line(mgpu_cfg_t *cfg, char *text, const char *name, int lineno,
     return rc;
 }
 
-int mgpu_cfg_parse(const char *text, const char *name, const char *base_dir, mgpu_cfg_t *cfg,
-                   mgpu_err_t *err)
+/* 0, or the 1-based column of the first byte of s[0..len) that is not text: a control
+ * character (tab and carriage return aside), NUL included, or a byte that is not part of a
+ * well-formed UTF-8 sequence. */
+static size_t bad_byte(const unsigned char *s, size_t len)
 {
-    char buf[4096];
+    for (size_t i = 0; i < len;) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f)
+                return i + 1;
+            i++;
+            continue;
+        }
+        size_t more = c >= 0xc2 && c <= 0xdf   ? 1
+                      : c >= 0xe0 && c <= 0xef ? 2
+                      : c >= 0xf0 && c <= 0xf4 ? 3
+                                               : 0;
+        if (more == 0 || len - i <= more)
+            return i + 1;
+        for (size_t j = 1; j <= more; j++)
+            if ((s[i + j] & 0xc0) != 0x80)
+                return i + 1;
+        /* Overlong forms, UTF-16 surrogates and code points past U+10FFFF. */
+        if ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] > 0x9f) ||
+            (c == 0xf0 && s[i + 1] < 0x90) || (c == 0xf4 && s[i + 1] > 0x8f))
+            return i + 1;
+        i += more + 1;
+    }
+    return 0;
+}
+
+/* The lines of text[0..len): each checked to be text no longer than the line buffer, then
+ * (unless check_only) parsed. */
+static int parse_text(const char *text, size_t len, const char *name, const char *base_dir,
+                      mgpu_cfg_t *cfg, int check_only, mgpu_err_t *err)
+{
+    char buf[CFG_LINE_MAX + 1];
+    const char *end = text + len;
     int lineno = 0;
 
     snprintf(cfg->file, sizeof cfg->file, "%s", name);
-    while (*text) {
-        const char *nl = strchr(text, '\n');
-        size_t len = nl ? (size_t)(nl - text) : strlen(text);
+    /* A byte order mark, as some editors write at the start of a UTF-8 file. */
+    if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0)
+        text += 3;
+    while (text < end) {
+        const char *nl = memchr(text, '\n', (size_t)(end - text));
+        size_t n = nl ? (size_t)(nl - text) : (size_t)(end - text);
         lineno++;
-        if (len >= sizeof buf)
-            return mgpu_err_set(err, MGPU_E_CONFIG, "%s:%d: line longer than %zu bytes", name,
-                                lineno, sizeof buf - 1);
-        memcpy(buf, text, len);
-        buf[len] = 0;
-        text += nl ? len + 1 : len;
+        if (n > CFG_LINE_MAX)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s:%d: line longer than the limit of %d bytes",
+                                name, lineno, CFG_LINE_MAX);
+        size_t col = bad_byte((const unsigned char *)text, n);
+        if (col > 0) {
+            unsigned char c = (unsigned char)text[col - 1];
+            if (c == 0)
+                return mgpu_err_set(err, MGPU_E_CONFIG,
+                                    "%s:%d: not a text file: a NUL byte at column %zu", name,
+                                    lineno, col);
+            return mgpu_err_set(err, MGPU_E_CONFIG,
+                                "%s:%d: not a text file: byte 0x%02x at column %zu (expected "
+                                "UTF-8 text without control characters)",
+                                name, lineno, c, col);
+        }
+        memcpy(buf, text, n);
+        buf[n] = 0;
+        text += nl ? n + 1 : n;
+        if (check_only)
+            continue;
         /* A comment starts at a '#' at the start of the line or after a blank, outside double
          * quotes, so that a '#' inside a value (a path) survives. */
         int quoted = 0;
@@ -506,49 +577,81 @@ int mgpu_cfg_parse(const char *text, const char *name, const char *base_dir, mgp
     return 0;
 }
 
+int mgpu_cfg_parse(const char *text, const char *name, const char *base_dir, mgpu_cfg_t *cfg,
+                   mgpu_err_t *err)
+{
+    return parse_text(text, strlen(text), name, base_dir, cfg, 0, err);
+}
+
 int mgpu_cfg_override(mgpu_cfg_t *cfg, const char *assignment, mgpu_err_t *err)
 {
-    char buf[4096];
+    char buf[CFG_LINE_MAX + 1];
+    size_t col = bad_byte((const unsigned char *)assignment, strlen(assignment));
     if (strlen(assignment) >= sizeof buf)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "override too long (%zu bytes)",
-                            strlen(assignment));
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "command line: override '%.*s...' of %zu bytes, longer than the limit "
+                            "of %d",
+                            SHOWN, assignment, strlen(assignment), CFG_LINE_MAX);
+    if (col > 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "command line: override of %zu bytes: byte 0x%02x at column %zu is "
+                            "not text (expected UTF-8 without control characters)",
+                            strlen(assignment), (unsigned char)assignment[col - 1], col);
     snprintf(buf, sizeof buf, "%s", assignment);
     return parse_line(cfg, buf, "command line", -1, NULL, err);
 }
 
 int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
-    FILE *f;
     char *text, dir[MGPU_CFG_PATH_MAX];
-    long size;
-    int rc;
+    size_t size, len = 0;
+    int fd, rc;
 
     mgpu_cfg_defaults(cfg);
-    f = fopen(path, "rb");
-    if (f == NULL)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot open the cfg: %s", path,
-                            strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
-        size > (1 << 20)) {
-        fclose(f);
-        return mgpu_err_set(err, MGPU_E_CONFIG,
-                            "%s: cannot read the cfg (not a regular file "
-                            "under 1 MiB)",
-                            path);
+    snprintf(cfg->file, sizeof cfg->file, "%s", path);
+    if ((rc = mgpu_data_open_regular(path, "the cfg", &fd, &size, err)) < 0) {
+        if (err != NULL)
+            err->code = MGPU_E_CONFIG;
+        return MGPU_E_CONFIG;
     }
-    text = malloc((size_t)size + 1);
-    if (text == NULL || fread(text, 1, (size_t)size, f) != (size_t)size) {
-        free(text);
-        fclose(f);
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot read the cfg: %s", path,
-                            strerror(errno ? errno : EIO));
+    /* At most one byte past the limit: enough to know the file is too large. */
+    size_t want = size < CFG_MAX_BYTES ? size : CFG_MAX_BYTES + 1;
+    text = malloc(want + 1);
+    if (text == NULL) {
+        close(fd);
+        return mgpu_err_set(err, -ENOMEM, "%s: cannot allocate %zu bytes", path, want + 1);
     }
-    fclose(f);
-    text[size] = 0;
-    if (memchr(text, 0, (size_t)size) != NULL) {
+    while (len < want) {
+        ssize_t n = read(fd, text + len, want - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            free(text);
+            close(fd);
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot read the cfg: %s", path,
+                                strerror(e));
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    text[len] = 0;
+    if (len > CFG_MAX_BYTES) {
+        /* A line that is not text or too long says more than the size: look for one first. */
+        rc = parse_text(text, CFG_MAX_BYTES, path, NULL, cfg, 1, err);
+        if (rc == 0) {
+            int lines = 1;
+            for (const char *p = text; p < text + CFG_MAX_BYTES; p++)
+                lines += *p == '\n';
+            rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                              "%s:%d: the cfg goes on past %d bytes at this line; expected a "
+                              "short key = value text",
+                              path, lines, CFG_MAX_BYTES);
+        }
         free(text);
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: a binary file, expected key = value text",
-                            path);
+        return rc;
     }
     const char *slash = strrchr(path, '/');
     if (slash == NULL)
@@ -557,7 +660,7 @@ int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
         snprintf(dir, sizeof dir, "/");
     else
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    rc = mgpu_cfg_parse(text, path, dir, cfg, err);
+    rc = parse_text(text, len, path, dir, cfg, 0, err);
     free(text);
     if (rc == 0)
         rc = mgpu_cfg_check(cfg, err);
@@ -566,7 +669,7 @@ int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
 
 /* --- cross-key checks ---------------------------------------------------------------------- */
 
-/* "file:line" of a key, or "file" when it kept its default. */
+/* "file:line" of a key, "command line" for an override, or "file" when it kept its default. */
 static const char *at(const mgpu_cfg_t *cfg, const char *key, char *buf, size_t len)
 {
     int l = line_of(cfg, key);
@@ -579,23 +682,113 @@ static const char *at(const mgpu_cfg_t *cfg, const char *key, char *buf, size_t 
     return buf;
 }
 
-static int check_readable(const mgpu_cfg_t *cfg, const char *key, const char *path, mgpu_err_t *err)
+/* The place of a problem between the keys of `names` (separated by spaces): the line of the
+ * one set last (an override after every line), so that a message always has a line when one
+ * of the keys was written; `also` lists where the others were set, e.g. " (dataset at line
+ * 1)", or is empty. */
+static const char *place(const mgpu_cfg_t *cfg, const char *names, char *buf, size_t len,
+                         char *also, size_t alen)
+{
+    char list[256], *save = NULL, *best = NULL, *first = NULL;
+    int best_rank = 0;
+
+    snprintf(list, sizeof list, "%s", names);
+    for (char *k = strtok_r(list, " ", &save); k != NULL; k = strtok_r(NULL, " ", &save)) {
+        int l = line_of(cfg, k), r = l < 0 ? INT_MAX : l;
+        if (first == NULL)
+            first = k;
+        if (r > best_rank)
+            best_rank = r, best = k;
+    }
+    at(cfg, best != NULL ? best : first, buf, len);
+    char chosen[64];
+    snprintf(chosen, sizeof chosen, "%s", best != NULL ? best : "");
+    also[0] = 0;
+    snprintf(list, sizeof list, "%s", names);
+    int n = 0;
+    for (char *k = strtok_r(list, " ", &save); k != NULL; k = strtok_r(NULL, " ", &save)) {
+        int l = line_of(cfg, k);
+        if (l == 0 || strcmp(k, chosen) == 0)
+            continue;
+        size_t u = strlen(also);
+        if (l > 0)
+            snprintf(also + u, alen - u, "%s%s at line %d", n ? ", " : " (", k, l);
+        else
+            snprintf(also + u, alen - u, "%s%s on the command line", n ? ", " : " (", k);
+        n++;
+    }
+    if (n > 0)
+        snprintf(also + strlen(also), alen - strlen(also), ")");
+    return buf;
+}
+
+/* --- sizes a cfg implies, against the host's memory ----------------------------------------- */
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static double host_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (double)pages * (double)page : 1e300;
+}
+
+/* A generated data set: features, targets and labels, twice (all samples, then the split). */
+static double data_bytes(const mgpu_cfg_t *cfg)
+{
+    double per = (double)cfg->features + (cfg->dataset == MGPU_DATASET_RANDOM ? cfg->classes : 0);
+    return 2.0 * (double)cfg->samples * (per + 1.0) * 4.0;
+}
+
+/* Parameters of the network (npy: the inputs are known only from data_x, so 0). */
+static double model_params(const mgpu_cfg_t *cfg)
+{
+    if (cfg->dataset == MGPU_DATASET_NPY)
+        return 0;
+    double params = 0, in = cfg->features;
+    int layers = cfg->model == MGPU_MODEL_MLP ? cfg->n_hidden : 0;
+    for (int i = 0; i < layers; i++) {
+        params += in * cfg->hidden[i] + cfg->hidden[i];
+        in = cfg->hidden[i];
+    }
+    return params + in * cfg->classes + cfg->classes;
+}
+
+/* A data file the cfg names: readable, a regular file, and (both files together) data that
+ * mgpu_data_load_npy will take; the message starts at the cfg's line of data_x or data_y. */
+static int check_data(mgpu_cfg_t *cfg, size_t *n, mgpu_err_t *err)
 {
     char w[MGPU_CFG_PATH_MAX + 32];
-    if (*path == 0)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: dataset = npy needs %s (a .npy file)",
-                            at(cfg, "dataset", w, sizeof w), key);
-    if (access(path, R_OK) != 0)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': %s", at(cfg, key, w, sizeof w), key,
-                            path, strerror(errno));
+    const char *key[2] = {"data_x", "data_y"}, *path[2] = {cfg->data_x, cfg->data_y};
+    int bad_y;
+
+    for (int i = 0; i < 2; i++) {
+        if (*path[i] == 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: dataset = npy needs %s (a .npy file)",
+                                at(cfg, "dataset", w, sizeof w), key[i]);
+        if (access(path[i], R_OK) != 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': %s",
+                                at(cfg, key[i], w, sizeof w), key[i], path[i], strerror(errno));
+    }
+    mgpu_err_t e = {0};
+    if (mgpu_data_check_npy(cfg->data_x, cfg->data_y, cfg->loss == MGPU_LOSS_CROSS_ENTROPY,
+                            cfg->classes, n, &bad_y, &e) < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: %s", at(cfg, key[bad_y], w, sizeof w),
+                            key[bad_y], e.msg);
     return 0;
 }
 
-static int check_out_dir(const mgpu_cfg_t *cfg, const char *key, const char *path, mgpu_err_t *err)
+/* An output: its directory exists and is writable, and the file, if there, is no directory. */
+static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, mgpu_err_t *err)
 {
     char dir[MGPU_CFG_PATH_MAX], w[MGPU_CFG_PATH_MAX + 32];
+    struct stat st;
     const char *slash = strrchr(path, '/');
-    if (*path == 0 || slash == NULL || slash == path)
+    if (*path == 0)
+        return 0;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': is a directory, expected a file",
+                            at(cfg, key, w, sizeof w), key, path);
+    if (slash == NULL || slash == path)
         return 0;
     snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     if (access(dir, W_OK) != 0)
@@ -604,13 +797,14 @@ static int check_out_dir(const mgpu_cfg_t *cfg, const char *key, const char *pat
     return 0;
 }
 
-#define CONFLICT(cond, key, ...)                                                                   \
+/* When cond holds: the problem, at the place of the keys involved (see place()). */
+#define CONFLICT(cond, keys, ...)                                                                  \
     do {                                                                                           \
         if (cond) {                                                                                \
-            char w_[MGPU_CFG_PATH_MAX + 32];                                                       \
-            char m_[512];                                                                          \
+            char w_[MGPU_CFG_PATH_MAX + 32], a_[256], m_[512];                                     \
             snprintf(m_, sizeof m_, __VA_ARGS__);                                                  \
-            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, key, w_, sizeof w_), m_);    \
+            place(cfg, keys, w_, sizeof w_, a_, sizeof a_);                                        \
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s%s", w_, m_, a_);                       \
         }                                                                                          \
     } while (0)
 
@@ -618,57 +812,74 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     int rc, npy = cfg->dataset == MGPU_DATASET_NPY;
     int xent = cfg->loss == MGPU_LOSS_CROSS_ENTROPY, adamw = cfg->optimizer == MGPU_OPTIM_ADAMW;
+    size_t n_npy = 0;
 
     /* Data. */
-    CONFLICT(npy && line_of(cfg, "samples") != 0, "samples",
+    CONFLICT(npy && line_of(cfg, "samples") != 0, "samples dataset",
              "samples is read from data_x with dataset = npy; remove it");
-    CONFLICT(npy && line_of(cfg, "features") != 0, "features",
+    CONFLICT(npy && line_of(cfg, "features") != 0, "features dataset",
              "features is read from data_x with dataset = npy; remove it");
-    CONFLICT(!npy && line_of(cfg, "data_x") != 0, "data_x",
+    CONFLICT(!npy && line_of(cfg, "data_x") != 0, "data_x dataset",
              "data_x is only read with dataset = npy (dataset is %s)", dataset_names[cfg->dataset]);
-    CONFLICT(!npy && line_of(cfg, "data_y") != 0, "data_y",
+    CONFLICT(!npy && line_of(cfg, "data_y") != 0, "data_y dataset",
              "data_y is only read with dataset = npy (dataset is %s)", dataset_names[cfg->dataset]);
     if (npy) {
-        if ((rc = check_readable(cfg, "data_x", cfg->data_x, err)) < 0 ||
-            (rc = check_readable(cfg, "data_y", cfg->data_y, err)) < 0)
-            return rc;
         /* classes 0 means "infer from the labels"; the default 2 is for random data. */
         if (line_of(cfg, "classes") == 0)
             cfg->classes = 0;
-        CONFLICT(!xent && cfg->classes != 0, "classes",
+        CONFLICT(!xent && cfg->classes != 0, "classes loss dataset",
                  "classes = %d with loss = mse and dataset = npy: the target size is read "
                  "from data_y; remove it",
                  cfg->classes);
+        if ((rc = check_data(cfg, &n_npy, err)) < 0)
+            return rc;
+        CONFLICT(cfg->eval_fraction > 0 && (size_t)(n_npy * cfg->eval_fraction + 0.5) >= n_npy,
+                 "eval_fraction data_x",
+                 "eval_fraction = %g of the %zu samples of data_x leaves "
+                 "none to train on",
+                 cfg->eval_fraction, n_npy);
     }
-    CONFLICT(cfg->dataset == MGPU_DATASET_SYNTHETIC && !xent, "loss",
+    CONFLICT(cfg->dataset == MGPU_DATASET_SYNTHETIC && !xent, "loss dataset",
              "dataset = synthetic has labels only, expected loss = cross_entropy");
     CONFLICT(!npy && cfg->classes < 1, "classes", "classes = %d, expected >= 1", cfg->classes);
-    CONFLICT(xent && !npy && cfg->classes < 2, "classes",
+    CONFLICT(xent && !npy && cfg->classes < 2, "classes loss",
              "classes = %d with loss = cross_entropy, expected >= 2", cfg->classes);
     CONFLICT(cfg->dataset != MGPU_DATASET_SYNTHETIC &&
                  (line_of(cfg, "clusters_per_class") != 0 || line_of(cfg, "class_sep") != 0 ||
                   line_of(cfg, "cluster_std") != 0),
-             "dataset", "clusters_per_class, class_sep and cluster_std need dataset = synthetic");
+             "dataset clusters_per_class class_sep cluster_std",
+             "clusters_per_class, class_sep and cluster_std need dataset = synthetic");
     CONFLICT(!npy && cfg->eval_fraction > 0 &&
                  (long long)(cfg->samples * cfg->eval_fraction + 0.5) >= cfg->samples,
-             "eval_fraction", "eval_fraction = %g of %lld samples leaves none to train on",
+             "eval_fraction samples", "eval_fraction = %g of %lld samples leaves none to train on",
              cfg->eval_fraction, cfg->samples);
+    CONFLICT(!npy && data_bytes(cfg) > host_memory(), "samples features classes",
+             "samples = %lld of %d features (and %d outputs) need %.1f GiB, more than the %.1f "
+             "GiB of memory of this host",
+             cfg->samples, cfg->features, cfg->classes, data_bytes(cfg) / GIB, host_memory() / GIB);
 
     /* Model. */
-    CONFLICT(cfg->model == MGPU_MODEL_MLP && cfg->n_hidden == 0, "model",
+    CONFLICT(cfg->model == MGPU_MODEL_MLP && cfg->n_hidden == 0, "model hidden",
              "model = mlp needs hidden (layer sizes, e.g. hidden = 256,256)");
-    CONFLICT(cfg->model == MGPU_MODEL_LINEAR && cfg->n_hidden > 0, "hidden",
+    CONFLICT(cfg->model == MGPU_MODEL_LINEAR && cfg->n_hidden > 0, "hidden model",
              "hidden is set but model = linear; use model = mlp or remove hidden");
-    CONFLICT(cfg->model == MGPU_MODEL_LINEAR && line_of(cfg, "activation") != 0, "activation",
+    CONFLICT(cfg->model == MGPU_MODEL_LINEAR && line_of(cfg, "activation") != 0, "activation model",
              "activation is set but model = linear has none; use model = mlp");
+    /* Parameters, gradients and up to two optimizer states, 4 bytes each. */
+    CONFLICT(model_params(cfg) * 16 > host_memory(), "hidden features classes model",
+             "the model's %.0f parameters need %.1f GiB with their gradients and optimizer "
+             "state, more than the %.1f GiB of memory of this host",
+             model_params(cfg), model_params(cfg) * 16 / GIB, host_memory() / GIB);
 
     /* Optimizer: settings of the other optimizer are mistakes, not no-ops. */
     CONFLICT(adamw && (line_of(cfg, "momentum") || line_of(cfg, "dampening") ||
                        line_of(cfg, "nesterov")),
-             "optimizer", "momentum, dampening and nesterov are sgd settings; adamw uses betas");
-    CONFLICT(!adamw && (line_of(cfg, "betas") || line_of(cfg, "eps")), "optimizer",
+             "optimizer momentum dampening nesterov",
+             "momentum, dampening and nesterov are sgd settings; adamw uses betas");
+    CONFLICT(!adamw && (line_of(cfg, "betas") || line_of(cfg, "eps")), "optimizer betas eps",
              "betas and eps are adamw settings; sgd uses momentum");
-    CONFLICT(cfg->nesterov && (cfg->momentum <= 0 || cfg->dampening != 0), "nesterov",
+    CONFLICT(cfg->nesterov && (cfg->momentum <= 0 || cfg->dampening != 0),
+             "nesterov momentum dampening",
              "nesterov needs momentum > 0 and dampening = 0 (momentum = %g, dampening = %g)",
              cfg->momentum, cfg->dampening);
     if (line_of(cfg, "weight_decay") == 0)
@@ -676,12 +887,15 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
 
     /* Output. */
     CONFLICT(line_of(cfg, "checkpoint_interval") != 0 && cfg->checkpoint[0] == 0,
-             "checkpoint_interval", "checkpoint_interval is set but checkpoint (the file) is not");
-    if ((rc = check_out_dir(cfg, "metrics_file", cfg->metrics_file, err)) < 0 ||
-        (rc = check_out_dir(cfg, "checkpoint", cfg->checkpoint, err)) < 0)
+             "checkpoint_interval checkpoint",
+             "checkpoint_interval is set but checkpoint (the file) is not");
+    if ((rc = check_out(cfg, "metrics_file", cfg->metrics_file, err)) < 0 ||
+        (rc = check_out(cfg, "checkpoint", cfg->checkpoint, err)) < 0)
         return rc;
-    CONFLICT(cfg->mode == MGPU_MODE_DDP && line_of(cfg, "dp_devices") != 0, "dp_devices",
+    CONFLICT(cfg->mode == MGPU_MODE_DDP && line_of(cfg, "dp_devices") != 0, "dp_devices mode",
              "dp_devices needs mode = dp (with ddp the launcher's --nproc_per_node decides)");
+    CONFLICT(cfg->mode == MGPU_MODE_DP && cfg->checkpoint[0] != 0, "checkpoint mode",
+             "checkpoint is not supported with mode = dp; use mode = ddp or remove checkpoint");
     return 0;
 }
 

@@ -6,7 +6,11 @@
  *
  * Every key has a default (mgpu_cfg_defaults); a file sets what it needs. Unknown keys, bad
  * values, keys set twice, keys that contradict each other and data files that do not exist
- * are MGPU_E_CONFIG with "file:line: ..." naming the key, the value and the accepted values.
+ * are MGPU_E_CONFIG with "file:line: ..." naming the key, the value and the accepted values:
+ * a conflict at the line of the key written last (with the others' lines), a data file's
+ * problem at the line of data_x or data_y, an override at "command line". So is a cfg that
+ * is not text or too long (at its line) and one that is no regular file ("file: is a FIFO,
+ * not a regular file", refused before it is opened, so it cannot block the reader).
  * Relative input paths (data_x, data_y) are resolved against the directory of the cfg file,
  * so a cfg and its data travel together; outputs (metrics_file, checkpoint) belong to the run
  * and stay relative to the working directory, as a PyTorch script's would. An override

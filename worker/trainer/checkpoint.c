@@ -2,9 +2,11 @@
  * read of a checkpoint. */
 #include "checkpoint.h"
 
-#include <errno.h>    /* errno, EBADMSG */
+#include <dirent.h>   /* opendir, readdir */
+#include <errno.h>    /* errno, EBADMSG, ESRCH */
 #include <fcntl.h>    /* open, O_CLOEXEC */
-#include <stdio.h>    /* fdopen */
+#include <signal.h>   /* kill */
+#include <stdio.h>    /* fdopen, snprintf */
 #include <stdlib.h>   /* malloc */
 #include <string.h>   /* memcpy, strerror */
 #include <sys/stat.h> /* fstat */
@@ -182,4 +184,50 @@ out:
     if (rc < 0)
         mgpu_ckpt_free(c);
     return rc;
+}
+
+int mgpu_ckpt_remove_stale(const char *path, mgpu_err_t *err)
+{
+    char dir[4096], full[4400];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base);
+    struct dirent *e;
+    int removed = 0, rc = 0;
+
+    if (blen == 0)
+        return 0;
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return mgpu_err_set(err, -errno, "checkpoint: opendir(%s): %s", dir, strerror(errno));
+    while ((e = readdir(d)) != NULL) {
+        /* Exactly the name mgpu_atomic_file_write gives its temp file: PATH.tmp.<pid>, the pid in
+         * decimal as %ld prints it (no sign, no leading zero); anything else is not ours. */
+        const char *name = e->d_name;
+        if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0)
+            continue;
+        const char *digits = name + blen + 5;
+        size_t nd = strspn(digits, "0123456789");
+        if (nd == 0 || nd > 9 || digits[nd] != 0 || digits[0] == '0')
+            continue;
+        pid_t pid = (pid_t)strtol(digits, NULL, 10);
+        /* A live writer (EPERM: alive, another user's) may be in the middle of its write. */
+        if (kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%s", dir, name);
+        if (lstat(full, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (unlink(full) == 0)
+            removed++;
+        else if (errno != ENOENT && rc == 0)
+            rc = mgpu_err_set(err, -errno, "checkpoint: unlink(%s): %s", full, strerror(errno));
+    }
+    closedir(d);
+    return rc < 0 ? rc : removed;
 }

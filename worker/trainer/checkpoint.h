@@ -41,6 +41,11 @@ int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err);
 int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err);
 void mgpu_ckpt_free(mgpu_ckpt_t *c);
 
+/* Removes the temp files "<path>.tmp.<pid>" that a writer killed mid-write left behind: those
+ * whose pid is no live process of this host (regular files with exactly that name; nothing
+ * else). Call it where the run that writes path starts. The number removed, or -errno. */
+int mgpu_ckpt_remove_stale(const char *path, mgpu_err_t *err);
+
 /* FNV-1a 64 of len bytes, continuing from h (start with MGPU_FNV_OFFSET). */
 #define MGPU_FNV_OFFSET 0xcbf29ce484222325ULL
 uint64_t mgpu_fnv1a(uint64_t h, const void *data, size_t len);

@@ -1,15 +1,19 @@
 /* data.c - data set generators, the .npy reader/writer, the held-out split, batch gathering.
  *
- * A malformed or unsupported .npy file is MGPU_E_CONFIG (the user's input, like the cfg that
- * names it: the worker exits 2); a file that cannot be read is the negated errno. */
+ * A malformed or unsupported .npy file, and one that is no regular file, is MGPU_E_CONFIG (the
+ * user's input, like the cfg that names it: the worker exits 2); a file that cannot be read is
+ * the negated errno. */
 #include "data.h"
 
-#include <errno.h>  /* errno, EINVAL, ENOMEM */
-#include <limits.h> /* INT32_MAX */
-#include <math.h>   /* floor */
-#include <stdio.h>  /* fopen */
-#include <stdlib.h> /* malloc, strtoull */
-#include <string.h> /* memcpy, strstr */
+#include <errno.h>    /* errno, EINVAL, ENOMEM */
+#include <fcntl.h>    /* open, O_NONBLOCK */
+#include <limits.h>   /* INT32_MAX */
+#include <math.h>     /* floor */
+#include <stdio.h>    /* fopen */
+#include <stdlib.h>   /* malloc, strtoull, realpath */
+#include <string.h>   /* memcpy, strstr */
+#include <sys/stat.h> /* stat, S_ISREG */
+#include <unistd.h>   /* pread, close */
 
 #include "rng.h" /* mgpu_rng_* */
 
@@ -117,38 +121,92 @@ int mgpu_data_synthetic(mgpu_dataset_t *ds, size_t n, int features, int classes,
     return 0;
 }
 
-/* --- .npy ---------------------------------------------------------------------------------- */
+/* --- files ----------------------------------------------------------------------------------- */
 
-static int read_file(const char *path, unsigned char **buf, size_t *len, mgpu_err_t *err)
+/* What a file that is not a regular one is, for the message. */
+static const char *file_kind(mode_t mode)
 {
-    FILE *f = fopen(path, "rb");
-    long size;
-    int rc = 0;
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "a special file";
+}
 
-    *buf = NULL;
-    if (f == NULL)
-        return mgpu_err_set(err, -errno, "data: fopen(%s): %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        rc = mgpu_err_set(err, -errno, "data: seek(%s): %s", path, strerror(errno));
-        goto out;
-    }
-    *buf = malloc((size_t)size + 1);
-    if (*buf == NULL) {
-        rc = mgpu_err_set(err, -ENOMEM, "data: malloc(%ld) for %s failed", size, path);
-        goto out;
-    }
-    if (fread(*buf, 1, (size_t)size, f) != (size_t)size) {
-        rc = mgpu_err_set(err, -EIO, "data: fread(%s): short read of %ld bytes", path, size);
-        free(*buf);
-        *buf = NULL;
-        goto out;
-    }
-    (*buf)[size] = 0;
-    *len = (size_t)size;
-out:
-    fclose(f);
+static int not_regular(const char *path, mode_t mode, mgpu_err_t *err)
+{
+    /* Name the target of a link: "x.cfg -> /dev/zero" says why x.cfg is a device. */
+    struct stat lst;
+    char *target = NULL;
+    if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+        target = realpath(path, NULL);
+    int rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s%s%s: is %s, not a regular file", path,
+                          target ? " -> " : "", target ? target : "", file_kind(mode));
+    free(target);
     return rc;
 }
+
+int mgpu_data_open_regular(const char *path, const char *what, int *fd, size_t *size,
+                           mgpu_err_t *err)
+{
+    struct stat st;
+    int e;
+
+    *fd = -1;
+    *size = 0;
+    /* Refused before open(): opening a FIFO for reading blocks until a writer comes, and a
+     * device such as /dev/zero reads as an endless (or empty) file. */
+    if (stat(path, &st) != 0) {
+        e = errno;
+        return mgpu_err_set(err, -e, "%s: cannot open %s: %s", path, what, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode))
+        return not_regular(path, st.st_mode, err);
+    /* O_NONBLOCK and a second look at what was opened: a file replaced by a FIFO between
+     * stat() and open() cannot block the reader either. */
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (f < 0) {
+        e = errno;
+        return mgpu_err_set(err, -e, "%s: cannot open %s: %s", path, what, strerror(e));
+    }
+    if (fstat(f, &st) != 0) {
+        e = errno;
+        close(f);
+        return mgpu_err_set(err, -e, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return not_regular(path, st.st_mode, err);
+    }
+    *fd = f;
+    *size = (size_t)st.st_size;
+    return 0;
+}
+
+/* pread(2) until len bytes or the end of the file; the number read, or -errno. */
+static ssize_t read_at(int fd, void *buf, size_t len, size_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+/* --- .npy ---------------------------------------------------------------------------------- */
 
 /* Finds 'key': in the header dict and returns a pointer just past the colon and spaces. */
 static const char *dict_value(const char *hdr, const char *key)
@@ -171,12 +229,14 @@ static const char *dict_value(const char *hdr, const char *key)
 }
 
 typedef struct npy_raw {
-    unsigned char *file;
+    unsigned char *file; /* the data bytes (NULL when only the header was read) */
     const unsigned char *data;
     size_t itemsize;
 } npy_raw_t;
 
 #define NPY_ACCEPTED "<f4, <f8, <i8, <i4, <i2, |u1, |i1"
+/* numpy writes headers of a few hundred bytes (np.load refuses over 10000 by default). */
+#define NPY_MAX_HEADER (1 << 20)
 
 static int npy_itemsize(const char *descr)
 {
@@ -191,51 +251,74 @@ static int npy_itemsize(const char *descr)
     return 0;
 }
 
-static int npy_open(const char *path, mgpu_npy_t *a, npy_raw_t *raw, mgpu_err_t *err)
+/* Reads and checks the header of path (magic, version, dtype, order, shape) and that the file
+ * holds every byte the shape implies; with want_data, reads those bytes into raw->file. The
+ * sizes come from the file, never from the header alone, so a damaged shape is an error and
+ * not an allocation of 2^63 bytes. */
+static int npy_open(const char *path, mgpu_npy_t *a, npy_raw_t *raw, int want_data, mgpu_err_t *err)
 {
-    unsigned char *buf;
-    size_t len = 0, hlen, off;
-    char *hdr;
+    unsigned char pre[12];
+    size_t len = 0, hlen, off, bytes;
+    char *hdr = NULL;
     const char *v;
-    int rc;
+    ssize_t got;
+    int rc, fd;
 
     memset(a, 0, sizeof *a);
     memset(raw, 0, sizeof *raw);
-    if ((rc = read_file(path, &buf, &len, err)) < 0)
+    if ((rc = mgpu_data_open_regular(path, "the data file", &fd, &len, err)) < 0)
         return rc;
-    raw->file = buf;
-    if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
+    if ((got = read_at(fd, pre, len < sizeof pre ? len : sizeof pre, 0)) < 0) {
+        rc = mgpu_err_set(err, (int)got, "%s: read: %s", path, strerror((int)-got));
+        goto out;
+    }
+    if (got < 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
         rc = mgpu_err_set(err, MGPU_E_CONFIG,
                           "%s: not a NumPy .npy file (no \\x93NUMPY magic); save arrays with "
                           "numpy.save",
                           path);
-        goto fail;
+        goto out;
     }
-    if (buf[6] == 1) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8;
+    if (pre[6] == 1) {
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
         off = 10;
-    } else if ((buf[6] == 2 || buf[6] == 3) && len >= 12) {
-        hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
+    } else if ((pre[6] == 2 || pre[6] == 3) && got >= 12) {
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
         off = 12;
     } else {
         rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: .npy format version %d.%d, expected 1, 2 or 3",
-                          path, buf[6], buf[7]);
-        goto fail;
+                          path, pre[6], pre[7]);
+        goto out;
+    }
+    if (hlen == 0 || hlen > NPY_MAX_HEADER) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: header of %zu bytes, expected 1 to %d", path,
+                          hlen, NPY_MAX_HEADER);
+        goto out;
     }
     if (off + hlen > len) {
         rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: header of %zu bytes runs past the end (%zu)",
                           path, hlen, len);
-        goto fail;
+        goto out;
     }
-    /* The header is text; terminate it in place (its last byte is a '\n'). */
-    hdr = (char *)buf + off;
+    hdr = malloc(hlen + 1);
+    if (hdr == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "%s: cannot allocate a %zu-byte header", path, hlen);
+        goto out;
+    }
+    if ((got = read_at(fd, hdr, hlen, off)) != (ssize_t)hlen) {
+        rc = mgpu_err_set(err, got < 0 ? (int)got : MGPU_E_CONFIG, "%s: read of the header: %s",
+                          path, got < 0 ? strerror((int)-got) : "the file got shorter");
+        goto out;
+    }
+    /* The header is text; terminate it (its last byte is a '\n'). */
     hdr[hlen - 1] = 0;
+    hdr[hlen] = 0;
     off += hlen;
 
     v = dict_value(hdr, "descr");
     if (v == NULL || (*v != '\'' && *v != '"')) {
-        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'descr' in the header {%s}", path, hdr);
-        goto fail;
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'descr' in the header {%.200s}", path, hdr);
+        goto out;
     }
     {
         char q = *v++;
@@ -251,34 +334,37 @@ static int npy_open(const char *path, mgpu_npy_t *a, npy_raw_t *raw, mgpu_err_t 
                           " (little-endian float32/float64/int64/int32/int16/uint8/int8); "
                           "convert with arr.astype(numpy.float32)",
                           path, a->descr);
-        goto fail;
+        goto out;
     }
     v = dict_value(hdr, "fortran_order");
     if (v == NULL || (strncmp(v, "False", 5) != 0 && strncmp(v, "True", 4) != 0)) {
         rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'fortran_order' in the header", path);
-        goto fail;
+        goto out;
     }
     int fortran = strncmp(v, "True", 4) == 0;
     v = dict_value(hdr, "shape");
     if (v == NULL || *v != '(') {
         rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: no 'shape' in the header", path);
-        goto fail;
+        goto out;
     }
     v++;
     a->count = 1;
+    int overflow = 0;
     for (;;) {
         while (*v == ' ' || *v == ',')
             v++;
         if (*v == ')')
             break;
         char *end;
+        errno = 0;
         unsigned long long d = strtoull(v, &end, 10);
-        if (end == v || a->ndim == 8) {
-            rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot read the shape in {%s}", path, hdr);
-            goto fail;
+        if (end == v || *v == '-' || errno != 0 || a->ndim == 8) {
+            rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: cannot read the shape in {%.200s}", path,
+                              hdr);
+            goto out;
         }
         a->shape[a->ndim++] = (size_t)d;
-        a->count *= (size_t)d;
+        overflow |= __builtin_mul_overflow(a->count, (size_t)d, &a->count);
         v = end;
     }
     if (fortran) {
@@ -290,20 +376,42 @@ static int npy_open(const char *path, mgpu_npy_t *a, npy_raw_t *raw, mgpu_err_t 
                               "%s: Fortran-ordered array, expected C order; save "
                               "numpy.ascontiguousarray(arr)",
                               path);
-            goto fail;
+            goto out;
         }
     }
-    if (len - off < a->count * raw->itemsize) {
-        rc = mgpu_err_set(err, MGPU_E_CONFIG,
-                          "%s: %zu bytes of data, expected %zu (%zu elements of %s): truncated",
-                          path, len - off, a->count * raw->itemsize, a->count, a->descr);
-        goto fail;
+    overflow |= __builtin_mul_overflow(a->count, raw->itemsize, &bytes);
+    if (overflow || len - off < bytes) {
+        if (overflow)
+            rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                              "%s: %zu bytes of data, but the shape in {%.200s} needs more than "
+                              "2^64: damaged header",
+                              path, len - off, hdr);
+        else
+            rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                              "%s: %zu bytes of data, expected %zu (%zu elements of %s): "
+                              "truncated",
+                              path, len - off, bytes, a->count, a->descr);
+        goto out;
     }
-    raw->data = buf + off;
-    return 0;
-fail:
-    free(buf);
-    raw->file = NULL;
+    if (want_data) {
+        raw->file = malloc(bytes ? bytes : 1);
+        if (raw->file == NULL) {
+            rc = mgpu_err_set(err, -ENOMEM, "%s: cannot allocate %zu bytes of data", path, bytes);
+            goto out;
+        }
+        if ((got = read_at(fd, raw->file, bytes, off)) != (ssize_t)bytes) {
+            rc = mgpu_err_set(err, got < 0 ? (int)got : MGPU_E_CONFIG, "%s: read of the data: %s",
+                              path, got < 0 ? strerror((int)-got) : "the file got shorter");
+            free(raw->file);
+            raw->file = NULL;
+            goto out;
+        }
+        raw->data = raw->file;
+    }
+    rc = 0;
+out:
+    free(hdr);
+    close(fd);
     return rc;
 }
 
@@ -355,7 +463,7 @@ static double npy_get(const npy_raw_t *raw, const char *descr, size_t i)
 int mgpu_npy_read_f32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
 {
     npy_raw_t raw;
-    int rc = npy_open(path, out, &raw, err);
+    int rc = npy_open(path, out, &raw, 1, err);
     if (rc < 0)
         return rc;
     out->f32 = malloc(sizeof(float) * (out->count ? out->count : 1));
@@ -375,7 +483,7 @@ int mgpu_npy_read_f32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
 int mgpu_npy_read_i32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
 {
     npy_raw_t raw;
-    int rc = npy_open(path, out, &raw, err);
+    int rc = npy_open(path, out, &raw, 1, err);
     if (rc < 0)
         return rc;
     if (npy_is_float(out->descr)) {
@@ -394,7 +502,7 @@ int mgpu_npy_read_i32(const char *path, mgpu_npy_t *out, mgpu_err_t *err)
     for (size_t i = 0; i < out->count; i++) {
         double v = npy_get(&raw, out->descr, i);
         if (v < INT32_MIN || v > INT32_MAX) {
-            rc = mgpu_err_set(err, MGPU_E_RANGE, "%s: element %zu is %.0f, outside int32", path, i,
+            rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: element %zu is %.0f, outside int32", path, i,
                               v);
             free(raw.file);
             mgpu_npy_free(out);
@@ -459,70 +567,113 @@ int mgpu_npy_write_f32(const char *path, const float *data, size_t rows, size_t 
     return 0;
 }
 
+/* The features' shape (N, ...) as n samples of feat values. */
+static int check_x_shape(const mgpu_npy_t *xa, const char *x_path, size_t *n, size_t *feat,
+                         mgpu_err_t *err)
+{
+    if (xa->ndim < 1 || xa->shape[0] == 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: %d-dimensional array of %zu samples, "
+                            "expected shape (N, features) with N >= 1",
+                            x_path, xa->ndim, xa->ndim ? xa->shape[0] : 0);
+    *n = xa->shape[0];
+    *feat = 1;
+    for (int i = 1; i < xa->ndim; i++)
+        *feat *= xa->shape[i];
+    if (*feat < 1 || *feat > INT32_MAX)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %zu features per sample, expected 1..%d",
+                            x_path, *feat, INT32_MAX);
+    return 0;
+}
+
+/* The labels' or targets' shape against the n samples of x_path; *ycols: values per sample. */
+static int check_y_shape(const mgpu_npy_t *ya, const char *y_path, size_t n, const char *x_path,
+                         int want_labels, size_t *ycols, mgpu_err_t *err)
+{
+    *ycols = ya->ndim >= 2 ? ya->count / (ya->shape[0] ? ya->shape[0] : 1) : 1;
+    if (ya->ndim >= 1 && ya->ndim <= 2 && ya->shape[0] == n && (!want_labels || *ycols == 1))
+        return 0;
+    char shape[64] = "(";
+    for (int i = 0; i < ya->ndim; i++)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%zu", i ? ", " : "",
+                 ya->shape[i]);
+    strncat(shape, ")", sizeof shape - strlen(shape) - 1);
+    return mgpu_err_set(err, MGPU_E_CONFIG, "%s: shape %s, expected %s with N = %zu as in %s",
+                        y_path, shape, want_labels ? "(N) or (N, 1)" : "(N) or (N, targets)", n,
+                        x_path);
+}
+
+/* Every label in [0, classes) (classes 0: any >= 0); *k: the number of classes. */
+static int check_labels(const int32_t *lab, size_t n, int classes, const char *y_path, int *k,
+                        mgpu_err_t *err)
+{
+    int32_t mx = -1;
+    for (size_t i = 0; i < n; i++) {
+        int32_t l = lab[i];
+        if (l < 0 || (classes > 0 && l >= classes))
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: label %d at sample %zu, expected 0..%d%s",
+                                y_path, (int)l, i, classes > 0 ? classes - 1 : INT32_MAX - 1,
+                                classes > 0 ? " (classes in the cfg)" : "");
+        mx = l > mx ? l : mx;
+    }
+    *k = classes > 0 ? classes : mx + 1;
+    if (*k < 2)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: every label is %d, expected at least 2 classes", y_path, (int)mx);
+    return 0;
+}
+
+int mgpu_data_check_npy(const char *x_path, const char *y_path, int want_labels, int classes,
+                        size_t *n, int *bad_y, mgpu_err_t *err)
+{
+    mgpu_npy_t xa, ya;
+    npy_raw_t raw;
+    size_t feat, ycols;
+    int rc, k;
+
+    *n = 0;
+    *bad_y = 0;
+    if ((rc = npy_open(x_path, &xa, &raw, 0, err)) < 0 ||
+        (rc = check_x_shape(&xa, x_path, n, &feat, err)) < 0)
+        return rc;
+    *bad_y = 1;
+    /* Labels are read (one integer per sample) to check their values; targets, like the
+     * features, only as far as the header and the file's size. */
+    if (want_labels)
+        rc = mgpu_npy_read_i32(y_path, &ya, err);
+    else
+        rc = npy_open(y_path, &ya, &raw, 0, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = check_y_shape(&ya, y_path, *n, x_path, want_labels, &ycols, err)) == 0 && want_labels)
+        rc = check_labels(ya.i32, *n, classes, y_path, &k, err);
+    mgpu_npy_free(&ya);
+    if (rc == 0)
+        *bad_y = 0;
+    return rc;
+}
+
 int mgpu_data_load_npy(mgpu_dataset_t *ds, const char *x_path, const char *y_path, int want_labels,
                        int classes, mgpu_err_t *err)
 {
     mgpu_npy_t xa, ya;
-    size_t n, feat = 1;
-    int rc;
+    size_t n, feat, ycols;
+    int rc, k;
 
     memset(ds, 0, sizeof *ds);
+    memset(&ya, 0, sizeof ya);
     if ((rc = mgpu_npy_read_f32(x_path, &xa, err)) < 0)
         return rc;
-    if (xa.ndim < 1 || xa.shape[0] == 0) {
-        rc = mgpu_err_set(err, MGPU_E_CONFIG,
-                          "%s: %d-dimensional array of %zu samples, "
-                          "expected shape (N, features) with N >= 1",
-                          x_path, xa.ndim, xa.ndim ? xa.shape[0] : 0);
-        mgpu_npy_free(&xa);
-        return rc;
-    }
-    n = xa.shape[0];
-    for (int i = 1; i < xa.ndim; i++)
-        feat *= xa.shape[i];
-    if (feat < 1 || feat > INT32_MAX) {
-        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: %zu features per sample, expected 1..%d", x_path,
-                          feat, INT32_MAX);
-        mgpu_npy_free(&xa);
-        return rc;
-    }
-    rc = want_labels ? mgpu_npy_read_i32(y_path, &ya, err) : mgpu_npy_read_f32(y_path, &ya, err);
-    if (rc < 0) {
-        mgpu_npy_free(&xa);
-        return rc;
-    }
-    size_t ycols = ya.ndim >= 2 ? ya.count / (ya.shape[0] ? ya.shape[0] : 1) : 1;
-    if (ya.ndim < 1 || ya.ndim > 2 || ya.shape[0] != n || (want_labels && ycols != 1)) {
-        char shape[64] = "(";
-        for (int i = 0; i < ya.ndim; i++)
-            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%zu", i ? ", " : "",
-                     ya.shape[i]);
-        strncat(shape, ")", sizeof shape - strlen(shape) - 1);
-        rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: shape %s, expected %s with N = %zu as in %s",
-                          y_path, shape, want_labels ? "(N) or (N, 1)" : "(N) or (N, targets)", n,
-                          x_path);
+    if ((rc = check_x_shape(&xa, x_path, &n, &feat, err)) < 0)
         goto out;
-    }
+    rc = want_labels ? mgpu_npy_read_i32(y_path, &ya, err) : mgpu_npy_read_f32(y_path, &ya, err);
+    if (rc < 0)
+        goto out;
+    if ((rc = check_y_shape(&ya, y_path, n, x_path, want_labels, &ycols, err)) < 0)
+        goto out;
     if (want_labels) {
-        int32_t mx = -1;
-        for (size_t i = 0; i < n; i++) {
-            int32_t l = ya.i32[i];
-            if (l < 0 || (classes > 0 && l >= classes)) {
-                rc =
-                    mgpu_err_set(err, MGPU_E_CONFIG, "%s: label %d at sample %zu, expected 0..%d%s",
-                                 y_path, (int)l, i, classes > 0 ? classes - 1 : INT32_MAX - 1,
-                                 classes > 0 ? " (classes in the cfg)" : "");
-                goto out;
-            }
-            mx = l > mx ? l : mx;
-        }
-        int k = classes > 0 ? classes : mx + 1;
-        if (k < 2) {
-            rc =
-                mgpu_err_set(err, MGPU_E_CONFIG,
-                             "%s: every label is %d, expected at least 2 classes", y_path, (int)mx);
+        if ((rc = check_labels(ya.i32, n, classes, y_path, &k, err)) < 0)
             goto out;
-        }
         ds->classes = k;
         ds->labels = ya.i32;
         ya.i32 = NULL;

@@ -50,6 +50,20 @@ int mgpu_data_synthetic(mgpu_dataset_t *ds, size_t n, int features, int classes,
 int mgpu_data_load_npy(mgpu_dataset_t *ds, const char *x_path, const char *y_path, int want_labels,
                        int classes, mgpu_err_t *err);
 
+/* Every check of mgpu_data_load_npy that needs no features: both files' headers and sizes,
+ * the shapes against each other and (want_labels) every label, so a cfg can be refused before
+ * a run starts. *n: the samples of x_path; *bad_y: 1 when the fault is in y_path, else 0. */
+int mgpu_data_check_npy(const char *x_path, const char *y_path, int want_labels, int classes,
+                        size_t *n, int *bad_y, mgpu_err_t *err);
+
+/* Opens path for reading (what names it in messages, e.g. "the cfg") if it is a regular file:
+ * a directory, FIFO, device or socket is MGPU_E_CONFIG "PATH: is a FIFO, not a regular file"
+ * (a link names its target), refused before open() so that a FIFO cannot block the reader;
+ * other failures are the negated errno. *fd (close-on-exec) is the caller's to close; *size
+ * is the file's size when opened. */
+int mgpu_data_open_regular(const char *path, const char *what, int *fd, size_t *size,
+                           mgpu_err_t *err);
+
 /* A NumPy array read as float32 or int32 (after conversion); shape as stored. */
 typedef struct mgpu_npy {
     char descr[16]; /* as in the header, e.g. "<f4" */
@@ -61,7 +75,8 @@ typedef struct mgpu_npy {
 } mgpu_npy_t;
 
 int mgpu_npy_read_f32(const char *path, mgpu_npy_t *out, mgpu_err_t *err);
-/* Integer dtypes only; values outside int32 are MGPU_E_RANGE. */
+/* Integer dtypes only; values outside int32 are MGPU_E_CONFIG. A file whose header promises
+ * more data than it holds is MGPU_E_CONFIG before anything is allocated for the data. */
 int mgpu_npy_read_i32(const char *path, mgpu_npy_t *out, mgpu_err_t *err);
 void mgpu_npy_free(mgpu_npy_t *a);
 

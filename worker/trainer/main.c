@@ -15,6 +15,8 @@
 #include "mgpu.h"    /* mgpu_init, collectives */
 #include "version.h" /* MGPU_VERSION */
 
+#include "checkpoint.h" /* mgpu_ckpt_remove_stale */
+
 /* The collectives DDP calls, on the kernels backend's stream (NULL on the CPU), so an NCCL
  * collective is ordered after the kernels that wrote its buffer. */
 typedef struct comm_on_stream {
@@ -133,6 +135,10 @@ int main(int argc, char **argv)
         printf("Let's use %d GPUs!\n", dev->visible_count);
         fflush(stdout);
     }
+    /* A kill during a checkpoint write leaves "<checkpoint>.tmp.<pid>" behind: the rank that
+     * writes the checkpoint removes those of dead writers before it writes its own. */
+    if (cfg.checkpoint[0] != 0 && ri->rank == 0 && mgpu_ckpt_remove_stale(cfg.checkpoint, &err) < 0)
+        mgpu_warn("%s", err.msg);
     /* Step 3: train. */
     if (cfg.mode == MGPU_MODE_DP) {
         int n = cfg.dp_devices > 0 ? cfg.dp_devices : dev->is_gpu ? dev->visible_count : 2;
