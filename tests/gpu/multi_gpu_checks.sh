@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# tests/gpu/multi_gpu_checks.sh [OUTDIR] - issue 6's runs on a machine with several GPUs (the
-# device tool's nvidia-h200-x4 or -x8), after `make` here and carrying build/bin, build/lib
-# and build/tests there. Written before such a machine was lent: NOT YET RUN on one. Each part's output lands in
-# OUTDIR/<part>.txt (default multi-out); a summary of figures is printed last.
+# tests/gpu/multi_gpu_checks.sh [OUTDIR] - the runs on a machine with several NVIDIA GPUs (4 or
+# 8 H200s, say), after `make` and with build/bin, build/lib and build/tests in the checkout.
+# Each part's output lands in OUTDIR/<part>.txt (default multi-out); a summary of figures is
+# printed last.
 #
 #   1. the article's four scenarios on the real GPUs (scripts/scenario1-4.sh use them when
 #      there are enough), with nvidia-smi's view of each GPU (index, UUID, PCI bus id);
@@ -18,7 +18,7 @@
 #   7. faults: SIGKILL one rank in the middle of the all-reduces; the others must stop within
 #      the watchdog's timeout, the launcher exit non-zero, and nvidia-smi show no process left;
 #      then the same with --max_restarts 1 and a checkpoint: the group resumes from it.
-# NVLink multicast stays off (KINDS.md): NCCL_NVLS_ENABLE=0 for every process started here.
+# NVLink multicast stays off: NCCL_NVLS_ENABLE=0 for every process started here.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-multi-out}
