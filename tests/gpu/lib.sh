@@ -42,7 +42,7 @@ judge() {
         first=$(grep -vE '^(ok|not ok) - ' "$file" | grep -m1 -i 'simulated')
         [ -n "$first" ] && { echo "fail - simulated GPUs on a machine with a GPU: $first"; return; }
         first=$(grep -vE '^(ok|not ok) - ' "$file" |
-            grep -m1 -E '"backend": ?"cpu"|"device": ?"cpu"|\(0 GPU\(s\) visible\)')
+            grep -m1 -E '"backend": ?"cpu"|"device": ?"cpu"|\(0 GPU\(s\) visible\)|use 0 GPUs!')
         [ -n "$first" ] && { echo "fail - ran on the CPU on a machine with a GPU: $first"; return; }
         echo "ok"; return
     fi

@@ -17,6 +17,8 @@ t_gpu_judge_with_a_gpu() {
     expect_grep "$(verdict 0 sim 1)" '^fail - simulated GPUs'
     printf '%s\n' '+ mgpu-launch --nproc_per_node=4 configs/train.cfg   (0 GPU(s) visible)' >nogpu
     expect_grep "$(verdict 0 nogpu 1)" '^fail - ran on the CPU'
+    printf '%s\n' "[rank0]:Let's use 0 GPUs!" >demo_cpu # demo.py falls back to gloo on the CPU
+    expect_grep "$(verdict 0 demo_cpu 1)" '^fail - ran on the CPU'
     printf '%s\n' '{"final":true,"loss":0.01,"world_size":1,"backend":"cpu"}' >cpu_metrics
     expect_grep "$(verdict 0 cpu_metrics 1)" '^fail - ran on the CPU'
     printf '%s\n' '{"final":true,"loss":0.01,"world_size":1,"backend":"cuda"}' >cuda_metrics
