@@ -187,6 +187,14 @@ $(TRACE_LIB): tests/gpu/kernel_trace.c $(BUILD)/lib/$(notdir $(CUPTI_SO))
 	$(CC) $(ALL_CFLAGS) -fPIC -shared -I$(dir $(CUPTI_INC)) -o $@ $< $(BUILD)/lib/$(notdir $(CUPTI_SO)) -Wl,-rpath,'$$ORIGIN'
 endif
 
+# tests/shim/io_trace.c: an LD_PRELOAD library that logs the order of file calls, for
+# tests/integration/test_durability.sh. Built without SANITIZE: it is preloaded into any binary.
+IO_TRACE_LIB := $(BUILD)/lib/libmgpu_io_trace.so
+all: $(IO_TRACE_LIB)
+$(IO_TRACE_LIB): tests/shim/io_trace.c
+	@mkdir -p $(@D)
+	$(CC) -D_GNU_SOURCE -std=gnu11 $(WARN) $(CFLAGS) -fPIC -shared -o $@ $< -ldl
+
 check-layers:
 	@bash tests/layers.sh
 

@@ -1,41 +1,58 @@
 #!/usr/bin/env bash
-# tests/gpu/h200_checks.sh [OUTDIR] - what mgpu checks on a machine with one NVIDIA GPU (the
-# H200 of the device tool), after `make` here and carrying build/bin, build/lib and
-# build/tests there:
+# tests/gpu/h200_checks.sh [OUTDIR] - what mgpu checks on a machine with one NVIDIA GPU (an
+# H200, say), after `make` and with build/bin, build/lib and build/tests in the checkout:
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
 #   - the article's scenarios 3 and 4 on the real GPU, and its demo.py (PyTorch, NCCL) under
 #     mgpu-launch with world size 1;
 #   - the main job on the GPU, with its startup timeline;
-#   - start-to-exit of mgpu-launch with 7, 8 and 16 CPU workers of /bin/true.
-# Everything lands in OUTDIR (default gpu-out); the last line says how many parts passed.
+# and, reported apart as a benchmark, start-to-exit of mgpu-launch with 7, 8 and 16 CPU workers
+# of /bin/true.
+# On a machine with a GPU a check passes only if it ran there: a skipped test, simulated GPUs
+# or a run on the CPU fail it (tests/gpu/lib.sh, judge). Everything lands in OUTDIR (default
+# gpu-out); the last line says how many checks passed; the status is non-zero when a check or
+# a benchmark failed. PYTHON names a python with torch (default: the first of python3 and
+# /usr/bin/python3 that imports it).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-gpu-out}
 mkdir -p "$out"
 cd "$root" || exit 2
-export NCCL_NVLS_ENABLE=0 # KINDS.md: NVLink multicast stays off
-source tests/gpu/lib.sh # part
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off
+source tests/gpu/lib.sh # part, bench, summary
 torch_py=
-for p in /opt/torch/.venv/bin/python3 python3 /usr/bin/python3; do
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
     "$p" -c 'import torch, torch.distributed' 2>/dev/null && { torch_py=$p; break; }
 done
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,pci.bus_id,uuid --format=csv
   [ -n "$torch_py" ] && "$torch_py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
 } >"$out/machine.txt" 2>&1
-unit() { for t in test_kernels_cuda test_comm_nccl test_train_gpu test_devices; do
-        "build/tests/$t" || return 1; done; }
+unit() {
+    local t rc=0
+    for t in test_kernels_cuda test_comm_nccl test_train_gpu test_devices; do
+        "build/tests/$t" || rc=1
+    done
+    return $rc
+}
 part unit_gpu unit
 part integration_gpu bash tests/run.sh integration test_gpu
 part scenario3 bash scripts/scenario3.sh
 part scenario4 bash scripts/scenario4.sh
-if [ -n "$torch_py" ]; then
-    part demo_py env PYTHON_EXEC="$torch_py" build/bin/mgpu-launch --nproc_per_node=1 scripts/demo.py
-else
-    echo "skip - demo_py: no python with torch here"
-fi
-part main_job bash scripts/main_job.sh metrics_file="$out/main_job_metrics.jsonl"
+demo_py() {
+    [ -n "$torch_py" ] || { echo "skip - demo_py: no python with torch here"; return 77; }
+    env PYTHON_EXEC="$torch_py" build/bin/mgpu-launch --nproc_per_node=1 scripts/demo.py
+}
+part demo_py demo_py
+# the final metrics line names the kernels' backend: judge fails a CPU run on a GPU machine
+main_job() {
+    local rc
+    bash scripts/main_job.sh metrics_file="$out/main_job_metrics.jsonl"
+    rc=$?
+    tail -n 1 "$out/main_job_metrics.jsonl"
+    return $rc
+}
+part main_job main_job
 launch_times() {
     local n i t0 t1
     for n in 7 8 16; do
@@ -47,5 +64,5 @@ launch_times() {
         done
     done | awk '{s[$1] = s[$1] " " $2} END {for (n in s) print n " workers, us:" s[n]}'
 }
-part launch_times launch_times
-echo "$ok passed, $bad failed"
+bench launch_times launch_times
+summary

@@ -22,12 +22,10 @@ expect_no_grep() {
 }
 # run_launch ARGS... : runs the launcher, stdout to out, stderr to err, status in $rc
 run_launch() { "$LAUNCH" "$@" >out 2>err; rc=$?; }
-# pids of live processes whose environment carries MARK=<value>
+# pids of live processes whose environment carries MGPU_TEST_MARK=<value> (one grep over every
+# environ: a loop of two processes per pid takes seconds on a busy machine, and tests poll this)
 procs_with_mark() {
-    local p
-    for p in /proc/[0-9]*; do
-        tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "MGPU_TEST_MARK=$1" && echo "${p#/proc/}"
-    done
+    grep -lsxzF "MGPU_TEST_MARK=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }
 wait_until() { # wait_until SECONDS CMD... : polls CMD every 20 ms
     local end=$((SECONDS + $1)); shift

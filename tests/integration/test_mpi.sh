@@ -1,4 +1,4 @@
-# test_mpi.sh - mgpu-launch under Open MPI's mpirun (issue 3): one launcher per MPI rank, each a
+# test_mpi.sh - mgpu-launch under Open MPI's mpirun: one launcher per MPI rank, each a
 # "node"; nnodes and node rank come from OMPI_COMM_WORLD_*, node 0's address is loopback when
 # every rank is on this host, explicit options win. Debian's openmpi-bin runs two launchers on
 # this host for real.

@@ -1,4 +1,4 @@
-# test_multinode.sh - several "nodes" on one machine (issue 3): launchers meet through node 0's
+# test_multinode.sh - several "nodes" on one machine: launchers meet through node 0's
 # store and agree on the world, first on loopback (distinct --node_rank), then each in a network
 # namespace of its own with --rdzv_token. Global ranks by node rank with different
 # --nproc_per_node, one MASTER_ADDR/MASTER_PORT everywhere (a port other than the store's), a
@@ -513,7 +513,7 @@ t_mn_netns_elastic_two_hosts() {
 }
 
 t_mn_netns_elastic_endpoint_is_host_ip() {
-    # torchrun's c10d host decision (TORCHRUN.md section 6): a launcher hosts the rendezvous
+    # torchrun's c10d host decision (its rendezvous handler's is-host test): a launcher hosts the rendezvous
     # store when the endpoint's host is this machine's host name or IP. Here each "host" is a
     # namespace whose host name resolves to its own address, and the endpoint is host A's IP,
     # given to both the same way (no --local_addr, no is_host): A must serve, B join

@@ -1,4 +1,4 @@
-# test_slurm.sh - mgpu-launch under Slurm (issue 3): nnodes, node rank, node 0's address and the
+# test_slurm.sh - mgpu-launch under Slurm: nnodes, node rank, node 0's address and the
 # run id come from SLURM_* when not given, explicit options win, --dry-run says what was
 # derived. First without a cluster (fake SLURM_* variables), then for real: a one-node cluster
 # of Debian's slurm-wlm (slurmctld + slurmd, munge with a private key and socket) started by the

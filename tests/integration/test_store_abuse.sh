@@ -1,4 +1,4 @@
-# test_store_abuse.sh - the launcher's store under abuse while a job runs (issue 3): garbage
+# test_store_abuse.sh - the launcher's store under abuse while a job runs: garbage
 # bytes, an oversized frame header (payload length 0xFFFFFFFF), requests before HELLO, a wrong
 # token, a wrong version, half frames held open: each such connection is closed with a log line,
 # nothing else is harmed (the job ends normally, a good client still gets answers). And the

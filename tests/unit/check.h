@@ -1,6 +1,9 @@
 /* check.h - the unit tests' harness: each TEST runs in its own forked process (a crash or an
  * abort fails that test alone), prints "ok - name" or "not ok - name", and main ends with
- * "N passed, N failed". Included by exactly one .c per test binary. */
+ * "N passed, N failed". Included by exactly one .c per test binary.
+ * With CHECK_LIST=1 in the environment each RUN prints "list - name" instead of running, so
+ * tests/run.sh knows how many tests to expect before it runs them (a binary that dies before
+ * its first test cannot then pass for one with no tests). */
 #ifndef MGPU_CHECK_H
 #define MGPU_CHECK_H
 
@@ -12,9 +15,15 @@
 
 static int check_failed; /* failures inside the current test's process */
 
-/* Inside a test: stop it here and count it as skipped (no GPU on this machine, say). */
+/* Inside a test: stop it here and count it as skipped (no GPU on this machine, say). A check
+ * that already failed stays a failure: a skip must not hide it. */
 #define SKIP(...)                                                                                  \
     do {                                                                                           \
+        if (check_failed) {                                                                        \
+            printf("  skip after %d failed check(s): counted as a failure\n", check_failed);       \
+            fflush(stdout);                                                                        \
+            _exit(1);                                                                              \
+        }                                                                                          \
         printf("  skip: " __VA_ARGS__);                                                            \
         printf("\n");                                                                              \
         fflush(stdout);                                                                            \
@@ -68,9 +77,14 @@ static void check_run(const char *name, check_fn fn)
     int status = 0;
     pid_t pid;
     const char *only = getenv("CHECK_ONLY"); /* run only the tests whose names contain it */
+    const char *list = getenv("CHECK_LIST");
 
     if (only != NULL && only[0] != '\0' && strstr(name, only) == NULL)
         return;
+    if (list != NULL && list[0] != '\0') {
+        printf("list - %s\n", name);
+        return;
+    }
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
@@ -97,6 +111,10 @@ static void check_run(const char *name, check_fn fn)
 
 static int check_done(void)
 {
+    const char *list = getenv("CHECK_LIST");
+
+    if (list != NULL && list[0] != '\0')
+        return 0;
     if (check_skipped_total)
         printf("%d passed, %d failed, %d skipped\n", check_passed_total, check_failed_total,
                check_skipped_total);

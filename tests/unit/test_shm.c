@@ -1,5 +1,5 @@
 /* test_shm.c - the shared-memory collectives (worker/runtime/shm.c) with 2, 3 and 4 forked ranks:
- * exact results for odd sizes and several rounds, every root, timeouts naming the ranks that
+ * exact results for odd sizes and repeated calls, every root, timeouts naming the ranks that
  * never arrived, killed peers, mismatched calls, and the segment's name never outliving the
  * start of the job. */
 #include "check.h"

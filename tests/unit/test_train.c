@@ -89,8 +89,8 @@ static void test_train_cfg_reaches_95_percent(void)
 }
 
 /* configs/digits.cfg on scikit-learn's digits, exported by scripts/export_digits.py, single
- * process with the global batch of 2 ranks: >= 95% held out (the issue's target). Needs
- * /usr/bin/python3 with scikit-learn; without it the test says so and checks nothing more. */
+ * process with the global batch of 2 ranks: >= 95% held out. Needs /usr/bin/python3 with
+ * scikit-learn; without it the test skips (a pass would claim a run that never happened). */
 static void test_digits_cfg_reaches_95_percent(void)
 {
     char dir[] = "/tmp/mgpu_test_digits.XXXXXX", cmd[2048], p[1024], o[1100];
@@ -100,10 +100,9 @@ static void test_digits_cfg_reaches_95_percent(void)
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/scripts/export_digits.py %s >/dev/null 2>&1",
              root(), dir);
     if (system(cmd) != 0) {
-        printf("  (no /usr/bin/python3 with scikit-learn: digits not checked)\n");
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         CHECK(system(cmd) == 0);
-        return;
+        SKIP("no /usr/bin/python3 with scikit-learn: digits not checked");
     }
     snprintf(p, sizeof p, "%s/configs/digits.cfg", root());
     mgpu_cfg_defaults(&cfg);
