@@ -27,7 +27,7 @@
                                 cudaGetErrorName(cc_rc_));                                         \
     } while (0)
 
-/* cuBLAS's own words for a status (kernels_cuda.cu: cuBLAS is opened at run time). */
+/* cuBLAS's own words for a status (cublas.cu: cuBLAS is opened at run time). */
 const char *mgpu_cublas_status_string(cublasStatus_t rc);
 const char *mgpu_cublas_status_name(cublasStatus_t rc);
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>  /* calloc */
 #include <strings.h> /* strcasecmp */
 
-/* The CUDA backend is linked in when issue 5's kernels_cuda.cu exists: it comes with a
+/* The CUDA backend is linked in when kernels_cuda.cu exists: it comes with a
  * kernels_cuda.h, and a plain (strong) reference here pulls its object out of libmgpu.a,
  * which a weak reference would not do. */
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA && defined(__has_include)

@@ -1,11 +1,11 @@
 /* kernels.h - every op the trainer computes, behind one table of function pointers.
  *
  * A backend is an mgpu_kernels_ops_t: the plain-C one (kernels_cpu.c) is both the CPU backend
- * and the reference every other backend is tested against; a CUDA backend (kernels_cuda.cu,
- * issue 5) fills the same table with device code. This header includes no CUDA header, so
- * launcher/, common/ and CPU-only builds never see CUDA.
+ * and the reference every other backend is tested against; a CUDA backend (kernels_cuda.cu
+ * and the family files beside it, kernels/README.md) fills the same table with device code. This
+ * header includes no CUDA header, so launcher/, common/ and CPU-only builds never see CUDA.
  *
- * Adding the CUDA backend: kernels/kernels_cuda.cu defines, with C linkage,
+ * The CUDA backend: kernels/kernels_cuda.cu defines, with C linkage,
  *   extern "C" const mgpu_kernels_ops_t mgpu_kernels_cuda_ops = {...};
  * and kernels/kernels_cuda.h declares it (`extern const mgpu_kernels_ops_t
  * mgpu_kernels_cuda_ops;`, plain C). kernels.c sees that header when MGPU_HAVE_CUDA is set and

@@ -1,5 +1,6 @@
 /* small_gemm.h - fp32 products of launch-bound linear layers with their epilogues, for the
- * CUDA backend (kernels/small_gemm.cu; C++, included by kernels_cuda.cu only).
+ * CUDA backend (kernels/small_gemm.cu; C++, included by the backend's .cu files
+ * through cuda_impl.h).
  *
  * C[M x N] (row-major, ldc) = sum over k of A(m, k) B(k, n), where each operand is either
  * "k-contiguous" (A(m, k) = a[m * lda + k]) or "row-contiguous" (A(m, k) = a[k * lda + m]),
@@ -29,7 +30,7 @@ namespace mgpu_sg
 {
 
 /* kernel<<<grid, threads, smem, st>>>(args...) in thread-block clusters of `cluster` blocks
- * along x (small_gemm.cu's split K, kernels_cuda.cu's cross-entropy rows); the launch's own
+ * along x (small_gemm.cu's split K, xent.cu's cross-entropy rows); the launch's own
  * error, as cudaLaunchKernelEx returns it. */
 template <class... P, class... A>
 cudaError_t launch_clustered(void (*kernel)(P...), dim3 grid, unsigned threads, size_t smem,

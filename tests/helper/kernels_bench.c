@@ -181,7 +181,7 @@ static int op_xent(bench_t *b)
     return mgpu_k_softmax_xent(b->k, b->rows, b->cols, b->x, b->labels, b->scalar, b->y, &b->err);
 }
 
-/* The copy a tf32 product with A transposed makes first (kernels_cuda.cu's transpose). */
+/* The copy a tf32 product with A transposed makes first (gemm.cu's transpose). */
 static int op_transpose(bench_t *b)
 {
     return mgpu_kernels_cuda_transpose(b->k, b->rows, b->cols, b->x, b->cols, b->y, &b->err);
@@ -230,7 +230,7 @@ static int op_bare_bf16_f32out(bench_t *b)
     return 0;
 }
 
-/* --- the article-sized model: MLP 784-256-256-10, batch 256 (issue 5's launch-bound case) --- */
+/* --- the article-sized model: MLP 784-256-256-10, batch 256 (the launch-bound case) --- */
 
 #define SB 256    /* batch */
 #define SP 269322 /* its parameters: 784*256+256 + 256*256+256 + 256*10+10 */

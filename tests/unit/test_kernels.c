@@ -3,6 +3,7 @@
  * a double-precision GEMM, and central finite differences for every backward. */
 #include "check.h"
 #include "kernels.h"
+#include "options.h" /* mgpu_kernels_options_read */
 
 #include <errno.h> /* EINVAL */
 #include <math.h>  /* fabs, NAN */
@@ -552,8 +553,45 @@ static void test_memory_and_backends(void)
     }
 }
 
+/* The knobs: defaults when unset, today's values accepted, a value that would have been
+ * misread (atoi's "7x", a split that is not a power of two, a typo) refused with its name; a
+ * backend does not start on a bad one. (Each test runs in its own process: setenv is local.) */
+static void test_options(void)
+{
+    mgpu_kernels_options_t o;
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK_INT(o.lt_epi, 7);
+    CHECK_INT(o.sg_ops_fp32, 7);
+    CHECK_INT(o.sg_ops_tf32, 2);
+    CHECK_INT(o.sg_split, 0);
+    CHECK(!o.lt_off && !o.sg_off && !o.head_off && !o.cpu_gemm_portable);
+    setenv("MGPU_CUDA_LT", "0", 1);
+    setenv("MGPU_LT_EPI", "3", 1);
+    setenv("MGPU_SG_SPLIT", "4", 1);
+    setenv("MGPU_CPU_GEMM", "portable", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK(o.lt_off && o.cpu_gemm_portable);
+    CHECK_INT(o.lt_epi, 3);
+    CHECK_INT(o.sg_split, 4);
+    setenv("MGPU_LT_EPI", "7x", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_LT_EPI=\"7x\"");
+    setenv("MGPU_LT_EPI", "7", 1);
+    setenv("MGPU_SG_SPLIT", "3", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_SG_SPLIT");
+    setenv("MGPU_SG_SPLIT", "0", 1);
+    setenv("MGPU_CPU_GEMM", "portabel", 1);
+    mgpu_kernels_t *k = NULL;
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_CPU_GEMM");
+    CHECK(k == NULL);
+}
+
 int main(void)
 {
+    RUN(test_options);
     RUN(test_gemm_hand);
     RUN(test_gemm_shapes);
     RUN(test_gemm_shapes_portable_kernel);

@@ -163,7 +163,7 @@ static void test_graph_eligibility(void)
     /* Fewer samples than one batch: no full step at all. */
     CHECK_INT(mgpu_train_graph_eligible(&cfg, 29, why, sizeof why), 0);
     CHECK_CONTAINS(why, "fewer than batch_size 30");
-    /* AdamW's step number lives in device memory (kernels_cuda.cu): graphable. */
+    /* AdamW's step number lives in device memory (optimizers.cu): graphable. */
     cfg_text(&cfg, "optimizer = adamw\nbatch_size = 30\n");
     CHECK_INT(mgpu_train_graph_eligible(&cfg, 90, why, sizeof why), 1);
     cfg_text(&cfg, "batch_size = 30\ncuda_graph = false\n");
@@ -375,7 +375,7 @@ static void test_graph_equals_eager(void)
         cfg_text(&graph, i == 0 ? kMlp : kAdamw);
         eager = graph;
         eager.cuda_graph = 0;
-        /* Each run tunes its own GEMMs by timing (kernels_cuda.cu's lt_tune) and may pick
+        /* Each run tunes its own GEMMs by timing (cublas.cu's lt_tune) and may pick
          * other algorithms: the heuristic's first choice in both, for comparable bits. */
         setenv("MGPU_LT_TUNE", "0", 1);
         run_world(&graph, 1, 1, a);
@@ -496,7 +496,7 @@ static void bf16_copies_vs_conversions(const char *what, mgpu_cfg_t *cfg, double
 }
 
 /* bf16: the GEMMs read the parameters' bf16 mirror that SGD writes, and reuse an activation's
- * or gradient's bf16 copy from its first GEMM in its second (kernels_cuda.cu). The same run
+ * or gradient's bf16 copy from its first GEMM in its second (cublas.cu). The same run
  * with MGPU_BF16_SHADOW=0 converts every operand in every GEMM: the same bf16 values into the
  * same products, so the parameters must agree to the bit (a stale mirror or copy would not);
  * and bf16 against the fp32 CPU within bf16's rounding. */

@@ -11,7 +11,7 @@
  * article describes.
  *
  * Gradients and parameters travel through host memory between devices (the portable path of
- * kernels.h); a CUDA backend would use peer copies (issue 5). Checkpoints are not written in
+ * kernels.h); a CUDA backend would use peer copies. Checkpoints are not written in
  * this mode: a cfg with checkpoint set is refused rather than silently not saved. */
 #ifndef MGPU_DP_H
 #define MGPU_DP_H

@@ -10,7 +10,8 @@
 #include <stdlib.h>  /* calloc, free */
 #include <strings.h> /* strcasecmp */
 
-#include "rng.h" /* mgpu_rng_seed2, mgpu_rng_uniform */
+#include "rng.h"      /* mgpu_rng_seed2, mgpu_rng_uniform */
+#include "schedule.h" /* mgpu_sched_backward: the order of the backward's ops */
 
 /* Streams of mgpu_rng_seed2 for one user seed: parameter init draws from its own. */
 #define RNG_STREAM_INIT 2
@@ -257,78 +258,68 @@ static int weight_grad(mgpu_model_t *m, int l, const float *dz, const float *x, 
                                          bias_here ? m->grads + ly->b_off : NULL, err);
 }
 
-/* The backward from the output layer down, d holding dz of the output layer. With
- * top_done, the output layer's input gradient is already in dy_a (mgpu_k_linear_loss): its
- * weight gradient then runs beside the next layer's products, and is joined, and hooked, with
- * them. With bias_left too, mgpu_k_linear_loss left the layer below's bias gradient to that
- * layer's weight-gradient op. A small weight gradient runs on a side stream of the backend,
- * beside what is queued after it until the next mgpu_k_join: a layer followed by a join
- * queues its weight gradients first, beside its input gradient; the layer whose join is
- * skipped (see below) queues its input gradient first, the step's chain, and its weight
- * gradients then run beside the first layer's instead of delaying that chain. */
+/* The backward from the output layer down, d holding dz of the output layer, in the order
+ * schedule.h gives (where the joins and hooks go is decided there, not here). With top_done,
+ * the output layer's input gradient is already in dy_a (mgpu_k_linear_loss); with bias_left
+ * too, mgpu_k_linear_loss left the layer below's bias gradient to that layer's weight-gradient
+ * op. */
 static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_done, int bias_left,
                            mgpu_model_layer_hook hook, void *hook_ctx, mgpu_err_t *err)
 {
-    int batch = m->last_batch, rc = 0, deferred = -1;
-    float *other = top_done ? m->dy_a : m->dy_b, *d_deferred = NULL;
-
-    for (int l = m->n_layers - 1; l >= 0; l--) {
-        const mgpu_layer_t *ly = &m->layers[l];
-        /* d is dz of this layer: the output layer has no activation, and each lower layer's
-         * activation backward ran inside the input-gradient GEMM of the layer above, which
-         * also wrote that layer's bias gradient (but for mgpu_k_linear_loss). */
-        if (l == m->n_layers - 1 && ly->act != MGPU_ACT_IDENTITY) {
-            /* (never for the models built here: the output layer is identity) */
-            rc = mgpu_k_act_backward(m->k, ly->act, (size_t)batch * ly->out, m->z[l], m->y[l], d, d,
-                                     err);
-            if (rc == 0)
-                rc = mgpu_k_sum_rows(m->k, batch, ly->out, d, 0.0f, m->grads + ly->b_off, err);
-            if (rc < 0)
-                return rc;
-        }
-        if (top_done && l == m->n_layers - 1 && l > 0) {
-            deferred = l; /* d(in) is in other: on to the layer below, joined with it */
-            d_deferred = d;
+    int batch = m->last_batch, rc = 0, top = m->n_layers - 1;
+    const mgpu_layer_t *lt = &m->layers[top];
+    /* (never for the models built here: the output layer is identity) */
+    if (lt->act != MGPU_ACT_IDENTITY) {
+        rc = mgpu_k_act_backward(m->k, lt->act, (size_t)batch * lt->out, m->z[top], m->y[top], d, d,
+                                 err);
+        if (rc == 0)
+            rc = mgpu_k_sum_rows(m->k, batch, lt->out, d, 0.0f, m->grads + lt->b_off, err);
+        if (rc < 0)
+            return rc;
+    }
+    /* dz[l]: dz of layer l, the two buffers taken in turn down the layers (the output layer's
+     * input gradient, with top_done, already in dy_a). dz[l - 1] is what layer l's input
+     * gradient writes. */
+    float *dz[MGPU_MODEL_MAX_LAYERS];
+    float *other = top_done ? m->dy_a : m->dy_b;
+    for (int l = top; l >= 0; l--) {
+        dz[l] = d;
+        if (top_done && l == top && l > 0) {
             d = other;
             other = m->dy_b;
             continue;
         }
-        const int joined = !(hook == NULL && l == 1);
-        if (joined && deferred >= 0)
-            rc = weight_grad(m, deferred, d_deferred, x, bias_left, err);
-        if (rc == 0 && joined)
-            rc = weight_grad(m, l, d, x, bias_left, err);
-        /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) * act'(below),
-         * and the layer below's bias gradient; not needed for the input. */
-        if (rc == 0 && l > 0) {
-            const mgpu_layer_t *lb = &m->layers[l - 1];
-            rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, d,
-                                             m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
-                                             m->aux[l - 1], other, m->grads + lb->b_off, err);
-        }
-        if (rc == 0 && !joined && deferred >= 0)
-            rc = weight_grad(m, deferred, d_deferred, x, bias_left, err);
-        if (rc == 0 && !joined)
-            rc = weight_grad(m, l, d, x, bias_left, err);
-        /* The weight gradients may have run beside d(in) (mgpu_k_join); all are done before
-         * the hook's all-reduce reads this layer's gradients and before d is overwritten.
-         * Without a hook, the first layer's weight gradient need not wait for this one's: it
-         * reads neither this layer's d nor its gradients, and nothing writes d after it (the
-         * first layer has no input gradient), so they overlap and are joined after it. */
-        if (rc == 0 && joined)
-            rc = mgpu_k_join(m->k, err);
-        if (rc == 0 && hook != NULL && deferred >= 0)
-            rc = hook(hook_ctx, deferred, err);
-        deferred = -1;
-        if (rc == 0 && hook != NULL)
-            rc = hook(hook_ctx, l, err);
-        if (rc < 0)
-            return rc;
         float *t = d;
         d = other;
         other = t;
     }
-    return 0;
+    mgpu_sched_step_t steps[MGPU_SCHED_MAX_STEPS(MGPU_MODEL_MAX_LAYERS)];
+    int n = mgpu_sched_backward(m->n_layers, top_done, hook != NULL, steps);
+    for (int i = 0; i < n && rc == 0; i++) {
+        const int l = steps[i].layer;
+        const mgpu_layer_t *ly = &m->layers[l];
+        switch (steps[i].op) {
+        case MGPU_SCHED_WGRAD:
+            rc = weight_grad(m, l, dz[l], x, bias_left, err);
+            break;
+        case MGPU_SCHED_DGRAD: {
+            /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) *
+             * act'(below), and the layer below's bias gradient. */
+            const mgpu_layer_t *lb = &m->layers[l - 1];
+            rc = mgpu_k_linear_backward_data(m->k, lb->act, batch, ly->out, ly->in, dz[l],
+                                             m->params + ly->w_off, m->z[l - 1], m->y[l - 1],
+                                             m->aux[l - 1], dz[l - 1], m->grads + lb->b_off, err);
+            break;
+        }
+        case MGPU_SCHED_JOIN:
+            rc = mgpu_k_join(m->k, err);
+            break;
+        case MGPU_SCHED_HOOK:
+            rc = hook(hook_ctx, l, err);
+            break;
+        }
+    }
+    return rc;
 }
 
 int mgpu_model_backward_hooked(mgpu_model_t *m, const float *x, const int32_t *labels,

@@ -270,7 +270,7 @@ int mgpu_trainer_step(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t 
 
     if ((rc = mgpu_trainer_grads(t, ds, idx, count, err)) < 0)
         return rc;
-    /* Buckets in order; a GPU backend overlaps these with backward (issue 5), the CPU runs
+    /* Buckets in order; a GPU backend overlaps these with backward (gpustep.cu), the CPU runs
      * them after it. */
     for (int b = 0; reduce != NULL && b < t->n_buckets; b++)
         if ((rc = reduce(ctx, m->grads + t->buckets[b].offset, t->buckets[b].count, err)) < 0)
