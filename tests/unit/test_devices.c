@@ -32,7 +32,8 @@ static const char *vis(int installed, const char *cvd)
     return out;
 }
 
-/* The values measured on the H200 (one GPU, driver 580): see NOTES.md. */
+/* The values cudaGetDeviceCount gave on an H200 (one GPU, driver 580) for each value of
+ * CUDA_VISIBLE_DEVICES. */
 static void test_driver_measurements_one_gpu(void)
 {
     CHECK_STR(vis(1, NULL), "0");
