@@ -205,3 +205,88 @@ t_store_join_under_flood() {
     [ "$ms" -lt 5000 ] || fail "node 1 joined in ${ms} ms under the flood"
     check_world "1 1" "$port"
 }
+
+# procs_with_text TEXT FILE: pids of live processes whose /proc/PID/FILE holds TEXT
+procs_with_text() {
+    local p
+    for p in /proc/[0-9]*; do
+        grep -qaF -- "$1" "$p/$2" 2>/dev/null && echo "${p#/proc/}"
+    done
+}
+
+t_store_token_file_rules() {
+    # --rdzv_token_file: refused when others can read it, or when it is missing or empty
+    local secret="tf-$RANDOM$RANDOM"
+    echo "$secret" >tok
+    chmod 644 tok
+    run_launch --rdzv_token_file tok --dry-run "$TW" exit 0
+    expect_eq "$rc" 2 "exit status with a token file of mode 0644"
+    expect_grep err "tok is readable by others \(mode 0644\); chmod 600 tok"
+    chmod 640 tok
+    run_launch --rdzv_token_file=tok --dry-run "$TW" exit 0
+    expect_eq "$rc" 2 "exit status with a token file of mode 0640"
+    expect_grep err "readable by others \(mode 0640\)"
+    run_launch --rdzv_token_file=missing --dry-run "$TW" exit 0
+    expect_eq "$rc" 2 "exit status with a missing token file"
+    expect_grep err "open\(missing\)"
+    : >empty
+    chmod 600 empty tok
+    run_launch --rdzv_token_file=empty --dry-run "$TW" exit 0
+    expect_eq "$rc" 2 "exit status with an empty token file"
+    expect_grep err "empty is empty"
+    PET_RDZV_TOKEN_FILE=tok run_launch --dry-run "$TW" exit 0
+    expect_eq "$rc" 0 "PET_RDZV_TOKEN_FILE of mode 0600 ($(cat err))"
+    ! grep -qF "$secret" out err || fail "--dry-run printed the token"
+}
+
+t_store_token_kept_secret() {
+    # The token reaches the store and the workers, and nothing else: not the command line of
+    # any process (/proc/PID/cmdline, what ps shows, of the launchers and their keepers), not
+    # --dry-run (text or json), not the logs at debug level, not --summary. The workers get it
+    # in their environment, which only their user can read, and connect with it.
+    local secret="sk-$RANDOM$RANDOM$RANDOM"
+    local port; port=$(free_port)
+    local k
+    printf '%s\n' "$secret" >tok
+    chmod 600 tok
+    for k in json text; do
+        "$LAUNCH" --dry-run=$k --nnodes=2 --node_rank=0 --master_addr=127.0.0.1 --master_port=$port \
+            --rdzv_token="$secret" --nproc_per_node=1 "$TW" exit 0 >dry.$k 2>&1 || fail "--dry-run=$k: $(cat dry.$k)"
+        ! grep -qF "$secret" dry.$k || fail "--dry-run=$k printed the token: $(cat dry.$k)"
+    done
+    # node 0 with the token on its command line, node 1 with a token file
+    LOGLEVEL=DEBUG start_node 0 - --nnodes=2 --node_rank=0 --master_addr=127.0.0.1 --master_port=$port \
+        --rdzv_token "$secret" --summary sum.0 --nproc_per_node=1 "$TW" env e.0.%l waitfile go exit 0
+    LOGLEVEL=DEBUG start_node 1 - --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 --master_port=$port \
+        --rdzv_token_file tok --summary sum.1 --nproc_per_node=1 "$TW" env e.1.%l waitfile go exit 0
+    wait_until 30 all_exist e.0.0 e.1.0 || { dump_nodes err.0 err.1; fail "the job did not start"; }
+    local shown; shown=$(procs_with_text "$secret" cmdline)
+    [ -z "$shown" ] || fail "the token is in the command line of: $(for p in $shown; do tr '\0' ' ' <"/proc/$p/cmdline"; echo; done)"
+    tr '\0' ' ' <"/proc/${MN_PID[0]}/cmdline" | grep -qF -- '--rdzv_token ***' ||
+        fail "node 0's command line: $(tr '\0' ' ' <"/proc/${MN_PID[0]}/cmdline")"
+    local p n=0
+    for p in $(procs_with_text "MGPU_STORE_TOKEN=$secret" environ); do
+        n=$((n + 1))
+        expect_eq "$(stat -c %a "/proc/$p/environ")" 400 "mode of /proc/$p/environ (a worker's environment)"
+    done
+    [ "$n" -ge 2 ] || fail "$n processes hold MGPU_STORE_TOKEN: expected the two workers"
+    touch go
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses ($(dump_nodes err.0 err.1 2>&1))"
+    expect_eq "$(envval e.1.0 MGPU_STORE_TOKEN)" "$secret" "MGPU_STORE_TOKEN of node 1's worker"
+    grep -q 'store' err.0 || fail "no debug lines about the store in node 0's log: $(cat err.0)"
+    for f in out.0 err.0 out.1 err.1 sum.0 sum.1; do
+        [ -e "$f" ] || fail "$f missing"
+        ! grep -qF "$secret" "$f" || fail "$f holds the token: $(grep -F "$secret" "$f")"
+    done
+    # workers connect with the token they are given: a barrier of the two nodes' workers through
+    # the store, PET_RDZV_TOKEN this time
+    local SC="$MGPU_BUILD/tests/store_cli"
+    port=$(free_port)
+    for k in 0 1; do
+        PET_RDZV_TOKEN="$secret" start_node b$k - --nnodes=2 --node_rank=$k --master_addr=127.0.0.1 \
+            --master_port=$port --nproc_per_node=1 "$SC" barrier meet 2 20
+    done
+    wait_node b0 40; wait_node b1 40
+    expect_eq "${MN_RC[b0]}/${MN_RC[b1]}" 0/0 "workers meeting through the store ($(dump_nodes err.b0 err.b1 2>&1))"
+}
