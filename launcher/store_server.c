@@ -483,6 +483,7 @@ static void on_connection(uv_stream_t *l, int status)
     s->npending++;
     rc = uv_accept(l, (uv_stream_t *)&c->tcp);
     if (rc < 0) {
+        snprintf(c->peer, sizeof c->peer, "?"); /* not known before accept */
         log_closed(c, &s->log_refused, uv_strerror(rc));
         mgpu_store_server_conn_close(c);
         return;
