@@ -23,7 +23,8 @@
 #include <unistd.h>      /* close, getpid */
 
 #include "clock.h"       /* mgpu_clock_mono */
-#include "store_proto.h" /* frames, decoder */
+#include "sha256.h"      /* mgpu_sha256_equal, mgpu_sha256_wipe */
+#include "store_proto.h" /* frames, decoder, handshake proofs */
 
 /* Backoff between connection attempts: starts short because the server is usually starting at
  * the same moment, grows so that a thousand waiting workers do not flood a host that is down. */
@@ -164,6 +165,9 @@ static int status_error(mgpu_store_t *s, const mgpu_store_msg_t *m, mgpu_err_t *
     case MGPU_STORE_ST_AUTH:
         code = MGPU_E_AUTH;
         break;
+    case MGPU_STORE_ST_BUSY:
+        code = MGPU_E_PEER; /* retried by reconnect, like a server that went away */
+        break;
     default:
         code = MGPU_E_PROTOCOL;
         break;
@@ -223,39 +227,74 @@ static int connect_once(mgpu_store_t *s, double deadline, mgpu_err_t *err)
     return rc;
 }
 
-/* HELLO on the fresh connection s->fd. */
+/* Sends the frame in b (freed here) and reads the answer to id into *m. */
+static int exchange(mgpu_store_t *s, mgpu_store_buf_t *b, size_t start, uint32_t id,
+                    double deadline, mgpu_store_msg_t *m, mgpu_err_t *err)
+{
+    int rc = mgpu_store_buf_frame_end(b, start);
+    if (rc < 0) {
+        mgpu_store_buf_free(b);
+        return mgpu_err_set(err, rc, "store client: out of memory");
+    }
+    rc = send_all(s, b->p, b->len, deadline, err);
+    mgpu_store_buf_free(b);
+    if (rc < 0)
+        return rc;
+    rc = recv_resp(s, id, deadline, m, err);
+    if (rc < 0)
+        return rc;
+    if (m->status != MGPU_STORE_ST_OK)
+        return status_error(s, m, err);
+    return 0;
+}
+
+/* The handshake on the fresh connection s->fd (store_proto.h): HELLO with a nonce, AUTH with
+ * our proof, then check the server's. The token itself never leaves the process. */
 static int handshake(mgpu_store_t *s, double deadline, mgpu_err_t *err)
 {
     mgpu_store_buf_t b = {0};
     mgpu_store_msg_t m;
+    uint8_t cnonce[MGPU_STORE_NONCE_LEN], snonce[MGPU_STORE_NONCE_LEN];
+    uint8_t want[MGPU_STORE_PROOF_LEN], proof[MGPU_STORE_PROOF_LEN];
+    size_t tlen = s->token ? strlen(s->token) : 0;
     uint32_t id = s->next_id++;
-    size_t start = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, id);
+    size_t start;
     int rc;
 
+    if ((rc = mgpu_store_random(cnonce, sizeof cnonce, err)) < 0)
+        return rc;
+    start = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, id);
     mgpu_store_buf_u8(&b, MGPU_STORE_PROTO_VERSION);
-    mgpu_store_buf_bytes(&b, s->token, s->token ? strlen(s->token) : 0);
-    rc = mgpu_store_buf_frame_end(&b, start);
-    if (rc < 0) {
-        mgpu_store_buf_free(&b);
-        return mgpu_err_set(err, rc, "store client: out of memory");
-    }
-    rc = send_all(s, b.p, b.len, deadline, err);
-    mgpu_store_buf_free(&b);
-    if (rc < 0)
+    mgpu_store_buf_bytes(&b, cnonce, sizeof cnonce);
+    if ((rc = exchange(s, &b, start, id, deadline, &m, err)) < 0)
         return rc;
-    rc = recv_resp(s, id, deadline, &m, err);
-    if (rc < 0)
-        return rc;
-    if (m.status != MGPU_STORE_ST_OK)
-        return status_error(s, &m, err);
     if (m.u8 != MGPU_STORE_PROTO_VERSION)
         return mgpu_err_set(err, MGPU_E_PROTOCOL, "store %s:%d speaks protocol version %u, not %d",
                             s->host, s->port, m.u8, MGPU_STORE_PROTO_VERSION);
+    memcpy(snonce, m.val.p, sizeof snonce);
+    mgpu_store_proof(s->token, tlen, 0, cnonce, snonce, proof);
+    id = s->next_id++;
+    start = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_AUTH, 0, id);
+    mgpu_store_buf_bytes(&b, proof, sizeof proof);
+    mgpu_sha256_wipe(proof, sizeof proof);
+    if ((rc = exchange(s, &b, start, id, deadline, &m, err)) < 0)
+        return rc;
+    /* The server proves in turn: a client must not talk to a store that does not know the
+     * token (another service on the port, or someone posing as the job's store). */
+    mgpu_store_proof(s->token, tlen, 1, cnonce, snonce, want);
+    if (!mgpu_sha256_equal(want, m.val2.p, sizeof want))
+        return mgpu_err_set(err, MGPU_E_AUTH,
+                            "store %s:%d: AUTH: the server does not know this store token (its "
+                            "proof does not match): is this the job's store, with the same "
+                            "--rdzv_token on every node?",
+                            s->host, s->port);
     return 0;
 }
 
-/* Connects and says HELLO, retrying with backoff until the deadline while the server cannot
- * be reached (it may not be up yet). A refusal by the server itself is final. */
+/* Connects and authenticates, retrying with backoff until the deadline while the server
+ * cannot be reached (it may not be up yet) or is busy (all its slots taken, or a flood of
+ * connections that never authenticate pushed ours out). A refusal of the token or of the
+ * protocol version is final: it cannot get better by retrying. */
 static int reconnect(mgpu_store_t *s, double deadline, mgpu_err_t *err)
 {
     double backoff = BACKOFF_FIRST_S;
@@ -269,9 +308,9 @@ static int reconnect(mgpu_store_t *s, double deadline, mgpu_err_t *err)
             if (rc == 0)
                 return 0;
             drop_conn(s);
-            /* EOF before the answer: the server went away (restarting?); anything else that it
-             * said is its answer. */
-            if (rc != MGPU_E_PEER && rc != -ECONNRESET)
+            /* EOF before the answer: the server went away (restarting?) or dropped us as busy;
+             * ST_BUSY says so outright. Anything else that it said is its answer. */
+            if (rc != MGPU_E_PEER && rc != -ECONNRESET && rc != -EPIPE)
                 return rc;
         }
         if (deadline >= 0 && mgpu_clock_mono() + backoff > deadline) {
@@ -362,6 +401,8 @@ void mgpu_store_close(mgpu_store_t *s)
     mgpu_store_dec_free(&s->dec);
     mgpu_store_buf_free(&s->out);
     free(s->host);
+    if (s->token != NULL)
+        mgpu_sha256_wipe(s->token, strlen(s->token));
     free(s->token);
     free(s->prefix);
     free(s);

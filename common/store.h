@@ -16,8 +16,9 @@
  * server may have applied them.
  *
  * Timeouts: timeout_s of connect (<= 0: 30 s) bounds the connection attempts, retried with
- * exponential backoff (10 ms doubling to 1 s) while the server cannot be reached; a server that
- * answers with a refusal (wrong token or version, too many connections) is not retried. It also
+ * exponential backoff (10 ms doubling to 1 s) while the server cannot be reached or is busy (no
+ * slot free, or our connection pushed out by a flood of others); a server that refuses the
+ * token or the protocol version, or cannot prove it knows the token, is not retried. It also
  * bounds, afterwards, every call that does not wait for keys and each reconnection. The
  * timeout_s of get, wait and barrier bounds their wait (0 = do not wait, < 0 = no deadline).
  * The protocol is documented in store_proto.h. */
@@ -36,8 +37,9 @@ typedef struct mgpu_store mgpu_store_t;
 #define MGPU_ENV_STORE_PORT "MGPU_STORE_PORT"   /* its port */
 #define MGPU_ENV_STORE_TOKEN "MGPU_STORE_TOKEN" /* shared secret for the handshake ("" = none) */
 
-/* Connects (retrying with backoff until timeout_s) and performs the handshake. token may be
- * NULL or "" when the server requires none. */
+/* Connects (retrying with backoff until timeout_s) and performs the handshake, which proves
+ * knowledge of the token both ways without sending it (store_proto.h). token may be NULL or ""
+ * when the server requires none. */
 int mgpu_store_connect(const char *host, int port, const char *token, double timeout_s,
                        mgpu_store_t **out, mgpu_err_t *err);
 /* From MGPU_STORE_ADDR/PORT/TOKEN; the prefix becomes "<TORCHELASTIC_RUN_ID>/<attempt>/". */

@@ -2,11 +2,13 @@
  * (the format is documented in store_proto.h). */
 #include "store_proto.h"
 
-#include <errno.h>  /* ENOMEM */
-#include <stdlib.h> /* malloc, realloc, free */
-#include <string.h> /* memcpy, memmove */
+#include <errno.h>      /* ENOMEM */
+#include <sys/random.h> /* getrandom */
+#include <stdlib.h>     /* malloc, realloc, free */
+#include <string.h>     /* memcpy, memmove */
 
-#include "names.h" /* mgpu_names_get */
+#include "names.h"  /* mgpu_names_get */
+#include "sha256.h" /* mgpu_sha256_hmac */
 
 /* Whatever the decoder reads at once when no frame tells it more: large enough for many
  * small requests per read, small enough that a thousand idle connections cost little. */
@@ -44,7 +46,13 @@ void mgpu_store_dec_init(mgpu_store_dec_t *d, const mgpu_store_limits_t *lim, in
     mgpu_store_limits_t def = mgpu_store_limits_default();
     memset(d, 0, sizeof *d);
     d->max_payload = max_payload(lim ? lim : &def);
+    d->chunk = DEC_MIN_CHUNK;
     d->responses = responses;
+}
+
+void mgpu_store_dec_set_chunk(mgpu_store_dec_t *d, size_t chunk)
+{
+    d->chunk = chunk > 0 ? chunk : DEC_MIN_CHUNK;
 }
 
 void mgpu_store_dec_set_limits(mgpu_store_dec_t *d, const mgpu_store_limits_t *lim)
@@ -61,7 +69,7 @@ void mgpu_store_dec_free(mgpu_store_dec_t *d)
 
 int mgpu_store_dec_reserve(mgpu_store_dec_t *d, size_t min, uint8_t **p, size_t *avail)
 {
-    size_t pending = d->len - d->start, want = min < DEC_MIN_CHUNK ? DEC_MIN_CHUNK : min;
+    size_t pending = d->len - d->start, want = min < d->chunk ? d->chunk : min;
 
     /* A frame whose header is in: make room for more of it, so a big value arrives in few
      * reads. At most as much again as has arrived, though: memory follows the bytes a peer
@@ -83,7 +91,7 @@ int mgpu_store_dec_reserve(mgpu_store_dec_t *d, size_t min, uint8_t **p, size_t 
         d->len = pending;
     }
     if (d->cap - d->len < want) {
-        size_t ncap = d->cap ? d->cap : DEC_MIN_CHUNK;
+        size_t ncap = d->cap ? d->cap : d->chunk;
         uint8_t *nb;
         while (ncap - d->len < want)
             ncap *= 2;
@@ -256,7 +264,8 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             if (!bad && m->u8 != MGPU_STORE_PROTO_VERSION)
                 r.left = 0;
             else if (!bad)
-                bad = rd_bytes(&r, &m->key, lim->max_key);
+                bad = rd_bytes(&r, &m->key, MGPU_STORE_NONCE_LEN) ||
+                      m->key.len != MGPU_STORE_NONCE_LEN;
             break;
         case MGPU_STORE_OP_SET:
             bad = rd_bytes(&r, &m->key, lim->max_key) || rd_bytes(&r, &m->val, lim->max_value);
@@ -281,6 +290,9 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
         case MGPU_STORE_OP_DELETE:
             bad = rd_bytes(&r, &m->key, lim->max_key);
             break;
+        case MGPU_STORE_OP_AUTH:
+            bad = rd_bytes(&r, &m->key, MGPU_STORE_PROOF_LEN) || m->key.len != MGPU_STORE_PROOF_LEN;
+            break;
         case MGPU_STORE_OP_NUM_KEYS:
             break;
         case MGPU_STORE_OP_PING:
@@ -288,6 +300,18 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
             bad = rd_u32c(&r, &m->u32);
             break;
         case MGPU_STORE_OP_HELLO | MGPU_STORE_RESP:
+            bad = rd_u8(&r, &m->u8);
+            /* another version's answer: its version byte is all the client needs */
+            if (!bad && m->u8 != MGPU_STORE_PROTO_VERSION)
+                r.left = 0;
+            else if (!bad)
+                bad = rd_bytes(&r, &m->val, MGPU_STORE_NONCE_LEN) ||
+                      m->val.len != MGPU_STORE_NONCE_LEN;
+            break;
+        case MGPU_STORE_OP_AUTH | MGPU_STORE_RESP:
+            bad =
+                rd_bytes(&r, &m->val2, MGPU_STORE_PROOF_LEN) || m->val2.len != MGPU_STORE_PROOF_LEN;
+            break;
         case MGPU_STORE_OP_CHECK | MGPU_STORE_RESP:
         case MGPU_STORE_OP_DELETE | MGPU_STORE_RESP:
             bad = rd_u8(&r, &m->u8);
@@ -452,6 +476,7 @@ const char *mgpu_store_op_name(uint8_t op)
         [MGPU_STORE_OP_NUM_KEYS] = "NUM_KEYS",
         [MGPU_STORE_OP_PING] = "PING",
         [MGPU_STORE_OP_ON_CLOSE] = "ON_CLOSE",
+        [MGPU_STORE_OP_AUTH] = "AUTH",
     };
     op &= (uint8_t)~MGPU_STORE_RESP;
     return mgpu_names_get(names, MGPU_NAMES_COUNT(names), op, "?");
@@ -466,6 +491,34 @@ const char *mgpu_store_status_name(uint8_t status)
         [MGPU_STORE_ST_AUTH] = "authentication failed",
         [MGPU_STORE_ST_VERSION] = "version mismatch",
         [MGPU_STORE_ST_PROTOCOL] = "protocol error",
+        [MGPU_STORE_ST_BUSY] = "busy",
     };
     return mgpu_names_get(names, MGPU_NAMES_COUNT(names), status, "?");
+}
+
+void mgpu_store_proof(const void *token, size_t tlen, int server,
+                      const uint8_t cnonce[MGPU_STORE_NONCE_LEN],
+                      const uint8_t snonce[MGPU_STORE_NONCE_LEN], uint8_t out[MGPU_STORE_PROOF_LEN])
+{
+    static const char sctx[] = "mgpu-store-v2 server", cctx[] = "mgpu-store-v2 client";
+    if (server)
+        mgpu_sha256_hmac(token, tlen, cnonce, MGPU_STORE_NONCE_LEN, snonce, MGPU_STORE_NONCE_LEN,
+                         sctx, sizeof sctx - 1, out);
+    else
+        mgpu_sha256_hmac(token, tlen, snonce, MGPU_STORE_NONCE_LEN, cnonce, MGPU_STORE_NONCE_LEN,
+                         cctx, sizeof cctx - 1, out);
+}
+
+int mgpu_store_random(void *p, size_t n, mgpu_err_t *err)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom((uint8_t *)p + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return mgpu_err_set(err, -errno, "getrandom(%zu): %s", n - got, strerror(errno));
+        got += (size_t)r;
+    }
+    return 0;
 }

@@ -19,10 +19,12 @@
  *   8      4     payload length in bytes (bounded by the decoder's limits)
  *
  * Payload fields, in order: u8, u32, i64, and bytes = u32 length + that many bytes (keys,
- * values, the token). A payload must be consumed exactly: trailing bytes are an error.
+ * values, nonces, proofs). A payload must be consumed exactly: trailing bytes are an error.
  *
  *   op            request payload                          response payload (status OK)
- *   1 HELLO       u8 version, bytes token                  u8 server version
+ *   1 HELLO       u8 version, bytes client nonce (32)      u8 server version, bytes server
+ *                                                          nonce (32)
+ *   12 AUTH       bytes client proof (32)                  bytes server proof (32)
  *   2 SET         bytes key, bytes value                   -
  *   3 GET         u32 timeout_ms, bytes key                bytes value
  *   4 ADD         bytes key, i64 delta                     i64 new value
@@ -39,13 +41,32 @@
  * death wakes the others that wait on those keys, like ZooKeeper's ephemeral nodes. A new
  * ON_CLOSE replaces the last one; 0 pairs clears it. Values are bounded like keys.
  *
+ * The handshake proves knowledge of the token (the shared secret, "" when the server has none)
+ * without sending it: a capture of the traffic neither reveals it nor can be replayed. Both
+ * nonces are 32 random bytes, fresh per connection; proofs are HMAC-SHA256 keyed with the token:
+ *
+ *   server proof = HMAC(token, client nonce || server nonce || "mgpu-store-v2 server")
+ *   client proof = HMAC(token, server nonce || client nonce || "mgpu-store-v2 client")
+ *
+ * The client sends HELLO; the server answers with its nonce; the client sends AUTH with its
+ * proof; the server compares it with the expected one in constant time and answers ST_AUTH, or
+ * OK with its own proof, which the client checks in turn (a server that does not know the
+ * token is not the job's store: the client closes). The client proves first so that a stranger
+ * who connects learns nothing it could test guesses of the token against offline. The two
+ * context strings differ, so neither side's proof can be replayed as the other's. A server
+ * without a token accepts any client proof (and proves with the empty token). Only HELLO and then
+ * AUTH are accepted until AUTH succeeds, within the server's deadline (2 s by default), in frames
+ * of at most MGPU_STORE_PREAUTH_MAX bytes; a server whose slots for authenticated clients are all
+ * taken answers AUTH with ST_BUSY and closes, and a client retries that (with backoff) until its
+ * own deadline.
+ *
  * A response whose status is not OK carries one field: bytes message (human-readable).
  * HELLO must be the first request of a connection; its version is MGPU_STORE_PROTO_VERSION and a
- * server that speaks another answers ST_VERSION and closes. The header and HELLO's first byte
- * (the version) keep their meaning in every version; what follows may change.
- * timeout_ms: 0 = do not wait, MGPU_STORE_WAIT_FOREVER = no deadline.
- * A malformed or oversized frame is a protocol error: the server answers ST_PROTOCOL (best
- * effort) and closes that connection only.
+ * server that speaks another answers ST_VERSION and closes (version 1 sent the token itself). The
+ * header and HELLO's first byte (the version) keep their meaning in every version; what follows may
+ * change. timeout_ms: 0 = do not wait, MGPU_STORE_WAIT_FOREVER = no deadline. A malformed or
+ * oversized frame is a protocol error: the server answers ST_PROTOCOL (best effort) and closes that
+ * connection only.
  *
  * Ownership: the decoder owns its buffer; a frame it returns points into that buffer and stays
  * valid until the next call of reserve, feed or next on the same decoder. */
@@ -57,12 +78,17 @@
 
 #include "error.h" /* mgpu_err_t */
 
-#define MGPU_STORE_PROTO_VERSION 1
+#define MGPU_STORE_PROTO_VERSION 2
 #define MGPU_STORE_HDR_SIZE 12
 #define MGPU_STORE_MAGIC0 0x4D /* 'M' */
 #define MGPU_STORE_MAGIC1 0x47 /* 'G' */
 #define MGPU_STORE_RESP 0x80   /* set in the op of a response */
 #define MGPU_STORE_WAIT_FOREVER UINT32_MAX
+#define MGPU_STORE_NONCE_LEN 32 /* bytes in a handshake nonce */
+#define MGPU_STORE_PROOF_LEN 32 /* bytes in a handshake proof (an HMAC-SHA256) */
+/* The largest frame a server reads before AUTH succeeds: a HELLO with its nonce, with room
+ * for another version's HELLO to be answered ST_VERSION rather than cut. */
+#define MGPU_STORE_PREAUTH_MAX 128
 
 /* Default limits (the server's may be changed by its options). */
 #define MGPU_STORE_MAX_KEY (4u << 10)          /* bytes in a key (and in the token) */
@@ -81,7 +107,8 @@ enum {
     MGPU_STORE_OP_NUM_KEYS = 9,
     MGPU_STORE_OP_PING = 10,
     MGPU_STORE_OP_ON_CLOSE = 11,
-    MGPU_STORE_OP_LAST = MGPU_STORE_OP_ON_CLOSE,
+    MGPU_STORE_OP_AUTH = 12,
+    MGPU_STORE_OP_LAST = MGPU_STORE_OP_AUTH,
 };
 
 enum {
@@ -91,7 +118,8 @@ enum {
     MGPU_STORE_ST_AUTH = 3,      /* wrong token (the server closes) */
     MGPU_STORE_ST_VERSION = 4,   /* protocol version not spoken (the server closes) */
     MGPU_STORE_ST_PROTOCOL = 5,  /* malformed or oversized frame (the server closes) */
-    MGPU_STORE_ST_LAST = MGPU_STORE_ST_PROTOCOL,
+    MGPU_STORE_ST_BUSY = 6,      /* no slot for this connection now: retry later (it closes) */
+    MGPU_STORE_ST_LAST = MGPU_STORE_ST_BUSY,
 };
 
 typedef struct mgpu_store_limits {
@@ -128,10 +156,11 @@ typedef struct mgpu_store_msg {
     uint32_t u32;            /* GET/WAIT timeout_ms; PING nonce */
     int64_t i64;             /* ADD delta or new value; NUM_KEYS */
     uint32_t nkeys;          /* WAIT/CHECK: number of keys, read them with mgpu_store_keys_next */
-    mgpu_store_slice_t key;  /* the key; HELLO token; WAIT/CHECK: the encoded key list */
+    mgpu_store_slice_t key;  /* the key; HELLO nonce; AUTH proof; WAIT/CHECK: the key list */
     mgpu_store_slice_t val;  /* SET value; COMPARE_SET expected; GET/COMPARE_SET response value;
-                                error message of a non-OK response */
-    mgpu_store_slice_t val2; /* COMPARE_SET desired */
+                                HELLO response: the server nonce; error message of a non-OK
+                                response */
+    mgpu_store_slice_t val2; /* COMPARE_SET desired; AUTH response: the server proof */
 } mgpu_store_msg_t;
 
 /* The incremental decoder: bytes go in (feed, or reserve + read + commit without a copy),
@@ -143,6 +172,7 @@ typedef struct mgpu_store_dec {
     size_t len;   /* bytes in buf */
     size_t cap;
     size_t max_payload;
+    size_t chunk;  /* bytes read at once when no frame asks for more */
     int responses; /* 1: accept response ops (client); 0: request ops (server) */
     int failed;
 } mgpu_store_dec_t;
@@ -152,6 +182,9 @@ void mgpu_store_dec_init(mgpu_store_dec_t *d, const mgpu_store_limits_t *lim, in
 void mgpu_store_dec_free(mgpu_store_dec_t *d);
 /* Changes the limits of frames not yet returned (the server widens them after HELLO). */
 void mgpu_store_dec_set_limits(mgpu_store_dec_t *d, const mgpu_store_limits_t *lim);
+/* Bytes to read at once (and to allocate at first) when no frame needs more: the server keeps
+ * it small until a peer has authenticated, so an idle or hostile connection costs little. */
+void mgpu_store_dec_set_chunk(mgpu_store_dec_t *d, size_t chunk);
 /* Space to read at least min bytes into (more when a known frame needs more); invalidates
  * frames returned before. -ENOMEM on allocation failure. */
 int mgpu_store_dec_reserve(mgpu_store_dec_t *d, size_t min, uint8_t **p, size_t *avail);
@@ -193,6 +226,14 @@ void mgpu_store_buf_i64(mgpu_store_buf_t *b, int64_t v);
 void mgpu_store_buf_bytes(mgpu_store_buf_t *b, const void *p, size_t n);
 /* bytes with no length (the parts of a field whose length was written with buf_u32) */
 void mgpu_store_buf_raw(mgpu_store_buf_t *b, const void *p, size_t n);
+
+/* A proof of the handshake (see above): server = 1 for the server's, 0 for the client's. */
+void mgpu_store_proof(const void *token, size_t tlen, int server,
+                      const uint8_t cnonce[MGPU_STORE_NONCE_LEN],
+                      const uint8_t snonce[MGPU_STORE_NONCE_LEN],
+                      uint8_t out[MGPU_STORE_PROOF_LEN]);
+/* n random bytes from getrandom(2), for nonces. 0 or -errno (detail in err). */
+int mgpu_store_random(void *p, size_t n, mgpu_err_t *err);
 
 /* Names for logs: "SET", "GET", ... ("?" when unknown); status names "ok", "timeout", ... */
 const char *mgpu_store_op_name(uint8_t op);

@@ -3,11 +3,14 @@
  * belongs to the worker unchanged. */
 #include "cli.h"
 
-#include <errno.h>  /* errno */
-#include <math.h>   /* isfinite */
-#include <stdio.h>  /* fprintf */
-#include <stdlib.h> /* strtol, strtod */
-#include <string.h> /* strcmp */
+#include <errno.h>    /* errno */
+#include <fcntl.h>    /* open */
+#include <math.h>     /* isfinite */
+#include <stdio.h>    /* fprintf */
+#include <stdlib.h>   /* strtol, strtod */
+#include <string.h>   /* strcmp */
+#include <sys/stat.h> /* fstat */
+#include <unistd.h>   /* read, close */
 
 typedef enum {
     O_NPROC,
@@ -21,6 +24,7 @@ typedef enum {
     O_RDZV_ID,
     O_RDZV_CONF,
     O_RDZV_TOKEN,
+    O_RDZV_TOKEN_FILE,
     O_MAX_RESTARTS,
     O_MONITOR,
     O_START_METHOD,
@@ -71,7 +75,11 @@ static const opt_t opts[] = {
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
     {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF,
      "k=v,...  join_timeout, last_call_timeout, is_host"},
-    {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN, "SECRET  the store's token (several hosts)"},
+    {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN,
+     "SECRET  the store's token (several hosts); PET_RDZV_TOKEN or --rdzv_token_file keep it "
+     "off the command line"},
+    {"rdzv_token_file", 0, ARG_REQUIRED, O_RDZV_TOKEN_FILE,
+     "PATH  read the store's token from PATH (mode 0600)"},
     {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS,
      "N  group restarts before failing (default 0)"},
     {"monitor_interval", 0, ARG_REQUIRED, O_MONITOR, "SECONDS  accepted; mgpu does not poll"},
@@ -180,6 +188,18 @@ int mgpu_std_spec_parse(const char *s, mgpu_std_spec_t *spec, mgpu_err_t *err)
         return mgpu_err_set(err, MGPU_E_USAGE, "'%s': expected 0, 1, 2 or 3, or a map like 0:1,1:2",
                             s);
     return 0;
+}
+
+void mgpu_cli_scrub_token(mgpu_cli_t *cli)
+{
+    for (int i = 0; i < cli->n_token_args; i++) {
+        char *p = cli->token_args[i];
+        size_t n = strlen(p);
+        /* "***" then NULs: /proc/PID/cmdline shows neither the token nor its length */
+        memset(p, 0, n);
+        memcpy(p, "***", n < 3 ? n : 3);
+    }
+    cli->n_token_args = 0;
 }
 
 int mgpu_cli_given(const mgpu_cli_t *cli, const char *name)
@@ -337,6 +357,47 @@ static int parse_flag_env(const char *what, const char *v, int *out, mgpu_err_t 
     return 0;
 }
 
+/* --rdzv_token_file: the token is the file's first line. A file that others can read gives
+ * the secret away as surely as the command line would, so it is refused, as ssh refuses a
+ * private key of mode 0644. */
+static int read_token_file(const char *what, const char *path, mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    char buf[sizeof cli->rdzv_token + 2];
+    struct stat st;
+    ssize_t n = 0, r;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s: open(%s): %s", what, path, strerror(errno));
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s: %s is not a regular file", what, path);
+    }
+    if (st.st_mode & (S_IRGRP | S_IROTH)) {
+        close(fd);
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s: %s is readable by others (mode %04o); chmod 600 %s", what, path,
+                            (unsigned)(st.st_mode & 07777), path);
+    }
+    while ((size_t)n < sizeof buf - 1 &&
+           ((r = read(fd, buf + n, sizeof buf - 1 - (size_t)n)) > 0 || (r < 0 && errno == EINTR)))
+        n += r > 0 ? r : 0;
+    close(fd);
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0'; /* the first line, without its end */
+    if (buf[0] == '\0')
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s: %s is empty: expected the token on its first line", what, path);
+    if (strlen(buf) >= sizeof cli->rdzv_token) {
+        memset(buf, 0, sizeof buf);
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s: the token in %s is longer than %zu characters",
+                            what, path, sizeof cli->rdzv_token - 1);
+    }
+    memcpy(cli->rdzv_token, buf, strlen(buf) + 1);
+    memset(buf, 0, sizeof buf);
+    return 0;
+}
+
 /* Applies one option. what names its source in messages ("--nproc_per_node" or
  * "PET_NPROC_PER_NODE"); v is NULL for a flag given on the command line. */
 static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *v, int from_env,
@@ -391,6 +452,8 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return parse_endpoint(what, v, cli, err);
     case O_RDZV_TOKEN:
         return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
+    case O_RDZV_TOKEN_FILE:
+        return read_token_file(what, v, cli, err);
     case O_RDZV_ID:
         if (*v == '\0' || strchr(v, '/') != NULL)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
@@ -612,6 +675,12 @@ int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv
         }
         if (apply(cli, o, what, val, 0, err) < 0)
             return MGPU_E_USAGE;
+        if (o->id == O_RDZV_TOKEN) {
+            if (cli->n_token_args >= MGPU_CLI_MAX_TOKEN_ARGS)
+                return mgpu_err_set(err, MGPU_E_USAGE, "%s given more than %d times", what,
+                                    MGPU_CLI_MAX_TOKEN_ARGS);
+            cli->token_args[cli->n_token_args++] = (char *)val; /* inside argv: see scrub */
+        }
     }
 
     if (cli->show_help || cli->show_version)

@@ -9,7 +9,8 @@
 
 #include "error.h" /* mgpu_err_t */
 
-#define MGPU_MAX_LOCAL 1024 /* workers per node; more is refused as absurd */
+#define MGPU_MAX_LOCAL 1024       /* workers per node; more is refused as absurd */
+#define MGPU_CLI_MAX_TOKEN_ARGS 8 /* --rdzv_token given more often is refused */
 
 /* torchrun's -r/-t value: one value for every local rank, or a map "0:1,1:2". Bit 1 is
  * stdout, bit 2 is stderr. */
@@ -34,7 +35,9 @@ typedef struct mgpu_cli {
     char rdzv_endpoint[300];
     char rdzv_id[128];
     char rdzv_conf[512];
-    char rdzv_token[128];     /* shared secret of the store ("" = generated on one node) */
+    char rdzv_token[128]; /* shared secret of the store ("" = generated on one node) */
+    char *token_args[MGPU_CLI_MAX_TOKEN_ARGS]; /* --rdzv_token values inside argv (scrubbed) */
+    int n_token_args;
     double join_timeout;      /* from --rdzv_conf join_timeout (default 600) */
     double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
     int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
@@ -75,6 +78,11 @@ typedef const char *(*mgpu_getenv_fn)(const char *name);
  * message naming the option, the value and what was expected. */
 int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
                    mgpu_err_t *err);
+
+/* Overwrites every --rdzv_token value in the argv given to mgpu_cli_parse with "***", so that
+ * /proc/PID/cmdline (readable by every user, and by ps) no longer shows it; processes forked
+ * afterwards (the keeper) inherit the overwritten copy. Call after parsing, before forking. */
+void mgpu_cli_scrub_token(mgpu_cli_t *cli);
 
 /* 1 when the option named (underscore spelling, e.g. "nnodes") was given on the command line
  * or through its PET_ variable. */

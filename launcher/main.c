@@ -188,6 +188,7 @@ int main(int argc, char **argv)
     mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
     if ((rc = parse(&cli, argc, argv)) >= 0)
         return rc;
+    mgpu_cli_scrub_token(&cli); /* before the keeper is forked: it inherits argv's memory */
     if (plan_run(&plan, &cli, &err) < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);

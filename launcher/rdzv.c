@@ -289,7 +289,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
         return free(r), mgpu_err_set(err, MGPU_E_USAGE,
                                      "several nodes meet through a store open to the network at "
                                      "%s:%d: give every node the same secret with --rdzv_token "
-                                     "(or PET_RDZV_TOKEN)",
+                                     "(or PET_RDZV_TOKEN, or --rdzv_token_file)",
                                      o->store_host, o->store_port);
 
     if (o->serve) {

@@ -7,12 +7,13 @@
 #include <stdlib.h> /* malloc, free */
 #include <string.h> /* memcmp, memcpy */
 
-#include "log.h" /* mgpu_warn, mgpu_debug */
+#include "log.h"    /* mgpu_warn, mgpu_debug */
+#include "sha256.h" /* mgpu_sha256_equal */
 
 /* ---- the table ---- */
 
 /* FNV-1a. Not keyed: a client could choose colliding keys and lengthen one chain, but only
- * clients that passed HELLO (with the token where the store is reachable from other hosts)
+ * clients that authenticated (with the token where the store is reachable from other hosts)
  * send keys, and they are the job's own processes. */
 static uint32_t hash_key(const uint8_t *k, size_t n)
 {
@@ -301,18 +302,6 @@ nomem:
 
 /* ---- requests ---- */
 
-/* Compares in time that depends on the presented token's length only, not on where it
- * differs from the secret. */
-static int token_ok(const mgpu_store_server_t *s, const mgpu_store_slice_t *t)
-{
-    unsigned diff = t->len != s->token_len;
-    if (s->token_len == 0)
-        return 1;
-    for (uint32_t i = 0; i < t->len; i++)
-        diff |= t->p[i] ^ s->token[i % s->token_len];
-    return diff == 0;
-}
-
 /* The decimal int64 of an ADD counter: -?[0-9]+ with no overflow. */
 static int parse_i64(const uint8_t *p, size_t n, int64_t *v)
 {
@@ -332,11 +321,14 @@ static int parse_i64(const uint8_t *p, size_t n, int64_t *v)
     return 0;
 }
 
+/* HELLO: the server's nonce (store_proto.h). */
 static void handle_hello(conn_t *c, const mgpu_store_msg_t *m)
 {
+    mgpu_err_t err;
     size_t start;
     char why[128];
-    if (c->authed) {
+
+    if (c->hello) {
         mgpu_store_server_conn_fail(c, m->op, m->id, MGPU_STORE_ST_PROTOCOL, "HELLO sent twice");
         return;
     }
@@ -346,15 +338,47 @@ static void handle_hello(conn_t *c, const mgpu_store_msg_t *m)
         mgpu_store_server_conn_fail(c, m->op, m->id, MGPU_STORE_ST_VERSION, why);
         return;
     }
-    if (!token_ok(c->srv, &m->key)) {
+    if (mgpu_store_random(c->snonce, sizeof c->snonce, &err) < 0) {
+        mgpu_error("store: %s", err.msg);
+        mgpu_store_server_conn_close(c);
+        return;
+    }
+    memcpy(c->cnonce, m->key.p, sizeof c->cnonce);
+    c->hello = 1;
+    start = mgpu_store_buf_frame_begin(&c->out, m->op | MGPU_STORE_RESP, MGPU_STORE_ST_OK, m->id);
+    mgpu_store_buf_u8(&c->out, MGPU_STORE_PROTO_VERSION);
+    mgpu_store_buf_bytes(&c->out, c->snonce, sizeof c->snonce);
+    mgpu_store_server_resp_end(c, start);
+}
+
+/* AUTH: the client's proof, compared in constant time; then a slot, if one is free, and the
+ * server's own proof. */
+static void handle_auth(conn_t *c, const mgpu_store_msg_t *m)
+{
+    mgpu_store_server_t *s = c->srv;
+    uint8_t want[MGPU_STORE_PROOF_LEN];
+    size_t start;
+
+    if (c->authed) {
+        mgpu_store_server_conn_fail(c, m->op, m->id, MGPU_STORE_ST_PROTOCOL, "AUTH sent twice");
+        return;
+    }
+    mgpu_store_proof(s->token, s->token_len, 0, c->cnonce, c->snonce, want);
+    /* A server without a token requires nothing: any proof will do. */
+    if (s->token_len > 0 && !mgpu_sha256_equal(want, m->key.p, sizeof want)) {
         mgpu_store_server_conn_fail(c, m->op, m->id, MGPU_STORE_ST_AUTH, "wrong store token");
         return;
     }
-    c->authed = 1;
-    /* Before HELLO a peer may only send a small frame; now the full limits apply. */
-    mgpu_store_dec_set_limits(&c->dec, &c->srv->lim);
+    if (s->nconns >= s->max_conns) {
+        char why[96];
+        snprintf(why, sizeof why, "too many connections (max_conns %d)", s->max_conns);
+        mgpu_store_server_conn_refuse(c, m->id, MGPU_STORE_ST_BUSY, why);
+        return;
+    }
+    mgpu_store_server_conn_authed(c);
+    mgpu_store_proof(s->token, s->token_len, 1, c->cnonce, c->snonce, want);
     start = mgpu_store_buf_frame_begin(&c->out, m->op | MGPU_STORE_RESP, MGPU_STORE_ST_OK, m->id);
-    mgpu_store_buf_u8(&c->out, MGPU_STORE_PROTO_VERSION);
+    mgpu_store_buf_bytes(&c->out, want, sizeof want);
     mgpu_store_server_resp_end(c, start);
 }
 
@@ -370,8 +394,14 @@ void mgpu_store_requests_handle(conn_t *c, const mgpu_store_frame_t *f)
         mgpu_store_server_conn_fail(c, f->op, f->id, MGPU_STORE_ST_PROTOCOL, err.msg);
         return;
     }
-    if (!c->authed && m.op != MGPU_STORE_OP_HELLO) {
+    if (!c->authed && !c->hello && m.op != MGPU_STORE_OP_HELLO) {
         snprintf(err.msg, sizeof err.msg, "first request is %s, expected HELLO",
+                 mgpu_store_op_name(m.op));
+        mgpu_store_server_conn_fail(c, m.op, m.id, MGPU_STORE_ST_PROTOCOL, err.msg);
+        return;
+    }
+    if (!c->authed && c->hello && m.op != MGPU_STORE_OP_AUTH) {
+        snprintf(err.msg, sizeof err.msg, "%s after HELLO, expected AUTH",
                  mgpu_store_op_name(m.op));
         mgpu_store_server_conn_fail(c, m.op, m.id, MGPU_STORE_ST_PROTOCOL, err.msg);
         return;
@@ -379,6 +409,9 @@ void mgpu_store_requests_handle(conn_t *c, const mgpu_store_frame_t *f)
     switch (m.op) {
     case MGPU_STORE_OP_HELLO:
         handle_hello(c, &m);
+        return;
+    case MGPU_STORE_OP_AUTH:
+        handle_auth(c, &m);
         return;
     case MGPU_STORE_OP_SET:
         if ((e = table_get(s, m.key.p, m.key.len)) == NULL || entry_set(s, e, m.val.p, m.val.len))

@@ -58,7 +58,7 @@ struct waiter {
 struct conn {
     uv_tcp_t tcp; /* first: the handle's address is the connection's */
     mgpu_store_server_t *srv;
-    conn_t *prev, *next;
+    conn_t *prev, *next; /* in the server's pending list until authed, then in conns */
     mgpu_store_dec_t dec;
     mgpu_store_buf_t out;  /* responses not yet handed to the socket */
     mgpu_store_buf_t wbuf; /* the bytes of the uv_write in flight */
@@ -66,31 +66,51 @@ struct conn {
     uv_shutdown_t sreq;
     int writing;          /* wreq in flight */
     int reading;          /* uv_read_start in effect */
-    int authed;           /* HELLO accepted */
+    int hello;            /* HELLO answered: nonces below are set, AUTH expected */
+    int authed;           /* AUTH accepted */
     int draining;         /* answer what is queued, then shut down and close */
     int shutdown;         /* sreq in flight */
     int closing;          /* uv_close called */
-    int counted;          /* counts towards max_conns (refused connections do not) */
-    uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to say HELLO */
+    int counted;          /* counts towards max_conns (authenticated) */
+    uint64_t accepted_ms; /* uv_now at accept: a peer has hello_timeout_ms to authenticate */
+    uint8_t cnonce[MGPU_STORE_NONCE_LEN], snonce[MGPU_STORE_NONCE_LEN];
     waiter_t *waiters;
     uint8_t *on_close; /* ON_CLOSE's encoded key/value list, set when this one closes */
     uint32_t on_close_len, on_close_n;
     char peer[64];
 };
 
+/* A log line budget: at most burst lines at once, refilled at one line a second; what is
+ * not logged is counted and said with the next line (or by the sweep). */
+typedef struct loglimit {
+    double tokens;
+    double burst;
+    uint64_t last_ms;
+    unsigned long suppressed;
+    const char *what; /* "refused", "bad": named in the line that gives the count */
+} loglimit_t;
+
 struct mgpu_store_server {
     uv_loop_t *loop;
     uv_tcp_t listener;
-    uv_timer_t sweep; /* closes connections that did not say HELLO in time */
+    uv_timer_t sweep; /* closes connections that did not authenticate in time */
     uint64_t hello_timeout_ms;
     int port;
     uint8_t *token;
     size_t token_len;
     int max_conns;
     mgpu_store_limits_t lim;
-    conn_t *conns;
+    conn_t *conns; /* authenticated connections */
     int nconns;
-    int handles; /* handles whose close callback has not run yet */
+    /* Connections not authenticated yet, oldest first: a budget of their own (max_pending),
+     * so that a flood of them never takes an authenticated client's slot; when it is spent,
+     * the oldest is closed to make room, and each has hello_timeout_ms to authenticate. */
+    conn_t *pending, *pending_tail;
+    int npending;
+    int max_pending;
+    loglimit_t log_refused; /* connections refused for lack of room or time */
+    loglimit_t log_bad;     /* unauthenticated peers closed for what they sent */
+    int handles;            /* handles whose close callback has not run yet */
     int closing;
     entry_t **buckets;
     size_t nbuckets; /* a power of two */
@@ -123,7 +143,13 @@ void mgpu_store_server_resp_end(conn_t *c, size_t start);
 /* A non-OK response: status + message. */
 void mgpu_store_server_resp_status(conn_t *c, uint8_t op, uint32_t id, uint8_t status,
                                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Answers with an error and closes once it is written; reading stops at once. */
+/* Closes a connection for lack of room or time (no slot left, its deadline passed), with an
+ * error frame written only if the socket takes it at once, and a rate-limited log line. */
+void mgpu_store_server_conn_refuse(conn_t *c, uint32_t id, uint8_t status, const char *why);
+/* c authenticated: it leaves the pending list for the authenticated ones. */
+void mgpu_store_server_conn_authed(conn_t *c);
+/* Answers with an error and closes once it is written; reading stops at once. Logged (rate
+ * limited when c is not authenticated). */
 void mgpu_store_server_conn_fail(conn_t *c, uint8_t op, uint32_t id, uint8_t status,
                                  const char *why);
 

@@ -25,6 +25,10 @@
 #include "store_requests.h" /* the table and the handlers */
 
 #define DEFAULT_MAX_CONNS 4096
+/* Connections accepted but not authenticated yet (see the pending list in store_requests.h):
+ * a real client leaves the list within a round trip or two, so this bounds a flood's cost
+ * (about 1 KiB each) rather than a rendezvous's speed. */
+#define DEFAULT_MAX_PENDING 1024
 /* Stop decoding a connection's requests while this many response bytes wait for its socket:
  * a client that sends without reading cannot make the server buffer without bound. */
 #define OUT_HIGH (1u << 20)
@@ -66,6 +70,44 @@ static void conn_closed(uv_handle_t *h)
     mgpu_store_server_handle_closed(s);
 }
 
+/* Takes c out of its list (pending or authenticated) and its count. */
+static void conn_unlink(conn_t *c)
+{
+    mgpu_store_server_t *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (c->authed)
+        s->conns = c->next;
+    else
+        s->pending = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else if (!c->authed)
+        s->pending_tail = c->prev;
+    c->prev = c->next = NULL;
+    if (c->counted)
+        s->nconns--;
+    else
+        s->npending--;
+}
+
+void mgpu_store_server_conn_authed(conn_t *c)
+{
+    mgpu_store_server_t *s = c->srv;
+    conn_unlink(c);
+    c->authed = 1;
+    c->counted = 1;
+    s->nconns++;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    /* Before AUTH a peer may only send a small frame, read in small pieces; now the full
+     * limits apply. */
+    mgpu_store_dec_set_limits(&c->dec, &s->lim);
+    mgpu_store_dec_set_chunk(&c->dec, 0);
+}
+
 /* Closes at once: queued responses are dropped and parked waits end unanswered. */
 void mgpu_store_server_conn_close(conn_t *c)
 {
@@ -77,14 +119,7 @@ void mgpu_store_server_conn_close(conn_t *c)
         mgpu_store_requests_on_close(c);
     while (c->waiters != NULL)
         mgpu_store_requests_waiter_free(c->waiters);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    if (c->counted)
-        s->nconns--;
+    conn_unlink(c);
     /* uv_close cancels a write in flight; its callback runs (ECANCELED) before conn_closed. */
     uv_close((uv_handle_t *)&c->tcp, conn_closed);
 }
@@ -214,11 +249,92 @@ void mgpu_store_server_resp_status(conn_t *c, uint8_t op, uint32_t id, uint8_t s
     mgpu_store_server_resp_end(c, start);
 }
 
+/* ---- log lines about closed connections ---- */
+
+static void loglimit_init(loglimit_t *l, double burst, const char *what, uint64_t now)
+{
+    l->tokens = l->burst = burst;
+    l->last_ms = now;
+    l->suppressed = 0;
+    l->what = what;
+}
+
+/* 1 when a line may be written now (refilling the budget first). */
+static int loglimit_take(loglimit_t *l, uint64_t now)
+{
+    l->tokens += (double)(now - l->last_ms) / 1000.0;
+    if (l->tokens > l->burst)
+        l->tokens = l->burst;
+    l->last_ms = now;
+    if (l->tokens < 1.0)
+        return 0;
+    l->tokens -= 1.0;
+    return 1;
+}
+
+/* One line about closing c, unless the budget is spent: then only counted. A flood of
+ * connections would otherwise write a line each (thousands a second) and bury the log. */
+static void log_closed(conn_t *c, loglimit_t *l, const char *why)
+{
+    uint64_t now = uv_now(c->srv->loop);
+    if (!loglimit_take(l, now)) {
+        l->suppressed++;
+        return;
+    }
+    if (l->suppressed > 0)
+        mgpu_warn("store: closing connection from %s: %s (and %lu more %s connections closed "
+                  "without a line)",
+                  c->peer, why, l->suppressed, l->what);
+    else
+        mgpu_warn("store: closing connection from %s: %s", c->peer, why);
+    l->suppressed = 0;
+}
+
+/* The count of lines not written, once the budget allows (the flood may have stopped). */
+static void log_flush(mgpu_store_server_t *s, loglimit_t *l)
+{
+    if (l->suppressed > 0 && loglimit_take(l, uv_now(s->loop))) {
+        mgpu_warn("store: closed %lu more %s connections without a line", l->suppressed, l->what);
+        l->suppressed = 0;
+    }
+}
+
+void mgpu_store_server_conn_refuse(conn_t *c, uint32_t id, uint8_t status, const char *why)
+{
+    uint8_t frame[MGPU_STORE_HDR_SIZE + 4 + 128];
+    size_t n = strlen(why);
+    uv_buf_t b;
+
+    if (c->closing)
+        return;
+    log_closed(c, &c->srv->log_refused, why);
+    if (n > sizeof frame - MGPU_STORE_HDR_SIZE - 4)
+        n = sizeof frame - MGPU_STORE_HDR_SIZE - 4;
+    /* Built by hand into a small stack buffer: a refused connection gets no buffers. */
+    frame[0] = MGPU_STORE_MAGIC0;
+    frame[1] = MGPU_STORE_MAGIC1;
+    frame[2] = (c->hello ? MGPU_STORE_OP_AUTH : MGPU_STORE_OP_HELLO) | MGPU_STORE_RESP;
+    frame[3] = status;
+    for (int i = 0; i < 4; i++) {
+        frame[4 + i] = (uint8_t)(id >> (8 * i));
+        frame[8 + i] = (uint8_t)((n + 4) >> (8 * i));
+        frame[12 + i] = (uint8_t)(n >> (8 * i));
+    }
+    memcpy(frame + 16, why, n);
+    b = uv_buf_init((char *)frame, (unsigned)(16 + n));
+    if (!c->writing && c->out.len == 0)
+        (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1); /* best effort: the peer may not read */
+    mgpu_store_server_conn_close(c);
+}
+
 /* Answers with an error and closes once it is written; reading stops at once. */
 void mgpu_store_server_conn_fail(conn_t *c, uint8_t op, uint32_t id, uint8_t status,
                                  const char *why)
 {
-    mgpu_warn("store: closing connection from %s: %s", c->peer, why);
+    if (c->authed)
+        mgpu_warn("store: closing connection from %s: %s", c->peer, why);
+    else
+        log_closed(c, &c->srv->log_bad, why);
     if (c->closing || c->draining)
         return;
     mgpu_store_server_resp_status(c, op ? op : MGPU_STORE_OP_HELLO, id, status, "%s", why);
@@ -326,7 +442,12 @@ static void on_connection(uv_stream_t *l, int status)
     int rc;
 
     if (status < 0) {
-        mgpu_warn("store: accept: %s", uv_strerror(status));
+        /* EMFILE under a flood: libuv drops the connection; one line a second says so. */
+        if (loglimit_take(&s->log_refused, uv_now(s->loop))) {
+            mgpu_warn("store: accept: %s", uv_strerror(status));
+        } else {
+            s->log_refused.suppressed++;
+        }
         return;
     }
     c = calloc(1, sizeof *c);
@@ -338,20 +459,32 @@ static void on_connection(uv_stream_t *l, int status)
     uv_tcp_init(s->loop, &c->tcp);
     s->handles++;
     c->tcp.data = c;
-    {
-        /* Until HELLO, only a frame the size of a HELLO is admitted: an unauthenticated peer
-         * cannot make the server buffer a value-sized frame. */
-        mgpu_store_limits_t pre = s->lim;
-        pre.max_value = 0;
-        mgpu_store_dec_init(&c->dec, &pre, 0);
+    /* Until AUTH, only a frame the size of a HELLO is admitted, read in pieces that small: an
+     * unauthenticated peer cannot make the server buffer a value-sized frame, nor even the
+     * usual read chunk. */
+    mgpu_store_dec_init(&c->dec, &s->lim, 0);
+    c->dec.max_payload = MGPU_STORE_PREAUTH_MAX;
+    mgpu_store_dec_set_chunk(&c->dec, MGPU_STORE_HDR_SIZE + MGPU_STORE_PREAUTH_MAX);
+    /* Appended to the pending list (oldest first); when its budget is spent, the oldest is
+     * closed: a flood of connections that never authenticate then churns among itself, and a
+     * real client, which authenticates within a round trip or two, keeps its place. */
+    if (s->npending >= s->max_pending && s->pending != NULL) {
+        char why[96];
+        snprintf(why, sizeof why, "too many connections not authenticated yet (max_pending %d)",
+                 s->max_pending);
+        mgpu_store_server_conn_refuse(s->pending, 0, MGPU_STORE_ST_BUSY, why);
     }
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
+    c->prev = s->pending_tail;
+    if (s->pending_tail)
+        s->pending_tail->next = c;
+    else
+        s->pending = c;
+    s->pending_tail = c;
+    s->npending++;
     rc = uv_accept(l, (uv_stream_t *)&c->tcp);
     if (rc < 0) {
-        mgpu_warn("store: accept: %s", uv_strerror(rc));
+        snprintf(c->peer, sizeof c->peer, "?"); /* not known before accept */
+        log_closed(c, &s->log_refused, uv_strerror(rc));
         mgpu_store_server_conn_close(c);
         return;
     }
@@ -361,34 +494,30 @@ static void on_connection(uv_stream_t *l, int status)
     uv_tcp_keepalive(&c->tcp, 1, 30);
     c->accepted_ms = uv_now(s->loop);
     peer_name(&c->tcp, c->peer, sizeof c->peer);
-    if (s->nconns >= s->max_conns) {
-        char why[96];
-        snprintf(why, sizeof why, "too many connections (max_conns %d)", s->max_conns);
-        mgpu_store_server_conn_fail(c, MGPU_STORE_OP_HELLO, 0, MGPU_STORE_ST_PROTOCOL, why);
-        return;
-    }
-    c->counted = 1;
-    s->nconns++;
     mgpu_debug("store: connection from %s", c->peer);
     conn_read_start(c);
 }
 
-/* Once a second: a peer that connected but has not said HELLO in time holds a connection slot
- * for nothing (or is probing the port); it is closed. */
+/* Every few hundred ms: connections that did not authenticate in time hold a place for
+ * nothing (or are probing the port); they are closed, oldest first (the pending list is in
+ * accept order, so only its head needs looking at). */
 static void sweep(uv_timer_t *t)
 {
     mgpu_store_server_t *s = t->data;
     uint64_t now = uv_now(s->loop);
-    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
-        next = c->next;
-        if (!c->authed && !c->draining && !c->closing &&
-            now - c->accepted_ms >= s->hello_timeout_ms) {
-            char why[64];
-            snprintf(why, sizeof why, "no HELLO within %llu ms",
-                     (unsigned long long)s->hello_timeout_ms);
-            mgpu_store_server_conn_fail(c, MGPU_STORE_OP_HELLO, 0, MGPU_STORE_ST_PROTOCOL, why);
+    conn_t *c;
+    while ((c = s->pending) != NULL && now - c->accepted_ms >= s->hello_timeout_ms) {
+        char why[64];
+        if (c->draining) {
+            mgpu_store_server_conn_close(c); /* its error was sent; the peer does not read */
+            continue;
         }
+        snprintf(why, sizeof why, "no %s within %llu ms", c->hello ? "AUTH" : "HELLO",
+                 (unsigned long long)s->hello_timeout_ms);
+        mgpu_store_server_conn_refuse(c, 0, MGPU_STORE_ST_PROTOCOL, why);
     }
+    log_flush(s, &s->log_refused);
+    log_flush(s, &s->log_bad);
 }
 
 /* ---- the public API ---- */
@@ -397,9 +526,10 @@ static void sweep(uv_timer_t *t)
  * max_conns: without this, a rendezvous of a thousand workers fails at accept(2) with EMFILE.
  * Raises the soft limit as far as the hard one allows (children inherit it, which is harmless),
  * and says so when even that is short. */
-static void raise_fd_limit(int max_conns)
+static void raise_fd_limit(int max_conns, int max_pending)
 {
-    long want = (long)max_conns + 256; /* the launcher's own pipes, logs, workers */
+    /* + the launcher's own pipes, logs, workers */
+    long want = (long)max_conns + max_pending + 256;
     long got = mgpu_fdio_raise_limit(want);
     if (got >= 0 && got < want)
         mgpu_warn("store: max_conns is %d but this process may open only %ld descriptors "
@@ -497,8 +627,11 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     s->max_conns = o->max_conns > 0 ? o->max_conns : DEFAULT_MAX_CONNS;
-    s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 10000;
-    raise_fd_limit(s->max_conns);
+    s->max_pending = o->max_pending > 0 ? o->max_pending : DEFAULT_MAX_PENDING;
+    s->hello_timeout_ms = o->hello_timeout_ms > 0 ? (uint64_t)o->hello_timeout_ms : 2000;
+    loglimit_init(&s->log_refused, 1.0, "refused", uv_now(loop));
+    loglimit_init(&s->log_bad, 32.0, "unauthenticated", uv_now(loop));
+    raise_fd_limit(s->max_conns, s->max_pending);
     s->lim = mgpu_store_limits_default();
     if (o->max_key)
         s->lim.max_key = o->max_key;
@@ -522,7 +655,8 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
         rc = uv_listen((uv_stream_t *)&s->listener, LISTEN_BACKLOG, on_connection);
     }
     if (rc == 0) {
-        uint64_t every = s->hello_timeout_ms < 1000 ? s->hello_timeout_ms : 1000;
+        uint64_t every = s->hello_timeout_ms / 4 < 250 ? s->hello_timeout_ms / 4 : 250;
+        every = every > 0 ? every : 1;
         uv_timer_init(loop, &s->sweep);
         s->handles++;
         s->sweep.data = s;
@@ -572,6 +706,8 @@ void mgpu_store_server_close(mgpu_store_server_t *s)
     s->closing = 1;
     while (s->conns != NULL)
         mgpu_store_server_conn_close(s->conns);
+    while (s->pending != NULL)
+        mgpu_store_server_conn_close(s->pending);
     uv_close((uv_handle_t *)&s->sweep, sweep_closed);
     uv_close((uv_handle_t *)&s->listener, listener_closed);
 }

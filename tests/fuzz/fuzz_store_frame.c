@@ -22,7 +22,8 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
     uint8_t op = m->op & (uint8_t)~MGPU_STORE_RESP;
     int resp = (m->op & MGPU_STORE_RESP) != 0;
 
-    if (!resp && op == MGPU_STORE_OP_HELLO && m->u8 != MGPU_STORE_PROTO_VERSION) {
+    if (op == MGPU_STORE_OP_HELLO && m->u8 != MGPU_STORE_PROTO_VERSION &&
+        (!resp || m->status == MGPU_STORE_ST_OK)) {
         mgpu_store_buf_free(&b); /* another version's HELLO: only its first byte was read */
         return;
     } else if (resp && m->status != MGPU_STORE_ST_OK) {
@@ -67,6 +68,7 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
             break;
         }
         case MGPU_STORE_OP_DELETE:
+        case MGPU_STORE_OP_AUTH:
             mgpu_store_buf_bytes(&b, m->key.p, m->key.len);
             break;
         case MGPU_STORE_OP_NUM_KEYS:
@@ -80,6 +82,12 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
     } else {
         switch (op) {
         case MGPU_STORE_OP_HELLO:
+            mgpu_store_buf_u8(&b, m->u8);
+            mgpu_store_buf_bytes(&b, m->val.p, m->val.len);
+            break;
+        case MGPU_STORE_OP_AUTH:
+            mgpu_store_buf_bytes(&b, m->val2.p, m->val2.len);
+            break;
         case MGPU_STORE_OP_CHECK:
         case MGPU_STORE_OP_DELETE:
             mgpu_store_buf_u8(&b, m->u8);

@@ -9,10 +9,10 @@
  *   cas KEY EXPECTED DESIRED (prints the value after)  delete KEY (prints 1 or 0)
  *   wait WAIT_S KEY...     check KEY... (prints 1 or 0)  num_keys  ping
  *   barrier NAME WORLD WAIT_S
- *   garbage | oversized    misbehave on a raw connection (bytes that are no frame; a HELLO
- *                          then a header announcing 4 GiB) and print "closed" when the server
- *                          hangs up, as it must
- * Exit status: 0 done, 1 failed (the message on stderr), 2 usage, 3 timed out. */
+ *   garbage | oversized    misbehave on a raw connection (bytes that are no frame; the
+ *                          handshake then a header announcing 4 GiB) and print "closed" when the
+ * server hangs up, as it must Exit status: 0 done, 1 failed (the message on stderr), 2 usage, 3
+ * timed out. */
 #include <errno.h>      /* errno */
 #include <netdb.h>      /* getaddrinfo */
 #include <stdio.h>      /* printf */
@@ -62,6 +62,56 @@ static int raw_connect(const char *host, int port)
     return fd;
 }
 
+/* Reads one frame from the blocking fd into d; 1 and *f, or 0 when the peer closed. */
+static int raw_frame(int fd, mgpu_store_dec_t *d, mgpu_store_frame_t *f)
+{
+    for (;;) {
+        uint8_t *p;
+        size_t avail;
+        ssize_t r;
+        if (mgpu_store_dec_next(d, f, NULL) == 1)
+            return 1;
+        if (mgpu_store_dec_reserve(d, 0, &p, &avail) < 0)
+            return 0;
+        r = recv(fd, p, avail, 0);
+        if (r <= 0)
+            return 0;
+        mgpu_store_dec_commit(d, (size_t)r);
+    }
+}
+
+/* The handshake of store_proto.h on a raw blocking socket; 0 when the server accepted it. */
+static int raw_auth(int fd, const char *token)
+{
+    uint8_t cn[MGPU_STORE_NONCE_LEN] = {1, 2, 3}, proof[MGPU_STORE_PROOF_LEN];
+    mgpu_store_buf_t b = {0};
+    mgpu_store_dec_t d;
+    mgpu_store_frame_t f;
+    mgpu_store_msg_t m;
+    size_t at;
+    int ok = 0;
+
+    mgpu_store_dec_init(&d, NULL, 1);
+    at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, 1);
+    mgpu_store_buf_u8(&b, MGPU_STORE_PROTO_VERSION);
+    mgpu_store_buf_bytes(&b, cn, sizeof cn);
+    mgpu_store_buf_frame_end(&b, at);
+    if (send(fd, b.p, b.len, MSG_NOSIGNAL) == (ssize_t)b.len && raw_frame(fd, &d, &f) &&
+        f.status == 0 && mgpu_store_msg_parse(&f, NULL, &m, NULL) == 0) {
+        mgpu_store_proof(token, strlen(token), 0, cn, m.val.p, proof);
+        b.len = 0;
+        at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_AUTH, 0, 2);
+        mgpu_store_buf_bytes(&b, proof, sizeof proof);
+        mgpu_store_buf_frame_end(&b, at);
+        /* the server's proof is not checked: this is a test of the server */
+        ok = send(fd, b.p, b.len, MSG_NOSIGNAL) == (ssize_t)b.len && raw_frame(fd, &d, &f) &&
+             f.status == 0;
+    }
+    mgpu_store_buf_free(&b);
+    mgpu_store_dec_free(&d);
+    return ok ? 0 : -1;
+}
+
 /* Sends the misbehaviour, then reads until the server hangs up: 0 when it did. */
 static int misbehave(const char *host, int port, const char *token, int oversized)
 {
@@ -74,10 +124,11 @@ static int misbehave(const char *host, int port, const char *token, int oversize
         return 1;
     }
     if (oversized) {
-        size_t at = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, 1);
-        mgpu_store_buf_u8(&b, MGPU_STORE_PROTO_VERSION);
-        mgpu_store_buf_bytes(&b, token, strlen(token));
-        mgpu_store_buf_frame_end(&b, at);
+        if (raw_auth(fd, token) < 0) {
+            fprintf(stderr, "store_cli: the handshake with %s:%d failed\n", host, port);
+            close(fd);
+            return 1;
+        }
         /* SET announcing 0xfffffff0 bytes: refused on the header alone */
         mgpu_store_buf_raw(&b, "MG\x02\x00\x02\x00\x00\x00\xf0\xff\xff\xff", 12);
     } else {

@@ -4,22 +4,26 @@
     store_abuse.py HOST PORT TOKEN HOLD_UNTIL_FILE
 
 Speaks the frame format of common/store_proto.h (12-byte header: "MG", op, status, u32 id,
-u32 payload length, little-endian; fields u8, u32, i64, bytes = u32 length + bytes). Each abuse
+u32 payload length, little-endian; fields u8, u32, i64, bytes = u32 length + bytes) and its
+handshake (HELLO with a nonce, AUTH with an HMAC-SHA256 proof of the token, the server's proof
+back). The token never goes on the wire, not even in the abuses. Each abuse
 runs on a connection of its own and must end with the server closing that connection (an
 error frame first is allowed and checked). Then a well-behaved client (right token) must still
 get answers. Two nasty connections stay open (half a frame, never finished; a connection that
 never says HELLO) until HOLD_UNTIL_FILE exists, so the job ends while they are held.
 Prints one line per check; exits 1 on the first that fails.
 """
+import hashlib
+import hmac
 import os
 import socket
 import struct
 import sys
 import time
 
-HELLO, SET, GET, ADD, PING = 1, 2, 3, 4, 10
+HELLO, SET, GET, ADD, PING, AUTH = 1, 2, 3, 4, 10, 12
 ST_OK, ST_AUTH, ST_VERSION, ST_PROTOCOL = 0, 3, 4, 5
-VERSION = 1
+VERSION = 2
 
 host, port, token, hold = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4]
 
@@ -80,6 +84,32 @@ def expect_closed(name, payload, statuses):
     print("closed ok: %s (%s)" % (name, "; ".join("status %d: %s" % (st, body[4:].decode(errors="replace")) for _, st, _, body in fs) or "no answer"))
 
 
+def proof(tok, first, second, side):
+    return hmac.new(tok, first + second + b"mgpu-store-v2 " + side, hashlib.sha256).digest()
+
+
+def handshake(s, rid, tok=None):
+    """HELLO and AUTH with tok (default: the right token); the AUTH answer (status, body)."""
+    tok = token if tok is None else tok
+    cn = os.urandom(32)
+    st, body = roundtrip(s, HELLO, rid, bytes([VERSION]) + b(cn))
+    assert st == ST_OK and body[0] == VERSION and len(body) == 1 + 4 + 32, (st, body)
+    sn = body[5:]
+    st, body = roundtrip(s, AUTH, rid + 1, b(proof(tok, sn, cn, b"client")))
+    if st == ST_OK:
+        assert body == b(proof(tok, cn, sn, b"server")), "the server's proof does not match"
+    return st, body
+
+
+def expect_refused_auth(name, tok):
+    s = conn()
+    st, body = handshake(s, 3, tok)
+    assert st == ST_AUTH, "%s: AUTH answered status %d: %r" % (name, st, body)
+    read_until_close(s)
+    s.close()
+    print("closed ok: %s (status %d: %s)" % (name, st, body[4:].decode(errors="replace")))
+
+
 def roundtrip(s, op, rid, payload):
     s.sendall(frame(op, rid, payload))
     hdr = b""
@@ -107,43 +137,46 @@ expect_closed("unknown op 0x7f", b"MG\x7f\x00" + struct.pack("<II", 1, 4) + b"ju
 expect_closed("oversized frame (0xFFFFFFFF) before HELLO", frame(GET, 1, b"", 0xFFFFFFFF), {ST_PROTOCOL})
 # 4. a request before HELLO
 expect_closed("PING before HELLO", frame(PING, 2, struct.pack("<I", 7)), {ST_PROTOCOL, ST_AUTH})
-# 5. HELLO with a wrong token, an empty one, the right one plus a byte
+# 5. AUTH with the proof of a wrong token, an empty one, the right one plus a byte
 if token:  # a store without a token (every node on loopback) takes any
-    expect_closed("HELLO with a wrong token", frame(HELLO, 3, bytes([VERSION]) + b(b"not-the-token")), {ST_AUTH})
-    expect_closed("HELLO with an empty token", frame(HELLO, 4, bytes([VERSION]) + b(b"")), {ST_AUTH})
-    expect_closed("HELLO with the token plus a byte", frame(HELLO, 5, bytes([VERSION]) + b(token + b"x")), {ST_AUTH})
+    expect_refused_auth("AUTH with a wrong token", b"not-the-token")
+    expect_refused_auth("AUTH with an empty token", b"")
+    expect_refused_auth("AUTH with the token plus a byte", token + b"x")
+# AUTH before HELLO, and a version-1 HELLO (which carried a token in clear: here a dummy)
+expect_closed("AUTH before HELLO", frame(AUTH, 7, b(os.urandom(32))), {ST_PROTOCOL})
+expect_closed("HELLO of protocol version 1", frame(HELLO, 8, bytes([1]) + b(b"dummy")), {ST_VERSION})
 # 6. HELLO with an unknown protocol version
-expect_closed("HELLO with version 99", frame(HELLO, 6, bytes([99]) + b(token)), {ST_VERSION})
-# 7. after a good HELLO: an oversized frame, and a malformed payload (trailing bytes)
+expect_closed("HELLO with version 99", frame(HELLO, 6, bytes([99]) + b(os.urandom(32))), {ST_VERSION})
+# 7. after a good handshake: an oversized frame, and a malformed payload (trailing bytes)
 s = conn()
-st, body = roundtrip(s, HELLO, 10, bytes([VERSION]) + b(token))
-assert st == ST_OK, "HELLO with the right token: status %d %r" % (st, body)
+st, body = handshake(s, 10)
+assert st == ST_OK, "the handshake with the right token: status %d %r" % (st, body)
 s.sendall(frame(SET, 11, b"", 0xFFFFFFFF))
 data = read_until_close(s)
 assert all(f[1] == ST_PROTOCOL for f in frames(data)), frames(data)
 print("closed ok: oversized frame (0xFFFFFFFF) after HELLO")
 s = conn()
-roundtrip(s, HELLO, 20, bytes([VERSION]) + b(token))
+handshake(s, 20)
 s.sendall(frame(PING, 21, struct.pack("<I", 1) + b"trailing"))
 data = read_until_close(s)
 assert all(f[1] == ST_PROTOCOL for f in frames(data)), frames(data)
 print("closed ok: PING with trailing bytes")
 s = conn()
-roundtrip(s, HELLO, 30, bytes([VERSION]) + b(token))
-s.sendall(frame(HELLO, 31, bytes([VERSION]) + b(token)))
+handshake(s, 30)
+s.sendall(frame(HELLO, 32, bytes([VERSION]) + b(os.urandom(32))))
 data = read_until_close(s)
 assert all(f[1] == ST_PROTOCOL for f in frames(data)), frames(data)
 print("closed ok: HELLO twice")
 
 # 8. held open while the job goes on: half a frame, and a connection that never says HELLO
 half = conn()
-half.sendall(frame(HELLO, 40, bytes([VERSION]) + b(token))[:7])
+half.sendall(frame(HELLO, 40, bytes([VERSION]) + b(os.urandom(32)))[:7])
 mute = conn()
 
 # 9. a well-behaved client still gets answers
 s = conn()
-st, body = roundtrip(s, HELLO, 50, bytes([VERSION]) + b(token))
-assert st == ST_OK and body == bytes([VERSION]), (st, body)
+st, body = handshake(s, 50)
+assert st == ST_OK, (st, body)
 st, body = roundtrip(s, PING, 51, struct.pack("<I", 0xC0FFEE))
 assert st == ST_OK and struct.unpack("<I", body)[0] == 0xC0FFEE, (st, body)
 st, body = roundtrip(s, SET, 52, b(b"test/abuse/key") + b(b"value-1"))
