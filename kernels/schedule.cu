@@ -1,7 +1,19 @@
-/* streams.cu - the side streams: fork and join, the weight gradients that run beside the main
- * stream, and small_gemm.cu's queued group of them. */
+/* schedule.cu - the GPU step's schedule, its CUDA mechanics in one place:
+ * - the backend's side streams: fork and join, the weight gradients that run beside the main
+ *   stream, and small_gemm.cu's queued group of them (the op table's linear_backward_weight
+ *   and join);
+ * - the step's all-reduce stream, the buckets' events that fork it off the main stream and the
+ *   event that joins it back, the capture of a step in a CUDA graph (begin, end, instantiate,
+ *   replay, drop for a re-capture) and the step's timing events (mgpu_kernels_cuda_sched_t,
+ *   kernels_cuda.h).
+ * What a step is made of, and when to capture it again, is the trainer's
+ * (worker/trainer/gpustep.cu); the order of the backward's ops is the model's
+ * (worker/trainer/backward_order.h), which reaches this file through the op table's join. */
 #include "cuda_impl.h"  /* cuda_impl, the device helpers, the other families' functions */
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
+
+#include <errno.h>  /* ENOMEM */
+#include <stdlib.h> /* calloc, free */
 
 namespace mgpu_cuda
 {
@@ -164,3 +176,202 @@ int cuda_join(void *impl, mgpu_err_t *err)
 }
 
 } /* namespace mgpu_cuda */
+
+/* --- the step: all-reduce stream, buckets' events, graph, timer ---------------------------- */
+
+/* Everything here is ordered by events on two streams:
+ * - bucket b's all-reduce starts after the backward wrote its gradients and finishes before
+ *   the update reads them: an event recorded on the main stream after the layer that completes
+ *   the bucket, waited on by the all-reduce stream (mgpu_kernels_cuda_sched_bucket), and one
+ *   event recorded on the all-reduce stream after the last bucket, waited on by the main
+ *   stream (mgpu_kernels_cuda_sched_comm_join).
+ *   The all-reduce stream therefore runs while the main stream computes the lower layers'
+ *   backward.
+ * - In a capture the same record/wait pairs become the graph's edges: the all-reduce stream
+ *   joins the capture through its first wait and is joined back into the main stream, as
+ *   the end of a capture requires, by the main stream's wait on the join's event. */
+struct mgpu_kernels_cuda_sched {
+    cudaStream_t stream; /* the backend's (borrowed) */
+    cudaStream_t comm;   /* the all-reduce stream; none without buckets */
+    cudaEvent_t *bucket_ev;
+    int n_buckets;
+    cudaEvent_t comm_done;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaEvent_t t0, t1;
+};
+
+static int sched_init(mgpu_kernels_cuda_sched_t *sc, int n_buckets, mgpu_err_t *err)
+{
+    /* The buckets' and the join's events are timing-free: recording them costs less, and
+     * they only order work. */
+    const unsigned ev_flags = cudaEventDisableTiming;
+    CUDA_CHECK(err, cudaEventCreate(&sc->t0));
+    CUDA_CHECK(err, cudaEventCreate(&sc->t1));
+    if (n_buckets == 0)
+        return 0;
+    sc->bucket_ev = (cudaEvent_t *)calloc((size_t)n_buckets, sizeof(cudaEvent_t));
+    if (sc->bucket_ev == NULL)
+        return mgpu_err_set(err, -ENOMEM, "schedule: calloc of %d bucket events failed", n_buckets);
+    sc->n_buckets = n_buckets;
+    CUDA_CHECK(err, cudaStreamCreateWithFlags(&sc->comm, cudaStreamNonBlocking));
+    for (int b = 0; b < n_buckets; b++)
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&sc->bucket_ev[b], ev_flags));
+    CUDA_CHECK(err, cudaEventCreateWithFlags(&sc->comm_done, ev_flags));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_create(mgpu_kernels_t *k, int n_buckets,
+                                              mgpu_kernels_cuda_sched_t **out, mgpu_err_t *err)
+{
+    *out = NULL;
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return mgpu_err_set(err, MGPU_E_USAGE, "schedule: the kernels backend is %s, expected cuda",
+                            k != NULL && k->ops != NULL ? k->ops->name : "none");
+    if (n_buckets < 0)
+        return mgpu_err_set(err, MGPU_E_RANGE, "schedule: %d buckets, expected 0 or more",
+                            n_buckets);
+    mgpu_kernels_cuda_sched_t *sc = (mgpu_kernels_cuda_sched_t *)calloc(1, sizeof *sc);
+    if (sc == NULL)
+        return mgpu_err_set(err, -ENOMEM, "schedule: calloc(%zu) failed", sizeof *sc);
+    sc->stream = ((const mgpu_cuda::cuda_impl *)k->impl)->stream;
+    int rc = sched_init(sc, n_buckets, err);
+    if (rc < 0) {
+        mgpu_kernels_cuda_sched_destroy(sc);
+        return rc;
+    }
+    *out = sc;
+    return 0;
+}
+
+extern "C" void mgpu_kernels_cuda_sched_destroy(mgpu_kernels_cuda_sched_t *sc)
+{
+    if (sc == NULL)
+        return;
+    /* Queued work may still wait for these events, or replay the graph. */
+    (void)cudaStreamSynchronize(sc->stream);
+    if (sc->comm != nullptr) {
+        (void)cudaStreamSynchronize(sc->comm);
+        (void)cudaStreamDestroy(sc->comm);
+    }
+    if (sc->exec != nullptr)
+        (void)cudaGraphExecDestroy(sc->exec);
+    if (sc->graph != nullptr)
+        (void)cudaGraphDestroy(sc->graph);
+    for (int b = 0; b < sc->n_buckets; b++)
+        if (sc->bucket_ev[b] != nullptr)
+            (void)cudaEventDestroy(sc->bucket_ev[b]);
+    free(sc->bucket_ev);
+    cudaEvent_t evs[] = {sc->comm_done, sc->t0, sc->t1};
+    for (cudaEvent_t ev : evs)
+        if (ev != nullptr)
+            (void)cudaEventDestroy(ev);
+    free(sc);
+}
+
+extern "C" void *mgpu_kernels_cuda_sched_comm_stream(const mgpu_kernels_cuda_sched_t *sc)
+{
+    return (void *)sc->comm;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_bucket(mgpu_kernels_cuda_sched_t *sc, int bucket,
+                                              mgpu_err_t *err)
+{
+    if (bucket < 0 || bucket >= sc->n_buckets)
+        return mgpu_err_set(err, MGPU_E_RANGE, "schedule: bucket %d, expected 0..%d", bucket,
+                            sc->n_buckets - 1);
+    CUDA_CHECK(err, cudaEventRecord(sc->bucket_ev[bucket], sc->stream));
+    CUDA_CHECK(err, cudaStreamWaitEvent(sc->comm, sc->bucket_ev[bucket], 0));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_comm_join(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
+{
+    if (sc->comm == nullptr)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "schedule: a join of the all-reduce stream, but none was created "
+                            "(0 buckets)");
+    CUDA_CHECK(err, cudaEventRecord(sc->comm_done, sc->comm));
+    CUDA_CHECK(err, cudaStreamWaitEvent(sc->stream, sc->comm_done, 0));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_capture_begin(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
+{
+    /* ThreadLocal: another thread's unrelated CUDA calls (a watchdog's query) must not
+     * invalidate this capture, and this thread makes no unsafe call during it. */
+    CUDA_CHECK(err, cudaStreamBeginCapture(sc->stream, cudaStreamCaptureModeThreadLocal));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_capture_end(mgpu_kernels_cuda_sched_t *sc, int keep,
+                                                   mgpu_err_t *err)
+{
+    cudaGraph_t graph = nullptr;
+    /* Ended whatever happened since the begin: the stream must leave capture mode. */
+    cudaError_t ce = cudaStreamEndCapture(sc->stream, &graph);
+    if (!keep) {
+        /* err holds why the captured work failed: the end's own status matters less. */
+        if (graph != nullptr)
+            (void)cudaGraphDestroy(graph);
+        return 0;
+    }
+    if (ce != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamEndCapture: %s (%s)",
+                            cudaGetErrorString(ce), cudaGetErrorName(ce));
+    sc->graph = graph;
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_graph_instantiate(mgpu_kernels_cuda_sched_t *sc,
+                                                         mgpu_err_t *err)
+{
+    if (sc->graph == nullptr)
+        return mgpu_err_set(err, MGPU_E_USAGE, "schedule: no captured graph to instantiate");
+    CUDA_CHECK(err, cudaGraphInstantiate(&sc->exec, sc->graph, 0));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_graph_launch(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
+{
+    if (sc->exec == nullptr)
+        return mgpu_err_set(err, MGPU_E_USAGE, "schedule: no instantiated graph to launch");
+    CUDA_CHECK(err, cudaGraphLaunch(sc->exec, sc->stream));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_graph_drop(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
+{
+    if (sc->exec == nullptr && sc->graph == nullptr)
+        return 0;
+    /* Replays still queued use the executable graph. */
+    CUDA_CHECK(err, cudaStreamSynchronize(sc->stream));
+    if (sc->exec != nullptr)
+        CUDA_CHECK(err, cudaGraphExecDestroy(sc->exec));
+    if (sc->graph != nullptr)
+        CUDA_CHECK(err, cudaGraphDestroy(sc->graph));
+    sc->exec = nullptr, sc->graph = nullptr;
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_graphed(const mgpu_kernels_cuda_sched_t *sc)
+{
+    return sc->exec != nullptr;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_timer_start(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
+{
+    CUDA_CHECK(err, cudaEventRecord(sc->t0, sc->stream));
+    return 0;
+}
+
+extern "C" int mgpu_kernels_cuda_sched_timer_stop(mgpu_kernels_cuda_sched_t *sc, double *ms,
+                                                  mgpu_err_t *err)
+{
+    float f = 0;
+    CUDA_CHECK(err, cudaEventRecord(sc->t1, sc->stream));
+    CUDA_CHECK(err, cudaEventSynchronize(sc->t1));
+    CUDA_CHECK(err, cudaEventElapsedTime(&f, sc->t0, sc->t1));
+    *ms = f;
+    return 0;
+}
