@@ -346,11 +346,15 @@ extern "C" int mgpu_kernels_cuda_sched_graph_drop(mgpu_kernels_cuda_sched_t *sc,
         return 0;
     /* Replays still queued use the executable graph. */
     CUDA_CHECK(err, cudaStreamSynchronize(sc->stream));
-    if (sc->exec != nullptr)
-        CUDA_CHECK(err, cudaGraphExecDestroy(sc->exec));
-    if (sc->graph != nullptr)
-        CUDA_CHECK(err, cudaGraphDestroy(sc->graph));
+    /* Each handle is forgotten before its destroy, so that a failure leaves none that the
+     * next drop or mgpu_kernels_cuda_sched_destroy would destroy twice. */
+    cudaGraphExec_t exec = sc->exec;
+    cudaGraph_t graph = sc->graph;
     sc->exec = nullptr, sc->graph = nullptr;
+    if (exec != nullptr)
+        CUDA_CHECK(err, cudaGraphExecDestroy(exec));
+    if (graph != nullptr)
+        CUDA_CHECK(err, cudaGraphDestroy(graph));
     return 0;
 }
 
