@@ -268,7 +268,7 @@ int launch_narrow_dw(cuda_impl *c, int i, int rows, int out, int in, const float
                      const float *x, float *dw, float *dbias, mgpu_err_t *err);
 int cuda_linear_loss(void *impl, const mgpu_k_head_t *h, mgpu_err_t *err);
 
-/* streams.cu */
+/* schedule.cu: the side streams (the step's all-reduce stream and graph: kernels_cuda.h) */
 int side_fork(cuda_impl *c, int *i, mgpu_err_t *err);
 int side_queued(cuda_impl *c, int i, mgpu_err_t *err);
 int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const float *dz,

@@ -8,7 +8,7 @@
 #include "model.h"
 #include "optim.h"
 #include "sampler.h"
-#include "schedule.h" /* mgpu_sched_backward */
+#include "backward_order.h" /* mgpu_backward_order_build */
 
 #include <errno.h> /* EINVAL */
 #include <math.h>  /* fabs, sqrt */
@@ -524,12 +524,13 @@ static void test_optim_state_and_errors(void)
     mgpu_kernels_destroy(k);
 }
 
-/* The backward's order (schedule.h), as a string: W weight gradient, D input gradient, J join,
- * H hook, each followed by its layer. The model runs it as given; the join rule lives there. */
-static const char *sched_str(int n_layers, int top_done, int hooked, char *buf)
+/* The backward's order (backward_order.h), as a string: W weight gradient, D input gradient, J
+ * join, H hook, each followed by its layer. The model runs it as given; the join rule lives there.
+ */
+static const char *order_str(int n_layers, int top_done, int hooked, char *buf)
 {
-    mgpu_sched_step_t steps[MGPU_SCHED_MAX_STEPS(MGPU_MODEL_MAX_LAYERS)];
-    int n = mgpu_sched_backward(n_layers, top_done, hooked, steps);
+    mgpu_backward_step_t steps[MGPU_BACKWARD_ORDER_MAX_STEPS(MGPU_MODEL_MAX_LAYERS)];
+    int n = mgpu_backward_order_build(n_layers, top_done, hooked, steps);
     char *p = buf;
     for (int i = 0; i < n; i++) {
         static const char ops[] = "WDJH";
@@ -539,24 +540,24 @@ static const char *sched_str(int n_layers, int top_done, int hooked, char *buf)
     return buf;
 }
 
-static void test_backward_schedule(void)
+static void test_backward_order(void)
 {
     char b[256];
     /* Without hooks layer 1 skips its join: its input gradient first, its weight gradient
      * beside the first layer's. */
-    CHECK_STR(sched_str(3, 0, 0, b), "W2 D2 J2 D1 W1 W0 J0");
-    CHECK_STR(sched_str(3, 0, 1, b), "W2 D2 J2 H2 W1 D1 J1 H1 W0 J0 H0");
+    CHECK_STR(order_str(3, 0, 0, b), "W2 D2 J2 D1 W1 W0 J0");
+    CHECK_STR(order_str(3, 0, 1, b), "W2 D2 J2 H2 W1 D1 J1 H1 W0 J0 H0");
     /* top_done: the output layer's weight gradient goes with the layer below's. */
-    CHECK_STR(sched_str(3, 1, 0, b), "D1 W2 W1 W0 J0");
-    CHECK_STR(sched_str(3, 1, 1, b), "W2 W1 D1 J1 H2 H1 W0 J0 H0");
-    CHECK_STR(sched_str(2, 1, 0, b), "W1 W0 J0");
-    CHECK_STR(sched_str(1, 1, 1, b), "W0 J0 H0");
-    CHECK_STR(sched_str(1, 0, 0, b), "W0 J0");
+    CHECK_STR(order_str(3, 1, 0, b), "D1 W2 W1 W0 J0");
+    CHECK_STR(order_str(3, 1, 1, b), "W2 W1 D1 J1 H2 H1 W0 J0 H0");
+    CHECK_STR(order_str(2, 1, 0, b), "W1 W0 J0");
+    CHECK_STR(order_str(1, 1, 1, b), "W0 J0 H0");
+    CHECK_STR(order_str(1, 0, 0, b), "W0 J0");
 }
 
 int main(void)
 {
-    RUN(test_backward_schedule);
+    RUN(test_backward_order);
     RUN(test_layout_and_init);
     RUN(test_linear_mse_closed_form);
     RUN(test_mlp_gradients_finite_differences);

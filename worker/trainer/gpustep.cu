@@ -4,14 +4,13 @@
  * - Everything of a step is queued on the kernels backend's stream s (mgpu_kernels_cuda_stream),
  *   so gather -> forward -> backward -> update need no events between them.
  * - Bucket b's all-reduce must start after backward wrote its gradients and must finish before
- *   the update reads them: an event recorded on s after the layer that completes the bucket
- *   (the model's backward hook), waited on by the all-reduce stream, and one event recorded on
- *   the all-reduce stream after the last bucket, waited on by s before the update. The
- *   all-reduce stream therefore runs while s computes the lower layers' backward.
+ *   the update reads them: the schedule (kernels_cuda.h, mgpu_kernels_cuda_sched_t) forks it
+ *   off s after the layer that completes the bucket (the model's backward hook) and joins the
+ *   all-reduce stream back into s after the last bucket, before the update. The all-reduce
+ *   stream therefore runs while s computes the lower layers' backward.
  * - The next step's backward overwrites the gradients an all-reduce may still be reading only
  *   after this step's update, which waited for the all-reduces: no extra event.
- * - In a capture the same event record/wait pairs become the graph's edges (the all-reduce
- *   stream joins the capture through the first wait and leaves it through the last).
+ * - In a capture the same forks and join become the graph's edges (schedule.cu says how).
  * - The index ring's slot is rewritten only after an event recorded behind the steps of the
  *   epoch that last used it has completed (mgpu_gpustep_epoch).
  * - A step over the whole data set in its own order (full-batch training without shuffling)
@@ -20,9 +19,9 @@
 #include "gpustep.h"
 
 #include "cuda_check.h"   /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
-#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream */
+#include "kernels_cuda.h" /* mgpu_kernels_cuda_stream, mgpu_kernels_cuda_sched_* */
 
-#include <cuda_runtime.h> /* streams, events, graphs */
+#include <cuda_runtime.h> /* memory, copies, the index ring's events, the gather's launch */
 
 #include <errno.h>  /* EINVAL, ENOMEM */
 #include <stdint.h> /* int32_t, INT32_MAX */
@@ -96,7 +95,10 @@ __global__ void cursor_set_kernel(int *cursor, int value)
 
 struct mgpu_gpustep {
     mgpu_trainer_t *t;
-    cudaStream_t s, comm; /* comm: the all-reduce stream, only with a reduce callback */
+    cudaStream_t s; /* the kernels backend's */
+    /* The all-reduce stream (only with a reduce callback), the buckets' events, the graph, the
+     * timer. */
+    mgpu_kernels_cuda_sched_t *sched;
     mgpu_gpustep_reduce_fn reduce;
     void *reduce_ctx;
     /* The data set in device memory. */
@@ -111,20 +113,14 @@ struct mgpu_gpustep {
     long long epochs;
     cudaEvent_t slot_free[kRing];
     int *cursor;
-    unsigned *done; /* gather's count of finished blocks (0 between steps) */
-    bool whole;     /* this epoch's rows are the data set's, in order */
-    /* Buckets: the event after the layer that completes each, the all-reduces' end. */
-    cudaEvent_t *bucket_ev;
-    cudaEvent_t comm_done;
+    unsigned *done;  /* gather's count of finished blocks (0 between steps) */
+    bool whole;      /* this epoch's rows are the data set's, in order */
     int next_bucket; /* the next bucket to launch in this step's backward */
     /* The graph. */
     int use_graph;
     long long eager_steps;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
     bool exec_in_place; /* the graph reads the data set in place (no gather) */
     bool last_in_place; /* so did the last step */
-    cudaEvent_t t0, t1;
 };
 
 extern "C" void mgpu_gpustep_destroy(mgpu_gpustep_t *g)
@@ -133,27 +129,10 @@ extern "C" void mgpu_gpustep_destroy(mgpu_gpustep_t *g)
         return;
     /* Queued work may still read what is freed below. */
     (void)cudaStreamSynchronize(g->s);
-    if (g->comm != nullptr) {
-        (void)cudaStreamSynchronize(g->comm);
-        (void)cudaStreamDestroy(g->comm);
-    }
-    if (g->exec != nullptr)
-        (void)cudaGraphExecDestroy(g->exec);
-    if (g->graph != nullptr)
-        (void)cudaGraphDestroy(g->graph);
+    mgpu_kernels_cuda_sched_destroy(g->sched);
     for (int i = 0; i < kRing; i++)
         if (g->slot_free[i] != nullptr)
             (void)cudaEventDestroy(g->slot_free[i]);
-    for (int b = 0; g->bucket_ev != NULL && b < g->t->n_buckets; b++)
-        if (g->bucket_ev[b] != nullptr)
-            (void)cudaEventDestroy(g->bucket_ev[b]);
-    free(g->bucket_ev);
-    if (g->comm_done != nullptr)
-        (void)cudaEventDestroy(g->comm_done);
-    if (g->t0 != nullptr)
-        (void)cudaEventDestroy(g->t0);
-    if (g->t1 != nullptr)
-        (void)cudaEventDestroy(g->t1);
     (void)cudaFree(g->x);
     (void)cudaFree(g->tg);
     (void)cudaFree(g->lab);
@@ -191,14 +170,11 @@ static int create(mgpu_gpustep_t *g, const mgpu_dataset_t *ds, size_t epoch_rows
     CUDA_CHECK(err, cudaMemsetAsync(g->done, 0, sizeof(unsigned), g->s));
     for (int i = 0; i < kRing; i++)
         CUDA_CHECK(err, cudaEventCreateWithFlags(&g->slot_free[i], ev_flags));
-    CUDA_CHECK(err, cudaEventCreate(&g->t0));
-    CUDA_CHECK(err, cudaEventCreate(&g->t1));
-    if (g->reduce != NULL) {
-        CUDA_CHECK(err, cudaStreamCreateWithFlags(&g->comm, cudaStreamNonBlocking));
-        for (int b = 0; b < g->t->n_buckets; b++)
-            CUDA_CHECK(err, cudaEventCreateWithFlags(&g->bucket_ev[b], ev_flags));
-        CUDA_CHECK(err, cudaEventCreateWithFlags(&g->comm_done, ev_flags));
-    }
+    /* An all-reduce stream with an event per bucket only where there is an all-reduce. */
+    int rc = mgpu_kernels_cuda_sched_create(g->t->k, g->reduce != NULL ? g->t->n_buckets : 0,
+                                            &g->sched, err);
+    if (rc < 0)
+        return rc;
     /* The host copy of ds may be freed by the caller once this returns. */
     CUDA_CHECK(err, cudaStreamSynchronize(g->s));
     return 0;
@@ -234,9 +210,7 @@ extern "C" int mgpu_gpustep_create(mgpu_trainer_t *t, const mgpu_dataset_t *ds, 
     g->T = g->want_targets ? ds->target_dim : 0;
     g->n = ds->n;
     g->use_graph = use_graph;
-    g->bucket_ev = (cudaEvent_t *)calloc((size_t)t->n_buckets + 1, sizeof(cudaEvent_t));
-    int rc = g->bucket_ev == NULL ? mgpu_err_set(err, -ENOMEM, "gpustep: calloc failed")
-                                  : create(g, ds, epoch_rows, err);
+    int rc = create(g, ds, epoch_rows, err);
     if (rc < 0) {
         mgpu_gpustep_destroy(g);
         return rc;
@@ -282,9 +256,10 @@ static int on_layer(void *ctx, int layer, mgpu_err_t *err)
     while (g->next_bucket < t->n_buckets && t->bucket_layer[g->next_bucket] == layer) {
         const int b = g->next_bucket++;
         const mgpu_bucket_t *bk = &t->buckets[b];
-        CUDA_CHECK(err, cudaEventRecord(g->bucket_ev[b], g->s));
-        CUDA_CHECK(err, cudaStreamWaitEvent(g->comm, g->bucket_ev[b], 0));
-        int rc = g->reduce(g->reduce_ctx, t->model->grads + bk->offset, bk->count, g->comm, err);
+        int rc = mgpu_kernels_cuda_sched_bucket(g->sched, b, err);
+        if (rc == 0)
+            rc = g->reduce(g->reduce_ctx, t->model->grads + bk->offset, bk->count,
+                           mgpu_kernels_cuda_sched_comm_stream(g->sched), err);
         if (rc < 0)
             return rc;
     }
@@ -350,47 +325,43 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
         if (g->next_bucket != t->n_buckets)
             return mgpu_err_set(err, -EINVAL, "gpustep: backward launched %d of %d buckets",
                                 g->next_bucket, t->n_buckets);
-        CUDA_CHECK(err, cudaEventRecord(g->comm_done, g->comm));
-        CUDA_CHECK(err, cudaStreamWaitEvent(g->s, g->comm_done, 0));
+        if ((rc = mgpu_kernels_cuda_sched_comm_join(g->sched, err)) < 0)
+            return rc;
     }
     return mgpu_optim_step(t->optim, m->params, m->grads, err);
 }
 
-/* Captures one step of count rows into g->exec. The capture queues nothing: the caller
- * launches the graph for this step. */
+/* Captures one step of count rows into g->sched's graph. The capture queues nothing: the
+ * caller launches the graph for this step. */
 static int capture(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
 {
     long long step_before = g->t->optim->step;
-    /* ThreadLocal: another thread's unrelated CUDA calls (a watchdog's query) must not
-     * invalidate this capture, and this thread makes no unsafe call during it. */
-    CUDA_CHECK(err, cudaStreamBeginCapture(g->s, cudaStreamCaptureModeThreadLocal));
-    int rc = queue_step(g, count, err);
-    cudaGraph_t graph = nullptr;
-    cudaError_t ce = cudaStreamEndCapture(g->s, &graph);
+    int rc = mgpu_kernels_cuda_sched_capture_begin(g->sched, err);
+    if (rc < 0)
+        return rc;
+    rc = queue_step(g, count, err);
+    /* Ended also when the step failed (what was captured is then dropped, err kept). */
+    const int ce = mgpu_kernels_cuda_sched_capture_end(g->sched, rc == 0, err);
     /* Nothing captured has run: the step is not done. */
     g->t->optim->step = step_before;
+    char msg[sizeof err->msg];
     if (rc < 0) {
-        if (graph != nullptr)
-            (void)cudaGraphDestroy(graph);
         /* Something in the step (an all-reduce that synchronises, say) cannot be captured:
          * say how to run without a graph. */
-        char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);
         return mgpu_err_set(err, rc,
                             "gpustep: capturing the step in a CUDA graph: %s (set "
                             "cuda_graph = false to run eagerly)",
                             msg);
     }
-    if (ce != cudaSuccess)
-        return mgpu_err_set(err, MGPU_E_CUDA,
-                            "gpustep: cudaStreamEndCapture: %s (%s) (set cuda_graph = false to "
-                            "run eagerly)",
-                            cudaGetErrorString(ce), cudaGetErrorName(ce));
-    g->graph = graph;
+    if (ce < 0) {
+        /* err: "cudaStreamEndCapture: <the runtime's reason>". */
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return mgpu_err_set(err, ce, "gpustep: %s (set cuda_graph = false to run eagerly)", msg);
+    }
     g->exec_in_place = in_place(g, count);
     /* queue_step counted the captured update (undone above); the launch performs it. */
-    CUDA_CHECK(err, cudaGraphInstantiate(&g->exec, g->graph, 0));
-    return 0;
+    return mgpu_kernels_cuda_sched_graph_instantiate(g->sched, err);
 }
 
 extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *err)
@@ -404,17 +375,15 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
     /* One eager step first: it sizes the backend's GEMM workspaces (a capture cannot
      * allocate) and does the optimizer's first update, the one whose arguments differ. */
     if (g->use_graph && count == (size_t)t->max_batch && g->eager_steps > 0) {
-        if (g->exec != nullptr && g->exec_in_place != g->last_in_place) {
-            /* An epoch in another order than the captured step's (a sampler that shuffles
-             * some epochs only): capture again. */
-            CUDA_CHECK(err, cudaStreamSynchronize(g->s));
-            CUDA_CHECK(err, cudaGraphExecDestroy(g->exec));
-            CUDA_CHECK(err, cudaGraphDestroy(g->graph));
-            g->exec = nullptr, g->graph = nullptr;
-        }
-        if (g->exec == nullptr && (rc = capture(g, (int)count, err)) < 0)
+        /* An epoch in another order than the captured step's (a sampler that shuffles some
+         * epochs only): capture again. */
+        if (mgpu_kernels_cuda_sched_graphed(g->sched) && g->exec_in_place != g->last_in_place &&
+            (rc = mgpu_kernels_cuda_sched_graph_drop(g->sched, err)) < 0)
             return rc;
-        CUDA_CHECK(err, cudaGraphLaunch(g->exec, g->s));
+        if (!mgpu_kernels_cuda_sched_graphed(g->sched) && (rc = capture(g, (int)count, err)) < 0)
+            return rc;
+        if ((rc = mgpu_kernels_cuda_sched_graph_launch(g->sched, err)) < 0)
+            return rc;
         t->optim->step++;
         t->model->last_batch = (int)count;
         return 0;
@@ -427,7 +396,7 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
 
 extern "C" int mgpu_gpustep_graphed(const mgpu_gpustep_t *g)
 {
-    return g->exec != nullptr;
+    return mgpu_kernels_cuda_sched_graphed(g->sched);
 }
 
 extern "C" int mgpu_gpustep_in_place(const mgpu_gpustep_t *g)
@@ -437,16 +406,10 @@ extern "C" int mgpu_gpustep_in_place(const mgpu_gpustep_t *g)
 
 extern "C" int mgpu_gpustep_timer_start(mgpu_gpustep_t *g, mgpu_err_t *err)
 {
-    CUDA_CHECK(err, cudaEventRecord(g->t0, g->s));
-    return 0;
+    return mgpu_kernels_cuda_sched_timer_start(g->sched, err);
 }
 
 extern "C" int mgpu_gpustep_timer_stop(mgpu_gpustep_t *g, double *ms, mgpu_err_t *err)
 {
-    float f = 0;
-    CUDA_CHECK(err, cudaEventRecord(g->t1, g->s));
-    CUDA_CHECK(err, cudaEventSynchronize(g->t1));
-    CUDA_CHECK(err, cudaEventElapsedTime(&f, g->t0, g->t1));
-    *ms = f;
-    return 0;
+    return mgpu_kernels_cuda_sched_timer_stop(g->sched, ms, err);
 }

@@ -1,9 +1,12 @@
-/* gpustep.h - the trainer's step on a GPU (worker/gpustep.cu, built when nvcc is found): the
+/* gpustep.h - the trainer's step on a GPU (gpustep.cu, built when nvcc is found): the
  * data set in device memory, batches gathered on the device, forward and backward on the CUDA
  * kernels backend's stream, each gradient bucket's all-reduce launched on a stream of its own
  * as soon as backward has produced it, the optimizer update, and the whole step captured in a
  * CUDA graph and replayed when its shapes are static. Nothing here waits for the device but
  * mgpu_gpustep_epoch (for a slot of the index ring four epochs old) and the timer's stop.
+ * The streams, events and graph calls that order a step are the kernels' schedule
+ * (mgpu_kernels_cuda_sched_t in kernels_cuda.h); this module decides what a step is and when
+ * it is captured.
  *
  * How a step finds its rows without the host: each epoch's sample indices go, in the order
  * the steps consume them, into one slot of a ring of four slots in device memory, and a cursor

@@ -10,8 +10,8 @@
 #include <stdlib.h>  /* calloc, free */
 #include <strings.h> /* strcasecmp */
 
-#include "rng.h"      /* mgpu_rng_seed2, mgpu_rng_uniform */
-#include "schedule.h" /* mgpu_sched_backward: the order of the backward's ops */
+#include "rng.h"            /* mgpu_rng_seed2, mgpu_rng_uniform */
+#include "backward_order.h" /* mgpu_backward_order_build: the order of the backward's ops */
 
 /* Streams of mgpu_rng_seed2 for one user seed: parameter init draws from its own. */
 #define RNG_STREAM_INIT 2
@@ -259,7 +259,7 @@ static int weight_grad(mgpu_model_t *m, int l, const float *dz, const float *x, 
 }
 
 /* The backward from the output layer down, d holding dz of the output layer, in the order
- * schedule.h gives (where the joins and hooks go is decided there, not here). With top_done,
+ * backward_order.h gives (where the joins and hooks go is decided there, not here). With top_done,
  * the output layer's input gradient is already in dy_a (mgpu_k_linear_loss); with bias_left
  * too, mgpu_k_linear_loss left the layer below's bias gradient to that layer's weight-gradient
  * op. */
@@ -293,16 +293,16 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
         d = other;
         other = t;
     }
-    mgpu_sched_step_t steps[MGPU_SCHED_MAX_STEPS(MGPU_MODEL_MAX_LAYERS)];
-    int n = mgpu_sched_backward(m->n_layers, top_done, hook != NULL, steps);
+    mgpu_backward_step_t steps[MGPU_BACKWARD_ORDER_MAX_STEPS(MGPU_MODEL_MAX_LAYERS)];
+    int n = mgpu_backward_order_build(m->n_layers, top_done, hook != NULL, steps);
     for (int i = 0; i < n && rc == 0; i++) {
         const int l = steps[i].layer;
         const mgpu_layer_t *ly = &m->layers[l];
         switch (steps[i].op) {
-        case MGPU_SCHED_WGRAD:
+        case MGPU_BACKWARD_WGRAD:
             rc = weight_grad(m, l, dz[l], x, bias_left, err);
             break;
-        case MGPU_SCHED_DGRAD: {
+        case MGPU_BACKWARD_DGRAD: {
             /* dz of the layer below [batch, in] = (dz [batch, out] . W [out, in]) *
              * act'(below), and the layer below's bias gradient. */
             const mgpu_layer_t *lb = &m->layers[l - 1];
@@ -311,10 +311,10 @@ static int backward_layers(mgpu_model_t *m, const float *x, float *d, int top_do
                                              m->aux[l - 1], dz[l - 1], m->grads + lb->b_off, err);
             break;
         }
-        case MGPU_SCHED_JOIN:
+        case MGPU_BACKWARD_JOIN:
             rc = mgpu_k_join(m->k, err);
             break;
-        case MGPU_SCHED_HOOK:
+        case MGPU_BACKWARD_HOOK:
             rc = hook(hook_ctx, l, err);
             break;
         }

@@ -1,4 +1,4 @@
-/* schedule.h - the order in which a training step's backward queues its work: each layer's
+/* backward_order.h - the order in which a training step's backward queues its work: each layer's
  * weight gradient (WGRAD), its input gradient (DGRAD, the dz of the layer below), the joins
  * of the backend's side streams (JOIN) and the per-layer hooks that launch a bucket's
  * all-reduce (HOOK). The model executes this list and decides nothing about it, so its code
@@ -6,7 +6,7 @@
  * ops of one layer write disjoint buffers).
  *
  * Why an order at all: a small weight gradient runs on a side stream of the CUDA backend
- * (kernels/streams.cu) beside whatever is queued after it until the next JOIN. A layer
+ * (kernels/schedule.cu) beside whatever is queued after it until the next JOIN. A layer
  * followed by a join queues its weight gradient first, beside its input gradient. The layer
  * whose join is skipped (layer 1 when nothing hooks the layers) queues its input gradient
  * first - the step's chain - and its weight gradients then run beside the first layer's
@@ -17,28 +17,28 @@
  * them (its hook first).
  *
  * Pure: no allocation, no device; the caller owns the array. */
-#ifndef MGPU_SCHEDULE_H
-#define MGPU_SCHEDULE_H
+#ifndef MGPU_BACKWARD_ORDER_H
+#define MGPU_BACKWARD_ORDER_H
 
 typedef enum {
-    MGPU_SCHED_WGRAD,
-    MGPU_SCHED_DGRAD,
-    MGPU_SCHED_JOIN,
-    MGPU_SCHED_HOOK
-} mgpu_sched_op_t;
+    MGPU_BACKWARD_WGRAD,
+    MGPU_BACKWARD_DGRAD,
+    MGPU_BACKWARD_JOIN,
+    MGPU_BACKWARD_HOOK
+} mgpu_backward_op_t;
 
-typedef struct mgpu_sched_step {
-    mgpu_sched_op_t op;
+typedef struct mgpu_backward_step {
+    mgpu_backward_op_t op;
     int layer; /* WGRAD, DGRAD, HOOK: the layer; JOIN: the layer whose step it ends */
-} mgpu_sched_step_t;
+} mgpu_backward_step_t;
 
 /* At most this many steps for n layers: two weight gradients, an input gradient, a join and
  * two hooks a layer. */
-#define MGPU_SCHED_MAX_STEPS(n) (6 * (n))
+#define MGPU_BACKWARD_ORDER_MAX_STEPS(n) (6 * (n))
 
 /* The backward of n_layers layers (>= 1), from the output layer down, into steps (room for
- * MGPU_SCHED_MAX_STEPS(n_layers)): top_done as above, hooked when the caller runs a hook after
- * each layer. Returns the number of steps. */
-int mgpu_sched_backward(int n_layers, int top_done, int hooked, mgpu_sched_step_t *steps);
+ * MGPU_BACKWARD_ORDER_MAX_STEPS(n_layers)): top_done as above, hooked when the caller runs a hook
+ * after each layer. Returns the number of steps. */
+int mgpu_backward_order_build(int n_layers, int top_done, int hooked, mgpu_backward_step_t *steps);
 
 #endif
