@@ -30,7 +30,8 @@ done
 } >"$out/machine.txt" 2>&1
 unit() {
     local t rc=0
-    for t in test_kernels_cuda test_comm_nccl test_train_gpu test_devices; do
+    for t in test_kernels_cuda test_kernels_cuda_ops test_kernels_cuda_head test_comm_nccl \
+        test_train_gpu test_devices; do
         "build/tests/$t" || rc=1
     done
     return $rc
