@@ -148,9 +148,14 @@ static void buf_free(const bench_t *b, void *p)
 static int buf_copy(const bench_t *b, void *dst, const void *src, size_t bytes, int to_dev)
 {
 #if HAVE_CUDA
+    /* On the communicator's stream and waited for: a plain cudaMemcpy from pageable memory may
+     * return before its DMA lands, and the collectives' stream (non-blocking) is not ordered
+     * after the legacy default stream, so the collective could read the old contents. */
     if (b->gpu)
-        return cudaMemcpy(dst, src, bytes,
-                          to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) == cudaSuccess
+        return cudaMemcpyAsync(dst, src, bytes,
+                               to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                               (cudaStream_t)b->stream) == cudaSuccess &&
+                       cudaStreamSynchronize((cudaStream_t)b->stream) == cudaSuccess
                    ? 0
                    : -1;
 #endif

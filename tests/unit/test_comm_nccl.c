@@ -675,6 +675,9 @@ static void rank_general(int rank, int W, int store_port)
     g = malloc(maxn);
     CU(cudaMalloc((void **)&d, maxn));
     CU(cudaMalloc((void **)&d2, maxn));
+    /* cudaMemcpy from pageable memory and cudaMemset may return before they land, on the
+     * legacy default stream, which the communicator's non-blocking stream does not wait for:
+     * each collective below starts after a device-wide synchronisation. */
     for (int t = 0; t <= MGPU_DTYPE_I64; t++) {
         mgpu_dtype_t dt = (mgpu_dtype_t)t;
         size_t esz = mgpu_dtype_size(dt);
@@ -686,6 +689,7 @@ static void rank_general(int rank, int W, int store_port)
                 for (size_t i = 0; i < n; i++)
                     gstore(h, i, dt, (double)gval(rank, i, salt));
                 CU(cudaMemcpy(d, h, n * esz, cudaMemcpyHostToDevice));
+                CU(cudaDeviceSynchronize()); /* the copies and memsets above: legacy stream */
                 OK(mgpu_allreduce(comm, d, n, dt, r, st, &err));
                 OK(mgpu_comm_wait(comm, st, &err));
                 CU(cudaMemcpy(g, d, n * esz, cudaMemcpyDeviceToHost));
@@ -698,12 +702,14 @@ static void rank_general(int rank, int W, int store_port)
                     gstore(h, i, dt, (double)gval(rank, i, salt));
                 CU(cudaMemcpy(d, h, all * esz, cudaMemcpyHostToDevice));
                 CU(cudaMemset(d2, 0xff, n * esz));
+                CU(cudaDeviceSynchronize()); /* the copies and memsets above: legacy stream */
                 OK(mgpu_reduce_scatter(comm, d, d2, n, dt, r, st, &err));
                 OK(mgpu_comm_wait(comm, st, &err));
                 CU(cudaMemcpy(g, d2, n * esz, cudaMemcpyDeviceToHost));
                 snprintf(what, sizeof what, "rank %d: reduce-scatter %s %s recvcount=%zu", rank,
                          mgpu_dtype_name(dt), mgpu_redop_name(r), n);
                 CHECK_INT(gcheck(g, n, dt, r, W, (size_t)rank * n, salt, what), 0);
+                CU(cudaDeviceSynchronize()); /* the copies and memsets above: legacy stream */
                 OK(mgpu_reduce_scatter(comm, d, d + (size_t)rank * n * esz, n, dt, r, st, &err));
                 OK(mgpu_comm_wait(comm, st, &err));
                 CU(cudaMemcpy(g, d + (size_t)rank * n * esz, n * esz, cudaMemcpyDeviceToHost));
@@ -715,6 +721,7 @@ static void rank_general(int rank, int W, int store_port)
                 gstore(h, i, dt, (double)gval(rank, i, salt));
             CU(cudaMemcpy(d, h, n * esz, cudaMemcpyHostToDevice));
             CU(cudaMemset(d2, 0xff, all * esz));
+            CU(cudaDeviceSynchronize()); /* the copies and memsets above: legacy stream */
             OK(mgpu_all_gather(comm, d, d2, n, dt, st, &err));
             OK(mgpu_comm_wait(comm, st, &err));
             CU(cudaMemcpy(g, d2, all * esz, cudaMemcpyDeviceToHost));
@@ -728,6 +735,7 @@ static void rank_general(int rank, int W, int store_port)
             CU(cudaMemset(d2, 0xff, all * esz));
             CU(cudaMemcpy(d2 + (size_t)rank * n * esz, h + (size_t)rank * n * esz, n * esz,
                           cudaMemcpyHostToDevice));
+            CU(cudaDeviceSynchronize()); /* the copies and memsets above: legacy stream */
             OK(mgpu_all_gather(comm, d2 + (size_t)rank * n * esz, d2, n, dt, st, &err));
             OK(mgpu_comm_wait(comm, st, &err));
             CU(cudaMemcpy(g, d2, all * esz, cudaMemcpyDeviceToHost));
