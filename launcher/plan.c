@@ -391,6 +391,7 @@ static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
     snprintf(o->summary, sizeof o->summary, "%s", cli->summary);
     o->quiet = cli->quiet;
     o->verbose = cli->verbose;
+    o->tty = cli->tty;
 }
 
 void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)

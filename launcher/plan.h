@@ -74,6 +74,7 @@ typedef struct mgpu_plan_output {
     char log_dir[1024];        /* "" = a temporary folder, removed unless logs were kept */
     char summary[1024];        /* --summary FILE, "" = none */
     int quiet, verbose;
+    int tty; /* workers' output on pseudo-terminals: 1 --tty, -1 --no_tty, 0 when a terminal */
 } mgpu_plan_output_t;
 
 typedef struct mgpu_plan {
