@@ -126,6 +126,8 @@ static void announce(const mgpu_plan_t *plan)
                 "*****************************************\n");
     if (plan->derived[0])
         mgpu_info("from the environment: %s", plan->derived);
+    if (plan->python[0])
+        mgpu_info("python: %s", plan->python);
     if (plan->cpu_reason[0] && plan->gpus.count > 0)
         mgpu_warn("workers run on the CPU: %s", plan->cpu_reason);
 }

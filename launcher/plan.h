@@ -98,6 +98,7 @@ typedef struct mgpu_plan {
     char hostname[256];
     char entrypoint[1024]; /* the program as the user named it (report title) */
     char exe[4096];        /* what every worker executes: argv[0] resolved in PATH, once */
+    char python[4096];     /* the Python interpreter it is, resolved; "" for other workers */
     char cpu_reason[700];  /* why the workers run on the CPU, when they do */
     char omp_threads[32];  /* OMP_NUM_THREADS for the workers, "" for none */
     char derived[512];     /* options taken from Slurm or Open MPI (cli.derived) */

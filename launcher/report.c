@@ -71,6 +71,41 @@ int mgpu_report_read_error_file(const char *path, char **msg, char **trace, long
     return 0;
 }
 
+/* The module of "ModuleNotFoundError: No module named 'X'" in o's last stderr lines. */
+static int missing_module(const mgpu_outcome_t *o, char *mod, size_t len)
+{
+    static const char key[] = "ModuleNotFoundError: No module named '";
+
+    for (int i = o->ntail - 1; i >= 0; i--) {
+        const char *p = strstr(o->tail[i], key);
+        if (p != NULL) {
+            p += sizeof key - 1;
+            snprintf(mod, len, "%.*s", (int)strcspn(p, "'"), p);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* When every worker that failed by itself died of the same missing module, the likely cause
+ * is the interpreter (the first python3 on PATH lacks it): one line that names it. */
+static void print_python_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    char root_mod[128], mod[128];
+
+    if (!plan->python[0] || res->root < 0 ||
+        !missing_module(&res->outcomes[res->root], root_mod, sizeof root_mod))
+        return;
+    for (int k = 0; k < res->nout; k++)
+        if (res->outcomes[k].state == MGPU_W_FAILED &&
+            (!missing_module(&res->outcomes[k], mod, sizeof mod) || strcmp(mod, root_mod) != 0))
+            return;
+    fprintf(out,
+            "hint: no module named '%s' for %s, the interpreter used; to choose another: "
+            "PYTHON_EXEC=/path/to/python3\n",
+            root_mod, plan->python);
+}
+
 static void fmt_time(double t, char *buf, size_t len)
 {
     time_t s = (time_t)t;
@@ -197,6 +232,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
         fprintf(out, "%s\nAttempts: %d (--max_restarts=%d), each failed\n", thin, res->attempts,
                 plan->max_restarts);
     fprintf(out, "%s\n", rule);
+    print_python_hint(plan, res, out);
 }
 
 /* Calls fn for each "event=seconds" of a published timeline. */
