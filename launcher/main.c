@@ -173,6 +173,10 @@ static void report(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
     if (plan->output.summary[0] &&
         mgpu_report_write_summary(plan, res, plan->output.summary, &err) < 0)
         mgpu_error("%s", err.msg);
+    /* A scheduler above reads the root cause here (torchrun's @record main does the same). */
+    if (getenv("TORCHELASTIC_ERROR_FILE") && *getenv("TORCHELASTIC_ERROR_FILE") &&
+        mgpu_report_write_parent_error(plan, res, getenv("TORCHELASTIC_ERROR_FILE"), &err) < 0)
+        mgpu_error("%s", err.msg);
 }
 
 int main(int argc, char **argv)

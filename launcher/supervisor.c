@@ -955,6 +955,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     for (int k = 0; rdzv != NULL && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
                                 res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
+    /* The report prints the error files' paths: without --log_dir they must not go with the
+     * temporary folder. */
+    for (int k = 0; k < res->nout; k++)
+        res->keep_error_files |= access(res->outcomes[k].error_file, F_OK) == 0;
+    for (int i = 0; i < res->nhistory; i++)
+        res->keep_error_files |= access(res->history[i].error_file, F_OK) == 0;
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)
@@ -973,7 +979,7 @@ out:
 
 void mgpu_run_result_free(mgpu_run_result_t *res)
 {
-    if (!res->keep_logs && res->log_root[0])
+    if (!res->keep_logs && !res->keep_error_files && res->log_root[0])
         remove_tree(res->log_root);
     free(res->outcomes);
     free(res->history);
