@@ -41,6 +41,8 @@ typedef enum {
     O_LOCAL_ADDR,
     O_PREFIX_TEMPLATE,
     O_NO_PREFIX,
+    O_TTY,
+    O_NO_TTY,
     O_DRY_RUN,
     O_GRACE,
     O_SUMMARY,
@@ -101,6 +103,8 @@ static const opt_t opts[] = {
     {"log_line_prefix_template", 0, ARG_REQUIRED, O_PREFIX_TEMPLATE,
      "T  e.g. '[${role_name}${local_rank}]:'"},
     {"no_prefix", 0, ARG_NONE, O_NO_PREFIX, "worker lines without a prefix"},
+    {"tty", 0, ARG_NONE, O_TTY, "workers' output on ptys (default: on a terminal)"},
+    {"no_tty", 0, ARG_NONE, O_NO_TTY, "workers' output through pipes"},
     {"dry_run", 0, ARG_OPTIONAL, O_DRY_RUN, "[=json]  print the plan, start nothing"},
     {"grace_period", 0, ARG_REQUIRED, O_GRACE, "SECONDS  SIGTERM to SIGKILL (default 30)"},
     {"shutdown_timeout", 0, ARG_REQUIRED, O_GRACE, "SECONDS  same as --grace_period"},
@@ -513,6 +517,12 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return copy_str(what, cli->prefix_template, sizeof cli->prefix_template, v, err);
     case O_NO_PREFIX:
         cli->no_prefix = 1;
+        return 0;
+    case O_TTY:
+        cli->tty = 1;
+        return 0;
+    case O_NO_TTY:
+        cli->tty = -1;
         return 0;
     case O_DRY_RUN:
         if (v == NULL || strcmp(v, "text") == 0 || (from_env && strcmp(v, "1") == 0))

@@ -57,6 +57,7 @@ typedef struct mgpu_cli {
     char local_addr[256];
     char prefix_template[256]; /* --log_line_prefix_template; "" = default */
     int no_prefix;
+    int tty; /* --tty 1, --no_tty -1, 0: a pty when the launcher's output is a terminal */
     mgpu_dry_t dry_run;
     double grace_period;
     char summary[1024];

@@ -126,6 +126,8 @@ static void announce(const mgpu_plan_t *plan)
                 "*****************************************\n");
     if (plan->derived[0])
         mgpu_info("from the environment: %s", plan->derived);
+    if (plan->python[0])
+        mgpu_info("python: %s", plan->python);
     if (plan->cpu_reason[0] && plan->gpus.count > 0)
         mgpu_warn("workers run on the CPU: %s", plan->cpu_reason);
 }
@@ -170,6 +172,10 @@ static void report(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
         mgpu_warn("worker logs are in %s", res->log_root);
     if (plan->output.summary[0] &&
         mgpu_report_write_summary(plan, res, plan->output.summary, &err) < 0)
+        mgpu_error("%s", err.msg);
+    /* A scheduler above reads the root cause here (torchrun's @record main does the same). */
+    if (getenv("TORCHELASTIC_ERROR_FILE") && *getenv("TORCHELASTIC_ERROR_FILE") &&
+        mgpu_report_write_parent_error(plan, res, getenv("TORCHELASTIC_ERROR_FILE"), &err) < 0)
         mgpu_error("%s", err.msg);
 }
 

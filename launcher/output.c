@@ -46,25 +46,66 @@ static int reserve(char **buf, size_t *cap, size_t need)
     return 0;
 }
 
-/* Lays out [prefix line]... then the raw lines after them in the same buffer. */
-static int emit(mgpu_outbuf_t *ob, const char *prefix, const char *lines, size_t n, size_t nlines,
-                const char **block, size_t *blen, const char **raw, size_t *rlen)
+/* Console text for q, n bytes of the current line from where the console last left it. The
+ * prefix goes before the first visible byte wherever the cursor is at column 0: at the start
+ * of a line the console does not hold for this stream, and after each '\r'. A newline that
+ * would only end a line another stream's break ended already is left out. out may be NULL to
+ * measure. */
+static size_t live_layout(char *out, const mgpu_linebuf_t *lb, const char *prefix, size_t plen,
+                          const char *q, size_t n)
+{
+    size_t o = 0;
+    int need = !lb->live || lb->at_cr;
+
+    for (size_t i = 0; i < n; i++) {
+        char c = q[i];
+        if (c == '\n' && !lb->live && o == 0)
+            continue;
+        if (need && c != '\r' && c != '\n') {
+            if (out != NULL)
+                memcpy(out + o, prefix, plen);
+            o += plen;
+            need = 0;
+        }
+        if (out != NULL)
+            out[o] = c;
+        o++;
+        need |= c == '\r';
+    }
+    return o;
+}
+
+/* Lays out [prefix line]... then the raw lines after them in the same buffer. The first line
+ * continues what mgpu_linebuf_live already showed of it, when it showed any. */
+static int emit(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const char *lines,
+                size_t n, size_t nlines, const char **block, size_t *blen, const char **raw,
+                size_t *rlen)
 {
     size_t plen = strlen(prefix), total = n + nlines * plen, o = 0;
     const char *p = lines, *end = lines + n;
+    int cont = lb->shown > 0 || lb->live;
     char *out;
 
+    if (cont)
+        total += live_layout(NULL, lb, prefix, plen, lines, n); /* a bound: \r prefixes */
     if (reserve(&ob->buf, &ob->cap, total + n) < 0)
         return -ENOMEM;
     out = ob->buf;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t l = (size_t)(nl - p) + 1;
-        memcpy(out + o, prefix, plen);
-        memcpy(out + o + plen, p, l);
-        o += plen + l;
+        if (cont) {
+            o += live_layout(out + o, lb, prefix, plen, p + lb->shown, l - lb->shown);
+            cont = 0;
+        } else {
+            memcpy(out + o, prefix, plen);
+            memcpy(out + o + plen, p, l);
+            o += plen + l;
+        }
         p += l;
     }
+    lb->shown = 0;
+    lb->live = lb->at_cr = 0;
     memcpy(out + o, lines, n);
     *block = out;
     *blen = o;
@@ -113,7 +154,7 @@ int mgpu_linebuf_feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix,
         memcpy(lb->part + lb->plen, data, last);
         lb->plen += last;
     }
-    if (emit(ob, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
+    if (emit(lb, ob, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
         return -ENOMEM;
     /* Keep the tail after the last newline as the next partial line. */
     lb->plen = n - last;
@@ -141,9 +182,54 @@ int mgpu_linebuf_flush(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix
     if (reserve(&lb->part, &lb->pcap, lb->plen + 1) < 0)
         return -ENOMEM;
     lb->part[lb->plen++] = '\n';
-    int rc = emit(ob, prefix, lb->part, lb->plen, 1, block, blen, raw, rlen);
+    int rc = emit(lb, ob, prefix, lb->part, lb->plen, 1, block, blen, raw, rlen);
     lb->plen = 0;
     return rc;
+}
+
+int mgpu_linebuf_live(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, int all,
+                      const char **block, size_t *blen)
+{
+    size_t cut = lb->shown, plen = strlen(prefix), n;
+
+    *blen = 0;
+    if (all)
+        cut = lb->plen;
+    else
+        for (size_t i = lb->plen; i > lb->shown; i--)
+            if (lb->part[i - 1] == '\r') {
+                cut = i;
+                break;
+            }
+    if (cut == lb->shown)
+        return 0;
+    if (!lb->live) {
+        /* Only '\r's so far (a bar that starts each update with one): nothing to see yet. */
+        size_t i = lb->shown;
+        while (i < cut && lb->part[i] == '\r')
+            i++;
+        if (i == cut)
+            return 0;
+    }
+    n = live_layout(NULL, lb, prefix, plen, lb->part + lb->shown, cut - lb->shown);
+    if (reserve(&ob->buf, &ob->cap, n) < 0)
+        return -ENOMEM;
+    *blen = live_layout(ob->buf, lb, prefix, plen, lb->part + lb->shown, cut - lb->shown);
+    *block = ob->buf;
+    lb->at_cr = lb->part[cut - 1] == '\r';
+    lb->live = 1;
+    lb->shown = cut;
+    return 0;
+}
+
+void mgpu_linebuf_detach(mgpu_linebuf_t *lb)
+{
+    lb->live = lb->at_cr = 0;
+}
+
+size_t mgpu_linebuf_unshown(const mgpu_linebuf_t *lb)
+{
+    return lb->plen - lb->shown;
 }
 
 void mgpu_linebuf_free(mgpu_linebuf_t *lb)

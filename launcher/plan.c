@@ -280,6 +280,16 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         find_program(in->python, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "python interpreter '%s' (PYTHON_EXEC): %s",
                             in->python, why);
+    if (python) {
+        /* A full path, as the user must name it in PYTHON_EXEC; not realpath(): a virtual
+         * environment's python is a symlink, and its own path is what selects the packages. */
+        char cwd[2048];
+        if (plan->exe[0] != '/' && getcwd(cwd, sizeof cwd) != NULL)
+            snprintf(plan->python, sizeof plan->python, "%s/%s", cwd,
+                     strncmp(plan->exe, "./", 2) == 0 ? plan->exe + 2 : plan->exe);
+        else
+            snprintf(plan->python, sizeof plan->python, "%s", plan->exe);
+    }
     if (nhead > 0 && !python) /* mgpu-worker, checked above */
         snprintf(plan->exe, sizeof plan->exe, "%s", in->worker_bin);
 
@@ -391,6 +401,7 @@ static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
     snprintf(o->summary, sizeof o->summary, "%s", cli->summary);
     o->quiet = cli->quiet;
     o->verbose = cli->verbose;
+    o->tty = cli->tty;
 }
 
 void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
@@ -619,6 +630,8 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
     if (plan->nnodes > 1)
         fprintf(out, "  ranks assume %d workers on every node; the rendezvous decides them\n",
                 plan->nproc);
+    if (plan->python[0])
+        fprintf(out, "  python: %s (PYTHON_EXEC chooses another)\n", plan->python);
     fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
             plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
             plan->max_restarts);
@@ -654,6 +667,10 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
     cJSON_AddNumberToObject(root, "master_port", plan->master_port);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
     cJSON_AddStringToObject(root, "derived", plan->derived);
+    if (plan->python[0])
+        cJSON_AddStringToObject(root, "python", plan->python);
+    else
+        cJSON_AddNullToObject(root, "python");
     cJSON_AddBoolToObject(root, "simulated", plan->gpus.simulated);
     if (plan->vis.cvd_set)
         cJSON_AddStringToObject(root, "cuda_visible_devices", plan->vis.cvd);

@@ -74,6 +74,7 @@ typedef struct mgpu_plan_output {
     char log_dir[1024];        /* "" = a temporary folder, removed unless logs were kept */
     char summary[1024];        /* --summary FILE, "" = none */
     int quiet, verbose;
+    int tty; /* workers' output on pseudo-terminals: 1 --tty, -1 --no_tty, 0 when a terminal */
 } mgpu_plan_output_t;
 
 typedef struct mgpu_plan {
@@ -97,6 +98,7 @@ typedef struct mgpu_plan {
     char hostname[256];
     char entrypoint[1024]; /* the program as the user named it (report title) */
     char exe[4096];        /* what every worker executes: argv[0] resolved in PATH, once */
+    char python[4096];     /* the Python interpreter it is, resolved; "" for other workers */
     char cpu_reason[700];  /* why the workers run on the CPU, when they do */
     char omp_threads[32];  /* OMP_NUM_THREADS for the workers, "" for none */
     char derived[512];     /* options taken from Slurm or Open MPI (cli.derived) */

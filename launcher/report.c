@@ -71,6 +71,41 @@ int mgpu_report_read_error_file(const char *path, char **msg, char **trace, long
     return 0;
 }
 
+/* The module of "ModuleNotFoundError: No module named 'X'" in o's last stderr lines. */
+static int missing_module(const mgpu_outcome_t *o, char *mod, size_t len)
+{
+    static const char key[] = "ModuleNotFoundError: No module named '";
+
+    for (int i = o->ntail - 1; i >= 0; i--) {
+        const char *p = strstr(o->tail[i], key);
+        if (p != NULL) {
+            p += sizeof key - 1;
+            snprintf(mod, len, "%.*s", (int)strcspn(p, "'"), p);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* When every worker that failed by itself died of the same missing module, the likely cause
+ * is the interpreter (the first python3 on PATH lacks it): one line that names it. */
+static void print_python_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    char root_mod[128], mod[128];
+
+    if (!plan->python[0] || res->root < 0 ||
+        !missing_module(&res->outcomes[res->root], root_mod, sizeof root_mod))
+        return;
+    for (int k = 0; k < res->nout; k++)
+        if (res->outcomes[k].state == MGPU_W_FAILED &&
+            (!missing_module(&res->outcomes[k], mod, sizeof mod) || strcmp(mod, root_mod) != 0))
+            return;
+    fprintf(out,
+            "hint: no module named '%s' for %s, the interpreter used; to choose another: "
+            "PYTHON_EXEC=/path/to/python3\n",
+            root_mod, plan->python);
+}
+
 static void fmt_time(double t, char *buf, size_t len)
 {
     time_t s = (time_t)t;
@@ -197,6 +232,92 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
         fprintf(out, "%s\nAttempts: %d (--max_restarts=%d), each failed\n", thin, res->attempts,
                 plan->max_restarts);
     fprintf(out, "%s\n", rule);
+    print_python_hint(plan, res, out);
+}
+
+/* torchrun's layout: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}. */
+static cJSON *generic_error(const char *msg, const mgpu_outcome_t *o, double t)
+{
+    cJSON *root = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(root, "message");
+    cJSON *extra = cJSON_CreateObject();
+    char ts[32], *stack = NULL;
+    size_t len = 0;
+
+    cJSON_AddStringToObject(m, "message", msg);
+    for (int i = 0; o != NULL && i < o->ntail; i++) {
+        size_t l = strlen(o->tail[i]);
+        char *s = realloc(stack, len + l + 2);
+        if (s == NULL)
+            break;
+        stack = s;
+        memcpy(stack + len, o->tail[i], l);
+        len += l;
+        stack[len++] = '\n';
+        stack[len] = '\0';
+    }
+    cJSON_AddStringToObject(extra, "py_callstack", stack != NULL ? stack : "");
+    free(stack);
+    snprintf(ts, sizeof ts, "%ld", (long)t);
+    cJSON_AddStringToObject(extra, "timestamp", ts);
+    cJSON_AddItemToObject(m, "extraInfo", extra);
+    return root;
+}
+
+int mgpu_report_write_parent_error(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
+                                   const char *path, mgpu_err_t *err)
+{
+    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
+    int code = o != NULL && !res->signal ? o->exit_code : res->exit_code, rc;
+    cJSON *root = NULL, *m;
+    char msg[1024], end[700], *text;
+    struct iovec iov;
+    mgpu_err_t aerr = {0};
+
+    if (res->exit_code == 0)
+        return 0;
+    if (o != NULL && !res->signal) {
+        char *file = read_file(o->error_file, 1 << 20);
+        if (file != NULL)
+            root = cJSON_ParseWithOpts(file, NULL, 0);
+        free(file);
+    }
+    if (root == NULL) {
+        const mgpu_rdzv_failure_t *f = &res->remote_failure;
+        if (res->signal) {
+            snprintf(msg, sizeof msg, "mgpu-launch received SIG%s and stopped the workers",
+                     sigabbrev_np(res->signal));
+        } else if (o != NULL) {
+            describe_end(o, end, sizeof end);
+            snprintf(msg, sizeof msg, "%s failed: rank %d (local_rank: %d) on %s, exitcode %s",
+                     plan->entrypoint, o->rank, o->local_rank, plan->hostname, end);
+        } else if (res->remote && f->rank >= 0) {
+            snprintf(msg, sizeof msg,
+                     "%s failed: rank %d (local_rank: %d) on node %d (%s), exitcode %d",
+                     plan->entrypoint, f->rank, f->local_rank, f->node_rank, f->host, f->exit_code);
+        } else if (res->remote) {
+            snprintf(msg, sizeof msg, "%s failed: the launcher of node %d (%s) died or was stopped",
+                     plan->entrypoint, f->node_rank, f->host);
+        } else {
+            snprintf(msg, sizeof msg, "%s failed: the launchers lost each other", plan->entrypoint);
+        }
+        root = generic_error(msg, o, o != NULL ? o->t_end : res->t_end);
+    }
+    /* torch's @record: the exit code, which a worker killed by a signal could not write */
+    m = cJSON_GetObjectItemCaseSensitive(root, "message");
+    if (cJSON_IsObject(m)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(m, "errorCode");
+        cJSON_AddNumberToObject(m, "errorCode", code);
+    }
+    text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (text == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    iov.iov_base = text;
+    iov.iov_len = strlen(text);
+    if ((rc = mgpu_atomic_file_write(path, &iov, 1, 0, &aerr)) < 0)
+        mgpu_err_set(err, rc, "TORCHELASTIC_ERROR_FILE: %s", aerr.msg);
+    cJSON_free(text);
+    return rc;
 }
 
 /* Calls fn for each "event=seconds" of a published timeline. */

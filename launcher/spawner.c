@@ -4,8 +4,11 @@
 #include <errno.h>     /* errno */
 #include <fcntl.h>     /* O_CLOEXEC */
 #include <signal.h>    /* signal, sigprocmask, kill */
+#include <stdlib.h>    /* posix_openpt, grantpt, unlockpt, ptsname_r */
 #include <string.h>    /* memcpy */
+#include <sys/ioctl.h> /* TIOCSWINSZ */
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME */
+#include <termios.h>   /* tcgetattr, OPOST */
 #include <time.h>      /* clock_gettime */
 #include <unistd.h>    /* fork, execve, setsid */
 
@@ -84,6 +87,67 @@ void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno)
     }
     if (got == sizeof buf)
         memcpy(exec_errno, buf + sizeof(int64_t), sizeof(int));
+}
+
+int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, const char **call)
+{
+    char name[128];
+    struct termios t;
+    int m, sl = -1, e;
+
+    *master = *slave = -1;
+    /* O_NOCTTY: neither the launcher nor the worker gets it as a controlling terminal. */
+    if ((m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) {
+        *call = "posix_openpt";
+        return -errno;
+    }
+    *call = "grantpt";
+    if (grantpt(m) != 0)
+        goto fail;
+    *call = "unlockpt";
+    if (unlockpt(m) != 0)
+        goto fail;
+    *call = "ptsname_r";
+    if ((errno = ptsname_r(m, name, sizeof name)) != 0)
+        goto fail;
+    *call = "open(pty slave)";
+    if ((sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0)
+        goto fail;
+    *call = "tcgetattr(pty)";
+    if (tcgetattr(sl, &t) != 0)
+        goto fail;
+    /* The terminal's own "\n" -> "\r\n" would reach the console doubled by its terminal. */
+    t.c_oflag &= ~(tcflag_t)OPOST;
+    t.c_lflag &= ~(tcflag_t)(ECHO | ECHONL);
+    *call = "tcsetattr(pty)";
+    if (tcsetattr(sl, TCSANOW, &t) != 0)
+        goto fail;
+    *call = "ioctl(pty, TIOCSWINSZ)";
+    if (ws != NULL && ioctl(m, TIOCSWINSZ, ws) != 0)
+        goto fail;
+    *master = m;
+    *slave = sl;
+    return 0;
+fail:
+    e = errno ? errno : EIO;
+    close(m);
+    if (sl >= 0)
+        close(sl);
+    return -e;
+}
+
+int mgpu_spawner_pty_size(int console_fd, size_t prefix_len, struct winsize *ws)
+{
+    const int fds[] = {console_fd, 1, 2, 0};
+
+    for (int i = 0; i < 4; i++)
+        if (fds[i] >= 0 && ioctl(fds[i], TIOCGWINSZ, ws) == 0 && ws->ws_col > 0) {
+            if (ws->ws_col > prefix_len + 20)
+                ws->ws_col = (unsigned short)(ws->ws_col - prefix_len);
+            ws->ws_xpixel = 0;
+            return 1;
+        }
+    return 0;
 }
 
 /* It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its

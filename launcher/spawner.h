@@ -15,6 +15,7 @@
 #ifndef MGPU_SPAWNER_H
 #define MGPU_SPAWNER_H
 
+#include <stddef.h>    /* size_t */
 #include <stdint.h>    /* int32_t */
 #include <sys/types.h> /* pid_t */
 
@@ -30,6 +31,23 @@ pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp
  * moment of exec in seconds (left alone when the child died before it), *exec_errno the
  * errno of a failed execve (left alone when exec succeeded). */
 void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno);
+
+struct winsize;
+
+/* A pseudo-terminal for one of a worker's output streams, so that isatty() is true in the
+ * worker (line-buffered stdout, colours) while the launcher still reads and prefixes what it
+ * writes: *master for the launcher, *slave to pass as out_w or err_w. Both are close-on-exec.
+ * Output processing is off, so bytes arrive as written ("\n" stays "\n"); echo is off. It is
+ * not made the worker's controlling terminal: signals reach workers from the launcher alone.
+ * ws (may be NULL) sets its window size. Returns 0, or a negative errno with *call naming the
+ * call that failed. */
+int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, const char **call);
+
+/* The size for a worker's terminal: the launcher's (console_fd's first, else any of its
+ * standard streams that is a terminal), narrower by prefix_len, so that a bar drawn to the
+ * full width still fits on one console line after its prefix (a wrapped line cannot be
+ * redrawn with '\r'). Returns 0 when the launcher has no terminal. */
+int mgpu_spawner_pty_size(int console_fd, size_t prefix_len, struct winsize *ws);
 
 typedef struct mgpu_spawner_keeper {
     pid_t pid; /* -1 when none could be started */

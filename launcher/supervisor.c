@@ -9,6 +9,7 @@
 #include <stdio.h>     /* snprintf */
 #include <stdlib.h>    /* calloc, mkdtemp */
 #include <string.h>    /* strerror */
+#include <sys/ioctl.h> /* FIONREAD, TIOCGWINSZ */
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
 #include <sys/stat.h>  /* mkdir */
 #include <sys/wait.h>  /* waitpid */
@@ -16,6 +17,7 @@
 #include <uv.h>        /* the event loop */
 
 #include "clock.h"   /* mgpu_clock_real */
+#include "console.h" /* mgpu_console_put */
 #include "fdio.h"    /* mgpu_fdio_write_all */
 #include "log.h"     /* mgpu_warn */
 #include "output.h"  /* mgpu_linebuf_t */
@@ -31,12 +33,18 @@ struct proc;
 typedef struct stream {
     uv_pipe_t pipe;
     struct proc *proc;
-    int which;      /* 1 stdout, 2 stderr */
-    int console_fd; /* 1 or 2, -1 when --local_ranks_filter hides this rank */
-    int file_fd;    /* per-rank log file, -1 when none */
-    int open;       /* the handle is initialised and not yet closed */
+    int which;       /* 1 stdout, 2 stderr */
+    int console_fd;  /* 1 or 2, -1 when --local_ranks_filter hides this rank */
+    int file_fd;     /* per-rank log file, -1 when none */
+    int open;        /* the handle is initialised and not yet closed */
+    int pty;         /* the worker writes to a pseudo-terminal (the handle reads its master) */
+    uint64_t t_last; /* uv_now of the last read, for the quiet-time flush */
     mgpu_linebuf_t lb;
 } stream_t;
+
+/* A partial line shows on a live console after this long without more bytes: soon enough to
+ * look immediate, long enough that a line written in a few pieces rarely shows split. */
+#define QUIET_MS 50
 
 typedef struct proc {
     struct sup *sup;
@@ -52,6 +60,8 @@ typedef struct sup {
     uv_loop_t loop;
     uv_signal_t sigs[NSIGS];
     uv_timer_t grace_timer, drain_timer;
+    uv_timer_t quiet_timer; /* flushes partial lines of streams gone quiet (live consoles) */
+    uv_signal_t winch;      /* the launcher's terminal changed size: the workers' ptys follow */
     const mgpu_plan_t *plan;
     mgpu_run_result_t *res;
     proc_t *procs;
@@ -65,7 +75,7 @@ typedef struct sup {
     int user_signal;  /* a terminating signal the launcher received */
     int root;         /* first failure of this attempt, -1 */
     int finished;
-    int console_dead[3];          /* EPIPE seen on fd 1 or 2: stop writing there */
+    mgpu_console_t con;           /* the launcher's stdout and stderr */
     mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
     /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
      * is written before the next read, so one of each serves all workers (and keeps the
@@ -79,12 +89,14 @@ typedef struct sup {
     int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
 } sup_t;
 
-static void console_write(sup_t *s, int fd, const char *p, size_t n)
+static void console_put(stream_t *st, const char *block, size_t blen)
 {
-    if (fd < 0 || s->console_dead[fd] || n == 0)
-        return;
-    if (mgpu_fdio_write_all(fd, p, n) == -EPIPE)
-        s->console_dead[fd] = 1; /* `mgpu-launch ... | head`: keep supervising, stop printing */
+    mgpu_console_put(&st->proc->sup->con, st->console_fd, &st->lb, block, blen);
+}
+
+static int stream_live(const stream_t *st)
+{
+    return mgpu_console_live(&st->proc->sup->con, st->console_fd);
 }
 
 static int mkdir_p(const char *path)
@@ -161,13 +173,53 @@ static void on_stream_closed(uv_handle_t *h)
 
 static void deliver(stream_t *st, const char *block, size_t blen, const char *raw, size_t rlen)
 {
-    if (blen == 0)
+    /* blen may be 0 with a whole line in raw: its newline already reached the console. */
+    if (rlen == 0)
         return;
     if (st->which == 2)
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)
         mgpu_fdio_write_all(st->file_fd, raw, rlen);
-    console_write(st->proc->sup, st->console_fd, block, blen);
+    console_put(st, block, blen);
+}
+
+/* Shows the unfinished line's new bytes on a live console: up to its last '\r' (all = 0), or
+ * all of them (all = 1, the stream went quiet). */
+static void show_partial(stream_t *st, int all)
+{
+    const char *block;
+    size_t blen;
+
+    if (mgpu_linebuf_live(&st->lb, &st->proc->sup->ob, st->proc->prefix, all, &block, &blen) == 0)
+        console_put(st, block, blen);
+}
+
+static void on_quiet_timer(uv_timer_t *t)
+{
+    sup_t *s = t->data;
+    uint64_t now = uv_now(&s->loop), wait = 0;
+
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &s->procs[k].s[i];
+            int fd, unread = 0;
+            uint64_t w = 0;
+            if (!st->open || !stream_live(st) || mgpu_linebuf_unshown(&st->lb) == 0)
+                continue;
+            /* Bytes waiting in the pipe mean the launcher was busy, not that the worker
+             * paused: read them first. */
+            if (uv_fileno((uv_handle_t *)&st->pipe, &fd) == 0 &&
+                ioctl(fd, FIONREAD, &unread) == 0 && unread > 0)
+                w = QUIET_MS;
+            else if (now - st->t_last < QUIET_MS)
+                w = QUIET_MS - (now - st->t_last);
+            else
+                show_partial(st, 1);
+            if (w > 0 && (wait == 0 || w < wait))
+                wait = w;
+        }
+    if (wait > 0)
+        uv_timer_start(t, on_quiet_timer, wait, 0);
 }
 
 static void stream_close(stream_t *st)
@@ -181,6 +233,7 @@ static void stream_close(stream_t *st)
                            &rlen) == 0)
         deliver(st, block, blen, raw, rlen);
     mgpu_outbuf_trim(&st->proc->sup->ob);
+    mgpu_console_forget(&st->proc->sup->con, &st->lb);
     uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
 }
 
@@ -198,7 +251,9 @@ static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
     size_t blen, rlen;
 
     if (n < 0) {
-        stream_close(st); /* UV_EOF, or an error: either way the stream is done */
+        /* UV_EOF, or an error (a pty's master reads EIO once the worker's side is closed):
+         * either way the stream is done */
+        stream_close(st);
         return;
     }
     if (n == 0)
@@ -209,6 +264,15 @@ static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
         return;
     }
     deliver(st, block, blen, raw, rlen);
+    if (stream_live(st)) {
+        show_partial(st, 0);
+        if (mgpu_linebuf_unshown(&st->lb) > 0) {
+            sup_t *s = st->proc->sup;
+            st->t_last = uv_now(&s->loop);
+            if (!uv_is_active((uv_handle_t *)&s->quiet_timer))
+                uv_timer_start(&s->quiet_timer, on_quiet_timer, QUIET_MS, 0);
+        }
+    }
     mgpu_outbuf_trim(&st->proc->sup->ob);
 }
 
@@ -433,6 +497,38 @@ static void on_signal(uv_signal_t *h, int sig)
     stop_group(s, sig);
 }
 
+/* Whether a worker's stream goes through a pseudo-terminal: --tty, --no_tty, or by default
+ * when what it reaches is the launcher's own terminal (as if the worker ran there itself). */
+static int wants_pty(const sup_t *s, int console_fd)
+{
+    int tty = s->plan->output.tty;
+    return tty > 0 || (tty == 0 && console_fd >= 0 && isatty(console_fd));
+}
+
+static void on_winch(uv_signal_t *h, int sig)
+{
+    sup_t *s = h->data;
+
+    (void)sig;
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        int resized = 0;
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &p->s[i];
+            struct winsize ws;
+            int fd;
+            if (st->open && st->pty && uv_fileno((uv_handle_t *)&st->pipe, &fd) == 0 &&
+                mgpu_spawner_pty_size(st->console_fd, strlen(p->prefix), &ws) &&
+                ioctl(fd, TIOCSWINSZ, &ws) == 0)
+                resized = 1;
+        }
+        /* The pty is not the worker's controlling terminal, so the kernel does not tell it;
+         * the launcher does, as a terminal would. */
+        if (resized && p->running)
+            kill(-p->pid, SIGWINCH);
+    }
+}
+
 static int open_log(const char *dir, const char *name, mgpu_err_t *err)
 {
     char path[2500];
@@ -495,6 +591,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             st->proc = p;
             st->which = bit;
             st->file_fd = -1;
+            st->pty = 0;
             /* torchrun: redirect = file only; tee = file and console. */
             st->console_fd = (redirect & bit) && !(tee & bit) ? -1 : (shown ? bit : -1);
             if ((redirect | tee) & bit) {
@@ -504,9 +601,28 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
                 s->res->keep_logs = 1;
             }
         }
-        for (int i = 0; i < 3; i++)
-            if (pipe2(pipes[k][i], O_CLOEXEC) != 0)
-                return mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
+        for (int i = 0; i < 3; i++) {
+            const char *call = "pipe2";
+            struct winsize ws;
+            int e = 0, pty = 0;
+            if (i < 2 && wants_pty(s, p->s[i].console_fd)) {
+                int have = mgpu_spawner_pty_size(p->s[i].console_fd, strlen(p->prefix), &ws);
+                e = mgpu_spawner_pty_open(&pipes[k][i][0], &pipes[k][i][1], have ? &ws : NULL,
+                                          &call);
+                p->s[i].pty = pty = e == 0;
+                if (e < 0 && s->plan->output.tty == 0) {
+                    /* no ptys here (a container without devpts): the run goes on with pipes */
+                    mgpu_warn("%s: %s; local rank %d writes to a pipe", call, strerror(-e), k);
+                    e = 0;
+                }
+            }
+            if (e == 0 && !pty && pipe2(pipes[k][i], O_CLOEXEC) != 0) {
+                call = "pipe2";
+                e = -errno;
+            }
+            if (e < 0)
+                return mgpu_err_set(err, e, "%s: %s (local rank %d)", call, strerror(-e), k);
+        }
     }
 
     mgpu_debug("attempt %d: log folders and pipes ready", s->attempt);
@@ -575,6 +691,8 @@ static void close_loop_handles(sup_t *s)
         uv_close((uv_handle_t *)&s->sigs[i], NULL);
     uv_close((uv_handle_t *)&s->grace_timer, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_close((uv_handle_t *)&s->quiet_timer, NULL);
+    uv_close((uv_handle_t *)&s->winch, NULL);
 }
 
 /* The attempt is over everywhere: restart it, or end the run. failed says whether any node
@@ -815,6 +933,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     uv_timer_init(&s->loop, &s->grace_timer);
     uv_timer_init(&s->loop, &s->drain_timer);
     s->grace_timer.data = s->drain_timer.data = s;
+    mgpu_console_init(&s->con, plan->output.tty > 0);
+    uv_timer_init(&s->loop, &s->quiet_timer);
+    s->quiet_timer.data = s;
+    uv_signal_init(&s->loop, &s->winch);
+    s->winch.data = s;
+    uv_signal_start(&s->winch, on_winch, SIGWINCH);
 
     rc = start_attempt(s, err);
     if (rc < 0)
@@ -831,6 +955,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     for (int k = 0; rdzv != NULL && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
                                 res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
+    /* The report prints the error files' paths: without --log_dir they must not go with the
+     * temporary folder. */
+    for (int k = 0; k < res->nout; k++)
+        res->keep_error_files |= access(res->outcomes[k].error_file, F_OK) == 0;
+    for (int i = 0; i < res->nhistory; i++)
+        res->keep_error_files |= access(res->history[i].error_file, F_OK) == 0;
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)
@@ -849,7 +979,7 @@ out:
 
 void mgpu_run_result_free(mgpu_run_result_t *res)
 {
-    if (!res->keep_logs && res->log_root[0])
+    if (!res->keep_logs && !res->keep_error_files && res->log_root[0])
         remove_tree(res->log_root);
     free(res->outcomes);
     free(res->history);

@@ -63,6 +63,7 @@ typedef struct mgpu_run_result {
     int nremote_history;
     char log_root[2048]; /* the run's log folder */
     int keep_logs;
+    int keep_error_files; /* a worker wrote one: the report names it, so it outlives the run */
     double t_start, t_end;
 } mgpu_run_result_t;
 

@@ -67,7 +67,7 @@ static void test_every_split_point(void)
         got[g] = '\0';
         CHECK_STR(got, want);
         mgpu_linebuf_free(&lb);
-    mgpu_outbuf_free(&ob);
+        mgpu_outbuf_free(&ob);
     }
 }
 
@@ -99,11 +99,147 @@ static void test_overlong_line_is_cut(void)
     mgpu_outbuf_free(&ob);
 }
 
+/* Concatenates what a sequence of feed/live/flush calls hands the console. */
+typedef struct {
+    char con[512], raw[512];
+    size_t n, rn;
+} sink_t;
+
+static void put(sink_t *s, const char *b, size_t n, const char *raw, size_t rn)
+{
+    if (n > 0) /* b is only set when there is something */
+        memcpy(s->con + s->n, b, n);
+    s->n += n;
+    s->con[s->n] = '\0';
+    if (raw != NULL && rn > 0) {
+        memcpy(s->raw + s->rn, raw, rn);
+        s->rn += rn;
+        s->raw[s->rn] = '\0';
+    }
+}
+
+static void feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, sink_t *s, const char *text)
+{
+    const char *b, *raw;
+    size_t n, rn;
+    CHECK_INT(mgpu_linebuf_feed(lb, ob, "P:", text, strlen(text), &b, &n, &raw, &rn), 0);
+    put(s, b, n, raw, rn);
+}
+
+static void live(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, sink_t *s, int all)
+{
+    const char *b;
+    size_t n;
+    CHECK_INT(mgpu_linebuf_live(lb, ob, "P:", all, &b, &n), 0);
+    put(s, b, n, NULL, 0);
+}
+
+static void test_live_progress_bar(void)
+{
+    /* tqdm's way: each update starts with '\r'; the line ends with a newline at the end */
+    mgpu_linebuf_t lb = {0};
+    mgpu_outbuf_t ob = {0};
+    sink_t s = {0};
+
+    feed(&lb, &ob, &s, "\r 10%");
+    live(&lb, &ob, &s, 0); /* only a '\r' is complete: nothing to see yet */
+    CHECK_STR(s.con, "");
+    live(&lb, &ob, &s, 1); /* quiet: the update shows, prefixed */
+    CHECK_STR(s.con, "\rP: 10%");
+    CHECK_INT(mgpu_linebuf_unshown(&lb), 0);
+    feed(&lb, &ob, &s, "\r 20%\r 30");
+    live(&lb, &ob, &s, 0); /* complete updates pass at once, each redrawn with its prefix */
+    CHECK_STR(s.con, "\rP: 10%\rP: 20%\r");
+    CHECK_INT(mgpu_linebuf_unshown(&lb), 3);
+    feed(&lb, &ob, &s, "%\n");
+    CHECK_STR(s.con, "\rP: 10%\rP: 20%\rP: 30%\n");
+    /* the log file and the stderr tail get the line as the worker wrote it */
+    CHECK_STR(s.raw, "\r 10%\r 20%\r 30%\n");
+    feed(&lb, &ob, &s, "next\n");
+    CHECK_STR(s.con, "\rP: 10%\rP: 20%\rP: 30%\nP:next\n");
+    mgpu_linebuf_free(&lb);
+    mgpu_outbuf_free(&ob);
+}
+
+static void test_live_partial_line_and_detach(void)
+{
+    mgpu_linebuf_t lb = {0};
+    mgpu_outbuf_t ob = {0};
+    sink_t s = {0};
+
+    feed(&lb, &ob, &s, "Password:");
+    live(&lb, &ob, &s, 1);
+    CHECK_STR(s.con, "P:Password:");
+    CHECK_INT(lb.live, 1);
+    /* continued while the console still shows it: no second prefix */
+    feed(&lb, &ob, &s, " ok");
+    live(&lb, &ob, &s, 1);
+    CHECK_STR(s.con, "P:Password: ok");
+    /* another stream ended the console line: the rest comes with a prefix of its own */
+    mgpu_linebuf_detach(&lb);
+    feed(&lb, &ob, &s, " done\nx\n");
+    CHECK_STR(s.con, "P:Password: okP: done\nP:x\n");
+    CHECK_STR(s.raw, "Password: ok done\nx\n");
+    /* a shown line whose newline alone remains after a detach: nothing more to print */
+    s = (sink_t){0};
+    feed(&lb, &ob, &s, "abc");
+    live(&lb, &ob, &s, 1);
+    mgpu_linebuf_detach(&lb);
+    feed(&lb, &ob, &s, "\n");
+    CHECK_STR(s.con, "P:abc");
+    CHECK_STR(s.raw, "abc\n");
+    mgpu_linebuf_free(&lb);
+    mgpu_outbuf_free(&ob);
+}
+
+static void test_live_then_end_of_stream(void)
+{
+    mgpu_linebuf_t lb = {0};
+    mgpu_outbuf_t ob = {0};
+    sink_t s = {0};
+    const char *b, *raw;
+    size_t n, rn;
+
+    feed(&lb, &ob, &s, "last words");
+    live(&lb, &ob, &s, 1);
+    CHECK_INT(mgpu_linebuf_flush(&lb, &ob, "P:", &b, &n, &raw, &rn), 0);
+    put(&s, b, n, raw, rn);
+    CHECK_STR(s.con, "P:last words\n");
+    CHECK_STR(s.raw, "last words\n");
+    /* "\r\n" ends a shown bar where it is */
+    s = (sink_t){0};
+    feed(&lb, &ob, &s, "bar\r");
+    live(&lb, &ob, &s, 0);
+    feed(&lb, &ob, &s, "\n");
+    CHECK_STR(s.con, "P:bar\r\n");
+    mgpu_linebuf_free(&lb);
+    mgpu_outbuf_free(&ob);
+}
+
+static void test_whole_lines_unchanged_by_live(void)
+{
+    /* a '\r' inside a line that arrives whole passes as it is, with one prefix */
+    mgpu_linebuf_t lb = {0};
+    mgpu_outbuf_t ob = {0};
+    sink_t s = {0};
+
+    feed(&lb, &ob, &s, "a\rb\n");
+    live(&lb, &ob, &s, 0);
+    live(&lb, &ob, &s, 1);
+    CHECK_STR(s.con, "P:a\rb\n");
+    mgpu_linebuf_free(&lb);
+    mgpu_outbuf_free(&ob);
+}
+
 int main(void)
 {
     RUN(test_prefix_template);
     RUN(test_lines_split_across_chunks);
     RUN(test_every_split_point);
     RUN(test_overlong_line_is_cut);
+    RUN(test_live_progress_bar);
+    RUN(test_live_partial_line_and_detach);
+    RUN(test_live_then_end_of_stream);
+    RUN(test_whole_lines_unchanged_by_live);
     return check_done();
 }
