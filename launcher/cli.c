@@ -9,6 +9,8 @@
 #include <stdlib.h> /* strtol, strtod */
 #include <string.h> /* strcmp */
 
+#include "escape.h" /* mgpu_escape_inplace */
+
 typedef enum {
     O_NPROC,
     O_NNODES,
@@ -327,6 +329,16 @@ static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgp
     return 0;
 }
 
+/* 1 when s holds a control byte: no host name or run id does, and such a value would travel
+ * raw into later messages, file names and store keys. */
+static int has_control(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
+
 /* Flags from the environment read as torchrun's check_env: an integer, non-zero is true. */
 static int parse_flag_env(const char *what, const char *v, int *out, mgpu_err_t *err)
 {
@@ -371,8 +383,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         cli->node_rank = (int)n;
         return rc;
     case O_MASTER_ADDR:
-        if (*v == '\0')
-            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a host name or address", what);
+        if (*v == '\0' || has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a host name or address", what,
+                                v);
         cli->master_given = 1;
         return copy_str(what, cli->master_addr, sizeof cli->master_addr, v, err);
     case O_MASTER_PORT:
@@ -388,12 +401,16 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected static or c10d", what, v);
         return copy_str(what, cli->rdzv_backend, sizeof cli->rdzv_backend, v, err);
     case O_RDZV_ENDPOINT:
+        if (has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected HOST[:PORT]", what, v);
         return parse_endpoint(what, v, cli, err);
     case O_RDZV_TOKEN:
         return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
     case O_RDZV_ID:
-        if (*v == '\0' || strchr(v, '/') != NULL)
-            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
+        if (*v == '\0' || strchr(v, '/') != NULL || has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected a non-empty id without '/' or control "
+                                "characters",
                                 what, v);
         return copy_str(what, cli->rdzv_id, sizeof cli->rdzv_id, v, err);
     case O_RDZV_CONF:
@@ -445,6 +462,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         cli->legacy_local_rank = 1;
         return 0;
     case O_LOCAL_ADDR:
+        if (has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a host name or address", what,
+                                v);
         return copy_str(what, cli->local_addr, sizeof cli->local_addr, v, err);
     case O_PREFIX_TEMPLATE:
         return copy_str(what, cli->prefix_template, sizeof cli->prefix_template, v, err);
@@ -556,8 +576,8 @@ static int apply_env(mgpu_cli_t *cli, mgpu_getenv_fn getenv_fn, mgpu_err_t *err)
     return 0;
 }
 
-int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
-                   mgpu_err_t *err)
+static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                      mgpu_err_t *err)
 {
     int i;
 
@@ -649,6 +669,17 @@ int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv
                                 cli->nnodes_min, cli->nnodes_max);
     }
     return 0;
+}
+
+int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                   mgpu_err_t *err)
+{
+    int rc = parse_args(cli, argc, argv, getenv_fn, err);
+    /* Messages quote the arguments: control bytes in them are shown escaped, never sent raw to
+     * the terminal. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
 }
 
 void mgpu_cli_usage(FILE *out)

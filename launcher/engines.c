@@ -6,6 +6,8 @@
 #include <stdlib.h> /* strtol */
 #include <string.h> /* strchr */
 
+#include "escape.h" /* mgpu_escape_inplace */
+
 /* Appends every expansion of pattern (brackets resolved left to right) to out. */
 static int expand_one(const char *pat, char *out, size_t len, size_t *used, int *count,
                       mgpu_err_t *err)
@@ -188,7 +190,7 @@ static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
     return 1;
 }
 
-int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+static int engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
 {
     int rc = apply_slurm(cli, g, err);
     if (rc == 0)
@@ -200,4 +202,13 @@ int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
                             "node rank %d from the environment is not below nnodes %d (%s)",
                             cli->node_rank, cli->nnodes_max, cli->derived);
     return 0;
+}
+
+int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    int rc = engines_apply(cli, g, err);
+    /* Messages quote Slurm's and Open MPI's variables: control bytes are shown escaped. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
 }

@@ -16,8 +16,10 @@
 #include <sys/wait.h> /* waitpid */
 #include <time.h>     /* clock_gettime */
 
-#include "clock.h" /* mgpu_clock_mono */
-#include "sock.h"  /* mgpu_sock_is_loopback */
+#include "clock.h"  /* mgpu_clock_mono */
+#include "escape.h" /* mgpu_escape_inplace */
+#include "log.h"    /* mgpu_info */
+#include "sock.h"   /* mgpu_sock_is_loopback */
 
 extern char **environ;
 
@@ -465,8 +467,22 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     build_vars(plan);
 }
 
+static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                      mgpu_err_t *err);
+
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                     mgpu_err_t *err)
+{
+    int rc = plan_build(plan, cli, in, err);
+    /* Messages quote programs, files and variables the user gave: control bytes are shown
+     * escaped, never sent raw to the terminal. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
+}
+
+static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                      mgpu_err_t *err)
 {
     int rc;
 

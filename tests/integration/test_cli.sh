@@ -401,3 +401,42 @@ t_opt_repeated_option_last_wins() {
     expect_eq "$(nworkers)" 2 "workers"
     expect_eq "$(envval e.0 TORCHELASTIC_RUN_ID)" b
 }
+
+t_bad_fuzz_control_bytes() {
+    # arguments carrying control bytes (terminal escapes, newlines, NUL-free): whatever the
+    # launcher says on stderr quotes them escaped, never raw
+    python3 - "$LAUNCH" "$TW" <<'PYEOF' || fail "control bytes reached stderr"
+import random, subprocess, sys
+launch, tw = sys.argv[1], sys.argv[2]
+random.seed(7)
+opts = ["--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+        "--rdzv_id", "--rdzv_endpoint", "--rdzv_conf", "--rdzv_backend", "--role", "--log_dir",
+        "--redirects", "--tee", "--local_ranks_filter", "--summary", "--local_addr",
+        "--max_restarts", "--grace_period", "--start_method", "--nnodes=2 --node_rank",
+        "--bog", "-"]
+ctl = [chr(c) for c in range(1, 32)] + ["\x1b[31m", "\x1b]0;t\x07", "\x1b[2J", "\x7f"]
+bad = 0
+for i in range(300):
+    args = ["--dry-run", "-v"]
+    for _ in range(random.randint(1, 3)):
+        o = random.choice(opts)
+        v = "".join(random.choice(ctl + list("ab1:=,-")) for _ in range(random.randint(1, 6)))
+        if o == "-":
+            args.append("-" + random.choice(ctl))
+        elif " " in o:
+            a, b = o.split(" ")
+            args += [a, b + "=" + v]
+        else:
+            args.append(o + "=" + v)
+    prog = random.choice([tw, "./no\x1bsuch", "x\n.py", "c\x1b[0m.cfg", "pr\tog"])
+    p = subprocess.run([launch] + args + [prog, "exit", "0"], capture_output=True, timeout=30)
+    raw = [c for c in p.stderr if c < 0x20 and c != 0x0a]
+    if raw:
+        bad += 1
+        if bad <= 3:
+            print("raw control bytes for", args + [prog], ":", p.stderr[:300], file=sys.stderr)
+print("fuzzed 300 runs, %d with raw control bytes" % bad, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PYEOF
+}
+

@@ -207,6 +207,19 @@ static void test_filter_and_flags(void)
     free(c);
 }
 
+/* Messages that quote arguments show control bytes escaped. */
+static void test_messages_escape_input(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--nproc_per_node=\x1b[31mred\n", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "'\\x1b[31mred\\n'");
+    CHECK(strchr(e.msg, 0x1b) == NULL && strchr(e.msg, '\n') == NULL);
+    CHECK_INT(parse(c, &e, "--bogus\r\x07", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--bogus\\r\\x07");
+    free(c);
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -216,5 +229,6 @@ int main(void)
     RUN(test_bad_input);
     RUN(test_std_spec);
     RUN(test_filter_and_flags);
+    RUN(test_messages_escape_input);
     return check_done();
 }
