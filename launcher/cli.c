@@ -5,6 +5,7 @@
 
 #include <errno.h>  /* errno */
 #include <math.h>   /* isfinite */
+#include <stdarg.h> /* va_list */
 #include <stdio.h>  /* fprintf */
 #include <stdlib.h> /* strtol, strtod */
 #include <string.h> /* strcmp */
@@ -72,7 +73,7 @@ static const opt_t opts[] = {
     {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
     {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF,
-     "k=v,...  join_timeout, last_call_timeout, is_host"},
+     "k=v,...  join_timeout, last_call_timeout, is_host, timeout (others ignored)"},
     {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN, "SECRET  the store's token (several hosts)"},
     {"max_restarts", 0, ARG_REQUIRED, O_MAX_RESTARTS,
      "N  group restarts before failing (default 0)"},
@@ -288,42 +289,89 @@ static int parse_endpoint(const char *what, const char *v, mgpu_cli_t *cli, mgpu
     return 0;
 }
 
-/* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Keys mgpu has
- * no use for (read_timeout, close_timeout, store_type, timeout) are accepted. */
+/* Strips surrounding spaces and one pair of matching quotes (' or "): a value quoted twice
+ * by a wrapper script, or PyTorch's own test, arrives with literal quotes. */
+static char *unquote(char *s)
+{
+    size_t n;
+
+    while (*s == ' ' || *s == '\t')
+        s++;
+    n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    if (n >= 2 && (s[0] == '\'' || s[0] == '"') && s[n - 1] == s[0]) {
+        s[n - 1] = '\0';
+        s++;
+    }
+    return s;
+}
+
+/* Appends one line to what -v shows once the log level is known (cli->notes). */
+static void add_note(mgpu_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void add_note(mgpu_cli_t *cli, const char *fmt, ...)
+{
+    size_t n = strlen(cli->notes);
+    va_list ap;
+
+    if (n + 2 >= sizeof cli->notes)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(cli->notes + n, sizeof cli->notes - n - 1, fmt, ap);
+    va_end(ap);
+    n = strlen(cli->notes);
+    cli->notes[n] = '\n';
+    cli->notes[n + 1] = '\0';
+}
+
+/* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Like torchrun,
+ * keys that this launcher has no use for (read_timeout, close_timeout, store_type, use_libuv,
+ * ...) are passed over, and said so with -v; an entry without "=", an empty key or an empty
+ * value is an error. timeout is the static rendezvous's time limit, as in torchrun (where it is
+ * the agent store's timeout, 900 s by default). */
 static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
 {
-    char buf[512], *save = NULL;
+    char buf[512], *save = NULL, *all;
 
     snprintf(buf, sizeof buf, "%s", v);
-    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(kv, '=');
+    all = unquote(buf);
+    for (char *tok = strtok_r(all, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *kv = unquote(tok), *eq = strchr(kv, '='), *val;
         long n;
         if (eq == NULL)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' is not KEY=VALUE", what, kv);
-        *eq++ = '\0';
+        *eq = '\0';
+        kv = unquote(kv);
+        val = unquote(eq + 1);
+        if (*kv == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s: '=%s' has an empty key (expected KEY=VALUE)", what, val);
+        if (*val == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' has no value (expected %s=VALUE)",
+                                what, kv, kv);
         if (strcmp(kv, "join_timeout") == 0) {
-            if (parse_seconds(what, eq, 0.001, 1e7, &cli->join_timeout, err) < 0)
+            if (parse_seconds(what, val, 0.001, 1e7, &cli->join_timeout, err) < 0)
                 return MGPU_E_USAGE;
+            cli->join_timeout_given = 1;
         } else if (strcmp(kv, "last_call_timeout") == 0) {
-            if (parse_seconds(what, eq, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+            if (parse_seconds(what, val, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+                return MGPU_E_USAGE;
+        } else if (strcmp(kv, "timeout") == 0) {
+            if (parse_seconds(what, val, 0.001, 1e7, &cli->rdzv_timeout, err) < 0)
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "is_host") == 0) {
-            if (strcmp(eq, "true") == 0 || strcmp(eq, "True") == 0)
+            if (strcmp(val, "true") == 0 || strcmp(val, "True") == 0)
                 cli->is_host = 1;
-            else if (strcmp(eq, "false") == 0 || strcmp(eq, "False") == 0)
+            else if (strcmp(val, "false") == 0 || strcmp(val, "False") == 0)
                 cli->is_host = 0;
-            else if (parse_long(what, eq, 0, 1, &n, err) == 0)
+            else if (parse_long(what, val, 0, 1, &n, err) == 0)
                 cli->is_host = (int)n;
             else
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: is_host='%s': expected 1 or 0", what,
-                                    eq);
-        } else if (strcmp(kv, "read_timeout") != 0 && strcmp(kv, "close_timeout") != 0 &&
-                   strcmp(kv, "timeout") != 0 && strcmp(kv, "store_type") != 0 &&
-                   strcmp(kv, "rank") != 0) {
-            return mgpu_err_set(err, MGPU_E_USAGE,
-                                "%s: unknown key '%s' (expected join_timeout, last_call_timeout, "
-                                "is_host)",
-                                what, kv);
+                                    val);
+        } else {
+            add_note(cli, "rdzv_conf: ignoring %s=%s (not used by mgpu)", kv, val);
         }
     }
     return 0;
@@ -549,6 +597,7 @@ static void defaults(mgpu_cli_t *cli)
     snprintf(cli->role, sizeof cli->role, "default");
     cli->grace_period = 30.0;
     cli->join_timeout = 600.0;
+    cli->rdzv_timeout = -1.0;
     cli->last_call_timeout = 30.0;
     cli->is_host = -1;
     cli->endpoint_port = 29400;

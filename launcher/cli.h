@@ -36,6 +36,8 @@ typedef struct mgpu_cli {
     char rdzv_conf[512];
     char rdzv_token[128];     /* shared secret of the store ("" = generated on one node) */
     double join_timeout;      /* from --rdzv_conf join_timeout (default 600) */
+    int join_timeout_given;   /* join_timeout was in --rdzv_conf */
+    double rdzv_timeout;      /* from --rdzv_conf timeout, -1 unset (static rendezvous limit) */
     double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
     int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
     char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
@@ -63,6 +65,7 @@ typedef struct mgpu_cli {
     int show_help, show_version;
     unsigned long long given; /* bit (1 << option id) for every option set by argv or PET_ */
     char derived[512];        /* what was taken from Slurm or Open MPI, for --dry-run */
+    char notes[1024];         /* lines for -v (parsing runs before the log level is set) */
     /* the worker program and its arguments (pointers into the caller's argv) */
     int prog_argc;
     char **prog_argv;

@@ -373,6 +373,17 @@ static void copy_rdzv(mgpu_plan_rdzv_t *r, const mgpu_cli_t *cli)
     r->c10d = strcmp(cli->rdzv_backend, "c10d") == 0;
     r->join_timeout = cli->join_timeout;
     r->last_call_timeout = cli->last_call_timeout;
+    if (cli->rdzv_timeout > 0) {
+        /* torchrun's static rendezvous waits its store's timeout for every node; its dynamic
+         * one (c10d, MIN:MAX) waits join_timeout and has no use for timeout. */
+        int elastic = cli->nnodes_min != cli->nnodes_max || r->c10d;
+        if (elastic)
+            mgpu_info("rdzv_conf: ignoring timeout=%g (the elastic rendezvous waits "
+                      "join_timeout=%g)",
+                      cli->rdzv_timeout, cli->join_timeout);
+        else if (!cli->join_timeout_given)
+            r->join_timeout = cli->rdzv_timeout;
+    }
     snprintf(r->local_addr, sizeof r->local_addr, "%s", cli->local_addr);
     snprintf(r->token, sizeof r->token, "%s", cli->rdzv_token);
     snprintf(r->endpoint_host, sizeof r->endpoint_host, "%s", cli->endpoint_host);
@@ -473,6 +484,14 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                     mgpu_err_t *err)
 {
+    /* What parsing had to say for -v, now that the log level is known. */
+    for (const char *p = cli->notes; *p;) {
+        size_t n = strcspn(p, "\n");
+        char line[sizeof cli->notes], shown[4 * sizeof cli->notes];
+        snprintf(line, sizeof line, "%.*s", (int)n, p);
+        mgpu_info("%s", mgpu_escape(line, shown, sizeof shown));
+        p += n + (p[n] == '\n');
+    }
     int rc = plan_build(plan, cli, in, err);
     /* Messages quote programs, files and variables the user gave: control bytes are shown
      * escaped, never sent raw to the terminal. */

@@ -402,6 +402,23 @@ t_opt_repeated_option_last_wins() {
     expect_eq "$(envval e.0 TORCHELASTIC_RUN_ID)" b
 }
 
+t_opt_rdzv_conf_torchrun_keys() {
+    # torchrun passes --rdzv_conf keys on and ignores those it does not use; -v says so
+    run_launch -v --rdzv-conf=use_libuv=0 --nproc_per_node=1 "$TW" touch started.%l
+    expect_eq "$rc" 0 "use_libuv=0 ($(cat err))"
+    expect_grep err 'rdzv_conf: ignoring use_libuv=0 \(not used by mgpu\)'
+    [ -e started.0 ] || fail "the worker did not start"
+    for conf in read_timeout=5 close_timeout=5 timeout=5 \
+        "'join_timeout=5,last_call_timeout=1,timeout=5'" '"timeout=5"' "join_timeout='5'"; do
+        run_launch --rdzv_conf="$conf" --nproc_per_node=1 "$TW" exit 0
+        expect_eq "$rc" 0 "--rdzv_conf=$conf ($(cat err))"
+    done
+    run_launch --rdzv_conf=read_timeout=5 --nproc_per_node=1 "$TW" exit 0
+    [ ! -s err ] || fail "ignored keys are said only with -v: $(cat err)"
+    bad 'KEY=VALUE' --rdzv_conf=join_timeout
+    bad 'empty key' --rdzv_conf==5
+}
+
 t_bad_fuzz_control_bytes() {
     # arguments carrying control bytes (terminal escapes, newlines, NUL-free): whatever the
     # launcher says on stderr quotes them escaped, never raw

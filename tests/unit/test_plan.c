@@ -335,6 +335,30 @@ static void test_plan_carries_run_options(void)
     mgpu_plan_free(&p);
 }
 
+/* --rdzv_conf timeout: the static rendezvous's limit (join_timeout, when given, wins). */
+static void test_rdzv_timeout(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--rdzv_conf=timeout=45", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 45.0);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--rdzv_conf=timeout=45,join_timeout=20",
+                    "/bin/true", NULL),
+              0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 20.0);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=1:2", "--rdzv_conf=timeout=45", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 600.0);
+    mgpu_plan_free(&p);
+}
+
 int main(void)
 {
     RUN(test_scenario1);
@@ -345,5 +369,6 @@ int main(void)
     RUN(test_cpu_workers);
     RUN(test_env_contract);
     RUN(test_commands);
+    RUN(test_rdzv_timeout);
     return check_done();
 }
