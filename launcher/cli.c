@@ -677,6 +677,14 @@ static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn get
         if (o->arg == ARG_REQUIRED && val == NULL) {
             if (i + 1 >= argc)
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: missing value (%s)", what, o->help);
+            /* argparse takes "--x" for the next option, not a value ("argument --log_dir:
+             * expected one argument"): a forgotten value must not swallow the option after it.
+             * "--role=--x" still gives such a value on purpose. */
+            if (strncmp(argv[i + 1], "--", 2) == 0)
+                return mgpu_err_set(err, MGPU_E_USAGE,
+                                    "argument %s: expected one argument (%s), got the option '%s'; "
+                                    "write %s=VALUE for a value that starts with --",
+                                    what, o->help, argv[i + 1], what);
             val = argv[++i];
         }
         if (apply(cli, o, what, val, 0, err) < 0)

@@ -419,6 +419,16 @@ t_opt_rdzv_conf_torchrun_keys() {
     bad 'empty key' --rdzv_conf==5
 }
 
+t_bad_option_like_values() {
+    # argparse: "argument --log_dir: expected one argument"; a value with "=" is a value
+    bad 'argument --log_dir: expected one argument' --log_dir --standalone=1
+    bad 'argument --role: expected one argument' --role --legacy_local_rank=yes
+    bad 'argument -r: expected one argument' -r --tee=3
+    run_launch --role=--x --nproc_per_node=1 "$TW" env e.%l
+    expect_eq "$rc" 0 "--role=--x ($(cat err))"
+    expect_eq "$(envval e.0 ROLE_NAME)" "--x" "ROLE_NAME"
+}
+
 t_bad_fuzz_control_bytes() {
     # arguments carrying control bytes (terminal escapes, newlines, NUL-free): whatever the
     # launcher says on stderr quotes them escaped, never raw

@@ -242,6 +242,24 @@ static void test_rdzv_conf(void)
     free(c);
 }
 
+/* A value that looks like an option is the next option, as argparse has it, unless it is
+ * attached with "=". */
+static void test_option_like_values(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--log_dir", "--standalone=1", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "argument --log_dir: expected one argument");
+    CHECK_INT(parse(c, &e, "--role", "--legacy_local_rank=yes", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "argument --role: expected one argument");
+    CHECK_INT(parse(c, &e, "-r", "--tee=1", "x", NULL), MGPU_E_USAGE);
+    CHECK_INT(parse(c, &e, "--role=--x", "x", NULL), 0);
+    CHECK_STR(c->role, "--x");
+    CHECK_INT(parse(c, &e, "--role", "-x", "x", NULL), 0); /* one dash: a value */
+    CHECK_STR(c->role, "-x");
+    free(c);
+}
+
 /* Messages that quote arguments show control bytes escaped. */
 static void test_messages_escape_input(void)
 {
@@ -265,6 +283,7 @@ int main(void)
     RUN(test_std_spec);
     RUN(test_filter_and_flags);
     RUN(test_rdzv_conf);
+    RUN(test_option_like_values);
     RUN(test_messages_escape_input);
     return check_done();
 }
