@@ -243,6 +243,38 @@ static int check_devices(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *e
         plan->vis.count);
 }
 
+/* A program that exec cannot run but Python can: a regular file, not executable, that names
+ * a path or sits in the current folder and is not found in PATH, and is not plainly something
+ * else: a binary, or a script whose "#!" line names another interpreter (a shell script
+ * without its x bit still fails with 126 and the reason, as exec reports it). */
+static int is_python_source(const char *prog, const char *path_env)
+{
+    struct stat st;
+    char exe[4096], why[4200], head[256];
+    ssize_t n = 0;
+    int fd;
+
+    if (stat(prog, &st) != 0 || !S_ISREG(st.st_mode) || access(prog, X_OK) == 0)
+        return 0;
+    if (strchr(prog, '/') == NULL &&
+        find_program(prog, path_env, exe, sizeof exe, why, sizeof why) == 0)
+        return 0;
+    if ((fd = open(prog, O_RDONLY | O_CLOEXEC)) >= 0) {
+        n = read(fd, head, sizeof head - 1);
+        close(fd);
+    }
+    if (n <= 0)
+        return n == 0; /* empty: Python runs it; unreadable: let exec say why */
+    head[n] = '\0';
+    if (memchr(head, '\0', (size_t)n) != NULL)
+        return 0; /* a binary */
+    if (strncmp(head, "#!", 2) == 0) {
+        head[strcspn(head, "\n")] = '\0';
+        return strstr(head, "python") != NULL;
+    }
+    return 1;
+}
+
 /* The worker command: argv[0] is what is executed. */
 static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                       mgpu_err_t *err)
@@ -275,6 +307,18 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         if ((rc = check_cfg(in->worker_bin, cli, err)) < 0)
             return rc;
         head[nhead++] = in->worker_bin;
+    } else if (!cli->no_python && is_python_source(prog, in->path_env)) {
+        /* torchrun runs any training script under Python unless --no_python: a script without
+         * ".py" that cannot be executed (no x bit) is one, where exec would fail with 126. */
+        head[nhead++] = in->python;
+        head[nhead++] = "-u";
+        python = 1;
+        if ((rc = check_file("python script", prog, err)) < 0)
+            return rc;
+        char shown[4096];
+        mgpu_info("'%s' is not executable: running it with %s, as torchrun does (--no_python to "
+                  "execute it directly)",
+                  mgpu_escape(prog, shown, sizeof shown), in->python);
     } else if (find_program(prog, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0) {
         return mgpu_err_set(err, MGPU_E_USAGE, "worker program '%s': %s", prog, why);
     }

@@ -419,6 +419,29 @@ t_opt_rdzv_conf_torchrun_keys() {
     bad 'empty key' --rdzv_conf==5
 }
 
+t_opt_python_script_without_py() {
+    # torchrun runs any script under Python unless --no_python: a non-executable "train"
+    printf 'import sys\nopen("ran.%%s" %% sys.argv[1], "w").write(" ".join(sys.argv))\n' >train
+    chmod 644 train
+    run_launch -v --nproc_per_node=1 ./train a b
+    expect_eq "$rc" 0 "./train under python ($(cat err))"
+    expect_grep ran.a 'train a b'
+    expect_grep err "'\./train' is not executable: running it with python3"
+    # also found in the current folder by its bare name, as python would
+    rm -f ran.a
+    run_launch --nproc_per_node=1 train a
+    expect_eq "$rc" 0 "train under python ($(cat err))"
+    [ -e ran.a ] || fail "train did not run"
+    # executables still run as they are; --no_python keeps exec (126: not executable)
+    printf '#!/bin/sh\ntouch ran.sh\n' >prog
+    chmod 755 prog
+    run_launch --nproc_per_node=1 ./prog
+    expect_eq "$rc" 0 "./prog ($(cat err))"
+    [ -e ran.sh ] || fail "./prog did not run"
+    run_launch --no_python --nproc_per_node=1 ./train a
+    expect_eq "$rc" 126 "--no_python ./train"
+}
+
 t_bad_option_like_values() {
     # argparse: "argument --log_dir: expected one argument"; a value with "=" is a value
     bad 'argument --log_dir: expected one argument' --log_dir --standalone=1

@@ -1,6 +1,7 @@
 /* test_plan.c - ranks, devices (the article's four scenarios), environment and commands. */
-#include <stdarg.h> /* va_list */
-#include <stdlib.h> /* calloc */
+#include <stdarg.h>   /* va_list */
+#include <stdlib.h>   /* calloc */
+#include <sys/stat.h> /* chmod */
 
 #include "check.h"
 #include "plan.h"
@@ -335,6 +336,48 @@ static void test_plan_carries_run_options(void)
     mgpu_plan_free(&p);
 }
 
+/* torchrun runs any script under Python unless --no_python: a file that is not executable
+ * and not a .cfg is run by the interpreter; an executable is run as it is. */
+static void test_python_without_py(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("0", NULL);
+    FILE *f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("print(1)\n", f);
+    fclose(f);
+    chmod("/tmp/mgpu_test_train", 0644);
+
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", "--lr", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "sh");
+    CHECK_STR(p.workers[0].argv[1], "-u");
+    CHECK_STR(p.workers[0].argv[2], "/tmp/mgpu_test_train");
+    CHECK_STR(p.workers[0].argv[3], "--lr");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--no_python", "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    chmod("/tmp/mgpu_test_train", 0755);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    /* a script for another interpreter is no Python: exec says why it cannot run it (126) */
+    f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("#!/bin/sh\necho hi\n", f);
+    fclose(f);
+    chmod("/tmp/mgpu_test_train", 0644);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("#!/usr/bin/env python3\nprint(1)\n", f);
+    fclose(f);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "sh");
+    mgpu_plan_free(&p);
+    unlink("/tmp/mgpu_test_train");
+}
+
 /* --rdzv_conf timeout: the static rendezvous's limit (join_timeout, when given, wins). */
 static void test_rdzv_timeout(void)
 {
@@ -369,6 +412,7 @@ int main(void)
     RUN(test_cpu_workers);
     RUN(test_env_contract);
     RUN(test_commands);
+    RUN(test_python_without_py);
     RUN(test_rdzv_timeout);
     return check_done();
 }
