@@ -368,12 +368,12 @@ static void build_vars(mgpu_plan_t *plan)
         set_var(w, "LOCAL_RANK", "%d", k);
         set_var(w, "RANK", "%d", w->rank);
         set_var(w, "GROUP_RANK", "%d", plan->node_rank);
-        set_var(w, "ROLE_RANK", "%d", w->rank);
+        set_var(w, "ROLE_RANK", "%d", plan->role_base_rank + k);
         set_var(w, "ROLE_NAME", "%s", plan->role);
         set_var(w, "LOCAL_WORLD_SIZE", "%d", plan->nproc);
         set_var(w, "WORLD_SIZE", "%d", plan->world_size);
         set_var(w, "GROUP_WORLD_SIZE", "%d", plan->nnodes);
-        set_var(w, "ROLE_WORLD_SIZE", "%d", plan->world_size);
+        set_var(w, "ROLE_WORLD_SIZE", "%d", plan->role_world_size);
         set_var(w, "MASTER_ADDR", "%s", plan->master_addr);
         set_var(w, "MASTER_PORT", "%d", plan->master_port);
         set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", plan->max_restarts);
@@ -461,6 +461,7 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     ro->node_rank = r->node_rank;
     ro->nproc = plan->nproc;
     ro->hostname = r->local_addr[0] ? r->local_addr : plan->hostname;
+    ro->role = plan->role;
     ro->token = r->token[0] ? r->token : NULL;
     ro->join_timeout = r->join_timeout;
     ro->last_call_timeout = r->last_call_timeout;
@@ -513,6 +514,8 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     plan->node_rank = world->node_rank;
     plan->base_rank = world->base_rank;
     plan->world_size = world->world_size;
+    plan->role_base_rank = world->role_base_rank;
+    plan->role_world_size = world->role_world_size;
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", world->master_addr);
     plan->master_port = world->master_port;
     plan->port_is_free_pick = 1;
@@ -566,6 +569,8 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->node_rank = cli->node_rank;
     plan->world_size = plan->nproc * plan->nnodes;
     plan->base_rank = plan->node_rank * plan->nproc;
+    plan->role_base_rank = plan->base_rank; /* one role until the rendezvous says otherwise */
+    plan->role_world_size = plan->world_size;
     plan->max_restarts = cli->max_restarts;
     plan->grace_period = cli->grace_period;
     plan->dry_run = cli->dry_run;

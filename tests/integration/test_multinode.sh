@@ -45,6 +45,25 @@ t_mn_loopback_store_bound_to_loopback() {
     expect_eq "$l" "0100007F:$hex" "the store's listening address (loopback only when every node is this host)"
 }
 
+t_mn_loopback_roles_rank_within_role() {
+    # torchrun's roles: ROLE_RANK and ROLE_WORLD_SIZE count the workers of one role over every
+    # node (a master 0 of 1, trainers 0-2 of 3), RANK and WORLD_SIZE the whole world
+    local port; port=$(free_port)
+    local a; a=$(static_args 3 "$port" 127.0.0.1)
+    start_node 2 - $a --node_rank=2 --nproc_per_node=1 --role=trainer "$TW" env e.2.%l
+    start_node 1 - $a --node_rank=1 --nproc_per_node=2 --role=trainer "$TW" env e.1.%l
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 --role=master "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30; wait_node 2 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}/${MN_RC[2]}" 0/0/0 "exit statuses ($(dump_nodes err.0 err.1 err.2 2>&1))"
+    local f want
+    for want in "e.0.0 master 0 0 1" "e.1.0 trainer 1 0 3" "e.1.1 trainer 2 1 3" "e.2.0 trainer 3 2 3"; do
+        set -- $want
+        f=$1
+        expect_eq "$(envval $f ROLE_NAME)/$(envval $f RANK)/$(envval $f ROLE_RANK)/$(envval $f ROLE_WORLD_SIZE)/$(envval $f WORLD_SIZE)" \
+            "$2/$3/$4/$5/4" "ROLE_NAME/RANK/ROLE_RANK/ROLE_WORLD_SIZE/WORLD_SIZE in $f"
+    done
+}
+
 t_mn_loopback_three_nodes_ranks_by_node_rank() {
     # 2+1+3 workers, nodes started in reverse order: ranks follow node ranks, not arrival
     local port; port=$(free_port)

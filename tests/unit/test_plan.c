@@ -402,6 +402,32 @@ static void test_rdzv_timeout(void)
     mgpu_plan_free(&p);
 }
 
+/* One role until the rendezvous: ROLE_RANK = RANK; the world's role counts replace it. */
+static void test_roles(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_rdzv_world_t w = {0};
+    mgpu_plan_input_t in = input("0", NULL);
+
+    CHECK_INT(build(&p, &e, &in, "--nnodes=3", "--node_rank=2", "--nproc_per_node=2",
+                    "--role=trainer", "/bin/true", NULL),
+              0);
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_RANK"), "5");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_WORLD_SIZE"), "6");
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_STR(ro.role, "trainer");
+    w.nnodes = 3, w.node_rank = 2, w.base_rank = 3, w.world_size = 5;
+    w.role_base_rank = 2, w.role_world_size = 4;
+    mgpu_plan_set_world(&p, &w);
+    CHECK_STR(mgpu_plan_var(&p, 1, "RANK"), "4");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_RANK"), "3");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_WORLD_SIZE"), "4");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_NAME"), "trainer");
+    mgpu_plan_free(&p);
+}
+
 int main(void)
 {
     RUN(test_scenario1);
@@ -414,5 +440,6 @@ int main(void)
     RUN(test_commands);
     RUN(test_python_without_py);
     RUN(test_rdzv_timeout);
+    RUN(test_roles);
     return check_done();
 }
