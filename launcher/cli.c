@@ -762,5 +762,9 @@ void mgpu_cli_usage(FILE *out)
             "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
             "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
             "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
-            "N GPUs on a machine without any.\n");
+            "N GPUs on a machine without any.\n"
+            "ports, several nodes: the launchers' store listens on P (--master_port, default\n"
+            "29500, or --rdzv_endpoint's port) and MASTER_PORT is P+1, where the workers' rank 0\n"
+            "hosts its own store: open both. One node: MASTER_PORT is --master_port or a free\n"
+            "port, and the store is on loopback.\n");
 }

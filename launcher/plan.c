@@ -450,6 +450,32 @@ static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
     o->verbose = cli->verbose;
 }
 
+/* Several nodes, one rule a firewall can follow: the launchers' store listens on port P
+ * (--master_port, default 29500; --rdzv_endpoint's port when given; 29400 for an elastic
+ * rendezvous given neither) and MASTER_PORT, where the workers' rank 0 hosts PyTorch's own
+ * store, is P + 1 on the node of global rank 0. The store cannot also be PyTorch's: the
+ * workers' TCPStore protocol changes between releases. */
+static int rdzv_ports(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    int elastic = cli->nnodes_min != cli->nnodes_max || strcmp(cli->rdzv_backend, "c10d") == 0;
+
+    if (cli->endpoint_host[0])
+        plan->rdzv_port = cli->endpoint_port;
+    else if (cli->master_port >= 0)
+        plan->rdzv_port = cli->master_port;
+    else
+        plan->rdzv_port = elastic ? 29400 : 29500;
+    if (plan->rdzv_port >= 65535)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s port %d: several nodes use two ports, the store's (P) and "
+                            "MASTER_PORT (P+1); expected a port below 65535",
+                            cli->endpoint_host[0] ? "--rdzv_endpoint" : "--master_port",
+                            plan->rdzv_port);
+    plan->master_port = plan->rdzv_port > 0 ? plan->rdzv_port + 1 : 0;
+    plan->port_is_free_pick = plan->rdzv_port == 0;
+    return 0;
+}
+
 void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
 {
     const mgpu_plan_rdzv_t *r = &plan->rdzv;
@@ -479,11 +505,13 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
         ro->master_port = plan->master_port;
         return;
     }
+    /* Several nodes: MASTER_PORT is the store's port + 1 (see rdzv_ports); 0 when the store's
+     * port is itself a free pick. */
+    ro->store_port = plan->rdzv_port;
+    ro->master_port = plan->rdzv_port > 0 ? plan->rdzv_port + 1 : 0;
     if (ro->elastic) {
         const char *eh = r->endpoint_host[0] ? r->endpoint_host : r->master_addr;
         ro->store_host = eh;
-        ro->store_port =
-            r->endpoint_host[0] ? r->endpoint_port : (r->master_port >= 0 ? r->master_port : 29400);
         /* torchrun's c10d: the launcher on the endpoint's host serves it. Which host that is,
          * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
          * another launcher here serves already with EADDRINUSE; main then joins as a client. */
@@ -496,7 +524,6 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
      * when it is given, as torchrun's static rendezvous; else --master_addr:--master_port). */
     ro->store_host = plan->master_addr;
-    ro->store_port = plan->master_port;
     ro->serve = r->node_rank == 0;
     ro->master_addr = plan->master_addr;
     ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
@@ -596,6 +623,8 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->endpoint_host);
         plan->master_port = cli->endpoint_port;
     }
+    if (plan->nnodes > 1 && (rc = rdzv_ports(plan, cli, err)) < 0)
+        return rc;
     plan->omp_warning = in->omp_threads == NULL && plan->nproc > 1;
     snprintf(plan->derived, sizeof plan->derived, "%s", cli->derived);
     snprintf(plan->omp_threads, sizeof plan->omp_threads, "%s",
@@ -703,9 +732,18 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
     if (plan->nnodes > 1)
         fprintf(out, "  ranks assume %d workers on every node; the rendezvous decides them\n",
                 plan->nproc);
-    fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
-            plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
-            plan->max_restarts);
+    if (plan->nnodes > 1)
+        /* Where the nodes meet, and the port rule a firewall must follow. */
+        fprintf(out,
+                "  master: %s:%d (the launchers' store)  run id: %s  max restarts: %d\n"
+                "  ports: the store listens on %d; MASTER_PORT is that port + 1 (%d), on the node "
+                "of global rank 0: a firewall must let both through\n",
+                plan->master_addr, plan->rdzv_port, plan->run_id, plan->max_restarts,
+                plan->rdzv_port, plan->master_port);
+    else
+        fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
+                plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
+                plan->max_restarts);
     for (int k = 0; k < plan->nproc; k++) {
         const mgpu_worker_plan_t *w = &plan->workers[k];
         char dev[512];
@@ -736,6 +774,8 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
     cJSON_AddNumberToObject(root, "world_size", plan->world_size);
     cJSON_AddStringToObject(root, "master_addr", plan->master_addr);
     cJSON_AddNumberToObject(root, "master_port", plan->master_port);
+    if (plan->nnodes > 1)
+        cJSON_AddNumberToObject(root, "store_port", plan->rdzv_port);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
     cJSON_AddStringToObject(root, "derived", plan->derived);
     cJSON_AddBoolToObject(root, "simulated", plan->gpus.simulated);

@@ -84,6 +84,7 @@ typedef struct mgpu_plan {
     int base_rank;       /* global rank of local rank 0 */
     int role_base_rank;  /* ROLE_RANK of local rank 0: counted among nodes of this role */
     int role_world_size; /* workers of this role in the world */
+    int rdzv_port;       /* several nodes: the port the launchers' store listens on */
     int master_port;
     int port_is_free_pick; /* 1 when the launcher chose it */
     int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */

@@ -311,7 +311,9 @@ ws = d["workers"]
 assert len(ws) == 2, ws
 assert [w["rank"] for w in ws] == [2, 3], ws
 assert ws[1]["local_rank"] == 1 and ws[1]["env"]["RANK"] == "3" and ws[1]["env"]["WORLD_SIZE"] == "4"
-assert ws[1]["env"]["MASTER_PORT"] == "1234" and ws[1]["env"]["GROUP_RANK"] == "1"
+# several nodes: the store on --master_port, MASTER_PORT one above it
+assert ws[1]["env"]["MASTER_PORT"] == "1235" and ws[1]["env"]["GROUP_RANK"] == "1"
+assert d["store_port"] == 1234 and d["master_port"] == 1235, d
 assert ws[1]["argv"][-3:] == ["started.%l", "x", "y z"], ws[1]["argv"]
 assert ws[0]["cuda_ordinal"] == 0 and ws[1]["physical_gpu"] == 1, ws
 assert d["world_size"] == 4
@@ -490,3 +492,11 @@ sys.exit(1 if bad else 0)
 PYEOF
 }
 
+t_opt_help_states_port_rule() {
+    run_launch --help
+    expect_grep out 'MASTER_PORT is P\+1'
+    run_launch --dry-run --nnodes=2 --node_rank=1 --master_port=29611 "$TW" exit 0
+    expect_eq "$rc" 0 "dry run ($(cat err))"
+    expect_grep out 'store listens on 29611; MASTER_PORT is that port \+ 1 \(29612\)'
+    expect_grep out 'MASTER_PORT=29612'
+}

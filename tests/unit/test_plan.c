@@ -156,7 +156,8 @@ static void test_env_contract(void)
     CHECK_STR(mgpu_plan_var(&p, 2, "GROUP_WORLD_SIZE"), "2");
     CHECK_STR(mgpu_plan_var(&p, 2, "ROLE_WORLD_SIZE"), "6");
     CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_ADDR"), "10.0.0.1");
-    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_PORT"), "29500"); /* several nodes: torchrun's default */
+    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_PORT"),
+              "29501"); /* several nodes: the store on 29500, + 1 */
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_RUN_ID"), "job7");
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_MAX_RESTARTS"), "3");
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_USE_AGENT_STORE"), "False");
@@ -378,6 +379,44 @@ static void test_python_without_py(void)
     unlink("/tmp/mgpu_test_train");
 }
 
+/* Several nodes: the store on P, MASTER_PORT = P + 1, in the plan and in what the rendezvous
+ * is told. */
+static void test_port_rule(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    CHECK_INT(
+        build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--master_port=29511", "/bin/true", NULL),
+        0);
+    CHECK_INT(p.rdzv_port, 29511);
+    CHECK_INT(p.master_port, 29512);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "29512");
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.store_port, 29511);
+    CHECK_INT(ro.master_port, 29512);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "/bin/true", NULL), 0);
+    CHECK_INT(p.master_port, 29501); /* the default 29500, + 1 */
+    mgpu_plan_free(&p);
+    CHECK_INT(
+        build(&p, &e, &in, "--nnodes=1:2", "--rdzv_endpoint=10.0.0.1:29477", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.store_port, 29477);
+    CHECK_INT(ro.master_port, 29478);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--master_port=65535", "/bin/true", NULL),
+              MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--master_port port 65535");
+    mgpu_plan_free(&p);
+    /* one node keeps --master_port as MASTER_PORT: the store is on loopback elsewhere */
+    CHECK_INT(build(&p, &e, &in, "--master_port=29511", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "29511");
+    mgpu_plan_free(&p);
+}
+
 /* --rdzv_conf timeout: the static rendezvous's limit (join_timeout, when given, wins). */
 static void test_rdzv_timeout(void)
 {
@@ -439,6 +478,7 @@ int main(void)
     RUN(test_env_contract);
     RUN(test_commands);
     RUN(test_python_without_py);
+    RUN(test_port_rule);
     RUN(test_rdzv_timeout);
     RUN(test_roles);
     return check_done();
