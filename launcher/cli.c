@@ -44,6 +44,7 @@ typedef enum {
     O_GRACE,
     O_SUMMARY,
     O_SHARING,
+    O_MULTI_LAUNCHERS,
     O_QUIET,
     O_VERBOSE,
     O_HELP,
@@ -102,6 +103,8 @@ static const opt_t opts[] = {
     {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
     {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
      "more workers than GPUs: rank k on ordinal k mod n"},
+    {"allow_multiple_launchers", 0, ARG_NONE, O_MULTI_LAUNCHERS,
+     "several launchers per node in a Slurm step (srun -n > nodes)"},
     {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
@@ -537,6 +540,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return copy_str(what, cli->summary, sizeof cli->summary, v, err);
     case O_SHARING:
         cli->allow_gpu_sharing = 1;
+        return 0;
+    case O_MULTI_LAUNCHERS:
+        cli->allow_multiple_launchers = 1;
         return 0;
     case O_QUIET:
         cli->quiet = 1;

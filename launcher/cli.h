@@ -60,6 +60,7 @@ typedef struct mgpu_cli {
     double grace_period;
     char summary[1024];
     int allow_gpu_sharing;
+    int allow_multiple_launchers; /* several launchers on one node of a Slurm step */
     int quiet;
     int verbose;
     int show_help, show_version;
