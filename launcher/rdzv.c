@@ -219,6 +219,13 @@ static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *m
                                  o->join_timeout - t1, err);
         }
         if (rc == 0 && o->nnodes_max > o->nnodes_min) {
+            /* The last call can be long (30 s by default): a silent launcher looks hung. */
+            if (mgpu_store_add(r->client, "arrivals", 0, &total, NULL) == 0 &&
+                total < o->nnodes_max && o->last_call_timeout > 0)
+                mgpu_warn("rendezvous '%s' at %s: %lld nodes joined (at least %d, at most %d); "
+                          "waiting up to %g s (last_call_timeout) for more nodes",
+                          o->run_id, r->where, (long long)total, o->nnodes_min, o->nnodes_max,
+                          o->last_call_timeout);
             rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_max,
                                  o->last_call_timeout, err);
             if (rc == MGPU_E_TIMEOUT)

@@ -89,6 +89,17 @@ t_mn_loopback_port_rule() {
         "MASTER_PORT of the elastic nodes (the endpoint's port + 1)"
 }
 
+t_mn_elastic_last_call_is_said() {
+    # --nnodes=1:2: once the minimum came, the wait for more nodes is said, once, by default
+    local port; port=$(free_port)
+    start_node A - --nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port \
+        --rdzv_id=lc-$port --rdzv_conf=last_call_timeout=2 --nproc_per_node=1 "$TW" exit 0
+    wait_node A 30
+    expect_eq "${MN_RC[A]}" 0 "exit status ($(dump_nodes err.A 2>&1))"
+    expect_grep err.A 'waiting up to 2 s \(last_call_timeout\) for more nodes'
+    expect_eq "$(grep -c 'last_call_timeout' err.A)" 1 "times the last call is said"
+}
+
 t_mn_loopback_three_nodes_ranks_by_node_rank() {
     # 2+1+3 workers, nodes started in reverse order: ranks follow node ranks, not arrival
     local port; port=$(free_port)
