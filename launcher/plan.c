@@ -235,7 +235,8 @@ static int check_devices(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *e
         "--nproc_per_node=%d but only %d%s GPU%s visible (CUDA_VISIBLE_DEVICES=%s%s%s: %s; %d%s "
         "GPU%s installed): local rank %d would fail in cudaSetDevice(%d) with 'invalid device "
         "ordinal'. Start at most %d worker%s, make more GPUs visible, or pass "
-        "--allow_gpu_sharing to run local rank k on ordinal k mod %d",
+        "--allow_gpu_sharing to run local rank k on ordinal k mod %d. For a CPU-only job, hide "
+        "the GPUs: CUDA_VISIBLE_DEVICES= mgpu-launch ...",
         plan->nproc, plan->vis.count, sim, plan->vis.count == 1 ? " is" : "s are",
         plan->vis.cvd_set ? "'" : "", plan->vis.cvd_set ? plan->vis.cvd : "(unset)",
         plan->vis.cvd_set ? "'" : "", list, plan->gpus.count, sim, plan->gpus.count == 1 ? "" : "s",

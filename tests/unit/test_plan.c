@@ -85,6 +85,7 @@ static void test_scenario4_refused(void)
     CHECK_CONTAINS(e.msg, "8 simulated GPUs installed");
     CHECK_CONTAINS(e.msg, "local rank 4 would fail in cudaSetDevice(4)");
     CHECK_CONTAINS(e.msg, "--allow_gpu_sharing");
+    CHECK_CONTAINS(e.msg, "For a CPU-only job, hide the GPUs: CUDA_VISIBLE_DEVICES= mgpu-launch");
     mgpu_plan_free(&p);
     CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "--allow_gpu_sharing", "/bin/true", NULL),
               0);
