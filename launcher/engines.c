@@ -157,6 +157,8 @@ static void note(mgpu_cli_t *cli, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cli->derived + n, sizeof cli->derived - n, fmt, ap);
     va_end(ap);
+    /* The values come from the environment: shown by -v and --dry-run, never raw. */
+    mgpu_escape_inplace(cli->derived + n, sizeof cli->derived - n);
 }
 
 static int apply_slurm(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)

@@ -167,10 +167,16 @@ static void test_slurm_tasks_per_node(void)
     env[0][1] = "2";
     env[1][1] = "5";
     env[3][1] = "1(x4)";
-    env[4][0] = "SLURM_JOB_NODELIST", env[4][1] = "a\x1b[2Jb,c";
+    env[4][0] = "SLURM_JOB_NODELIST", env[4][1] = "a\x1b"
+                                                  "b\x07,c";
     c = parse(argv, 2);
     CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
     CHECK(strchr(e.msg, 0x1b) == NULL);
+    free(c);
+    env[1][1] = "1";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_CONTAINS(c->derived, "master_addr=a\\x1bb\\x07 (first of SLURM_JOB_NODELIST)");
     free(c);
     memset(env, 0, sizeof env);
 }
