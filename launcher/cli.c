@@ -6,11 +6,14 @@
 #include <errno.h>    /* errno */
 #include <fcntl.h>    /* open */
 #include <math.h>     /* isfinite */
+#include <stdarg.h>   /* va_list */
 #include <stdio.h>    /* fprintf */
 #include <stdlib.h>   /* strtol, strtod */
 #include <string.h>   /* strcmp */
 #include <sys/stat.h> /* fstat */
 #include <unistd.h>   /* read, close */
+
+#include "escape.h" /* mgpu_escape_inplace */
 
 typedef enum {
     O_NPROC,
@@ -47,6 +50,7 @@ typedef enum {
     O_GRACE,
     O_SUMMARY,
     O_SHARING,
+    O_MULTI_LAUNCHERS,
     O_QUIET,
     O_VERBOSE,
     O_HELP,
@@ -76,7 +80,7 @@ static const opt_t opts[] = {
     {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
     {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF,
-     "k=v,...  join_timeout, last_call_timeout, is_host"},
+     "k=v,...  join_timeout, last_call_timeout, is_host, timeout (others ignored)"},
     {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN,
      "SECRET  the store's token (several hosts); PET_RDZV_TOKEN or --rdzv_token_file keep it "
      "off the command line"},
@@ -111,6 +115,8 @@ static const opt_t opts[] = {
     {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
     {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
      "more workers than GPUs: rank k on ordinal k mod n"},
+    {"allow_multiple_launchers", 0, ARG_NONE, O_MULTI_LAUNCHERS,
+     "several launchers per node in a Slurm step (srun -n > nodes)"},
     {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
@@ -310,44 +316,101 @@ static int parse_endpoint(const char *what, const char *v, mgpu_cli_t *cli, mgpu
     return 0;
 }
 
-/* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Keys mgpu has
- * no use for (read_timeout, close_timeout, store_type, timeout) are accepted. */
+/* Strips surrounding spaces and one pair of matching quotes (' or "): a value quoted twice
+ * by a wrapper script, or PyTorch's own test, arrives with literal quotes. */
+static char *unquote(char *s)
+{
+    size_t n;
+
+    while (*s == ' ' || *s == '\t')
+        s++;
+    n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    if (n >= 2 && (s[0] == '\'' || s[0] == '"') && s[n - 1] == s[0]) {
+        s[n - 1] = '\0';
+        s++;
+    }
+    return s;
+}
+
+/* Appends one line to what -v shows once the log level is known (cli->notes). */
+static void add_note(mgpu_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void add_note(mgpu_cli_t *cli, const char *fmt, ...)
+{
+    size_t n = strlen(cli->notes);
+    va_list ap;
+
+    if (n + 2 >= sizeof cli->notes)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(cli->notes + n, sizeof cli->notes - n - 1, fmt, ap);
+    va_end(ap);
+    n = strlen(cli->notes);
+    cli->notes[n] = '\n';
+    cli->notes[n + 1] = '\0';
+}
+
+/* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Like torchrun,
+ * keys that this launcher has no use for (read_timeout, close_timeout, store_type, use_libuv,
+ * ...) are passed over, and said so with -v; an entry without "=", an empty key or an empty
+ * value is an error. timeout is the static rendezvous's time limit, as in torchrun (where it is
+ * the agent store's timeout, 900 s by default). */
 static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
 {
-    char buf[512], *save = NULL;
+    char buf[512], *save = NULL, *all;
 
     snprintf(buf, sizeof buf, "%s", v);
-    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(kv, '=');
+    all = unquote(buf);
+    for (char *tok = strtok_r(all, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *kv = unquote(tok), *eq = strchr(kv, '='), *val;
         long n;
         if (eq == NULL)
             return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' is not KEY=VALUE", what, kv);
-        *eq++ = '\0';
+        *eq = '\0';
+        kv = unquote(kv);
+        val = unquote(eq + 1);
+        if (*kv == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s: '=%s' has an empty key (expected KEY=VALUE)", what, val);
+        if (*val == '\0')
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' has no value (expected %s=VALUE)",
+                                what, kv, kv);
         if (strcmp(kv, "join_timeout") == 0) {
-            if (parse_seconds(what, eq, 0.001, 1e7, &cli->join_timeout, err) < 0)
+            if (parse_seconds(what, val, 0.001, 1e7, &cli->join_timeout, err) < 0)
                 return MGPU_E_USAGE;
+            cli->join_timeout_given = 1;
         } else if (strcmp(kv, "last_call_timeout") == 0) {
-            if (parse_seconds(what, eq, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+            if (parse_seconds(what, val, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+                return MGPU_E_USAGE;
+        } else if (strcmp(kv, "timeout") == 0) {
+            if (parse_seconds(what, val, 0.001, 1e7, &cli->rdzv_timeout, err) < 0)
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "is_host") == 0) {
-            if (strcmp(eq, "true") == 0 || strcmp(eq, "True") == 0)
+            if (strcmp(val, "true") == 0 || strcmp(val, "True") == 0)
                 cli->is_host = 1;
-            else if (strcmp(eq, "false") == 0 || strcmp(eq, "False") == 0)
+            else if (strcmp(val, "false") == 0 || strcmp(val, "False") == 0)
                 cli->is_host = 0;
-            else if (parse_long(what, eq, 0, 1, &n, err) == 0)
+            else if (parse_long(what, val, 0, 1, &n, err) == 0)
                 cli->is_host = (int)n;
             else
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: is_host='%s': expected 1 or 0", what,
-                                    eq);
-        } else if (strcmp(kv, "read_timeout") != 0 && strcmp(kv, "close_timeout") != 0 &&
-                   strcmp(kv, "timeout") != 0 && strcmp(kv, "store_type") != 0 &&
-                   strcmp(kv, "rank") != 0) {
-            return mgpu_err_set(err, MGPU_E_USAGE,
-                                "%s: unknown key '%s' (expected join_timeout, last_call_timeout, "
-                                "is_host)",
-                                what, kv);
+                                    val);
+        } else {
+            add_note(cli, "rdzv_conf: ignoring %s=%s (not used by mgpu)", kv, val);
         }
     }
+    return 0;
+}
+
+/* 1 when s holds a control byte: no host name or run id does, and such a value would travel
+ * raw into later messages, file names and store keys. */
+static int has_control(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
     return 0;
 }
 
@@ -436,8 +499,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         cli->node_rank = (int)n;
         return rc;
     case O_MASTER_ADDR:
-        if (*v == '\0')
-            return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a host name or address", what);
+        if (*v == '\0' || has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a host name or address", what,
+                                v);
         cli->master_given = 1;
         return copy_str(what, cli->master_addr, sizeof cli->master_addr, v, err);
     case O_MASTER_PORT:
@@ -453,14 +517,18 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected static or c10d", what, v);
         return copy_str(what, cli->rdzv_backend, sizeof cli->rdzv_backend, v, err);
     case O_RDZV_ENDPOINT:
+        if (has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected HOST[:PORT]", what, v);
         return parse_endpoint(what, v, cli, err);
     case O_RDZV_TOKEN:
         return copy_str(what, cli->rdzv_token, sizeof cli->rdzv_token, v, err);
     case O_RDZV_TOKEN_FILE:
         return read_token_file(what, v, cli, err);
     case O_RDZV_ID:
-        if (*v == '\0' || strchr(v, '/') != NULL)
-            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a non-empty id without '/'",
+        if (*v == '\0' || strchr(v, '/') != NULL || has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected a non-empty id without '/' or control "
+                                "characters",
                                 what, v);
         return copy_str(what, cli->rdzv_id, sizeof cli->rdzv_id, v, err);
     case O_RDZV_CONF:
@@ -512,6 +580,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         cli->legacy_local_rank = 1;
         return 0;
     case O_LOCAL_ADDR:
+        if (has_control(v))
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a host name or address", what,
+                                v);
         return copy_str(what, cli->local_addr, sizeof cli->local_addr, v, err);
     case O_PREFIX_TEMPLATE:
         return copy_str(what, cli->prefix_template, sizeof cli->prefix_template, v, err);
@@ -542,6 +613,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return copy_str(what, cli->summary, sizeof cli->summary, v, err);
     case O_SHARING:
         cli->allow_gpu_sharing = 1;
+        return 0;
+    case O_MULTI_LAUNCHERS:
+        cli->allow_multiple_launchers = 1;
         return 0;
     case O_QUIET:
         cli->quiet = 1;
@@ -602,6 +676,7 @@ static void defaults(mgpu_cli_t *cli)
     snprintf(cli->role, sizeof cli->role, "default");
     cli->grace_period = 30.0;
     cli->join_timeout = 600.0;
+    cli->rdzv_timeout = -1.0;
     cli->last_call_timeout = 30.0;
     cli->is_host = -1;
     cli->endpoint_port = 29400;
@@ -629,8 +704,8 @@ static int apply_env(mgpu_cli_t *cli, mgpu_getenv_fn getenv_fn, mgpu_err_t *err)
     return 0;
 }
 
-int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
-                   mgpu_err_t *err)
+static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                      mgpu_err_t *err)
 {
     int i;
 
@@ -681,6 +756,14 @@ int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv
         if (o->arg == ARG_REQUIRED && val == NULL) {
             if (i + 1 >= argc)
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: missing value (%s)", what, o->help);
+            /* argparse takes "--x" for the next option, not a value ("argument --log_dir:
+             * expected one argument"): a forgotten value must not swallow the option after it.
+             * "--role=--x" still gives such a value on purpose. */
+            if (strncmp(argv[i + 1], "--", 2) == 0)
+                return mgpu_err_set(err, MGPU_E_USAGE,
+                                    "argument %s: expected one argument (%s), got the option '%s'; "
+                                    "write %s=VALUE for a value that starts with --",
+                                    what, o->help, argv[i + 1], what);
             val = argv[++i];
         }
         if (apply(cli, o, what, val, 0, err) < 0)
@@ -730,6 +813,17 @@ int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv
     return 0;
 }
 
+int mgpu_cli_parse(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn getenv_fn,
+                   mgpu_err_t *err)
+{
+    int rc = parse_args(cli, argc, argv, getenv_fn, err);
+    /* Messages quote the arguments: control bytes in them are shown escaped, never sent raw to
+     * the terminal. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
+}
+
 void mgpu_cli_usage(FILE *out)
 {
     fprintf(out,
@@ -753,5 +847,9 @@ void mgpu_cli_usage(FILE *out)
             "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
             "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
             "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
-            "N GPUs on a machine without any.\n");
+            "N GPUs on a machine without any.\n"
+            "ports, several nodes: the launchers' store listens on P (--master_port, default\n"
+            "29500, or --rdzv_endpoint's port) and MASTER_PORT is P+1, where the workers' rank 0\n"
+            "hosts its own store: open both. One node: MASTER_PORT is --master_port or a free\n"
+            "port, and the store is on loopback.\n");
 }

@@ -39,6 +39,8 @@ typedef struct mgpu_cli {
     char *token_args[MGPU_CLI_MAX_TOKEN_ARGS]; /* --rdzv_token values inside argv (scrubbed) */
     int n_token_args;
     double join_timeout;      /* from --rdzv_conf join_timeout (default 600) */
+    int join_timeout_given;   /* join_timeout was in --rdzv_conf */
+    double rdzv_timeout;      /* from --rdzv_conf timeout, -1 unset (static rendezvous limit) */
     double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
     int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
     char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
@@ -62,11 +64,13 @@ typedef struct mgpu_cli {
     double grace_period;
     char summary[1024];
     int allow_gpu_sharing;
+    int allow_multiple_launchers; /* several launchers on one node of a Slurm step */
     int quiet;
     int verbose;
     int show_help, show_version;
     unsigned long long given; /* bit (1 << option id) for every option set by argv or PET_ */
     char derived[512];        /* what was taken from Slurm or Open MPI, for --dry-run */
+    char notes[1024];         /* lines for -v (parsing runs before the log level is set) */
     /* the worker program and its arguments (pointers into the caller's argv) */
     int prog_argc;
     char **prog_argv;

@@ -6,6 +6,8 @@
 #include <stdlib.h> /* strtol */
 #include <string.h> /* strchr */
 
+#include "escape.h" /* mgpu_escape_inplace */
+
 /* Appends every expansion of pattern (brackets resolved left to right) to out. */
 static int expand_one(const char *pat, char *out, size_t len, size_t *used, int *count,
                       mgpu_err_t *err)
@@ -99,6 +101,48 @@ static int env_int(mgpu_getenv_fn g, const char *name, int *out)
     return 1;
 }
 
+/* Tasks per node in Slurm's list form, "2(x3),1" meaning 2,2,2,1: the count of node (an
+ * index into the list), or 0 when the list does not say. */
+static int slurm_list_at(const char *list, int node)
+{
+    for (const char *p = list; p != NULL && *p;) {
+        char *end;
+        long tasks = strtol(p, &end, 10), times = 1;
+        if (end == p || tasks < 0)
+            return 0;
+        if (strncmp(end, "(x", 2) == 0) {
+            char *end2;
+            times = strtol(end + 2, &end2, 10);
+            if (end2 == end + 2 || *end2 != ')' || times < 1)
+                return 0;
+            end = end2 + 1;
+        }
+        if (node < times)
+            return (int)tasks;
+        node -= (int)times;
+        if (*end != ',')
+            return 0;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* The tasks of this Slurm step on this node (node: SLURM_NODEID), and which variable said so:
+ * the step's own list first, then --ntasks-per-node, then the job's list. 0 when unknown. */
+static int slurm_tasks_here(mgpu_getenv_fn g, int node, const char **from)
+{
+    int n = 0;
+
+    *from = "SLURM_STEP_TASKS_PER_NODE";
+    if ((n = slurm_list_at(g(*from), node)) > 0)
+        return n;
+    *from = "SLURM_NTASKS_PER_NODE";
+    if (env_int(g, *from, &n) && n > 0)
+        return n;
+    *from = "SLURM_TASKS_PER_NODE";
+    return slurm_list_at(g(*from), node);
+}
+
 static void note(mgpu_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Adds one "option=value (source)" to what --dry-run shows as derived. */
@@ -113,6 +157,8 @@ static void note(mgpu_cli_t *cli, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cli->derived + n, sizeof cli->derived - n, fmt, ap);
     va_end(ap);
+    /* The values come from the environment: shown by -v and --dry-run, never raw. */
+    mgpu_escape_inplace(cli->derived + n, sizeof cli->derived - n);
 }
 
 static int apply_slurm(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
@@ -124,6 +170,19 @@ static int apply_slurm(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
     if (!env_int(g, "SLURM_STEP_NUM_NODES", &nnodes) && !env_int(g, "SLURM_NNODES", &nnodes))
         return 0;
     env_int(g, "SLURM_NODEID", &node);
+    /* srun -n2 on one node starts two launchers that each think they are the whole node:
+     * two independent jobs on the same GPUs. Inside a step (srun sets SLURM_STEP_ID), more
+     * than one task here is refused unless asked for. */
+    const char *from = NULL;
+    int here = slurm_tasks_here(g, node, &from);
+    if (here > 1 && (g("SLURM_STEP_ID") != NULL || g("SLURM_STEP_TASKS_PER_NODE") != NULL) &&
+        !cli->allow_multiple_launchers)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "this Slurm step runs %d tasks on this node (%s), so %d launchers "
+                            "would start here, each running its own job on the same GPUs; run "
+                            "one launcher per node: srun --nodes=%d --ntasks-per-node=1 "
+                            "mgpu-launch ... (or pass --allow_multiple_launchers)",
+                            here, from, here, nnodes);
     if (!mgpu_cli_given(cli, "nnodes")) {
         cli->nnodes_min = cli->nnodes_max = nnodes;
         note(cli, "nnodes=%d (SLURM_NNODES)", nnodes);
@@ -188,7 +247,7 @@ static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
     return 1;
 }
 
-int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+static int engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
 {
     int rc = apply_slurm(cli, g, err);
     if (rc == 0)
@@ -200,4 +259,13 @@ int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
                             "node rank %d from the environment is not below nnodes %d (%s)",
                             cli->node_rank, cli->nnodes_max, cli->derived);
     return 0;
+}
+
+int mgpu_engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    int rc = engines_apply(cli, g, err);
+    /* Messages quote Slurm's and Open MPI's variables: control bytes are shown escaped. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
 }

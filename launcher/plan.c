@@ -16,8 +16,10 @@
 #include <sys/wait.h> /* waitpid */
 #include <time.h>     /* clock_gettime */
 
-#include "clock.h" /* mgpu_clock_mono */
-#include "sock.h"  /* mgpu_sock_is_loopback */
+#include "clock.h"  /* mgpu_clock_mono */
+#include "escape.h" /* mgpu_escape_inplace */
+#include "log.h"    /* mgpu_info */
+#include "sock.h"   /* mgpu_sock_is_loopback */
 
 extern char **environ;
 
@@ -233,12 +235,45 @@ static int check_devices(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *e
         "--nproc_per_node=%d but only %d%s GPU%s visible (CUDA_VISIBLE_DEVICES=%s%s%s: %s; %d%s "
         "GPU%s installed): local rank %d would fail in cudaSetDevice(%d) with 'invalid device "
         "ordinal'. Start at most %d worker%s, make more GPUs visible, or pass "
-        "--allow_gpu_sharing to run local rank k on ordinal k mod %d",
+        "--allow_gpu_sharing to run local rank k on ordinal k mod %d. For a CPU-only job, hide "
+        "the GPUs: CUDA_VISIBLE_DEVICES= mgpu-launch ...",
         plan->nproc, plan->vis.count, sim, plan->vis.count == 1 ? " is" : "s are",
         plan->vis.cvd_set ? "'" : "", plan->vis.cvd_set ? plan->vis.cvd : "(unset)",
         plan->vis.cvd_set ? "'" : "", list, plan->gpus.count, sim, plan->gpus.count == 1 ? "" : "s",
         plan->vis.count, plan->vis.count, plan->vis.count, plan->vis.count == 1 ? "" : "s",
         plan->vis.count);
+}
+
+/* A program that exec cannot run but Python can: a regular file, not executable, that names
+ * a path or sits in the current folder and is not found in PATH, and is not plainly something
+ * else: a binary, or a script whose "#!" line names another interpreter (a shell script
+ * without its x bit still fails with 126 and the reason, as exec reports it). */
+static int is_python_source(const char *prog, const char *path_env)
+{
+    struct stat st;
+    char exe[4096], why[4200], head[256];
+    ssize_t n = 0;
+    int fd;
+
+    if (stat(prog, &st) != 0 || !S_ISREG(st.st_mode) || access(prog, X_OK) == 0)
+        return 0;
+    if (strchr(prog, '/') == NULL &&
+        find_program(prog, path_env, exe, sizeof exe, why, sizeof why) == 0)
+        return 0;
+    if ((fd = open(prog, O_RDONLY | O_CLOEXEC)) >= 0) {
+        n = read(fd, head, sizeof head - 1);
+        close(fd);
+    }
+    if (n <= 0)
+        return n == 0; /* empty: Python runs it; unreadable: let exec say why */
+    head[n] = '\0';
+    if (memchr(head, '\0', (size_t)n) != NULL)
+        return 0; /* a binary */
+    if (strncmp(head, "#!", 2) == 0) {
+        head[strcspn(head, "\n")] = '\0';
+        return strstr(head, "python") != NULL;
+    }
+    return 1;
 }
 
 /* The worker command: argv[0] is what is executed. */
@@ -273,6 +308,18 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         if ((rc = check_cfg(in->worker_bin, cli, err)) < 0)
             return rc;
         head[nhead++] = in->worker_bin;
+    } else if (!cli->no_python && is_python_source(prog, in->path_env)) {
+        /* torchrun runs any training script under Python unless --no_python: a script without
+         * ".py" that cannot be executed (no x bit) is one, where exec would fail with 126. */
+        head[nhead++] = in->python;
+        head[nhead++] = "-u";
+        python = 1;
+        if ((rc = check_file("python script", prog, err)) < 0)
+            return rc;
+        char shown[4096];
+        mgpu_info("'%s' is not executable: running it with %s, as torchrun does (--no_python to "
+                  "execute it directly)",
+                  mgpu_escape(prog, shown, sizeof shown), in->python);
     } else if (find_program(prog, in->path_env, plan->exe, sizeof plan->exe, why, sizeof why) < 0) {
         return mgpu_err_set(err, MGPU_E_USAGE, "worker program '%s': %s", prog, why);
     }
@@ -332,12 +379,12 @@ static void build_vars(mgpu_plan_t *plan)
         set_var(w, "LOCAL_RANK", "%d", k);
         set_var(w, "RANK", "%d", w->rank);
         set_var(w, "GROUP_RANK", "%d", plan->node_rank);
-        set_var(w, "ROLE_RANK", "%d", w->rank);
+        set_var(w, "ROLE_RANK", "%d", plan->role_base_rank + k);
         set_var(w, "ROLE_NAME", "%s", plan->role);
         set_var(w, "LOCAL_WORLD_SIZE", "%d", plan->nproc);
         set_var(w, "WORLD_SIZE", "%d", plan->world_size);
         set_var(w, "GROUP_WORLD_SIZE", "%d", plan->nnodes);
-        set_var(w, "ROLE_WORLD_SIZE", "%d", plan->world_size);
+        set_var(w, "ROLE_WORLD_SIZE", "%d", plan->role_world_size);
         set_var(w, "MASTER_ADDR", "%s", plan->master_addr);
         set_var(w, "MASTER_PORT", "%d", plan->master_port);
         set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", plan->max_restarts);
@@ -381,6 +428,17 @@ static void copy_rdzv(mgpu_plan_rdzv_t *r, const mgpu_cli_t *cli)
     r->c10d = strcmp(cli->rdzv_backend, "c10d") == 0;
     r->join_timeout = cli->join_timeout;
     r->last_call_timeout = cli->last_call_timeout;
+    if (cli->rdzv_timeout > 0) {
+        /* torchrun's static rendezvous waits its store's timeout for every node; its dynamic
+         * one (c10d, MIN:MAX) waits join_timeout and has no use for timeout. */
+        int elastic = cli->nnodes_min != cli->nnodes_max || r->c10d;
+        if (elastic)
+            mgpu_info("rdzv_conf: ignoring timeout=%g (the elastic rendezvous waits "
+                      "join_timeout=%g)",
+                      cli->rdzv_timeout, cli->join_timeout);
+        else if (!cli->join_timeout_given)
+            r->join_timeout = cli->rdzv_timeout;
+    }
     snprintf(r->local_addr, sizeof r->local_addr, "%s", cli->local_addr);
     snprintf(r->token, sizeof r->token, "%s", cli->rdzv_token);
     snprintf(r->endpoint_host, sizeof r->endpoint_host, "%s", cli->endpoint_host);
@@ -404,6 +462,32 @@ static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
     o->tty = cli->tty;
 }
 
+/* Several nodes, one rule a firewall can follow: the launchers' store listens on port P
+ * (--master_port, default 29500; --rdzv_endpoint's port when given; 29400 for an elastic
+ * rendezvous given neither) and MASTER_PORT, where the workers' rank 0 hosts PyTorch's own
+ * store, is P + 1 on the node of global rank 0. The store cannot also be PyTorch's: the
+ * workers' TCPStore protocol changes between releases. */
+static int rdzv_ports(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
+{
+    int elastic = cli->nnodes_min != cli->nnodes_max || strcmp(cli->rdzv_backend, "c10d") == 0;
+
+    if (cli->endpoint_host[0])
+        plan->rdzv_port = cli->endpoint_port;
+    else if (cli->master_port >= 0)
+        plan->rdzv_port = cli->master_port;
+    else
+        plan->rdzv_port = elastic ? 29400 : 29500;
+    if (plan->rdzv_port >= 65535)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s port %d: several nodes use two ports, the store's (P) and "
+                            "MASTER_PORT (P+1); expected a port below 65535",
+                            cli->endpoint_host[0] ? "--rdzv_endpoint" : "--master_port",
+                            plan->rdzv_port);
+    plan->master_port = plan->rdzv_port > 0 ? plan->rdzv_port + 1 : 0;
+    plan->port_is_free_pick = plan->rdzv_port == 0;
+    return 0;
+}
+
 void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
 {
     const mgpu_plan_rdzv_t *r = &plan->rdzv;
@@ -415,6 +499,7 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     ro->node_rank = r->node_rank;
     ro->nproc = plan->nproc;
     ro->hostname = r->local_addr[0] ? r->local_addr : plan->hostname;
+    ro->role = plan->role;
     ro->token = r->token[0] ? r->token : NULL;
     ro->join_timeout = r->join_timeout;
     ro->last_call_timeout = r->last_call_timeout;
@@ -432,11 +517,13 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
         ro->master_port = plan->master_port;
         return;
     }
+    /* Several nodes: MASTER_PORT is the store's port + 1 (see rdzv_ports); 0 when the store's
+     * port is itself a free pick. */
+    ro->store_port = plan->rdzv_port;
+    ro->master_port = plan->rdzv_port > 0 ? plan->rdzv_port + 1 : 0;
     if (ro->elastic) {
         const char *eh = r->endpoint_host[0] ? r->endpoint_host : r->master_addr;
         ro->store_host = eh;
-        ro->store_port =
-            r->endpoint_host[0] ? r->endpoint_port : (r->master_port >= 0 ? r->master_port : 29400);
         /* torchrun's c10d: the launcher on the endpoint's host serves it. Which host that is,
          * binding tells: an address of another host fails with EADDRNOTAVAIL, and one that
          * another launcher here serves already with EADDRINUSE; main then joins as a client. */
@@ -449,7 +536,6 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
      * when it is given, as torchrun's static rendezvous; else --master_addr:--master_port). */
     ro->store_host = plan->master_addr;
-    ro->store_port = plan->master_port;
     ro->serve = r->node_rank == 0;
     ro->master_addr = plan->master_addr;
     ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
@@ -467,6 +553,8 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     plan->node_rank = world->node_rank;
     plan->base_rank = world->base_rank;
     plan->world_size = world->world_size;
+    plan->role_base_rank = world->role_base_rank;
+    plan->role_world_size = world->role_world_size;
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", world->master_addr);
     plan->master_port = world->master_port;
     plan->port_is_free_pick = 1;
@@ -476,8 +564,30 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     build_vars(plan);
 }
 
+static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                      mgpu_err_t *err);
+
 int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                     mgpu_err_t *err)
+{
+    /* What parsing had to say for -v, now that the log level is known. */
+    for (const char *p = cli->notes; *p;) {
+        size_t n = strcspn(p, "\n");
+        char line[sizeof cli->notes], shown[4 * sizeof cli->notes];
+        snprintf(line, sizeof line, "%.*s", (int)n, p);
+        mgpu_info("%s", mgpu_escape(line, shown, sizeof shown));
+        p += n + (p[n] == '\n');
+    }
+    int rc = plan_build(plan, cli, in, err);
+    /* Messages quote programs, files and variables the user gave: control bytes are shown
+     * escaped, never sent raw to the terminal. */
+    if (rc < 0 && err != NULL)
+        mgpu_escape_inplace(err->msg, sizeof err->msg);
+    return rc;
+}
+
+static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
+                      mgpu_err_t *err)
 {
     int rc;
 
@@ -498,6 +608,8 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
     plan->node_rank = cli->node_rank;
     plan->world_size = plan->nproc * plan->nnodes;
     plan->base_rank = plan->node_rank * plan->nproc;
+    plan->role_base_rank = plan->base_rank; /* one role until the rendezvous says otherwise */
+    plan->role_world_size = plan->world_size;
     plan->max_restarts = cli->max_restarts;
     plan->grace_period = cli->grace_period;
     plan->dry_run = cli->dry_run;
@@ -523,6 +635,8 @@ int mgpu_plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_in
         snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->endpoint_host);
         plan->master_port = cli->endpoint_port;
     }
+    if (plan->nnodes > 1 && (rc = rdzv_ports(plan, cli, err)) < 0)
+        return rc;
     plan->omp_warning = in->omp_threads == NULL && plan->nproc > 1;
     snprintf(plan->derived, sizeof plan->derived, "%s", cli->derived);
     snprintf(plan->omp_threads, sizeof plan->omp_threads, "%s",
@@ -632,9 +746,18 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
                 plan->nproc);
     if (plan->python[0])
         fprintf(out, "  python: %s (PYTHON_EXEC chooses another)\n", plan->python);
-    fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
-            plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
-            plan->max_restarts);
+    if (plan->nnodes > 1)
+        /* Where the nodes meet, and the port rule a firewall must follow. */
+        fprintf(out,
+                "  master: %s:%d (the launchers' store)  run id: %s  max restarts: %d\n"
+                "  ports: the store listens on %d; MASTER_PORT is that port + 1 (%d), on the node "
+                "of global rank 0: a firewall must let both through\n",
+                plan->master_addr, plan->rdzv_port, plan->run_id, plan->max_restarts,
+                plan->rdzv_port, plan->master_port);
+    else
+        fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
+                plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
+                plan->max_restarts);
     for (int k = 0; k < plan->nproc; k++) {
         const mgpu_worker_plan_t *w = &plan->workers[k];
         char dev[512];
@@ -665,6 +788,8 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
     cJSON_AddNumberToObject(root, "world_size", plan->world_size);
     cJSON_AddStringToObject(root, "master_addr", plan->master_addr);
     cJSON_AddNumberToObject(root, "master_port", plan->master_port);
+    if (plan->nnodes > 1)
+        cJSON_AddNumberToObject(root, "store_port", plan->rdzv_port);
     cJSON_AddStringToObject(root, "run_id", plan->run_id);
     cJSON_AddStringToObject(root, "derived", plan->derived);
     if (plan->python[0])

@@ -13,8 +13,8 @@
 #include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
 #include "error.h"   /* mgpu_err_t */
 #include "rdzv.h"    /* mgpu_rdzv_world_t, mgpu_rdzv_opts_t */
+#include "version.h" /* MGPU_VERSION */
 
-#define MGPU_VERSION "0.1.0"
 #define MGPU_MAX_VARS 40
 
 /* What the plan needs from the machine, gathered by main (kept out so the plan is testable). */
@@ -82,7 +82,10 @@ typedef struct mgpu_plan {
     int nnodes; /* nodes (the static rendezvous takes the maximum) */
     int node_rank;
     int world_size;
-    int base_rank; /* global rank of local rank 0 */
+    int base_rank;       /* global rank of local rank 0 */
+    int role_base_rank;  /* ROLE_RANK of local rank 0: counted among nodes of this role */
+    int role_world_size; /* workers of this role in the world */
+    int rdzv_port;       /* several nodes: the port the launchers' store listens on */
     int master_port;
     int port_is_free_pick; /* 1 when the launcher chose it */
     int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */

@@ -219,6 +219,13 @@ static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *m
                                  o->join_timeout - t1, err);
         }
         if (rc == 0 && o->nnodes_max > o->nnodes_min) {
+            /* The last call can be long (30 s by default): a silent launcher looks hung. */
+            if (mgpu_store_add(r->client, "arrivals", 0, &total, NULL) == 0 &&
+                total < o->nnodes_max && o->last_call_timeout > 0)
+                mgpu_warn("rendezvous '%s' at %s: %lld nodes joined (at least %d, at most %d); "
+                          "waiting up to %g s (last_call_timeout) for more nodes",
+                          o->run_id, r->where, (long long)total, o->nnodes_min, o->nnodes_max,
+                          o->last_call_timeout);
             rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_max,
                                  o->last_call_timeout, err);
             if (rc == MGPU_E_TIMEOUT)
@@ -263,6 +270,21 @@ static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *m
                             "rendezvous '%s' at %s closed with %d nodes before this one arrived",
                             o->run_id, r->where, r->nnodes);
     return 0;
+}
+
+/* 1 when a node's announcement ("nproc host pid role") names role. */
+static int node_role_is(const char *val, size_t len, const char *role)
+{
+    size_t i = 0;
+
+    for (int field = 0; field < 3; field++) {
+        while (i < len && val[i] != ' ')
+            i++;
+        if (i >= len)
+            return strcmp(role, "default") == 0; /* no role field: the default role */
+        i++;
+    }
+    return len - i == strlen(role) && memcmp(val + i, role, len - i) == 0;
 }
 
 int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world_t *w,
@@ -313,25 +335,33 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     }
     snprintf(prefix, sizeof prefix, "mgpu/%s/", o->run_id);
     mgpu_store_set_prefix(r->client, prefix);
-    /* The pid makes two launchers started with the same command line tell each other apart. */
-    snprintf(me, sizeof me, "%d %s %d", o->nproc, o->hostname, (int)getpid());
+    /* The pid makes two launchers started with the same command line tell each other apart;
+     * the role goes last, since it may hold spaces. */
+    snprintf(me, sizeof me, "%d %s %d %s", o->nproc, o->hostname, (int)getpid(),
+             o->role != NULL ? o->role : "default");
     snprintf(r->host, sizeof r->host, "%s", o->hostname);
     rc = elastic ? join_elastic(r, o, me, err) : join_static(r, o, me, err);
     if (rc < 0)
         goto fail;
 
-    /* Global ranks by node rank: nodes may run different numbers of workers. */
+    /* Global ranks by node rank: nodes may run different numbers of workers. Role ranks the
+     * same way, counting only the nodes of this node's role (torchrun's ROLE_RANK). */
     w->nnodes = r->nnodes;
     w->node_rank = r->node_rank;
     for (int i = 0; i < r->nnodes; i++) {
-        int nproc;
+        int nproc, same;
         snprintf(key, sizeof key, "node/%d", i);
         if ((rc = mgpu_store_get(r->client, key, o->join_timeout, &val, &len, err)) < 0)
             goto fail;
         nproc = atoi(val);
+        same = node_role_is(val, len, o->role != NULL ? o->role : "default");
         free(val);
         if (i < r->node_rank)
             w->base_rank += nproc;
+        if (i < r->node_rank && same)
+            w->role_base_rank += nproc;
+        if (same)
+            w->role_world_size += nproc;
         w->world_size += nproc;
     }
 

@@ -34,6 +34,7 @@ typedef struct mgpu_rdzv_opts {
     int node_rank; /* static mode: --node_rank; ignored in elastic mode */
     int nproc;     /* this node's workers */
     const char *hostname;
+    const char *role;         /* --role: ROLE_RANK and ROLE_WORLD_SIZE count within it */
     const char *store_host;   /* where the store is: --master_addr (static) or the endpoint */
     int store_port;           /* 0 on one node: any free port */
     int serve;                /* 1: this launcher serves the store (node 0, or endpoint host) */
@@ -51,6 +52,8 @@ typedef struct mgpu_rdzv_world {
     int nnodes, node_rank;
     int base_rank; /* global rank of this node's local rank 0 */
     int world_size;
+    int role_base_rank;    /* ROLE_RANK of this node's local rank 0 */
+    int role_world_size;   /* workers of this node's role, over every node */
     char master_addr[256]; /* MASTER_ADDR for workers */
     int master_port;       /* a free port on the node of global rank 0, agreed via the store */
     char store_addr[256];  /* MGPU_STORE_ADDR for workers of this node */

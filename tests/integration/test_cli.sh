@@ -311,7 +311,9 @@ ws = d["workers"]
 assert len(ws) == 2, ws
 assert [w["rank"] for w in ws] == [2, 3], ws
 assert ws[1]["local_rank"] == 1 and ws[1]["env"]["RANK"] == "3" and ws[1]["env"]["WORLD_SIZE"] == "4"
-assert ws[1]["env"]["MASTER_PORT"] == "1234" and ws[1]["env"]["GROUP_RANK"] == "1"
+# several nodes: the store on --master_port, MASTER_PORT one above it
+assert ws[1]["env"]["MASTER_PORT"] == "1235" and ws[1]["env"]["GROUP_RANK"] == "1"
+assert d["store_port"] == 1234 and d["master_port"] == 1235, d
 assert ws[1]["argv"][-3:] == ["started.%l", "x", "y z"], ws[1]["argv"]
 assert ws[0]["cuda_ordinal"] == 0 and ws[1]["physical_gpu"] == 1, ws
 assert d["world_size"] == 4
@@ -400,4 +402,101 @@ t_opt_repeated_option_last_wins() {
     expect_eq "$rc" 0
     expect_eq "$(nworkers)" 2 "workers"
     expect_eq "$(envval e.0 TORCHELASTIC_RUN_ID)" b
+}
+
+t_opt_rdzv_conf_torchrun_keys() {
+    # torchrun passes --rdzv_conf keys on and ignores those it does not use; -v says so
+    run_launch -v --rdzv-conf=use_libuv=0 --nproc_per_node=1 "$TW" touch started.%l
+    expect_eq "$rc" 0 "use_libuv=0 ($(cat err))"
+    expect_grep err 'rdzv_conf: ignoring use_libuv=0 \(not used by mgpu\)'
+    [ -e started.0 ] || fail "the worker did not start"
+    for conf in read_timeout=5 close_timeout=5 timeout=5 \
+        "'join_timeout=5,last_call_timeout=1,timeout=5'" '"timeout=5"' "join_timeout='5'"; do
+        run_launch --rdzv_conf="$conf" --nproc_per_node=1 "$TW" exit 0
+        expect_eq "$rc" 0 "--rdzv_conf=$conf ($(cat err))"
+    done
+    run_launch --rdzv_conf=read_timeout=5 --nproc_per_node=1 "$TW" exit 0
+    [ ! -s err ] || fail "ignored keys are said only with -v: $(cat err)"
+    bad 'KEY=VALUE' --rdzv_conf=join_timeout
+    bad 'empty key' --rdzv_conf==5
+}
+
+t_opt_python_script_without_py() {
+    # torchrun runs any script under Python unless --no_python: a non-executable "train"
+    printf 'import sys\nopen("ran.%%s" %% sys.argv[1], "w").write(" ".join(sys.argv))\n' >train
+    chmod 644 train
+    run_launch -v --nproc_per_node=1 ./train a b
+    expect_eq "$rc" 0 "./train under python ($(cat err))"
+    expect_grep ran.a 'train a b'
+    expect_grep err "'\./train' is not executable: running it with python3"
+    # also found in the current folder by its bare name, as python would
+    rm -f ran.a
+    run_launch --nproc_per_node=1 train a
+    expect_eq "$rc" 0 "train under python ($(cat err))"
+    [ -e ran.a ] || fail "train did not run"
+    # executables still run as they are; --no_python keeps exec (126: not executable)
+    printf '#!/bin/sh\ntouch ran.sh\n' >prog
+    chmod 755 prog
+    run_launch --nproc_per_node=1 ./prog
+    expect_eq "$rc" 0 "./prog ($(cat err))"
+    [ -e ran.sh ] || fail "./prog did not run"
+    run_launch --no_python --nproc_per_node=1 ./train a
+    expect_eq "$rc" 126 "--no_python ./train"
+}
+
+t_bad_option_like_values() {
+    # argparse: "argument --log_dir: expected one argument"; a value with "=" is a value
+    bad 'argument --log_dir: expected one argument' --log_dir --standalone=1
+    bad 'argument --role: expected one argument' --role --legacy_local_rank=yes
+    bad 'argument -r: expected one argument' -r --tee=3
+    run_launch --role=--x --nproc_per_node=1 "$TW" env e.%l
+    expect_eq "$rc" 0 "--role=--x ($(cat err))"
+    expect_eq "$(envval e.0 ROLE_NAME)" "--x" "ROLE_NAME"
+}
+
+t_bad_fuzz_control_bytes() {
+    # arguments carrying control bytes (terminal escapes, newlines, NUL-free): whatever the
+    # launcher says on stderr quotes them escaped, never raw
+    python3 - "$LAUNCH" "$TW" <<'PYEOF' || fail "control bytes reached stderr"
+import random, subprocess, sys
+launch, tw = sys.argv[1], sys.argv[2]
+random.seed(7)
+opts = ["--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+        "--rdzv_id", "--rdzv_endpoint", "--rdzv_conf", "--rdzv_backend", "--role", "--log_dir",
+        "--redirects", "--tee", "--local_ranks_filter", "--summary", "--local_addr",
+        "--max_restarts", "--grace_period", "--start_method", "--nnodes=2 --node_rank",
+        "--bog", "-"]
+ctl = [chr(c) for c in range(1, 32)] + ["\x1b[31m", "\x1b]0;t\x07", "\x1b[2J", "\x7f"]
+bad = 0
+for i in range(300):
+    args = ["--dry-run", "-v"]
+    for _ in range(random.randint(1, 3)):
+        o = random.choice(opts)
+        v = "".join(random.choice(ctl + list("ab1:=,-")) for _ in range(random.randint(1, 6)))
+        if o == "-":
+            args.append("-" + random.choice(ctl))
+        elif " " in o:
+            a, b = o.split(" ")
+            args += [a, b + "=" + v]
+        else:
+            args.append(o + "=" + v)
+    prog = random.choice([tw, "./no\x1bsuch", "x\n.py", "c\x1b[0m.cfg", "pr\tog"])
+    p = subprocess.run([launch] + args + [prog, "exit", "0"], capture_output=True, timeout=30)
+    raw = [c for c in p.stderr if c < 0x20 and c != 0x0a]
+    if raw:
+        bad += 1
+        if bad <= 3:
+            print("raw control bytes for", args + [prog], ":", p.stderr[:300], file=sys.stderr)
+print("fuzzed 300 runs, %d with raw control bytes" % bad, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PYEOF
+}
+
+t_opt_help_states_port_rule() {
+    run_launch --help
+    expect_grep out 'MASTER_PORT is P\+1'
+    run_launch --dry-run --nnodes=2 --node_rank=1 --master_port=29611 "$TW" exit 0
+    expect_eq "$rc" 0 "dry run ($(cat err))"
+    expect_grep out 'store listens on 29611; MASTER_PORT is that port \+ 1 \(29612\)'
+    expect_grep out 'MASTER_PORT=29612'
 }

@@ -45,6 +45,61 @@ t_mn_loopback_store_bound_to_loopback() {
     expect_eq "$l" "0100007F:$hex" "the store's listening address (loopback only when every node is this host)"
 }
 
+t_mn_loopback_roles_rank_within_role() {
+    # torchrun's roles: ROLE_RANK and ROLE_WORLD_SIZE count the workers of one role over every
+    # node (a master 0 of 1, trainers 0-2 of 3), RANK and WORLD_SIZE the whole world
+    local port; port=$(free_port)
+    local a; a=$(static_args 3 "$port" 127.0.0.1)
+    start_node 2 - $a --node_rank=2 --nproc_per_node=1 --role=trainer "$TW" env e.2.%l
+    start_node 1 - $a --node_rank=1 --nproc_per_node=2 --role=trainer "$TW" env e.1.%l
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 --role=master "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30; wait_node 2 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}/${MN_RC[2]}" 0/0/0 "exit statuses ($(dump_nodes err.0 err.1 err.2 2>&1))"
+    local f want
+    for want in "e.0.0 master 0 0 1" "e.1.0 trainer 1 0 3" "e.1.1 trainer 2 1 3" "e.2.0 trainer 3 2 3"; do
+        set -- $want
+        f=$1
+        expect_eq "$(envval $f ROLE_NAME)/$(envval $f RANK)/$(envval $f ROLE_RANK)/$(envval $f ROLE_WORLD_SIZE)/$(envval $f WORLD_SIZE)" \
+            "$2/$3/$4/$5/4" "ROLE_NAME/RANK/ROLE_RANK/ROLE_WORLD_SIZE/WORLD_SIZE in $f"
+    done
+}
+
+t_mn_loopback_port_rule() {
+    # several nodes: the launchers' store on --master_port P, MASTER_PORT = P + 1 everywhere,
+    # a rule a firewall can follow
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 "$TW" env e.1.%l
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses ($(dump_nodes err.0 err.1 2>&1))"
+    local f
+    for f in e.0.0 e.1.0; do
+        expect_eq "$(envval $f MGPU_STORE_PORT)" "$port" "the store's port in $f"
+        expect_eq "$(envval $f MASTER_PORT)" $((port + 1)) "MASTER_PORT in $f (--master_port + 1)"
+    done
+    # with --rdzv_endpoint HOST:P, the same rule from the endpoint's port
+    port=$(free_port)
+    a="--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=pr-$port --rdzv_conf=last_call_timeout=1"
+    start_node A - $a --nproc_per_node=1 "$TW" env eA.%l
+    start_node B - $a --nproc_per_node=1 "$TW" env eB.%l
+    wait_node A 30; wait_node B 30
+    expect_eq "${MN_RC[A]}/${MN_RC[B]}" 0/0 "elastic exit statuses ($(dump_nodes err.A err.B 2>&1))"
+    expect_eq "$(envval eA.0 MASTER_PORT)/$(envval eB.0 MASTER_PORT)" "$((port + 1))/$((port + 1))" \
+        "MASTER_PORT of the elastic nodes (the endpoint's port + 1)"
+}
+
+t_mn_elastic_last_call_is_said() {
+    # --nnodes=1:2: once the minimum came, the wait for more nodes is said, once, by default
+    local port; port=$(free_port)
+    start_node A - --nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port \
+        --rdzv_id=lc-$port --rdzv_conf=last_call_timeout=2 --nproc_per_node=1 "$TW" exit 0
+    wait_node A 30
+    expect_eq "${MN_RC[A]}" 0 "exit status ($(dump_nodes err.A 2>&1))"
+    expect_grep err.A 'waiting up to 2 s \(last_call_timeout\) for more nodes'
+    expect_eq "$(grep -c 'last_call_timeout' err.A)" 1 "times the last call is said"
+}
+
 t_mn_loopback_three_nodes_ranks_by_node_rank() {
     # 2+1+3 workers, nodes started in reverse order: ranks follow node ranks, not arrival
     local port; port=$(free_port)

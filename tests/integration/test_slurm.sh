@@ -179,4 +179,30 @@ t_slurm_cluster_srun_job() {
     timeout -k 5 60 srun -N1 -n1 "$LAUNCH" --nproc_per_node=2 "$TW" only 1 exit 3 >out2 2>err2
     expect_eq "$?" 3 "srun's exit status when rank 1 exits 3 ($(cat err2))"
     expect_grep err2 'Root Cause'
+    # two tasks on the one node would be two launchers, two jobs: each refuses, naming the fix
+    timeout -k 5 60 srun -N1 -n2 --overcommit "$LAUNCH" --nproc_per_node=1 "$TW" env m.%r >out3 2>err3
+    rc=$?
+    [ "$rc" -ne 0 ] || fail "srun -n2 on one node ran ($(cat err3))"
+    expect_grep err3 'srun --nodes=1 --ntasks-per-node=1 mgpu-launch'
+    ! ls m.* >/dev/null 2>&1 || fail "srun -n2 started workers"
+}
+
+t_slurm_env_several_launchers_per_node_refused() {
+    # srun -n2 on one node starts two launchers: two independent jobs on the same GPUs. Refused
+    # with the right srun line, unless --allow_multiple_launchers.
+    dry_json SLURM_NNODES=1 SLURM_NODEID=0 SLURM_JOB_NODELIST=node1 SLURM_JOB_ID=8 SLURM_STEP_ID=0 \
+        SLURM_STEP_TASKS_PER_NODE=2 SLURM_LOCALID=1 -- --nproc_per_node=1 "$TW" exit 0
+    expect_eq "$rc" 2 "srun -n2 on one node ($(cat err))"
+    expect_grep err 'runs 2 tasks on this node \(SLURM_STEP_TASKS_PER_NODE\)'
+    expect_grep err 'srun --nodes=1 --ntasks-per-node=1 mgpu-launch'
+    dry_json SLURM_NNODES=3 SLURM_NODEID=2 'SLURM_JOB_NODELIST=n[1-3]' SLURM_JOB_ID=8 SLURM_STEP_ID=0 \
+        'SLURM_STEP_TASKS_PER_NODE=2(x3)' -- --nproc_per_node=1 "$TW" exit 0
+    expect_eq "$rc" 2 "2(x3)"
+    expect_grep err 'srun --nodes=3 --ntasks-per-node=1'
+    dry_json SLURM_NNODES=1 SLURM_NODEID=0 SLURM_JOB_NODELIST=node1 SLURM_JOB_ID=8 SLURM_STEP_ID=0 \
+        SLURM_STEP_TASKS_PER_NODE=2 -- --allow_multiple_launchers --nproc_per_node=1 "$TW" exit 0
+    expect_eq "$rc" 0 "--allow_multiple_launchers ($(cat err))"
+    dry_json SLURM_NNODES=2 SLURM_NODEID=1 'SLURM_JOB_NODELIST=n[1-2]' SLURM_JOB_ID=8 SLURM_STEP_ID=0 \
+        'SLURM_STEP_TASKS_PER_NODE=1(x2)' -- --nproc_per_node=1 "$TW" exit 0
+    expect_eq "$rc" 0 "one task per node ($(cat err))"
 }

@@ -119,7 +119,17 @@ t_torch_gloo_two_nodes_on_one_host() {
     # two launchers as nodes 0 and 1 of one static job (2 workers each): world size 4
     need_torch
     write_job
-    local port; port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # P for the launchers' store and P + 1 for MASTER_PORT, both free and below the ephemeral
+    # range, where no outgoing connection takes P + 1 meanwhile
+    local port; port=$(python3 -c 'import random, socket
+for _ in range(500):
+    p = random.randrange(20000, 32000, 2)
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("", q)); s.close()
+    except OSError:
+        continue
+    print(p); break')
     PYTHON_EXEC=$PY "$LAUNCH" --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 --master_port=$port \
         --nproc_per_node=2 allreduce.py >out.1 2>err.1 &
     local p1=$!

@@ -207,6 +207,72 @@ static void test_filter_and_flags(void)
     free(c);
 }
 
+/* torchrun passes --rdzv_conf keys on and ignores those it has no use for; quotes around the
+ * whole value or one value are stripped; timeout is kept for the static rendezvous. */
+static void test_rdzv_conf(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--rdzv-conf=use_libuv=0", "x", NULL), 0);
+    CHECK_CONTAINS(c->notes, "rdzv_conf: ignoring use_libuv=0 (not used by mgpu)");
+    CHECK_INT(parse(c, &e, "--rdzv_conf=read_timeout=5,close_timeout=7,store_type=tcp", "x", NULL),
+              0);
+    CHECK_CONTAINS(c->notes, "rdzv_conf: ignoring read_timeout=5 (not used by mgpu)");
+    CHECK_CONTAINS(c->notes, "rdzv_conf: ignoring close_timeout=7 (not used by mgpu)");
+    CHECK(c->rdzv_timeout < 0);
+    CHECK_INT(parse(c, &e, "--rdzv_conf='join_timeout=5,last_call_timeout=1,timeout=5'", "x", NULL),
+              0);
+    CHECK(c->join_timeout == 5.0);
+    CHECK(c->last_call_timeout == 1.0);
+    CHECK(c->rdzv_timeout == 5.0);
+    CHECK_INT(c->join_timeout_given, 1);
+    CHECK_INT(parse(c, &e, "--rdzv_conf=\"timeout=9\"", "x", NULL), 0);
+    CHECK(c->rdzv_timeout == 9.0);
+    CHECK_INT(c->join_timeout_given, 0);
+    CHECK_INT(parse(c, &e, "--rdzv_conf=join_timeout='7', is_host=\"1\"", "x", NULL), 0);
+    CHECK(c->join_timeout == 7.0);
+    CHECK_INT(c->is_host, 1);
+    /* malformed entries stay errors */
+    CHECK_INT(parse(c, &e, "--rdzv_conf=join_timeout", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "is not KEY=VALUE");
+    CHECK_INT(parse(c, &e, "--rdzv_conf==5", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "empty key");
+    CHECK_INT(parse(c, &e, "--rdzv_conf=timeout=", "x", NULL), MGPU_E_USAGE);
+    CHECK_INT(parse(c, &e, "--rdzv_conf=timeout=soon", "x", NULL), MGPU_E_USAGE);
+    free(c);
+}
+
+/* A value that looks like an option is the next option, as argparse has it, unless it is
+ * attached with "=". */
+static void test_option_like_values(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--log_dir", "--standalone=1", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "argument --log_dir: expected one argument");
+    CHECK_INT(parse(c, &e, "--role", "--legacy_local_rank=yes", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "argument --role: expected one argument");
+    CHECK_INT(parse(c, &e, "-r", "--tee=1", "x", NULL), MGPU_E_USAGE);
+    CHECK_INT(parse(c, &e, "--role=--x", "x", NULL), 0);
+    CHECK_STR(c->role, "--x");
+    CHECK_INT(parse(c, &e, "--role", "-x", "x", NULL), 0); /* one dash: a value */
+    CHECK_STR(c->role, "-x");
+    free(c);
+}
+
+/* Messages that quote arguments show control bytes escaped. */
+static void test_messages_escape_input(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--nproc_per_node=\x1b[31mred\n", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "'\\x1b[31mred\\n'");
+    CHECK(strchr(e.msg, 0x1b) == NULL && strchr(e.msg, '\n') == NULL);
+    CHECK_INT(parse(c, &e, "--bogus\r\x07", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--bogus\\r\\x07");
+    free(c);
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -216,5 +282,8 @@ int main(void)
     RUN(test_bad_input);
     RUN(test_std_spec);
     RUN(test_filter_and_flags);
+    RUN(test_rdzv_conf);
+    RUN(test_option_like_values);
+    RUN(test_messages_escape_input);
     return check_done();
 }

@@ -108,10 +108,84 @@ static void test_openmpi(void)
     free(c);
 }
 
+/* srun -n2 on one node would start two launchers, two jobs on the same GPUs: refused,
+ * with the right srun line, unless --allow_multiple_launchers. */
+static void test_slurm_tasks_per_node(void)
+{
+    char *argv[] = {"mgpu-launch", "prog"};
+    char *allow[] = {"mgpu-launch", "--allow_multiple_launchers", "prog"};
+    mgpu_err_t e;
+    mgpu_cli_t *c;
+    memset(env, 0, sizeof env);
+    env[0][0] = "SLURM_NNODES", env[0][1] = "1";
+    env[1][0] = "SLURM_NODEID", env[1][1] = "0";
+    env[2][0] = "SLURM_STEP_ID", env[2][1] = "0";
+    env[3][0] = "SLURM_STEP_TASKS_PER_NODE", env[3][1] = "2";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "runs 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)");
+    CHECK_CONTAINS(e.msg, "srun --nodes=1 --ntasks-per-node=1 mgpu-launch");
+    CHECK_CONTAINS(e.msg, "--allow_multiple_launchers");
+    free(c);
+    c = parse(allow, 3);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    free(c);
+    /* Slurm's compressed list: 1 task on node 0, 2 on nodes 1-3 */
+    env[0][1] = "4";
+    env[3][1] = "1,2(x3)";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    free(c);
+    env[1][1] = "3";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "srun --nodes=4 --ntasks-per-node=1");
+    free(c);
+    /* --ntasks-per-node, and the job's list when the step has none */
+    env[3][0] = "SLURM_NTASKS_PER_NODE", env[3][1] = "4";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "runs 4 tasks on this node (SLURM_NTASKS_PER_NODE)");
+    free(c);
+    env[3][0] = "SLURM_TASKS_PER_NODE", env[3][1] = "2(x4)";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    free(c);
+    /* one task per node is the right way */
+    env[3][1] = "1(x4)";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    free(c);
+    /* a batch script outside any step runs one launcher whatever the job's tasks */
+    env[3][1] = "2(x4)";
+    env[2][0] = "SLURM_JOB_ID";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    free(c);
+    /* control bytes in the variables are escaped in messages */
+    env[2][0] = "SLURM_STEP_ID";
+    env[0][1] = "2";
+    env[1][1] = "5";
+    env[3][1] = "1(x4)";
+    env[4][0] = "SLURM_JOB_NODELIST", env[4][1] = "a\x1b"
+                                                  "b\x07,c";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK(strchr(e.msg, 0x1b) == NULL);
+    free(c);
+    env[1][1] = "1";
+    c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_CONTAINS(c->derived, "master_addr=a\\x1bb\\x07 (first of SLURM_JOB_NODELIST)");
+    free(c);
+    memset(env, 0, sizeof env);
+}
+
 int main(void)
 {
     RUN(test_hostlists);
     RUN(test_slurm);
     RUN(test_openmpi);
+    RUN(test_slurm_tasks_per_node);
     return check_done();
 }

@@ -1,6 +1,7 @@
 /* test_plan.c - ranks, devices (the article's four scenarios), environment and commands. */
-#include <stdarg.h> /* va_list */
-#include <stdlib.h> /* calloc */
+#include <stdarg.h>   /* va_list */
+#include <stdlib.h>   /* calloc */
+#include <sys/stat.h> /* chmod */
 
 #include "check.h"
 #include "plan.h"
@@ -84,6 +85,7 @@ static void test_scenario4_refused(void)
     CHECK_CONTAINS(e.msg, "8 simulated GPUs installed");
     CHECK_CONTAINS(e.msg, "local rank 4 would fail in cudaSetDevice(4)");
     CHECK_CONTAINS(e.msg, "--allow_gpu_sharing");
+    CHECK_CONTAINS(e.msg, "For a CPU-only job, hide the GPUs: CUDA_VISIBLE_DEVICES= mgpu-launch");
     mgpu_plan_free(&p);
     CHECK_INT(build(&p, &e, &in, "--nproc_per_node=5", "--allow_gpu_sharing", "/bin/true", NULL),
               0);
@@ -155,7 +157,8 @@ static void test_env_contract(void)
     CHECK_STR(mgpu_plan_var(&p, 2, "GROUP_WORLD_SIZE"), "2");
     CHECK_STR(mgpu_plan_var(&p, 2, "ROLE_WORLD_SIZE"), "6");
     CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_ADDR"), "10.0.0.1");
-    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_PORT"), "29500"); /* several nodes: torchrun's default */
+    CHECK_STR(mgpu_plan_var(&p, 2, "MASTER_PORT"),
+              "29501"); /* several nodes: the store on 29500, + 1 */
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_RUN_ID"), "job7");
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_MAX_RESTARTS"), "3");
     CHECK_STR(mgpu_plan_var(&p, 2, "TORCHELASTIC_USE_AGENT_STORE"), "False");
@@ -335,6 +338,136 @@ static void test_plan_carries_run_options(void)
     mgpu_plan_free(&p);
 }
 
+/* torchrun runs any script under Python unless --no_python: a file that is not executable
+ * and not a .cfg is run by the interpreter; an executable is run as it is. */
+static void test_python_without_py(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_plan_input_t in = input("0", NULL);
+    FILE *f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("print(1)\n", f);
+    fclose(f);
+    chmod("/tmp/mgpu_test_train", 0644);
+
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", "--lr", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "sh");
+    CHECK_STR(p.workers[0].argv[1], "-u");
+    CHECK_STR(p.workers[0].argv[2], "/tmp/mgpu_test_train");
+    CHECK_STR(p.workers[0].argv[3], "--lr");
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--no_python", "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    chmod("/tmp/mgpu_test_train", 0755);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    /* a script for another interpreter is no Python: exec says why it cannot run it (126) */
+    f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("#!/bin/sh\necho hi\n", f);
+    fclose(f);
+    chmod("/tmp/mgpu_test_train", 0644);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "/tmp/mgpu_test_train");
+    mgpu_plan_free(&p);
+    f = fopen("/tmp/mgpu_test_train", "w");
+    fputs("#!/usr/bin/env python3\nprint(1)\n", f);
+    fclose(f);
+    CHECK_INT(build(&p, &e, &in, "/tmp/mgpu_test_train", NULL), 0);
+    CHECK_STR(p.workers[0].argv[0], "sh");
+    mgpu_plan_free(&p);
+    unlink("/tmp/mgpu_test_train");
+}
+
+/* Several nodes: the store on P, MASTER_PORT = P + 1, in the plan and in what the rendezvous
+ * is told. */
+static void test_port_rule(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    CHECK_INT(
+        build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--master_port=29511", "/bin/true", NULL),
+        0);
+    CHECK_INT(p.rdzv_port, 29511);
+    CHECK_INT(p.master_port, 29512);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "29512");
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.store_port, 29511);
+    CHECK_INT(ro.master_port, 29512);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "/bin/true", NULL), 0);
+    CHECK_INT(p.master_port, 29501); /* the default 29500, + 1 */
+    mgpu_plan_free(&p);
+    CHECK_INT(
+        build(&p, &e, &in, "--nnodes=1:2", "--rdzv_endpoint=10.0.0.1:29477", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_INT(ro.store_port, 29477);
+    CHECK_INT(ro.master_port, 29478);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--master_port=65535", "/bin/true", NULL),
+              MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--master_port port 65535");
+    mgpu_plan_free(&p);
+    /* one node keeps --master_port as MASTER_PORT: the store is on loopback elsewhere */
+    CHECK_INT(build(&p, &e, &in, "--master_port=29511", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "29511");
+    mgpu_plan_free(&p);
+}
+
+/* --rdzv_conf timeout: the static rendezvous's limit (join_timeout, when given, wins). */
+static void test_rdzv_timeout(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_plan_input_t in = input("2", NULL);
+
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--rdzv_conf=timeout=45", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 45.0);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--rdzv_conf=timeout=45,join_timeout=20",
+                    "/bin/true", NULL),
+              0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 20.0);
+    mgpu_plan_free(&p);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=1:2", "--rdzv_conf=timeout=45", "/bin/true", NULL), 0);
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK(ro.join_timeout == 600.0);
+    mgpu_plan_free(&p);
+}
+
+/* One role until the rendezvous: ROLE_RANK = RANK; the world's role counts replace it. */
+static void test_roles(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_opts_t ro;
+    mgpu_rdzv_world_t w = {0};
+    mgpu_plan_input_t in = input("0", NULL);
+
+    CHECK_INT(build(&p, &e, &in, "--nnodes=3", "--node_rank=2", "--nproc_per_node=2",
+                    "--role=trainer", "/bin/true", NULL),
+              0);
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_RANK"), "5");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_WORLD_SIZE"), "6");
+    mgpu_plan_rdzv_opts(&p, &ro);
+    CHECK_STR(ro.role, "trainer");
+    w.nnodes = 3, w.node_rank = 2, w.base_rank = 3, w.world_size = 5;
+    w.role_base_rank = 2, w.role_world_size = 4;
+    mgpu_plan_set_world(&p, &w);
+    CHECK_STR(mgpu_plan_var(&p, 1, "RANK"), "4");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_RANK"), "3");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_WORLD_SIZE"), "4");
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_NAME"), "trainer");
+    mgpu_plan_free(&p);
+}
+
 int main(void)
 {
     RUN(test_scenario1);
@@ -345,5 +478,9 @@ int main(void)
     RUN(test_cpu_workers);
     RUN(test_env_contract);
     RUN(test_commands);
+    RUN(test_python_without_py);
+    RUN(test_port_rule);
+    RUN(test_rdzv_timeout);
+    RUN(test_roles);
     return check_done();
 }

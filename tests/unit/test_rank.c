@@ -342,6 +342,7 @@ static void test_device_scenarios(void)
     CHECK_CONTAINS(err.msg, "ordinal 3 = GPU 4");
     CHECK_CONTAINS(err.msg, "invalid device ordinal");
     CHECK_CONTAINS(err.msg, "MGPU_ALLOW_GPU_SHARING=1");
+    CHECK_CONTAINS(err.msg, "For a CPU-only job, hide the GPUs: CUDA_VISIBLE_DEVICES= (empty)");
     /* ... unless sharing is allowed: ordinal 4 mod 4 = 0 = physical 1. */
     CHECK_INT(pick("1,2,3,4", 4, 5, 1, &d, &err), 0);
     CHECK_INT(d.ordinal, 0);

@@ -40,7 +40,8 @@ int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *v
                 "LOCAL_WORLD_SIZE=%d processes on this node need %d GPUs (PyTorch fails here "
                 "with \"invalid device ordinal\"). Start at most %d processes per node, make "
                 "more GPUs visible, or allow sharing (mgpu-launch --allow_gpu_sharing, "
-                "MGPU_ALLOW_GPU_SHARING=1) to use ordinal LOCAL_RANK mod %d. Visible: %s",
+                "MGPU_ALLOW_GPU_SHARING=1) to use ordinal LOCAL_RANK mod %d. For a CPU-only "
+                "job, hide the GPUs: CUDA_VISIBLE_DEVICES= (empty). Visible: %s",
                 req->rank, req->local_rank, ordinal, vis->count, vis->count == 1 ? "" : "s",
                 vis->count == 1 ? "is" : "are", cvd, req->local_world_size, req->local_world_size,
                 vis->count, vis->count, list);
