@@ -62,6 +62,7 @@ typedef struct sup {
     int stopping;     /* the launcher has started stopping this attempt */
     int killed;       /* SIGKILL sent to everything left */
     int swept;        /* leftovers of exited workers were signalled */
+    int drained;      /* the drain timer gave up on pipes held outside the launcher's reach */
     int user_signal;  /* a terminating signal the launcher received */
     int root;         /* first failure of this attempt, -1 */
     int finished;
@@ -223,6 +224,11 @@ static void signal_all(sup_t *s, int sig)
             p->out->stop_signal = sig;
         if (kill(-p->pid, sig) != 0)
             kill(p->pid, sig); /* the worker moved itself to another process group */
+        /* A stopped worker (SIGSTOP, Ctrl-Z, a debugger) would sit on its SIGTERM until the
+         * SIGKILL: SIGCONT lets it act on it now, as Slurm does. */
+        if (sig != SIGUSR1 && sig != SIGUSR2 && sig != SIGKILL && sig != SIGCONT &&
+            kill(-p->pid, SIGCONT) != 0)
+            kill(p->pid, SIGCONT);
     }
 }
 
@@ -280,6 +286,7 @@ static void on_drain_timer(uv_timer_t *t)
 {
     sup_t *s = t->data;
     /* Something outside the launcher's reach still holds a worker's pipe: stop reading. */
+    s->drained = 1;
     for (int k = 0; k < s->nproc; k++)
         for (int i = 0; i < 2; i++)
             stream_close(&s->procs[k].s[i]);
@@ -378,8 +385,10 @@ static void record_exit(sup_t *s, proc_t *p, int status)
                       p->k, o->rank, (int)p->pid, o->exit_code);
     }
     if (s->running == 0) {
-        /* Every worker exited: stop what they left behind, SIGKILL after the grace period. */
-        if (!s->swept && sweep_leftovers(s, SIGTERM) > 0 && !s->stopping) {
+        /* Every worker exited: stop what they left behind, SIGKILL after the grace period
+         * (at once when the SIGKILL already went out: a stubborn child of a worker killed
+         * then was reparented here only when that worker died). */
+        if (!s->swept && sweep_leftovers(s, s->killed ? SIGKILL : SIGTERM) > 0 && !s->stopping) {
             s->stopping = 1;
             uv_timer_start(&s->grace_timer, on_grace_timer,
                            (uint64_t)(s->plan->grace_period * 1000), 0);
@@ -402,6 +411,10 @@ static void on_sigchld(sup_t *s)
                 break;
             }
     }
+    /* After the SIGKILL, orphans reparented here since (children of a process that just
+     * died) get it too. */
+    if (s->killed)
+        sweep_leftovers(s, SIGKILL);
     maybe_finish(s);
 }
 
@@ -454,7 +467,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     int rc = 0;
 
     s->root = -1;
-    s->stopping = s->killed = s->swept = s->ending = 0;
+    s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
     if (s->multi)
         rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
@@ -736,8 +749,8 @@ static void maybe_finish(sup_t *s)
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
         others += kids[i] != s->keeper.pid;
-    if (others > 0 && !s->killed)
-        return; /* leftovers are stopping; their SIGCHLD brings us back */
+    if (others > 0 && !s->drained)
+        return; /* leftovers are stopping or dying; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
     mgpu_debug("attempt %d over on this node", s->attempt);
