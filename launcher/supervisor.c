@@ -15,6 +15,7 @@
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
 
+#include "cgroup.h"  /* mgpu_cgroup_create */
 #include "clock.h"   /* mgpu_clock_real */
 #include "fdio.h"    /* mgpu_fdio_write_all */
 #include "log.h"     /* mgpu_warn */
@@ -68,6 +69,7 @@ typedef struct sup {
     int finished;
     int console_dead[3];          /* EPIPE seen on fd 1 or 2: stop writing there */
     mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
+    mgpu_cgroup_t cg;             /* the job's cgroup; cg.path "" when none could be made */
     /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
      * is written before the next read, so one of each serves all workers (and keeps the
      * launcher small however many workers write at once). */
@@ -259,8 +261,9 @@ static int list_children(pid_t *out, int max)
     return n;
 }
 
-/* After the workers exited: whatever they left behind (their process groups, and orphans
- * reparented to the launcher) gets sig. Returns how many targets were signalled. */
+/* After the workers exited: whatever they left behind (their process groups, orphans
+ * reparented to the launcher, and all that is still in the job's cgroup) gets sig. Returns how
+ * many targets were signalled. */
 static int sweep_leftovers(sup_t *s, int sig)
 {
     pid_t kids[1024];
@@ -279,6 +282,8 @@ static int sweep_leftovers(sup_t *s, int sig)
         if (!worker && kill(kids[i], sig) == 0)
             n++;
     }
+    if (s->running == 0)
+        n += mgpu_cgroup_signal(&s->cg, sig);
     return n;
 }
 
@@ -305,6 +310,8 @@ static void kill_everything(sup_t *s)
             kill(-p->pid, SIGKILL);
         }
     }
+    /* Everything in the job's cgroup at once: a leftover cannot escape by forking. */
+    mgpu_cgroup_kill(&s->cg);
     sweep_leftovers(s, SIGKILL);
     uv_timer_start(&s->drain_timer, on_drain_timer, 2000, 0);
 }
@@ -538,7 +545,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS);
+                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS, &s->cg);
         free(envp);
         if (pid < 0) {
             rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);
@@ -753,6 +760,10 @@ static void maybe_finish(sup_t *s)
         return; /* leftovers are stopping or dying; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
+    /* What is left in the cgroup is no child of the launcher (a worker's descendant made
+     * itself a subreaper): nothing would tell when it ends, so it ends now. */
+    if (mgpu_cgroup_count(&s->cg) > 0)
+        mgpu_cgroup_kill(&s->cg);
     mgpu_debug("attempt %d over on this node", s->attempt);
     if (s->multi && s->res->rdzv_error) {
         attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
@@ -765,6 +776,45 @@ static void maybe_finish(sup_t *s)
         return;
     }
     attempt_done(s, s->root >= 0, NULL);
+}
+
+/* Containment: a cgroup of the job's own where one can be made (MGPU_CGROUP: unset or 1,
+ * under the launcher's own group; a path, under that group, e.g. one delegated to the user; 0,
+ * none), else process groups, the launcher as subreaper and the keeper. */
+static int containment_setting(const char **parent, mgpu_err_t *err)
+{
+    const char *v = getenv("MGPU_CGROUP");
+
+    *parent = NULL;
+    if (v == NULL || v[0] == '\0' || strcmp(v, "1") == 0)
+        return 1;
+    if (strcmp(v, "0") == 0)
+        return 0;
+    if (v[0] == '/') {
+        *parent = v;
+        return 1;
+    }
+    return mgpu_err_set(err, MGPU_E_USAGE,
+                        "MGPU_CGROUP=%s: expected 1 (a cgroup for the job), 0 (none) or the "
+                        "absolute path of a parent cgroup",
+                        v);
+}
+
+static void contain(sup_t *s)
+{
+    const char *parent = NULL;
+    mgpu_err_t err = {0};
+    char name[64];
+
+    if (containment_setting(&parent, &err) == 0) {
+        mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
+        return;
+    }
+    snprintf(name, sizeof name, "mgpu-%d", (int)getpid());
+    if (mgpu_cgroup_create(&s->cg, parent, name, &err) < 0)
+        mgpu_info("containment: subreaper keeper (no cgroup: %s)", err.msg);
+    else
+        mgpu_info("containment: cgroup %s", s->cg.path);
 }
 
 int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
@@ -781,6 +831,14 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     s->plan = plan;
     s->res = res;
     s->rdzv = rdzv;
+    s->cg.procs_fd = -1;
+    {
+        const char *parent;
+        if ((rc = containment_setting(&parent, err)) < 0) {
+            free(s);
+            return rc;
+        }
+    }
     s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
@@ -819,7 +877,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    mgpu_spawner_keeper_start(&s->keeper);
+    contain(s);
+    mgpu_spawner_keeper_start(&s->keeper, &s->cg);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -836,7 +895,14 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
-    /* Every worker is gone: release the keeper without letting it kill anything. */
+    /* Every worker is gone: remove the job's cgroup (what is still in it dies: nothing of the
+     * job may outlive it), release the keeper without letting it kill anything. It finishes
+     * removing a group whose last processes are still exiting. */
+    if (mgpu_cgroup_count(&s->cg) > 0)
+        mgpu_cgroup_kill(&s->cg);
+    mgpu_cgroup_close(&s->cg);
+    if (mgpu_cgroup_remove(&s->cg, 50) == 0)
+        s->cg.path[0] = '\0';
     mgpu_spawner_keeper_release(&s->keeper);
     res->signal = s->user_signal;
     res->t_end = mgpu_clock_real();
