@@ -122,6 +122,41 @@ static void test_create_join_kill_remove(void)
     CHECK(stat(cg.path, &st) != 0);
 }
 
+/* Kernels before 5.14 have no cgroup.kill: the group is frozen and emptied one by one, even
+ * while a process in it keeps forking. */
+static void test_kill_without_cgroup_kill(void)
+{
+    mgpu_cgroup_t cg;
+    mgpu_err_t err = {0};
+    char name[64];
+    pid_t pid;
+    int status = 0;
+
+    snprintf(name, sizeof name, "mgpu-test-nokill-%d", (int)getpid());
+    if (mgpu_cgroup_create(&cg, NULL, name, &err) < 0)
+        SKIP("no cgroup can be made here: %s", err.msg);
+    cg.kill[0] = '\0';
+    pid = fork();
+    if (pid == 0) {
+        if (mgpu_cgroup_join(&cg) != 0)
+            _exit(3);
+        /* a chain of forks (each child forks again and lingers), at most 200 long */
+        for (int depth = 0;; depth++) {
+            if (depth >= 200 || fork() > 0)
+                for (;;)
+                    pause();
+            sleep_ms(5);
+        }
+    }
+    for (int i = 0; i < 500 && mgpu_cgroup_count(&cg) < 4; i++)
+        sleep_ms(2);
+    CHECK(mgpu_cgroup_count(&cg) >= 4);
+    CHECK_INT(mgpu_cgroup_kill(&cg), 0);
+    CHECK_INT(waitpid(pid, &status, 0), pid);
+    mgpu_cgroup_close(&cg);
+    CHECK_INT(mgpu_cgroup_remove(&cg, 2000), 0);
+}
+
 static void test_create_under_missing_parent_fails(void)
 {
     mgpu_cgroup_t cg;
@@ -145,6 +180,7 @@ int main(void)
     RUN(test_v2_self);
     RUN(test_dir);
     RUN(test_create_join_kill_remove);
+    RUN(test_kill_without_cgroup_kill);
     RUN(test_create_under_missing_parent_fails);
     return check_done();
 }
