@@ -1,14 +1,15 @@
 /* cgroup.c - a cgroup (v2) of the job's own (see cgroup.h). */
 #include "cgroup.h"
 
-#include <errno.h>    /* errno */
-#include <fcntl.h>    /* open */
-#include <signal.h>   /* kill */
-#include <stdio.h>    /* snprintf */
-#include <string.h>   /* strncmp */
-#include <sys/stat.h> /* mkdir */
-#include <time.h>     /* nanosleep */
-#include <unistd.h>   /* read, write, rmdir */
+#include <errno.h>       /* errno */
+#include <fcntl.h>       /* open */
+#include <signal.h>      /* kill */
+#include <stdio.h>       /* snprintf */
+#include <string.h>      /* strncmp */
+#include <sys/stat.h>    /* mkdir */
+#include <sys/syscall.h> /* SYS_getdents64 */
+#include <time.h>        /* nanosleep */
+#include <unistd.h>      /* read, write, rmdir */
 
 /* Copies one space-separated field of mountinfo, undoing its octal escapes (\040 a space). */
 static void unescape_field(const char *p, size_t n, char *out, size_t len)
@@ -271,6 +272,43 @@ int mgpu_cgroup_kill(const mgpu_cgroup_t *cg)
     return 0;
 }
 
+/* Removes the empty groups under dir, depth first (a launcher run inside the job made its own
+ * group there, and died with the job): rmdir of a group with children fails with EBUSY.
+ * getdents64 rather than opendir, which allocates. */
+static void remove_children(const char *dir, int depth)
+{
+    char buf[4096], sub[MGPU_CGROUP_PATH_MAX];
+    size_t dl = strlen(dir);
+    long n;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    if (fd < 0 || depth > 16) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            /* struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, char name[] */
+            unsigned short reclen;
+            unsigned char type = (unsigned char)buf[off + 18];
+            const char *name = buf + off + 19;
+            size_t nl = strlen(name);
+            memcpy(&reclen, buf + off + 16, sizeof reclen);
+            off += reclen;
+            if (type != 4 /* DT_DIR */ || (name[0] == '.' && (name[1] == '\0' || name[1] == '.')) ||
+                dl + 1 + nl + 1 > sizeof sub)
+                continue;
+            memcpy(sub, dir, dl);
+            sub[dl] = '/';
+            memcpy(sub + dl + 1, name, nl + 1);
+            remove_children(sub, depth + 1);
+            rmdir(sub);
+        }
+    }
+    close(fd);
+}
+
 int mgpu_cgroup_remove(const mgpu_cgroup_t *cg, int timeout_ms)
 {
     int rc = 0;
@@ -283,8 +321,10 @@ int mgpu_cgroup_remove(const mgpu_cgroup_t *cg, int timeout_ms)
         rc = -errno;
         if (rc != -EBUSY || waited >= timeout_ms)
             return rc;
-        /* Processes still in it (or just killed, still exiting): kill again, wait a little. */
+        /* Processes still in it (or just killed, still exiting), or groups under it: kill
+         * again, remove those, wait a little. */
         mgpu_cgroup_kill(cg);
+        remove_children(cg->path, 0);
         pause_ms(1);
     }
 }

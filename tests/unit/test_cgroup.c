@@ -157,6 +157,27 @@ static void test_kill_without_cgroup_kill(void)
     CHECK_INT(mgpu_cgroup_remove(&cg, 2000), 0);
 }
 
+/* A launcher run inside the job makes its own group under the job's; when the job is killed
+ * its launcher cannot remove it: the job's removal does. */
+static void test_remove_with_nested_groups(void)
+{
+    mgpu_cgroup_t cg;
+    mgpu_err_t err = {0};
+    char name[64], sub[MGPU_CGROUP_PATH_MAX + 32];
+    struct stat st;
+
+    snprintf(name, sizeof name, "mgpu-test-nested-%d", (int)getpid());
+    if (mgpu_cgroup_create(&cg, NULL, name, &err) < 0)
+        SKIP("no cgroup can be made here: %s", err.msg);
+    snprintf(sub, sizeof sub, "%s/mgpu-1", cg.path);
+    CHECK_INT(mkdir(sub, 0755), 0);
+    snprintf(sub, sizeof sub, "%s/mgpu-1/mgpu-2", cg.path);
+    CHECK_INT(mkdir(sub, 0755), 0);
+    mgpu_cgroup_close(&cg);
+    CHECK_INT(mgpu_cgroup_remove(&cg, 100), 0);
+    CHECK(stat(cg.path, &st) != 0);
+}
+
 static void test_create_under_missing_parent_fails(void)
 {
     mgpu_cgroup_t cg;
@@ -181,6 +202,7 @@ int main(void)
     RUN(test_dir);
     RUN(test_create_join_kill_remove);
     RUN(test_kill_without_cgroup_kill);
+    RUN(test_remove_with_nested_groups);
     RUN(test_create_under_missing_parent_fails);
     return check_done();
 }
