@@ -14,11 +14,15 @@
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
 static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
-                       int err_w, int exec_w, pid_t parent, const int *reset, int nreset)
+                       int err_w, int exec_w, pid_t parent, const int *reset, int nreset,
+                       const mgpu_cgroup_t *cg)
 {
     sigset_t none;
     int e;
 
+    /* Into the job's cgroup before anything else: all the worker will ever start is born
+     * inside it. Should the write fail, the process groups and the keeper still hold it. */
+    mgpu_cgroup_join(cg);
     for (int i = 0; i < nreset; i++)
         signal(reset[i], SIG_DFL);
     signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
@@ -61,12 +65,13 @@ fail:
 }
 
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
-                          int err_w, int exec_w, const int *reset, int nreset)
+                          int err_w, int exec_w, const int *reset, int nreset,
+                          const mgpu_cgroup_t *cg)
 {
     pid_t self = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset);
+        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, cg);
     return pid < 0 ? -errno : pid;
 }
 
@@ -150,9 +155,10 @@ int mgpu_spawner_pty_size(int console_fd, size_t prefix_len, struct winsize *ws)
     return 0;
 }
 
-/* It ignores every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
- * one job; -1 on the pipe is the launcher's "quit". */
-static void keeper_main(int fd)
+/* It blocks every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
+ * one job; -1 on the pipe is the launcher's "quit". Forked from the multi-threaded launcher:
+ * async-signal-safe calls only. */
+static void keeper_main(int fd, const mgpu_cgroup_t *cg)
 {
     int32_t pgids[4096], v;
     int n = 0;
@@ -160,24 +166,46 @@ static void keeper_main(int fd)
 
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);
+    /* A session of its own: `kill -9 -PGID` of the launcher's group, `timeout -s KILL` or a
+     * shell's job control take the launcher's whole group, and must not take the keeper. */
+    setsid();
     prctl(PR_SET_NAME, "mgpu-keeper");
+    /* Nothing of the launcher's but the pipe: a wrapper reading the launcher's output must see
+     * EOF when the launcher is gone, not when the keeper is. */
+    if (fd != 3) {
+        dup2(fd, 3);
+        fd = 3;
+    }
+    if (close_range(4, ~0u, 0) != 0)
+        for (int i = 4; i < 4096; i++)
+            close(i);
+    for (int i = 0; i < 3; i++)
+        close(i);
     for (;;) {
         ssize_t r = read(fd, &v, sizeof v);
         if (r < 0 && errno == EINTR)
             continue;
         if (r != (ssize_t)sizeof v)
             break;
-        if (v == -1)
+        if (v == -1) {
+            /* The job is over; the launcher has killed and removed the group, or left it
+             * for its last processes to leave. */
+            mgpu_cgroup_remove(cg, 2000);
             _exit(0);
+        }
         if (n < 4096)
             pgids[n++] = v;
     }
+    /* EOF without "quit": the launcher died. Everything in the job's cgroup goes at once;
+     * without one, the workers' process groups. */
+    mgpu_cgroup_kill(cg);
     for (int i = 0; i < n; i++)
         kill(-pgids[i], SIGKILL);
+    mgpu_cgroup_remove(cg, 5000);
     _exit(0);
 }
 
-void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k)
+void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg)
 {
     int fds[2];
     sigset_t all, old;
@@ -191,7 +219,7 @@ void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k)
     k->pid = fork();
     if (k->pid == 0) {
         close(fds[1]);
-        keeper_main(fds[0]);
+        keeper_main(fds[0], cg);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     close(fds[0]);

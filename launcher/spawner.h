@@ -19,13 +19,17 @@
 #include <stdint.h>    /* int32_t */
 #include <sys/types.h> /* pid_t */
 
+#include "cgroup.h" /* mgpu_cgroup_t */
+
 /* Forks a worker that executes path with argv and envp, its stdout on out_w, its stderr on
  * err_w. exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
  * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno. The signals in reset go back
- * to their default action in the child. Call with every signal blocked. Returns the child's
- * pid, or a negative errno when fork failed. */
+ * to their default action in the child. The child joins the job's cgroup cg first (NULL or
+ * a cg with no group: none). Call with every signal blocked. Returns the child's pid, or a
+ * negative errno when fork failed. */
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
-                          int err_w, int exec_w, const int *reset, int nreset);
+                          int err_w, int exec_w, const int *reset, int nreset,
+                          const mgpu_cgroup_t *cg);
 
 /* Reads what the child wrote on the exec pipe (read end exec_r) until EOF: *t_exec gets the
  * moment of exec in seconds (left alone when the child died before it), *exec_errno the
@@ -54,17 +58,20 @@ typedef struct mgpu_spawner_keeper {
     int fd;    /* write end of its pipe, -1 when none */
 } mgpu_spawner_keeper_t;
 
-/* The keeper: a small child of the launcher that outlives it by a moment. PR_SET_PDEATHSIG
- * kills the workers when the launcher dies, even by SIGKILL, but not what the workers started
- * (a shell's children, data-loader processes): those would be reparented to init and hold the
- * GPU. The launcher tells the keeper every worker's process group; when the pipe reaches EOF
- * without the launcher's "quit", the launcher died, and the keeper SIGKILLs every group.
- * Without a keeper (pipe or fork failed) the run goes on, with workers still tied to the
- * launcher by PDEATHSIG. */
-void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k);
+/* The keeper: a small child of the launcher that outlives it. PR_SET_PDEATHSIG kills the
+ * workers when the launcher dies, even by SIGKILL, but not what the workers started (a shell's
+ * children, data-loader processes, daemons): those would be reparented to init and hold the
+ * GPU. The keeper runs in a session of its own, so no signal to the launcher or to its process
+ * group reaches it, and watches the launcher through a pipe: when the pipe reaches EOF without
+ * the launcher's "quit", the launcher died, and the keeper SIGKILLs everything in the job's
+ * cgroup cg (when there is one), and every worker's process group the launcher told it, then
+ * removes the cgroup. Without a keeper (pipe or fork failed) the run goes on, with workers
+ * still tied to the launcher by PDEATHSIG. */
+void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg);
 /* Tells the keeper one more process group to kill should the launcher die. */
 void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid);
-/* Every worker is gone: lets the keeper exit without killing anything, and closes the pipe. */
+/* The job is over: lets the keeper exit without killing anything (it removes the cgroup
+ * should the launcher have left it), and closes the pipe. */
 void mgpu_spawner_keeper_release(mgpu_spawner_keeper_t *k);
 
 #endif

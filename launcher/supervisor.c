@@ -16,6 +16,7 @@
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
 
+#include "cgroup.h"  /* mgpu_cgroup_create */
 #include "clock.h"   /* mgpu_clock_real */
 #include "console.h" /* mgpu_console_put */
 #include "fdio.h"    /* mgpu_fdio_write_all */
@@ -72,11 +73,13 @@ typedef struct sup {
     int stopping;     /* the launcher has started stopping this attempt */
     int killed;       /* SIGKILL sent to everything left */
     int swept;        /* leftovers of exited workers were signalled */
+    int drained;      /* the drain timer gave up on pipes held outside the launcher's reach */
     int user_signal;  /* a terminating signal the launcher received */
     int root;         /* first failure of this attempt, -1 */
     int finished;
     mgpu_console_t con;           /* the launcher's stdout and stderr */
     mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
+    mgpu_cgroup_t cg;             /* the job's cgroup; cg.path "" when none could be made */
     /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
      * is written before the next read, so one of each serves all workers (and keeps the
      * launcher small however many workers write at once). */
@@ -287,6 +290,11 @@ static void signal_all(sup_t *s, int sig)
             p->out->stop_signal = sig;
         if (kill(-p->pid, sig) != 0)
             kill(p->pid, sig); /* the worker moved itself to another process group */
+        /* A stopped worker (SIGSTOP, Ctrl-Z, a debugger) would sit on its SIGTERM until the
+         * SIGKILL: SIGCONT lets it act on it now, as Slurm does. */
+        if (sig != SIGUSR1 && sig != SIGUSR2 && sig != SIGKILL && sig != SIGCONT &&
+            kill(-p->pid, SIGCONT) != 0)
+            kill(p->pid, SIGCONT);
     }
 }
 
@@ -317,8 +325,9 @@ static int list_children(pid_t *out, int max)
     return n;
 }
 
-/* After the workers exited: whatever they left behind (their process groups, and orphans
- * reparented to the launcher) gets sig. Returns how many targets were signalled. */
+/* After the workers exited: whatever they left behind (their process groups, orphans
+ * reparented to the launcher, and all that is still in the job's cgroup) gets sig. Returns how
+ * many targets were signalled. */
 static int sweep_leftovers(sup_t *s, int sig)
 {
     pid_t kids[1024];
@@ -337,6 +346,8 @@ static int sweep_leftovers(sup_t *s, int sig)
         if (!worker && kill(kids[i], sig) == 0)
             n++;
     }
+    if (s->running == 0)
+        n += mgpu_cgroup_signal(&s->cg, sig);
     return n;
 }
 
@@ -344,6 +355,7 @@ static void on_drain_timer(uv_timer_t *t)
 {
     sup_t *s = t->data;
     /* Something outside the launcher's reach still holds a worker's pipe: stop reading. */
+    s->drained = 1;
     for (int k = 0; k < s->nproc; k++)
         for (int i = 0; i < 2; i++)
             stream_close(&s->procs[k].s[i]);
@@ -362,6 +374,8 @@ static void kill_everything(sup_t *s)
             kill(-p->pid, SIGKILL);
         }
     }
+    /* Everything in the job's cgroup at once: a leftover cannot escape by forking. */
+    mgpu_cgroup_kill(&s->cg);
     sweep_leftovers(s, SIGKILL);
     uv_timer_start(&s->drain_timer, on_drain_timer, 2000, 0);
 }
@@ -442,8 +456,10 @@ static void record_exit(sup_t *s, proc_t *p, int status)
                       p->k, o->rank, (int)p->pid, o->exit_code);
     }
     if (s->running == 0) {
-        /* Every worker exited: stop what they left behind, SIGKILL after the grace period. */
-        if (!s->swept && sweep_leftovers(s, SIGTERM) > 0 && !s->stopping) {
+        /* Every worker exited: stop what they left behind, SIGKILL after the grace period
+         * (at once when the SIGKILL already went out: a stubborn child of a worker killed
+         * then was reparented here only when that worker died). */
+        if (!s->swept && sweep_leftovers(s, s->killed ? SIGKILL : SIGTERM) > 0 && !s->stopping) {
             s->stopping = 1;
             uv_timer_start(&s->grace_timer, on_grace_timer,
                            (uint64_t)(s->plan->grace_period * 1000), 0);
@@ -466,6 +482,10 @@ static void on_sigchld(sup_t *s)
                 break;
             }
     }
+    /* After the SIGKILL, orphans reparented here since (children of a process that just
+     * died) get it too. */
+    if (s->killed)
+        sweep_leftovers(s, SIGKILL);
     maybe_finish(s);
 }
 
@@ -550,7 +570,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     int rc = 0;
 
     s->root = -1;
-    s->stopping = s->killed = s->swept = s->ending = 0;
+    s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
     if (s->multi)
         rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
@@ -641,7 +661,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS);
+                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS, &s->cg);
         free(envp);
         if (pid < 0) {
             rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);
@@ -854,10 +874,14 @@ static void maybe_finish(sup_t *s)
     int nk = list_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
         others += kids[i] != s->keeper.pid;
-    if (others > 0 && !s->killed)
-        return; /* leftovers are stopping; their SIGCHLD brings us back */
+    if (others > 0 && !s->drained)
+        return; /* leftovers are stopping or dying; their SIGCHLD brings us back */
     uv_timer_stop(&s->grace_timer);
     uv_timer_stop(&s->drain_timer);
+    /* What is left in the cgroup is no child of the launcher (a worker's descendant made
+     * itself a subreaper): nothing would tell when it ends, so it ends now. */
+    if (mgpu_cgroup_count(&s->cg) > 0)
+        mgpu_cgroup_kill(&s->cg);
     mgpu_debug("attempt %d over on this node", s->attempt);
     if (s->multi && s->res->rdzv_error) {
         attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
@@ -870,6 +894,45 @@ static void maybe_finish(sup_t *s)
         return;
     }
     attempt_done(s, s->root >= 0, NULL);
+}
+
+/* Containment: a cgroup of the job's own where one can be made (MGPU_CGROUP: unset or 1,
+ * under the launcher's own group; a path, under that group, e.g. one delegated to the user; 0,
+ * none), else process groups, the launcher as subreaper and the keeper. */
+static int containment_setting(const char **parent, mgpu_err_t *err)
+{
+    const char *v = getenv("MGPU_CGROUP");
+
+    *parent = NULL;
+    if (v == NULL || v[0] == '\0' || strcmp(v, "1") == 0)
+        return 1;
+    if (strcmp(v, "0") == 0)
+        return 0;
+    if (v[0] == '/') {
+        *parent = v;
+        return 1;
+    }
+    return mgpu_err_set(err, MGPU_E_USAGE,
+                        "MGPU_CGROUP=%s: expected 1 (a cgroup for the job), 0 (none) or the "
+                        "absolute path of a parent cgroup",
+                        v);
+}
+
+static void contain(sup_t *s)
+{
+    const char *parent = NULL;
+    mgpu_err_t err = {0};
+    char name[64];
+
+    if (containment_setting(&parent, &err) == 0) {
+        mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
+        return;
+    }
+    snprintf(name, sizeof name, "mgpu-%d", (int)getpid());
+    if (mgpu_cgroup_create(&s->cg, parent, name, &err) < 0)
+        mgpu_info("containment: subreaper keeper (no cgroup: %s)", err.msg);
+    else
+        mgpu_info("containment: cgroup %s", s->cg.path);
 }
 
 int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
@@ -886,6 +949,14 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     s->plan = plan;
     s->res = res;
     s->rdzv = rdzv;
+    s->cg.procs_fd = -1;
+    {
+        const char *parent;
+        if ((rc = containment_setting(&parent, err)) < 0) {
+            free(s);
+            return rc;
+        }
+    }
     s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
@@ -924,7 +995,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    mgpu_spawner_keeper_start(&s->keeper);
+    contain(s);
+    mgpu_spawner_keeper_start(&s->keeper, &s->cg);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -947,7 +1019,14 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
-    /* Every worker is gone: release the keeper without letting it kill anything. */
+    /* Every worker is gone: remove the job's cgroup (what is still in it dies: nothing of the
+     * job may outlive it), release the keeper without letting it kill anything. It finishes
+     * removing a group whose last processes are still exiting. */
+    if (mgpu_cgroup_count(&s->cg) > 0)
+        mgpu_cgroup_kill(&s->cg);
+    mgpu_cgroup_close(&s->cg);
+    if (mgpu_cgroup_remove(&s->cg, 50) == 0)
+        s->cg.path[0] = '\0';
     mgpu_spawner_keeper_release(&s->keeper);
     res->signal = s->user_signal;
     res->t_end = mgpu_clock_real();

@@ -184,3 +184,66 @@ EOS
     expect_grep err 'exitcode +: 9'
     python3 -c 'import json; json.load(open("s.json"))' || fail "summary not JSON: $(cat s.json)"
 }
+
+# w_grace.sh: rank 1 fails once rank 0 is ready, noting the moment; rank 0 ignores SIGTERM and
+# leaves a child in a session of its own that ignores it too and holds the output pipe.
+write_grace_worker() {
+    cat >w.sh <<'EOS'
+#!/bin/sh
+if [ "$RANK" = 1 ]; then
+    while [ ! -e ready.0 ]; do sleep 0.01; done
+    date +%s%N >failed_at
+    exit 3
+fi
+trap '' TERM
+setsid sh -c 'trap "" TERM INT HUP; echo $$ >child.0; exec sleep 1000' &
+while [ ! -s child.0 ]; do sleep 0.01; done
+touch ready.0
+exec sleep 1000
+EOS
+    chmod +x w.sh
+}
+
+t_teardown_kill_on_time_after_grace() {
+    # the SIGKILL goes out when the grace period ends, and nothing (a stubborn child that
+    # left the session and holds the pipe) keeps the launcher waiting beyond it
+    local i t1 took
+    write_grace_worker
+    for mode in 1 0; do
+        for i in 1 2 3; do
+            rm -f ready.0 child.0 failed_at
+            MGPU_CGROUP=$mode run_launch --nproc_per_node=2 --grace_period=0.5 ./w.sh
+            t1=$(date +%s%N)
+            expect_eq "$rc" 3 "exit status (MGPU_CGROUP=$mode, run $i)"
+            took=$(( (t1 - $(cat failed_at)) / 1000000 ))
+            [ "$took" -lt 800 ] ||
+                fail "MGPU_CGROUP=$mode run $i: teardown took $took ms with --grace_period=0.5"
+            local c; c=$(cat child.0)
+            wait_until 5 eval "! alive $c" || fail "MGPU_CGROUP=$mode run $i: the stubborn child $c is alive"
+        done
+    done
+}
+
+t_teardown_stopped_worker_gets_sigcont() {
+    # a worker stopped by SIGSTOP (a debugger, Ctrl-Z) gets SIGCONT with its SIGTERM: its
+    # handler runs (writes a file) before the SIGKILL, long before the grace period ends
+    cat >w.sh <<'EOS'
+#!/bin/sh
+if [ "$RANK" = 0 ]; then
+    trap 'echo handled >term.0; exit 0' TERM
+    echo $$ >pid.0
+    kill -STOP $$
+    while :; do sleep 0.05; done
+fi
+while [ ! -s pid.0 ] || [ "$(awk '{print $3}' /proc/$(cat pid.0)/stat)" != T ]; do sleep 0.01; done
+exit 3
+EOS
+    chmod +x w.sh
+    local t0 t1
+    t0=$(now_ms)
+    run_launch --nproc_per_node=2 --grace_period=20 ./w.sh
+    t1=$(now_ms)
+    expect_eq "$rc" 3
+    expect_grep term.0 '^handled$'
+    [ $((t1 - t0)) -lt 10000 ] || fail "took $((t1 - t0)) ms: the stopped worker waited for the SIGKILL"
+}

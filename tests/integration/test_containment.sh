@@ -1,0 +1,145 @@
+# test_containment.sh - nothing a job started outlives it: workers start grandchildren that
+# leave their session (setsid), daemonize (double fork), move to a process group of their own,
+# ignore SIGTERM or clear their environment; then the launcher is killed with SIGKILL, its whole
+# process group is, or a worker fails. Leftovers are found by a marker in argv
+# (`sleep 1000.<run>`), which an environment-clearing child keeps. Both modes: a cgroup of the
+# job's own (where one can be made: as root, or delegated) and the forced fallback
+# (MGPU_CGROUP=0: process groups, the launcher as subreaper, the keeper).
+#
+# CONTAIN_RUNS (default 20) runs of each kind and mode; tests/containment_stats.sh runs more
+# and counts what is left.
+
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC MGPU_CGROUP
+export MGPU_SIM_GPUS=0
+unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
+export OMP_NUM_THREADS=1
+
+CONTAIN_RUNS=${CONTAIN_RUNS:-20}
+
+# pids of live processes whose argv carries the run's marker (a zombie has no argv)
+marked() { pgrep -f -- "1000\.$1( |\$)"; }
+none_marked() { [ -z "$(marked "$1")" ]; }
+all_exist() { local f; for f; do [ -e "$f" ] || return 1; done; }
+
+# The worker: starts the grandchildren named in $KINDS, says it is ready, then fails (rank 1
+# when FAIL_RANK=1) or waits, ignoring SIGTERM when STUBBORN_WORKER=1.
+write_worker() {
+    cat >w.sh <<'EOS'
+#!/bin/sh
+m=$1
+for k in $KINDS; do
+    case $k in
+    pg) sh -c 'trap "" TERM INT HUP; exec sleep "$0"' "1000.$m" & ;;
+    setsid) setsid sleep "1000.$m" & ;;
+    daemon) (setsid sh -c "sleep 1000.$m &" &) ;;
+    ownpg) perl -e 'setpgrp(0, 0); exec @ARGV' sleep "1000.$m" & ;;
+    stubborn) setsid sh -c 'trap "" TERM INT HUP; exec sleep "$0"' "1000.$m" & ;;
+    envclear) setsid env -i /bin/sh -c 'trap "" TERM; exec /bin/sleep "$0"' "1000.$m" & ;;
+    esac
+done
+[ "$STUBBORN_WORKER" = 1 ] && trap '' TERM
+touch "ready.$RANK"
+if [ "$RANK" = "$FAIL_RANK" ]; then
+    while [ "$(ls ready.* | wc -l)" -lt "$NPROC" ]; do sleep 0.01; done
+    exit 3
+fi
+exec sleep "1000.$m"
+EOS
+    chmod +x w.sh
+}
+
+ALL_KINDS="pg setsid daemon ownpg stubborn envclear"
+
+# a random non-empty subset of the kinds
+random_kinds() {
+    local k out=""
+    for k in $ALL_KINDS; do [ $((RANDOM % 2)) -eq 0 ] && out="$out $k"; done
+    [ -n "$out" ] || out=" ${ALL_KINDS##* }"
+    echo "$out"
+}
+
+# one_run MODE EVENT I: starts a job, waits until its grandchildren are up, ends it by EVENT
+# (kill9: the launcher; kill9pg: the launcher's process group; fail: a worker fails), then
+# waits up to CONTAIN_WAIT (10) s for every marked process to go. LEFT gets what is still
+# there (pids), DESC the run in words.
+one_run() {
+    local mode=$1 event=$2 i=$3 m="$$$i$RANDOM" lp nproc=$((2 + RANDOM % 2))
+    local kinds; kinds=$(random_kinds)
+    DESC="run $i ($mode $event, kinds:$kinds)"
+    rm -f ready.*
+    (
+        [ "$mode" = fallback ] && export MGPU_CGROUP=0
+        export KINDS="$kinds" NPROC=$nproc STUBBORN_WORKER=$((RANDOM % 2))
+        [ "$event" = fail ] && export FAIL_RANK=1
+        # its own process group, as a shell's job or `timeout` would give it
+        exec setsid "$LAUNCH" --nproc_per_node=$nproc --grace_period=0.5 ./w.sh "$m" >out 2>err
+    ) &
+    lp=$!
+    wait_until 20 all_exist $(seq -f 'ready.%g' 0 $((nproc - 1))) ||
+        { kill -9 $lp; fail "$DESC: workers not ready: $(cat err)"; }
+    # the grandchildren are started in the background: end the job at a random moment
+    sleep "0.0$((RANDOM % 5))$((RANDOM % 10))"
+    case $event in
+    kill9) kill -9 $lp ;;
+    kill9pg) kill -9 -- -"$lp" ;;
+    fail) ;;
+    esac
+    wait $lp 2>/dev/null
+    wait_until "${CONTAIN_WAIT:-10}" none_marked "$m"
+    LEFT=$(marked "$m" | tr '\n' ' ')
+    [ "$event" != fail ] || grep -q 'exitcode *: 3' err || fail "$DESC: no failure reported: $(cat err)"
+}
+
+require_cgroup() {
+    MGPU_CGROUP= "$LAUNCH" -v --nproc_per_node=1 /bin/true >out 2>err
+    grep -q 'containment: cgroup /' err ||
+        skip "no cgroup for the job here: $(grep containment: err)"
+}
+
+runs() {
+    local mode=$1 event=$2 i
+    write_worker
+    for i in $(seq 1 "$CONTAIN_RUNS"); do
+        one_run "$mode" "$event" "$i"
+        [ -z "$LEFT" ] || fail "$DESC: left: $(ps -o pid,ppid,pgid,sid,stat,args -p "${LEFT// /,}")"
+    done
+}
+
+t_containment_says_mode() {
+    MGPU_CGROUP=0 run_launch -v --nproc_per_node=1 /bin/true
+    expect_grep err 'containment: subreaper keeper \(no cgroup: MGPU_CGROUP=0\)'
+    MGPU_CGROUP=/nonexistent/parent run_launch -v --nproc_per_node=1 /bin/true
+    expect_eq "$rc" 0
+    expect_grep err 'containment: subreaper keeper \(no cgroup: .*/nonexistent/parent/cgroup.procs'
+    MGPU_CGROUP=maybe run_launch --nproc_per_node=1 /bin/true
+    expect_eq "$rc" 2 "exit status with MGPU_CGROUP=maybe"
+    expect_grep err 'MGPU_CGROUP=maybe: expected 1'
+}
+
+t_containment_cgroup_removed() {
+    require_cgroup
+    local cg; cg=$(sed -n 's/.*containment: cgroup //p' err)
+    [ -n "$cg" ] || fail "no cgroup path in: $(cat err)"
+    [ ! -e "$cg" ] || fail "the job's cgroup $cg is still there"
+    # after a kill -9 of the launcher the keeper removes it
+    write_worker
+    KINDS="setsid" NPROC=1 "$LAUNCH" -v --nproc_per_node=1 ./w.sh "$$$RANDOM" >out 2>err &
+    local lp=$!
+    wait_until 20 all_exist ready.0 || fail "worker not ready"
+    cg=$(sed -n 's/.*containment: cgroup //p' err)
+    [ -d "$cg" ] || fail "no cgroup $cg while the job runs: $(cat err)"
+    kill -9 $lp
+    wait_until 10 eval "[ ! -e '$cg' ]" || fail "the job's cgroup $cg is left after kill -9: $(cat "$cg/cgroup.procs")"
+}
+
+t_containment_cgroup_kill9() { require_cgroup; runs cgroup kill9; }
+t_containment_cgroup_kill9_group() { require_cgroup; runs cgroup kill9pg; }
+t_containment_cgroup_failure() { require_cgroup; runs cgroup fail; }
+t_containment_fallback_failure() { runs fallback fail; }
+# Without a cgroup, a launcher killed by SIGKILL leaves the keeper to kill the workers' process
+# groups: a grandchild that stays in its worker's group (ignoring SIGTERM) goes, even when the
+# whole launcher's group was killed (the keeper has a session of its own).
+t_containment_fallback_kill9() { ALL_KINDS=pg runs fallback kill9; }
+t_containment_fallback_kill9_group() { ALL_KINDS=pg runs fallback kill9pg; }
