@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/run.sh [unit|integration|gpu] [filter] - runs mgpu's tests and ends with one line
+# tests/run.sh [unit|integration|all] [filter] - runs mgpu's tests and ends with one line
 # "N passed, N failed" (N skipped when some skip).
 #   unit:        every build/tests/test_* binary (each prints "ok - name" / "not ok - name")
 #   integration: every function t_* of tests/integration/test_*.sh, each in its own subshell,
@@ -18,7 +18,7 @@
 # marker in its environment (a launcher's workers run in sessions of their own).
 #
 # MGPU_INTEGRATION_DIR (default tests/integration) is where the test_*.sh files are read from;
-# tests/harness_test.sh points it, and MGPU_BUILD, at planted tests.
+# tests/integration/test_harness.sh points it, and MGPU_BUILD, at planted tests.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 export MGPU_BUILD=${MGPU_BUILD:-$here/../build}

@@ -6,8 +6,8 @@ Starts N local ranks (torch.multiprocessing), init_process_group("gloo") over TC
 127.0.0.1, float32 sum. Per size: two warm-up calls; the slowest rank's warm-up time sizes the
 timed loop so every rank runs the same count; the reported time is the slowest rank's mean.
 One more call on integer data is checked exactly (#wrong). Rank 0 prints the same columns as
-allreduce_bench. Run it with Debian's /usr/bin/python3 (python3-torch), not the python3 first
-on PATH.
+allreduce_bench. Run it with an interpreter that has torch: Debian's /usr/bin/python3
+(python3-torch), not a virtual environment's python3 without it.
 """
 import argparse
 import os

@@ -43,7 +43,7 @@ t_checkpoint_fsynced_before_rename_and_directory_after() {
     LD_PRELOAD=$IO_TRACE MGPU_IO_TRACE=$TEST_TMP/io.log \
         ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
         "$LAUNCH" --nproc_per_node=2 d.cfg checkpoint="$TEST_TMP/ck/c.ckpt" >out 2>err ||
-        { cat out err >&2; fail "the run: exit $?"; }
+        { rc=$?; cat out err >&2; fail "the run: exit $rc"; }
     [ -s io.log ] || fail "the shim logged nothing (LD_PRELOAD=$IO_TRACE)"
     check_order io.log "$TEST_TMP/ck/c.ckpt" >order
     # one checkpoint an epoch

@@ -99,9 +99,9 @@ t_four_ranks_match_one_rank_with_the_global_batch() {
     numeric_cfg
     compare_py
     "$LAUNCH" --nproc_per_node=4 n.cfg batch_size=64 metrics_file=m4.jsonl checkpoint=c4.ckpt \
-        >out4 2>err4 || { cat out4 err4 >&2; fail "4 ranks: exit $?"; }
+        >out4 2>err4 || { rc=$?; cat out4 err4 >&2; fail "4 ranks: exit $rc"; }
     "$LAUNCH" --nproc_per_node=1 n.cfg batch_size=256 metrics_file=m1.jsonl checkpoint=c1.ckpt \
-        >out1 2>err1 || { cat out1 err1 >&2; fail "1 rank: exit $?"; }
+        >out1 2>err1 || { rc=$?; cat out1 err1 >&2; fail "1 rank: exit $rc"; }
     python3 compare.py m4.jsonl c4.ckpt m1.jsonl c1.ckpt >cmp 2>&1 || { cat cmp >&2; fail "4 ranks x 64 differ from 1 rank x 256"; }
     cat cmp
 }

@@ -11,7 +11,7 @@ for l in open(sys.argv[1]):
 t_main_job_trains_to_95_percent() {
     local t0=$SECONDS
     "$LAUNCH" --nproc_per_node=4 "$MGPU_ROOT/configs/train.cfg" metrics_file=m.jsonl >out 2>err ||
-        { cat err >&2; fail "train.cfg exited $?"; }
+        { rc=$?; cat err >&2; fail "train.cfg exited $rc"; }
     [ $((SECONDS - t0)) -lt 30 ] || fail "took $((SECONDS - t0)) s (target < 30 s)"
     python3 -c "import sys; a = float('$(final m.jsonl eval_accuracy)'); sys.exit(a < 0.95)" ||
         fail "held-out accuracy $(final m.jsonl eval_accuracy) < 0.95"
