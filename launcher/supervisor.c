@@ -1,6 +1,6 @@
 /* supervisor.c - watching and stopping the workers (see supervisor.h); starting one worker is
  * spawner.c's. */
-#include "supervisor.h"
+#include "supervisor_impl.h"
 
 #include <dirent.h>    /* opendir */
 #include <errno.h>     /* errno */
@@ -20,6 +20,7 @@
 #include "clock.h"   /* mgpu_clock_real */
 #include "console.h" /* mgpu_console_put */
 #include "fdio.h"    /* mgpu_fdio_write_all */
+#include "fs.h"      /* mgpu_fs_mkdir_p, mgpu_fs_remove_tree */
 #include "log.h"     /* mgpu_warn */
 #include "output.h"  /* mgpu_linebuf_t */
 #include "spawner.h" /* mgpu_spawner_worker */
@@ -28,256 +29,13 @@ extern char **environ;
 
 static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD};
 #define NSIGS ((int)(sizeof handled_signals / sizeof handled_signals[0]))
-
-struct proc;
-
-typedef struct stream {
-    uv_pipe_t pipe;
-    struct proc *proc;
-    int which;       /* 1 stdout, 2 stderr */
-    int console_fd;  /* 1 or 2, -1 when --local_ranks_filter hides this rank */
-    int file_fd;     /* per-rank log file, -1 when none */
-    int open;        /* the handle is initialised and not yet closed */
-    int pty;         /* the worker writes to a pseudo-terminal (the handle reads its master) */
-    uint64_t t_last; /* uv_now of the last read, for the quiet-time flush */
-    mgpu_linebuf_t lb;
-} stream_t;
-
-/* A partial line shows on a live console after this long without more bytes: soon enough to
- * look immediate, long enough that a line written in a few pieces rarely shows split. */
-#define QUIET_MS 50
-
-typedef struct proc {
-    struct sup *sup;
-    int k;
-    pid_t pid;
-    int running;
-    char prefix[300];
-    stream_t s[2];
-    mgpu_outcome_t *out;
-} proc_t;
-
-typedef struct sup {
-    uv_loop_t loop;
-    uv_signal_t sigs[NSIGS];
-    uv_timer_t grace_timer, drain_timer;
-    uv_timer_t quiet_timer; /* flushes partial lines of streams gone quiet (live consoles) */
-    uv_signal_t winch;      /* the launcher's terminal changed size: the workers' ptys follow */
-    const mgpu_plan_t *plan;
-    mgpu_run_result_t *res;
-    proc_t *procs;
-    int nproc;
-    int attempt;
-    int running;      /* workers of this attempt still alive */
-    int open_streams; /* stream handles not yet closed */
-    int stopping;     /* the launcher has started stopping this attempt */
-    int killed;       /* SIGKILL sent to everything left */
-    int swept;        /* leftovers of exited workers were signalled */
-    int drained;      /* the drain timer gave up on pipes held outside the launcher's reach */
-    int user_signal;  /* a terminating signal the launcher received */
-    int root;         /* first failure of this attempt, -1 */
-    int finished;
-    mgpu_console_t con;           /* the launcher's stdout and stderr */
-    mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
-    mgpu_cgroup_t cg;             /* the job's cgroup; cg.path "" when none could be made */
-    /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
-     * is written before the next read, so one of each serves all workers (and keeps the
-     * launcher small however many workers write at once). */
-    char rbuf[65536];
-    mgpu_outbuf_t ob;
-    mgpu_rdzv_t *rdzv;   /* the launchers' rendezvous */
-    int multi;           /* several nodes: failures and attempt ends go through the store */
-    int ending;          /* this node's attempt is over; waiting for the other nodes */
-    int pending_work;    /* rendezvous calls on the thread pool */
-    int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
-} sup_t;
-
-static void console_put(stream_t *st, const char *block, size_t blen)
-{
-    mgpu_console_put(&st->proc->sup->con, st->console_fd, &st->lb, block, blen);
-}
-
-static int stream_live(const stream_t *st)
-{
-    return mgpu_console_live(&st->proc->sup->con, st->console_fd);
-}
-
-static int mkdir_p(const char *path)
-{
-    char buf[2400];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return -errno;
-            *p = '/';
-        }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return -errno;
-    return 0;
-}
-
-/* Removes the folder the launcher made for error files when nobody asked for logs. */
-static void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    struct dirent *de;
-    if (d != NULL) {
-        while ((de = readdir(d)) != NULL) {
-            char sub[2600];
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
-            if (de->d_type == DT_DIR)
-                remove_tree(sub);
-            else
-                unlink(sub);
-        }
-        closedir(d);
-    }
-    rmdir(path);
-}
-
-static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
-{
-    const char *p = raw, *end = raw + n;
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (o->ntail == MGPU_TAIL_LINES) {
-            memmove(o->tail[0], o->tail[1], sizeof o->tail[0] * (MGPU_TAIL_LINES - 1));
-            o->ntail--;
-        }
-        snprintf(o->tail[o->ntail++], sizeof o->tail[0], "%.*s", (int)(l > 255 ? 255 : l), p);
-        p += l + 1;
-    }
-}
+_Static_assert(NSIGS == MGPU_SUP_NSIGS, "supervisor_impl.h's MGPU_SUP_NSIGS");
 
 /* Rendezvous calls run on the thread pool (see rwork_run). */
 enum { RW_WATCH, RW_REPORT, RW_END };
 
-static void maybe_finish(sup_t *s);
 static void report_failure(sup_t *s, int rank, int local_rank, int code);
 static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
-
-static void on_stream_closed(uv_handle_t *h)
-{
-    stream_t *st = h->data;
-    sup_t *s = st->proc->sup;
-    mgpu_linebuf_free(&st->lb);
-    if (st->file_fd >= 0)
-        close(st->file_fd);
-    st->file_fd = -1;
-    st->open = 0;
-    s->open_streams--;
-    maybe_finish(s);
-}
-
-static void deliver(stream_t *st, const char *block, size_t blen, const char *raw, size_t rlen)
-{
-    /* blen may be 0 with a whole line in raw: its newline already reached the console. */
-    if (rlen == 0)
-        return;
-    if (st->which == 2)
-        push_tail(st->proc->out, raw, rlen);
-    if (st->file_fd >= 0)
-        mgpu_fdio_write_all(st->file_fd, raw, rlen);
-    console_put(st, block, blen);
-}
-
-/* Shows the unfinished line's new bytes on a live console: up to its last '\r' (all = 0), or
- * all of them (all = 1, the stream went quiet). */
-static void show_partial(stream_t *st, int all)
-{
-    const char *block;
-    size_t blen;
-
-    if (mgpu_linebuf_live(&st->lb, &st->proc->sup->ob, st->proc->prefix, all, &block, &blen) == 0)
-        console_put(st, block, blen);
-}
-
-static void on_quiet_timer(uv_timer_t *t)
-{
-    sup_t *s = t->data;
-    uint64_t now = uv_now(&s->loop), wait = 0;
-
-    for (int k = 0; k < s->nproc; k++)
-        for (int i = 0; i < 2; i++) {
-            stream_t *st = &s->procs[k].s[i];
-            int fd, unread = 0;
-            uint64_t w = 0;
-            if (!st->open || !stream_live(st) || mgpu_linebuf_unshown(&st->lb) == 0)
-                continue;
-            /* Bytes waiting in the pipe mean the launcher was busy, not that the worker
-             * paused: read them first. */
-            if (uv_fileno((uv_handle_t *)&st->pipe, &fd) == 0 &&
-                ioctl(fd, FIONREAD, &unread) == 0 && unread > 0)
-                w = QUIET_MS;
-            else if (now - st->t_last < QUIET_MS)
-                w = QUIET_MS - (now - st->t_last);
-            else
-                show_partial(st, 1);
-            if (w > 0 && (wait == 0 || w < wait))
-                wait = w;
-        }
-    if (wait > 0)
-        uv_timer_start(t, on_quiet_timer, wait, 0);
-}
-
-static void stream_close(stream_t *st)
-{
-    const char *block, *raw;
-    size_t blen, rlen;
-
-    if (!st->open || uv_is_closing((uv_handle_t *)&st->pipe))
-        return;
-    if (mgpu_linebuf_flush(&st->lb, &st->proc->sup->ob, st->proc->prefix, &block, &blen, &raw,
-                           &rlen) == 0)
-        deliver(st, block, blen, raw, rlen);
-    mgpu_outbuf_trim(&st->proc->sup->ob);
-    mgpu_console_forget(&st->proc->sup->con, &st->lb);
-    uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
-}
-
-static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
-{
-    stream_t *st = h->data;
-    buf->base = st->proc->sup->rbuf;
-    buf->len = sizeof st->proc->sup->rbuf;
-}
-
-static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
-{
-    stream_t *st = h->data;
-    const char *block, *raw;
-    size_t blen, rlen;
-
-    if (n < 0) {
-        /* UV_EOF, or an error (a pty's master reads EIO once the worker's side is closed):
-         * either way the stream is done */
-        stream_close(st);
-        return;
-    }
-    if (n == 0)
-        return;
-    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, buf->base, (size_t)n,
-                          &block, &blen, &raw, &rlen) < 0) {
-        mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
-        return;
-    }
-    deliver(st, block, blen, raw, rlen);
-    if (stream_live(st)) {
-        show_partial(st, 0);
-        if (mgpu_linebuf_unshown(&st->lb) > 0) {
-            sup_t *s = st->proc->sup;
-            st->t_last = uv_now(&s->loop);
-            if (!uv_is_active((uv_handle_t *)&s->quiet_timer))
-                uv_timer_start(&s->quiet_timer, on_quiet_timer, QUIET_MS, 0);
-        }
-    }
-    mgpu_outbuf_trim(&st->proc->sup->ob);
-}
 
 /* Signals every worker group still running (and their process groups). */
 static void signal_all(sup_t *s, int sig)
@@ -358,7 +116,7 @@ static void on_drain_timer(uv_timer_t *t)
     s->drained = 1;
     for (int k = 0; k < s->nproc; k++)
         for (int i = 0; i < 2; i++)
-            stream_close(&s->procs[k].s[i]);
+            mgpu_relay_close(&s->procs[k].s[i]);
 }
 
 static void kill_everything(sup_t *s)
@@ -486,7 +244,7 @@ static void on_sigchld(sup_t *s)
      * died) get it too. */
     if (s->killed)
         sweep_leftovers(s, SIGKILL);
-    maybe_finish(s);
+    mgpu_sup_maybe_finish(s);
 }
 
 static void on_signal(uv_signal_t *h, int sig)
@@ -594,7 +352,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         p->k = k;
         p->pid = -1;
         snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
-        if ((rc = mkdir_p(rank_dir)) < 0)
+        if ((rc = mgpu_fs_mkdir_p(rank_dir)) < 0)
             return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
         snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
         unlink(o->error_file);
@@ -696,7 +454,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
             uv_pipe_open(&st->pipe, pipes[k][i][0]);
             st->open = 1;
             s->open_streams++;
-            uv_read_start((uv_stream_t *)&st->pipe, on_alloc, on_read);
+            uv_read_start((uv_stream_t *)&st->pipe, mgpu_relay_alloc, mgpu_relay_read);
         }
     }
     mgpu_debug("attempt %d: every worker executed (or failed to)", s->attempt);
@@ -825,7 +583,7 @@ static void rwork_done(uv_work_t *req, int status)
             mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
         /* The end of the attempt waited for this report, so every node reads the failure. */
         if (--s->reports_pending == 0)
-            maybe_finish(s);
+            mgpu_sup_maybe_finish(s);
     } else if (w->kind == RW_END && w->attempt == s->attempt && !s->finished) {
         if (w->rc < 0) {
             mgpu_error("%s", w->err.msg);
@@ -865,7 +623,7 @@ static void report_failure(sup_t *s, int rank, int local_rank, int code)
     rwork_queue(s, RW_REPORT, &f);
 }
 
-static void maybe_finish(sup_t *s)
+void mgpu_sup_maybe_finish(sup_t *s)
 {
     pid_t kids[4];
 
@@ -976,7 +734,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
         snprintf(res->log_root, sizeof res->log_root, "%s/%s_%s", plan->output.log_dir,
                  plan->run_id, rnd);
         res->keep_logs = 1;
-        if ((rc = mkdir_p(res->log_root)) < 0) {
+        if ((rc = mgpu_fs_mkdir_p(res->log_root)) < 0) {
             rc = mgpu_err_set(err, MGPU_E_USAGE, "--log_dir: mkdir(%s): %s", res->log_root,
                               strerror(-rc));
             goto out;
@@ -1059,7 +817,7 @@ out:
 void mgpu_run_result_free(mgpu_run_result_t *res)
 {
     if (!res->keep_logs && !res->keep_error_files && res->log_root[0])
-        remove_tree(res->log_root);
+        mgpu_fs_remove_tree(res->log_root);
     free(res->outcomes);
     free(res->history);
     free(res->remote_history);

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "clock.h"
 #include "fdio.h"
+#include "fs.h"
 #include "log.h"
 #include "names.h"
 #include "path.h"
@@ -143,6 +144,26 @@ static void test_path_dirname(void)
     CHECK_INT(mgpu_path_dirname("abcdef/g", out, 4), -ENAMETOOLONG);
 }
 
+static void test_fs_mkdir_p_and_remove_tree(void)
+{
+    char root[] = "/tmp/mgpu_test_fs_XXXXXX", deep[256], file[300], link[300];
+    struct stat st;
+
+    CHECK(mkdtemp(root) != NULL);
+    snprintf(deep, sizeof deep, "%s/a/b/c", root);
+    CHECK_INT(mgpu_fs_mkdir_p(deep), 0);
+    CHECK_INT(mgpu_fs_mkdir_p(deep), 0); /* already there: fine */
+    CHECK(stat(deep, &st) == 0 && S_ISDIR(st.st_mode));
+    snprintf(file, sizeof file, "%s/a/b/f", root);
+    CHECK(mgpu_atomic_file_write(file, NULL, 0, MGPU_ATOMIC_FILE_NO_SYNC, &(mgpu_err_t){0}) == 0);
+    /* A link to a folder outside is removed, not followed. */
+    snprintf(link, sizeof link, "%s/a/out", root);
+    CHECK(symlink("/tmp", link) == 0);
+    mgpu_fs_remove_tree(root);
+    CHECK(stat(root, &st) != 0 && errno == ENOENT);
+    CHECK(stat("/tmp", &st) == 0);
+}
+
 static void test_sock_loopback(void)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
@@ -191,6 +212,7 @@ int main(void)
     RUN(test_atomic_file_write_replaces);
     RUN(test_atomic_file_errors_name_the_call);
     RUN(test_path_dirname);
+    RUN(test_fs_mkdir_p_and_remove_tree);
     RUN(test_sock_loopback);
     RUN(test_names_both_ways);
     return check_done();

@@ -1,0 +1,156 @@
+/* relay.c - the workers' output on its way out (supervisor_impl.h): each stream's bytes
+ * into whole prefixed lines for the console, the per-rank log file and the failure report's
+ * tail, and on a live console the partial lines (a progress bar's '\r' updates at once, any
+ * other after QUIET_MS without more bytes). */
+#include "supervisor_impl.h"
+
+#include <stdio.h>     /* snprintf */
+#include <string.h>    /* memchr, memmove */
+#include <sys/ioctl.h> /* FIONREAD */
+#include <unistd.h>    /* close */
+
+#include "fdio.h" /* mgpu_fdio_write_all */
+#include "log.h"  /* mgpu_error */
+
+static void console_put(stream_t *st, const char *block, size_t blen)
+{
+    mgpu_console_put(&st->proc->sup->con, st->console_fd, &st->lb, block, blen);
+}
+
+static int stream_live(const stream_t *st)
+{
+    return mgpu_console_live(&st->proc->sup->con, st->console_fd);
+}
+
+static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
+{
+    const char *p = raw, *end = raw + n;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (o->ntail == MGPU_TAIL_LINES) {
+            memmove(o->tail[0], o->tail[1], sizeof o->tail[0] * (MGPU_TAIL_LINES - 1));
+            o->ntail--;
+        }
+        snprintf(o->tail[o->ntail++], sizeof o->tail[0], "%.*s", (int)(l > 255 ? 255 : l), p);
+        p += l + 1;
+    }
+}
+
+static void on_stream_closed(uv_handle_t *h)
+{
+    stream_t *st = h->data;
+    sup_t *s = st->proc->sup;
+    mgpu_linebuf_free(&st->lb);
+    if (st->file_fd >= 0)
+        close(st->file_fd);
+    st->file_fd = -1;
+    st->open = 0;
+    s->open_streams--;
+    mgpu_sup_maybe_finish(s);
+}
+
+static void deliver(stream_t *st, const char *block, size_t blen, const char *raw, size_t rlen)
+{
+    /* blen may be 0 with a whole line in raw: its newline already reached the console. */
+    if (rlen == 0)
+        return;
+    if (st->which == 2)
+        push_tail(st->proc->out, raw, rlen);
+    if (st->file_fd >= 0)
+        mgpu_fdio_write_all(st->file_fd, raw, rlen);
+    console_put(st, block, blen);
+}
+
+/* Shows the unfinished line's new bytes on a live console: up to its last '\r' (all = 0), or
+ * all of them (all = 1, the stream went quiet). */
+static void show_partial(stream_t *st, int all)
+{
+    const char *block;
+    size_t blen;
+
+    if (mgpu_linebuf_live(&st->lb, &st->proc->sup->ob, st->proc->prefix, all, &block, &blen) == 0)
+        console_put(st, block, blen);
+}
+
+void mgpu_relay_quiet(uv_timer_t *t)
+{
+    sup_t *s = t->data;
+    uint64_t now = uv_now(&s->loop), wait = 0;
+
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &s->procs[k].s[i];
+            int fd, unread = 0;
+            uint64_t w = 0;
+            if (!st->open || !stream_live(st) || mgpu_linebuf_unshown(&st->lb) == 0)
+                continue;
+            /* Bytes waiting in the pipe mean the launcher was busy, not that the worker
+             * paused: read them first. */
+            if (uv_fileno((uv_handle_t *)&st->pipe, &fd) == 0 &&
+                ioctl(fd, FIONREAD, &unread) == 0 && unread > 0)
+                w = QUIET_MS;
+            else if (now - st->t_last < QUIET_MS)
+                w = QUIET_MS - (now - st->t_last);
+            else
+                show_partial(st, 1);
+            if (w > 0 && (wait == 0 || w < wait))
+                wait = w;
+        }
+    if (wait > 0)
+        uv_timer_start(t, mgpu_relay_quiet, wait, 0);
+}
+
+void mgpu_relay_close(stream_t *st)
+{
+    const char *block, *raw;
+    size_t blen, rlen;
+
+    if (!st->open || uv_is_closing((uv_handle_t *)&st->pipe))
+        return;
+    if (mgpu_linebuf_flush(&st->lb, &st->proc->sup->ob, st->proc->prefix, &block, &blen, &raw,
+                           &rlen) == 0)
+        deliver(st, block, blen, raw, rlen);
+    mgpu_outbuf_trim(&st->proc->sup->ob);
+    mgpu_console_forget(&st->proc->sup->con, &st->lb);
+    uv_close((uv_handle_t *)&st->pipe, on_stream_closed);
+}
+
+void mgpu_relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    stream_t *st = h->data;
+    buf->base = st->proc->sup->rbuf;
+    buf->len = sizeof st->proc->sup->rbuf;
+}
+
+void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
+{
+    stream_t *st = h->data;
+    const char *block, *raw;
+    size_t blen, rlen;
+
+    if (n < 0) {
+        /* UV_EOF, or an error (a pty's master reads EIO once the worker's side is closed):
+         * either way the stream is done */
+        mgpu_relay_close(st);
+        return;
+    }
+    if (n == 0)
+        return;
+    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, buf->base, (size_t)n,
+                          &block, &blen, &raw, &rlen) < 0) {
+        mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
+        return;
+    }
+    deliver(st, block, blen, raw, rlen);
+    if (stream_live(st)) {
+        show_partial(st, 0);
+        if (mgpu_linebuf_unshown(&st->lb) > 0) {
+            sup_t *s = st->proc->sup;
+            st->t_last = uv_now(&s->loop);
+            if (!uv_is_active((uv_handle_t *)&s->quiet_timer))
+                uv_timer_start(&s->quiet_timer, mgpu_relay_quiet, QUIET_MS, 0);
+        }
+    }
+    mgpu_outbuf_trim(&st->proc->sup->ob);
+}

@@ -1,0 +1,92 @@
+/* supervisor_impl.h - the supervisor's state, shared by supervisor.c (workers, signals,
+ * teardown, restarts) and relay.c (the workers' output on its way to the console and the log
+ * files). Private to those two files: nothing else includes it. */
+#ifndef MGPU_SUPERVISOR_IMPL_H
+#define MGPU_SUPERVISOR_IMPL_H
+
+#include <stdint.h> /* uint64_t */
+#include <uv.h>     /* the event loop */
+
+#include "cgroup.h"     /* mgpu_cgroup_t */
+#include "console.h"    /* mgpu_console_t */
+#include "output.h"     /* mgpu_linebuf_t, mgpu_outbuf_t */
+#include "spawner.h"    /* mgpu_spawner_keeper_t */
+#include "supervisor.h" /* mgpu_run_result_t, mgpu_outcome_t */
+
+/* The signals the launcher handles (SIGCHLD among them). */
+#define MGPU_SUP_NSIGS 7
+
+struct proc;
+
+typedef struct stream {
+    uv_pipe_t pipe;
+    struct proc *proc;
+    int which;       /* 1 stdout, 2 stderr */
+    int console_fd;  /* 1 or 2, -1 when --local_ranks_filter hides this rank */
+    int file_fd;     /* per-rank log file, -1 when none */
+    int open;        /* the handle is initialised and not yet closed */
+    int pty;         /* the worker writes to a pseudo-terminal (the handle reads its master) */
+    uint64_t t_last; /* uv_now of the last read, for the quiet-time flush */
+    mgpu_linebuf_t lb;
+} stream_t;
+
+/* A partial line shows on a live console after this long without more bytes: soon enough to
+ * look immediate, long enough that a line written in a few pieces rarely shows split. */
+#define QUIET_MS 50
+
+typedef struct proc {
+    struct sup *sup;
+    int k;
+    pid_t pid;
+    int running;
+    char prefix[300];
+    stream_t s[2];
+    mgpu_outcome_t *out;
+} proc_t;
+
+typedef struct sup {
+    uv_loop_t loop;
+    uv_signal_t sigs[MGPU_SUP_NSIGS];
+    uv_timer_t grace_timer, drain_timer;
+    uv_timer_t quiet_timer; /* flushes partial lines of streams gone quiet (live consoles) */
+    uv_signal_t winch;      /* the launcher's terminal changed size: the workers' ptys follow */
+    const mgpu_plan_t *plan;
+    mgpu_run_result_t *res;
+    proc_t *procs;
+    int nproc;
+    int attempt;
+    int running;      /* workers of this attempt still alive */
+    int open_streams; /* stream handles not yet closed */
+    int stopping;     /* the launcher has started stopping this attempt */
+    int killed;       /* SIGKILL sent to everything left */
+    int swept;        /* leftovers of exited workers were signalled */
+    int drained;      /* the drain timer gave up on pipes held outside the launcher's reach */
+    int user_signal;  /* a terminating signal the launcher received */
+    int root;         /* first failure of this attempt, -1 */
+    int finished;
+    mgpu_console_t con;           /* the launcher's stdout and stderr */
+    mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
+    mgpu_cgroup_t cg;             /* the job's cgroup; cg.path "" when none could be made */
+    /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
+     * is written before the next read, so one of each serves all workers (and keeps the
+     * launcher small however many workers write at once). */
+    char rbuf[65536];
+    mgpu_outbuf_t ob;
+    mgpu_rdzv_t *rdzv;   /* the launchers' rendezvous */
+    int multi;           /* several nodes: failures and attempt ends go through the store */
+    int ending;          /* this node's attempt is over; waiting for the other nodes */
+    int pending_work;    /* rendezvous calls on the thread pool */
+    int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
+} sup_t;
+
+/* relay.c: reading a worker's stream (libuv callbacks), and closing it. */
+void mgpu_relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf);
+void mgpu_relay_close(stream_t *st);
+/* The quiet-time flush of partial lines on a live console (sup_t's quiet_timer). */
+void mgpu_relay_quiet(uv_timer_t *t);
+
+/* supervisor.c: the attempt may be over (a worker exited, a stream closed, ...). */
+void mgpu_sup_maybe_finish(sup_t *s);
+
+#endif
