@@ -419,6 +419,9 @@ t_opt_rdzv_conf_torchrun_keys() {
     [ ! -s err ] || fail "ignored keys are said only with -v: $(cat err)"
     bad 'KEY=VALUE' --rdzv_conf=join_timeout
     bad 'empty key' --rdzv_conf==5
+    # a bad value is named with its key
+    bad "rdzv_conf: timeout='abc'" --rdzv_conf=timeout=abc
+    bad "rdzv_conf: last_call_timeout='-1'" --rdzv_conf=join_timeout=5,last_call_timeout=-1
 }
 
 t_opt_python_script_without_py() {
