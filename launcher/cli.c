@@ -359,7 +359,7 @@ static void add_note(mgpu_cli_t *cli, const char *fmt, ...)
  * the agent store's timeout, 900 s by default). */
 static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgpu_err_t *err)
 {
-    char buf[512], *save = NULL, *all;
+    char buf[512], kwhat[160], *save = NULL, *all;
 
     snprintf(buf, sizeof buf, "%s", v);
     all = unquote(buf);
@@ -377,22 +377,24 @@ static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgp
         if (*val == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s: '%s' has no value (expected %s=VALUE)",
                                 what, kv, kv);
+        /* messages name the key: "--rdzv_conf: timeout='abc'", not just the value */
+        snprintf(kwhat, sizeof kwhat, "%s: %s", what, kv);
         if (strcmp(kv, "join_timeout") == 0) {
-            if (parse_seconds(what, val, 0.001, 1e7, &cli->join_timeout, err) < 0)
+            if (parse_seconds(kwhat, val, 0.001, 1e7, &cli->join_timeout, err) < 0)
                 return MGPU_E_USAGE;
             cli->join_timeout_given = 1;
         } else if (strcmp(kv, "last_call_timeout") == 0) {
-            if (parse_seconds(what, val, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
+            if (parse_seconds(kwhat, val, 0.0, 1e7, &cli->last_call_timeout, err) < 0)
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "timeout") == 0) {
-            if (parse_seconds(what, val, 0.001, 1e7, &cli->rdzv_timeout, err) < 0)
+            if (parse_seconds(kwhat, val, 0.001, 1e7, &cli->rdzv_timeout, err) < 0)
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "is_host") == 0) {
             if (strcmp(val, "true") == 0 || strcmp(val, "True") == 0)
                 cli->is_host = 1;
             else if (strcmp(val, "false") == 0 || strcmp(val, "False") == 0)
                 cli->is_host = 0;
-            else if (parse_long(what, val, 0, 1, &n, err) == 0)
+            else if (parse_long(kwhat, val, 0, 1, &n, err) == 0)
                 cli->is_host = (int)n;
             else
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: is_host='%s': expected 1 or 0", what,

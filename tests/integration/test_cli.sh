@@ -419,6 +419,9 @@ t_opt_rdzv_conf_torchrun_keys() {
     [ ! -s err ] || fail "ignored keys are said only with -v: $(cat err)"
     bad 'KEY=VALUE' --rdzv_conf=join_timeout
     bad 'empty key' --rdzv_conf==5
+    # a bad value is named with its key
+    bad "rdzv_conf: timeout='abc'" --rdzv_conf=timeout=abc
+    bad "rdzv_conf: last_call_timeout='-1'" --rdzv_conf=join_timeout=5,last_call_timeout=-1
 }
 
 t_opt_python_script_without_py() {
@@ -499,4 +502,16 @@ t_opt_help_states_port_rule() {
     expect_eq "$rc" 0 "dry run ($(cat err))"
     expect_grep out 'store listens on 29611; MASTER_PORT is that port \+ 1 \(29612\)'
     expect_grep out 'MASTER_PORT=29612'
+}
+
+t_opt_readme_lists_every_option() {
+    # README.md's options table names every option --help shows (in either spelling).
+    run_launch --help
+    expect_eq "$rc" 0
+    local o u d missing=
+    for o in $(grep -oE '^ +(-[a-z], )?--[a-z_]+' out | grep -oE -- '--[a-z_]+'); do
+        u=$o; d="--$(echo "${o#--}" | tr _ -)"
+        grep -qE -- "^\|.*\`(-[a-z]/)?($u|$d)[\` =\[]" "$MGPU_ROOT/README.md" || missing="$missing $o"
+    done
+    [ -z "$missing" ] || fail "README.md's options table lacks:$missing"
 }

@@ -187,4 +187,11 @@ t_worker_help_and_version() {
     "$w" >out 2>err
     expect_eq "$?" 2 "exit status without a cfg"
     expect_grep err "Try 'mgpu-worker --help'"
+    # an option it does not know is named, escaped, with what was expected
+    "$w" $'--bog\e[2Jus' >out 2>err
+    expect_eq "$?" 2 "exit status of an unknown option"
+    expect_grep err "^mgpu-worker: error: unknown option '--bog\\\\x1b\\[2Jus' \\(expected a TRAIN.CFG"
+    "$w" --check --bogus x.cfg >out 2>err
+    expect_eq "$?" 2 "exit status of --check with an unknown option"
+    expect_grep err "unknown option '--bogus'"
 }

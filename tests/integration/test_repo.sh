@@ -11,8 +11,7 @@ t_repo_no_source_over_1000_lines() {
 
 t_repo_speaks_of_the_project_alone() {
     cd "$MGPU_ROOT" || fail "cd"
-    # .git is a folder in a clone and a file in a linked worktree
-    command -v git >/dev/null && [ -e .git ] || skip "not a git checkout"
+    command -v git >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1 || skip "not a git checkout"
     # Issue-tracker numbers, notes files that are not in the repository, history of work, the
     # machines it was made on.
     local pat='issue [0-9]|issues? #[0-9]|(NOTES|TORCHRUN|DESIGN|STYLE|KINDS|DEVELOPERS)\.md|sessions? [0-9]|rounds? [0-9]|borrowed (gpu|machine)|device budget'

@@ -16,6 +16,7 @@
 #include "version.h" /* MGPU_VERSION */
 
 #include "checkpoint.h" /* mgpu_ckpt_remove_stale */
+#include "escape.h"     /* mgpu_escape */
 
 /* The collectives DDP calls, on the kernels backend's stream (NULL on the CPU), so an NCCL
  * collective is ordered after the kernels that wrote its buffer. */
@@ -54,8 +55,17 @@ static void mark(void *ctx, const char *event)
     mgpu_timeline_mark(ctx, event);
 }
 
-static int usage(void)
+/* bad names the argument that was not understood (escaped: it may carry control bytes), or is
+ * NULL when the cfg is missing. */
+static int usage(const char *bad)
 {
+    char shown[256];
+
+    if (bad != NULL)
+        fprintf(stderr,
+                "mgpu-worker: error: unknown option '%s' (expected a TRAIN.CFG, --check, "
+                "--help or --version)\n",
+                mgpu_escape(bad, shown, sizeof shown));
     fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n"
                     "       mgpu-worker --check TRAIN.CFG [key=value ...]\n"
                     "Try 'mgpu-worker --help' for more information.\n");
@@ -113,8 +123,10 @@ int main(int argc, char **argv)
     int check = argc >= 3 && strcmp(argv[1], "--check") == 0;
     argv += check;
     argc -= check;
-    if (argc < 2 || argv[1][0] == '-')
-        return usage();
+    if (argc < 2)
+        return usage(NULL);
+    if (argv[1][0] == '-')
+        return usage(argv[1]);
     /* Step 1: the cfg and the command-line overrides. */
     if ((rc = mgpu_cfg_load(argv[1], &cfg, &err)) < 0)
         goto fail;
