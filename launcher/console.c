@@ -8,13 +8,14 @@
 
 #include "fdio.h" /* mgpu_fdio_write_all */
 
-void mgpu_console_init(mgpu_console_t *c, int force_live)
+void mgpu_console_init(mgpu_console_t *c, int force_tty)
 {
     struct stat a, b;
 
     memset(c, 0, sizeof *c);
     for (int fd = 1; fd <= 2; fd++) {
-        c->live[fd] = force_live || isatty(fd);
+        c->live[fd] = 1;
+        c->quiet_ms[fd] = force_tty || isatty(fd) ? 50 : 100;
         c->slot[fd] = fd;
     }
     /* `>log 2>&1`, or one terminal for both: one console, one line at a time across both */
@@ -27,6 +28,11 @@ void mgpu_console_init(mgpu_console_t *c, int force_live)
 int mgpu_console_live(const mgpu_console_t *c, int fd)
 {
     return fd >= 1 && fd <= 2 && c->live[fd];
+}
+
+int mgpu_console_quiet_ms(const mgpu_console_t *c, int fd)
+{
+    return fd >= 1 && fd <= 2 ? c->quiet_ms[fd] : 0;
 }
 
 static void write_fd(mgpu_console_t *c, int fd, const char *p, size_t n)

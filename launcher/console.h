@@ -1,7 +1,10 @@
 /* console.h - the launcher's console (its stdout and stderr) as the workers' output reaches it.
  *
- * A console is live when it is a terminal (or --tty): unfinished lines are shown as they come
- * (mgpu_linebuf_live). It then remembers whose unfinished line it shows, and ends that line
+ * Every console is live, as a worker's own inherited stdout would be under torchrun: a progress
+ * bar's '\r' update is shown as it comes, and an unfinished line once its stream has been quiet
+ * for mgpu_console_quiet_ms (mgpu_linebuf_live): 50 ms on a terminal, 100 ms on a pipe or a
+ * file, where a line a worker writes in two pieces is then less likely to show split when the
+ * machine is busy. A console remembers whose unfinished line it shows, and ends that line
  * with a newline before another stream writes, so two workers' text never shares a console
  * line. fd 1 and 2 count as one console when they are the same terminal, pipe or file. A
  * console whose reader went away (EPIPE: `mgpu-launch ... | head`) is written no more, and the
@@ -17,17 +20,20 @@
 #include "output.h" /* mgpu_linebuf_t */
 
 typedef struct mgpu_console {
-    int live[3];              /* fd 1, 2: partial lines shown as they come */
-    int slot[3];              /* fd -> the console it writes to (2 -> 1 when both are the same) */
-    int dead[3];              /* EPIPE seen on that fd: stop writing there */
+    int live[3];     /* fd 1, 2: partial lines shown as they come */
+    int quiet_ms[3]; /* fd 1, 2: how long a stream is quiet before its partial line shows */
+    int slot[3];     /* fd -> the console it writes to (2 -> 1 when both are the same) */
+    int dead[3];     /* EPIPE seen on that fd: stop writing there */
     mgpu_linebuf_t *owner[3]; /* per slot: the stream whose unfinished line it shows, or NULL */
     int owner_fd[3];
 } mgpu_console_t;
 
-/* force_live: live whatever the consoles are (--tty). */
-void mgpu_console_init(mgpu_console_t *c, int force_live);
+/* force_tty: treat both as terminals (--tty). */
+void mgpu_console_init(mgpu_console_t *c, int force_tty);
 /* Whether fd (1 or 2; -1 is no console) shows partial lines. */
 int mgpu_console_live(const mgpu_console_t *c, int fd);
+/* How long fd's streams stay quiet before an unfinished line shows (ms; 0 for no console). */
+int mgpu_console_quiet_ms(const mgpu_console_t *c, int fd);
 /* Writes n bytes that lb handed out (whole lines, or part of one) to fd; -1 writes nothing. */
 void mgpu_console_put(mgpu_console_t *c, int fd, mgpu_linebuf_t *lb, const char *p, size_t n);
 /* lb's stream is closed: the console no longer points to it. */

@@ -1,7 +1,7 @@
 /* relay.c - the workers' output on its way out (supervisor_impl.h): each stream's bytes
  * into whole prefixed lines for the console, the per-rank log file and the failure report's
- * tail, and on a live console the partial lines (a progress bar's '\r' updates at once, any
- * other after QUIET_MS without more bytes). */
+ * tail, and the partial lines on the console (a progress bar's '\r' updates at once, any other
+ * after the console's quiet time without more bytes: console.h). */
 #include "supervisor_impl.h"
 
 #include <stdio.h>     /* snprintf */
@@ -82,16 +82,16 @@ void mgpu_relay_quiet(uv_timer_t *t)
         for (int i = 0; i < 2; i++) {
             stream_t *st = &s->procs[k].s[i];
             int fd, unread = 0;
-            uint64_t w = 0;
+            uint64_t w = 0, quiet = (uint64_t)mgpu_console_quiet_ms(&s->con, st->console_fd);
             if (!st->open || !stream_live(st) || mgpu_linebuf_unshown(&st->lb) == 0)
                 continue;
             /* Bytes waiting in the pipe mean the launcher was busy, not that the worker
              * paused: read them first. */
             if (uv_fileno((uv_handle_t *)&st->pipe, &fd) == 0 &&
                 ioctl(fd, FIONREAD, &unread) == 0 && unread > 0)
-                w = QUIET_MS;
-            else if (now - st->t_last < QUIET_MS)
-                w = QUIET_MS - (now - st->t_last);
+                w = quiet;
+            else if (now - st->t_last < quiet)
+                w = quiet - (now - st->t_last);
             else
                 show_partial(st, 1);
             if (w > 0 && (wait == 0 || w < wait))
@@ -149,7 +149,8 @@ void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
             sup_t *s = st->proc->sup;
             st->t_last = uv_now(&s->loop);
             if (!uv_is_active((uv_handle_t *)&s->quiet_timer))
-                uv_timer_start(&s->quiet_timer, mgpu_relay_quiet, QUIET_MS, 0);
+                uv_timer_start(&s->quiet_timer, mgpu_relay_quiet,
+                               (uint64_t)mgpu_console_quiet_ms(&s->con, st->console_fd), 0);
         }
     }
     mgpu_outbuf_trim(&st->proc->sup->ob);

@@ -30,10 +30,6 @@ typedef struct stream {
     mgpu_linebuf_t lb;
 } stream_t;
 
-/* A partial line shows on a live console after this long without more bytes: soon enough to
- * look immediate, long enough that a line written in a few pieces rarely shows split. */
-#define QUIET_MS 50
-
 typedef struct proc {
     struct sup *sup;
     int k;

@@ -1,7 +1,8 @@
 # test_tty.sh - workers under a launcher whose output is a terminal: each worker's stdout and
 # stderr are pseudo-terminals (isatty() true, the launcher's window size less the prefix),
 # progress bars ('\r' updates) and partial lines reach the console at once, prefixed;
-# --no_tty and a launcher writing to a pipe keep plain pipes; exit codes and signals as ever.
+# --no_tty and a launcher writing to a pipe keep plain pipes (and the output still live there);
+# exit codes and signals as ever.
 
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
 unset LOGLEVEL PYTHON_EXEC CUDA_VISIBLE_DEVICES
@@ -136,6 +137,45 @@ PY
     # each update redrawn with its prefix; the finished bar ends its line
     expect_grep out $'\r\\[rank0\\]: 33%\\|#\\| 1/3'
     expect_grep out $'\\[rank0\\]: 66%\\|##\\| 2/3\r?$'
+}
+
+# `mgpu-launch ... | tee log`: no terminal anywhere, and the bar still shows as it goes.
+t_tty_progress_bar_live_to_a_pipe() {
+    cat >bar.py <<'EOS'
+import sys, time
+sys.stderr.write("\r  0%| 0/2")
+sys.stderr.flush()
+with open("stamp", "w") as f:
+    f.write("%.6f\n" % time.time())
+time.sleep(2)
+sys.stderr.write("\r 50%|#| 1/2\n")
+EOS
+    local ms=
+    for attempt in 1 2 3; do # the figure, not the machine's load, decides: best of three
+        ms=$(python3 - "$LAUNCH" <<'PY'
+import subprocess, sys, time
+p = subprocess.Popen([sys.argv[1], "--nproc_per_node=1", "bar.py"], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+seen, t = b"", None
+while b"[rank0]:  0%| 0/2" not in seen:
+    b = p.stderr.read1(4096)
+    if not b:
+        break
+    seen += b
+t = time.time()
+seen += p.stderr.read()
+p.wait()
+open("err", "wb").write(seen)
+try:
+    print(int((t - float(open("stamp").read())) * 1000) if b"0/2" in seen else 99999)
+except (OSError, ValueError):
+    print(99999)
+PY
+)
+        [ "$ms" -lt 400 ] && break
+    done
+    [ "$ms" -lt 400 ] || fail "first update reached the pipe after $ms ms: $(od -c err | head)"
+    expect_grep err $'\[rank0\]: 50%\|#\| 1/2'
 }
 
 t_tty_partial_lines_of_two_ranks_never_share_a_line() {
