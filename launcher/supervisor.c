@@ -896,47 +896,8 @@ static void maybe_finish(sup_t *s)
     attempt_done(s, s->root >= 0, NULL);
 }
 
-/* Containment: a cgroup of the job's own where one can be made (MGPU_CGROUP: unset or 1,
- * under the launcher's own group; a path, under that group, e.g. one delegated to the user; 0,
- * none), else process groups, the launcher as subreaper and the keeper. */
-static int containment_setting(const char **parent, mgpu_err_t *err)
-{
-    const char *v = getenv("MGPU_CGROUP");
-
-    *parent = NULL;
-    if (v == NULL || v[0] == '\0' || strcmp(v, "1") == 0)
-        return 1;
-    if (strcmp(v, "0") == 0)
-        return 0;
-    if (v[0] == '/') {
-        *parent = v;
-        return 1;
-    }
-    return mgpu_err_set(err, MGPU_E_USAGE,
-                        "MGPU_CGROUP=%s: expected 1 (a cgroup for the job), 0 (none) or the "
-                        "absolute path of a parent cgroup",
-                        v);
-}
-
-static void contain(sup_t *s)
-{
-    const char *parent = NULL;
-    mgpu_err_t err = {0};
-    char name[64];
-
-    if (containment_setting(&parent, &err) == 0) {
-        mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
-        return;
-    }
-    snprintf(name, sizeof name, "mgpu-%d", (int)getpid());
-    if (mgpu_cgroup_create(&s->cg, parent, name, &err) < 0)
-        mgpu_info("containment: subreaper keeper (no cgroup: %s)", err.msg);
-    else
-        mgpu_info("containment: cgroup %s", s->cg.path);
-}
-
-int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
-                 mgpu_err_t *err)
+int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
+                 mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
     int rc;
@@ -949,14 +910,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     s->plan = plan;
     s->res = res;
     s->rdzv = rdzv;
-    s->cg.procs_fd = -1;
-    {
-        const char *parent;
-        if ((rc = containment_setting(&parent, err)) < 0) {
-            free(s);
-            return rc;
-        }
-    }
+    s->cg = *cg;
+    s->keeper = *keeper;
     s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
@@ -995,8 +950,6 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    contain(s);
-    mgpu_spawner_keeper_start(&s->keeper, &s->cg);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -1050,6 +1003,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
         res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    *cg = s->cg;
+    *keeper = s->keeper;
     mgpu_outbuf_free(&s->ob);
     free(s->procs);
     free(s);
