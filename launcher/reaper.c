@@ -72,7 +72,7 @@ static int keeper_main(int st_w, int life_r, const sigset_t *old)
 {
     sigset_t chld;
     struct pollfd pf[2];
-    int status = 0, sfd, p1_done = 0;
+    int status = 0, ws, sfd, p1_done = 0;
     pid_t self = getpid(), p1, pid;
 
     setsid();
@@ -112,8 +112,11 @@ static int keeper_main(int st_w, int life_r, const sigset_t *old)
             break;
         while (sfd >= 0 && read(sfd, &si, sizeof si) == (ssize_t)sizeof si)
             ;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-            p1_done |= pid == p1;
+        while ((pid = waitpid(-1, &ws, WNOHANG)) > 0)
+            if (pid == p1) {
+                status = ws;
+                p1_done = 1;
+            }
         if (!p1_done && pf[0].fd >= 0 && pf[0].revents != 0) {
             /* EOF: P0 died (P0 never writes). P1 goes now; its workers die with it
              * (PDEATHSIG), and all they started is reparented here. */

@@ -172,3 +172,21 @@ t_containment_fallback_processes() {
     wait_until 5 none_marked "$m" || fail "left after SIGTERM: $(marked "$m")"
     [ ! -e /proc/"$keeper" ] || fail "the keeper $keeper outlived the launcher"
 }
+
+# Without a cgroup, the signals a terminal, `kill` or a scheduler send to the pid the caller
+# sees reach the job as they do with one: 128+signal, nothing left.
+t_containment_fallback_signals() {
+    write_worker
+    local sig m lp
+    for sig in INT TERM HUP QUIT; do
+        m="$$$RANDOM"
+        rm -f ready.*
+        MGPU_CGROUP=0 KINDS="setsid" NPROC=2 "$LAUNCH" --nproc_per_node=2 ./w.sh "$m" >out 2>err &
+        lp=$!
+        wait_until 20 all_exist ready.0 ready.1 || { kill -9 $lp; fail "SIG$sig: workers not ready: $(cat err)"; }
+        kill -"$sig" $lp
+        wait $lp
+        expect_eq "$?" $((128 + $(kill -l "$sig"))) "exit status after SIG$sig"
+        wait_until 5 none_marked "$m" || fail "left after SIG$sig: $(marked "$m")"
+    done
+}
