@@ -35,28 +35,38 @@ static void write_int(int fd, int v)
         ;
 }
 
-/* SIGKILLs every child of this process and reaps it, again and again, until it has none: a
- * process that dies hands its own children to this one (the subreaper), and they are killed
- * in the next round. The kernel's list of children is read from /proc. */
-static void kill_children(void)
+int mgpu_reaper_children(pid_t *out, int max)
 {
-    char path[64], buf[4096];
-    int fd;
+    char path[64], buf[8192];
+    int n = 0, fd;
     ssize_t r;
 
     snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    buf[r > 0 ? r : 0] = '\0';
+    for (char *p = buf, *end; n < max; p = end) {
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)pid;
+    }
+    return n;
+}
+
+/* SIGKILLs every child of this process and reaps it, again and again, until it has none: a
+ * process that dies hands its own children to this one (the subreaper), and they are killed
+ * in the next round. */
+static void kill_children(void)
+{
+    pid_t kids[256];
+
     for (;;) {
-        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
-            r = read(fd, buf, sizeof buf - 1);
-            close(fd);
-            buf[r > 0 ? r : 0] = '\0';
-            for (char *p = buf, *end;; p = end) {
-                long pid = strtol(p, &end, 10);
-                if (end == p)
-                    break;
-                kill((pid_t)pid, SIGKILL);
-            }
-        }
+        int n = mgpu_reaper_children(kids, 256);
+        for (int i = 0; i < n; i++)
+            kill(kids[i], SIGKILL);
         /* Blocks until one of them is gone; ECHILD: none is left. */
         if (waitpid(-1, NULL, 0) < 0 && errno == ECHILD)
             return;

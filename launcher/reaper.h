@@ -22,9 +22,15 @@
 #ifndef MGPU_REAPER_H
 #define MGPU_REAPER_H
 
+#include <sys/types.h> /* pid_t */
+
 /* Splits the launcher as above. Returns -1 in P1 (go on with the job), or in P0 the status
  * the launcher exits with. When no pipe or process could be made, returns -1 in the one
  * launcher there is and sets *why (the call that failed): the job runs without the reaper. */
 int mgpu_reaper_start(const char **why);
+
+/* The children of the calling process (the kernel's list in /proc): its own, and orphans
+ * reparented to it as a subreaper. Up to max pids into out; returns how many. */
+int mgpu_reaper_children(pid_t *out, int max);
 
 #endif

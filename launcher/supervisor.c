@@ -22,6 +22,7 @@
 #include "fdio.h"    /* mgpu_fdio_write_all */
 #include "log.h"     /* mgpu_warn */
 #include "output.h"  /* mgpu_linebuf_t */
+#include "reaper.h"  /* mgpu_reaper_children */
 #include "spawner.h" /* mgpu_spawner_worker */
 
 extern char **environ;
@@ -298,40 +299,13 @@ static void signal_all(sup_t *s, int sig)
     }
 }
 
-/* The children of the launcher itself: workers, and orphans reparented to it (subreaper). */
-static int list_children(pid_t *out, int max)
-{
-    char path[64], buf[8192];
-    int n = 0, fd;
-    ssize_t r;
-
-    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return 0;
-    buf[r] = '\0';
-    for (char *p = buf; *p && n < max;) {
-        char *end;
-        long pid = strtol(p, &end, 10);
-        if (end == p)
-            break;
-        out[n++] = (pid_t)pid;
-        p = end;
-    }
-    return n;
-}
-
 /* After the workers exited: whatever they left behind (their process groups, orphans
  * reparented to the launcher, and all that is still in the job's cgroup) gets sig. Returns how
  * many targets were signalled. */
 static int sweep_leftovers(sup_t *s, int sig)
 {
     pid_t kids[1024];
-    int n = 0, nk = list_children(kids, 1024);
+    int n = 0, nk = mgpu_reaper_children(kids, 1024);
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -871,7 +845,7 @@ static void maybe_finish(sup_t *s)
 
     if (s->finished || s->ending || s->running > 0 || s->open_streams > 0 || s->reports_pending > 0)
         return;
-    int nk = list_children(kids, 4), others = 0;
+    int nk = mgpu_reaper_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
         others += kids[i] != s->keeper.pid;
     if (others > 0 && !s->drained)
