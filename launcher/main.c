@@ -7,15 +7,18 @@
 #include <sys/random.h> /* getrandom */
 #include <unistd.h>     /* sysconf */
 
+#include "cgroup.h"     /* mgpu_cgroup_create */
 #include "cli.h"        /* mgpu_cli_parse */
 #include "engines.h"    /* mgpu_engines_apply */
 #include "fdio.h"       /* mgpu_fdio_raise_limit */
 #include "path.h"       /* mgpu_path_dirname */
 #include "log.h"        /* mgpu_log_init */
 #include "plan.h"       /* mgpu_plan_build */
+#include "reaper.h"     /* mgpu_reaper_start */
 #include "rdzv.h"       /* mgpu_rdzv_join */
 #include "report.h"     /* mgpu_report_print */
 #include "sock.h"       /* mgpu_sock_free_port */
+#include "spawner.h"    /* mgpu_spawner_keeper_start */
 #include "supervisor.h" /* mgpu_sup_run */
 
 static const char *env_lookup(const char *name)
@@ -160,6 +163,44 @@ static int rendezvous(mgpu_plan_t *plan, mgpu_rdzv_t **rdzv, mgpu_err_t *err)
     return 0;
 }
 
+/* Containment: a cgroup of the job's own where one can be made (MGPU_CGROUP: unset or 1,
+ * under the launcher's own group; a path, under that group, e.g. one delegated to the user; 0,
+ * none), else the launcher's keeper as the subreaper of everything (reaper.h). Decided before
+ * the rendezvous: the keeper must be forked while the launcher has one thread. cg->path is ""
+ * when there is no cgroup. Returns 0, or MGPU_E_USAGE for a bad MGPU_CGROUP. */
+static int contain(mgpu_cgroup_t *cg, mgpu_err_t *err)
+{
+    const char *v = getenv("MGPU_CGROUP");
+    char name[64];
+
+    memset(cg, 0, sizeof *cg);
+    cg->procs_fd = -1;
+    if (v != NULL && strcmp(v, "0") == 0) {
+        mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
+        return 0;
+    }
+    if (v != NULL && v[0] != '\0' && strcmp(v, "1") != 0 && v[0] != '/')
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "MGPU_CGROUP=%s: expected 1 (a cgroup for the job), 0 (none) or the "
+                            "absolute path of a parent cgroup",
+                            v);
+    snprintf(name, sizeof name, "mgpu-%d", (int)getpid());
+    if (mgpu_cgroup_create(cg, v != NULL && v[0] == '/' ? v : NULL, name, err) < 0)
+        mgpu_info("containment: subreaper keeper (no cgroup: %s)", err->msg);
+    else
+        mgpu_info("containment: cgroup %s", cg->path);
+    memset(err, 0, sizeof *err);
+    return 0;
+}
+
+/* The job is over before the supervisor could end it: its cgroup goes, the keeper too. */
+static void uncontain(mgpu_cgroup_t *cg, mgpu_spawner_keeper_t *keeper)
+{
+    mgpu_cgroup_close(cg);
+    mgpu_cgroup_remove(cg, 50);
+    mgpu_spawner_keeper_release(keeper);
+}
+
 /* Report: the root cause, the startup timeline, the summary file. */
 static void report(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
 {
@@ -185,6 +226,8 @@ int main(int argc, char **argv)
     mgpu_plan_t plan;
     mgpu_run_result_t res;
     mgpu_rdzv_t *rdzv = NULL;
+    mgpu_cgroup_t cg;
+    mgpu_spawner_keeper_t keeper;
     mgpu_err_t err = {0};
     const char *loglevel = getenv("LOGLEVEL");
     int level = loglevel ? mgpu_log_level_parse(loglevel) : -1;
@@ -213,8 +256,33 @@ int main(int argc, char **argv)
     /* The workers' pipes, the store's connections, slack. */
     mgpu_fdio_grow_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
 
+    if (contain(&cg, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        mgpu_plan_free(&plan);
+        return 2;
+    }
+    /* Without a cgroup, this process splits in two around a keeper that is the subreaper of
+     * everything the job starts: this one waits and exits with the job's status, the other
+     * goes on from here. With one (or should the split fail), the keeper watches the
+     * launcher and kills the group (or the workers' process groups) if it dies. */
+    keeper.pid = keeper.fd = -1;
+    if (cg.path[0] == '\0') {
+        const char *why;
+        if ((rc = mgpu_reaper_start(&why)) >= 0) {
+            mgpu_plan_free(&plan);
+            return rc;
+        }
+        if (why != NULL) {
+            mgpu_warn("containment: no subreaper keeper: %s: %s", why, strerror(errno));
+            mgpu_spawner_keeper_start(&keeper, &cg);
+        }
+    } else {
+        mgpu_spawner_keeper_start(&keeper, &cg);
+    }
+
     if ((rc = rendezvous(&plan, &rdzv, &err)) < 0) {
         mgpu_error("%s", err.msg);
+        uncontain(&cg, &keeper);
         mgpu_plan_free(&plan);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
@@ -222,10 +290,11 @@ int main(int argc, char **argv)
     fflush(stderr);
 
     /* Spawn and supervise, every attempt. */
-    rc = mgpu_sup_run(&plan, rdzv, &res, &err);
+    rc = mgpu_sup_run(&plan, rdzv, &cg, &keeper, &res, &err);
     mgpu_rdzv_close(rdzv);
     if (rc < 0) {
         mgpu_error("%s", err.msg);
+        uncontain(&cg, &keeper);
         mgpu_run_result_free(&res);
         mgpu_plan_free(&plan);
         return rc == MGPU_E_USAGE ? 2 : 1;

@@ -23,6 +23,7 @@
 #include "fs.h"      /* mgpu_fs_mkdir_p, mgpu_fs_remove_tree */
 #include "log.h"     /* mgpu_warn */
 #include "output.h"  /* mgpu_linebuf_t */
+#include "reaper.h"  /* mgpu_reaper_children */
 #include "spawner.h" /* mgpu_spawner_worker */
 
 extern char **environ;
@@ -56,40 +57,13 @@ static void signal_all(sup_t *s, int sig)
     }
 }
 
-/* The children of the launcher itself: workers, and orphans reparented to it (subreaper). */
-static int list_children(pid_t *out, int max)
-{
-    char path[64], buf[8192];
-    int n = 0, fd;
-    ssize_t r;
-
-    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return 0;
-    buf[r] = '\0';
-    for (char *p = buf; *p && n < max;) {
-        char *end;
-        long pid = strtol(p, &end, 10);
-        if (end == p)
-            break;
-        out[n++] = (pid_t)pid;
-        p = end;
-    }
-    return n;
-}
-
 /* After the workers exited: whatever they left behind (their process groups, orphans
  * reparented to the launcher, and all that is still in the job's cgroup) gets sig. Returns how
  * many targets were signalled. */
 static int sweep_leftovers(sup_t *s, int sig)
 {
     pid_t kids[1024];
-    int n = 0, nk = list_children(kids, 1024);
+    int n = 0, nk = mgpu_reaper_children(kids, 1024);
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -629,7 +603,7 @@ void mgpu_sup_maybe_finish(sup_t *s)
 
     if (s->finished || s->ending || s->running > 0 || s->open_streams > 0 || s->reports_pending > 0)
         return;
-    int nk = list_children(kids, 4), others = 0;
+    int nk = mgpu_reaper_children(kids, 4), others = 0;
     for (int i = 0; i < nk; i++)
         others += kids[i] != s->keeper.pid;
     if (others > 0 && !s->drained)
@@ -654,47 +628,8 @@ void mgpu_sup_maybe_finish(sup_t *s)
     attempt_done(s, s->root >= 0, NULL);
 }
 
-/* Containment: a cgroup of the job's own where one can be made (MGPU_CGROUP: unset or 1,
- * under the launcher's own group; a path, under that group, e.g. one delegated to the user; 0,
- * none), else process groups, the launcher as subreaper and the keeper. */
-static int containment_setting(const char **parent, mgpu_err_t *err)
-{
-    const char *v = getenv("MGPU_CGROUP");
-
-    *parent = NULL;
-    if (v == NULL || v[0] == '\0' || strcmp(v, "1") == 0)
-        return 1;
-    if (strcmp(v, "0") == 0)
-        return 0;
-    if (v[0] == '/') {
-        *parent = v;
-        return 1;
-    }
-    return mgpu_err_set(err, MGPU_E_USAGE,
-                        "MGPU_CGROUP=%s: expected 1 (a cgroup for the job), 0 (none) or the "
-                        "absolute path of a parent cgroup",
-                        v);
-}
-
-static void contain(sup_t *s)
-{
-    const char *parent = NULL;
-    mgpu_err_t err = {0};
-    char name[64];
-
-    if (containment_setting(&parent, &err) == 0) {
-        mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
-        return;
-    }
-    snprintf(name, sizeof name, "mgpu-%d", (int)getpid());
-    if (mgpu_cgroup_create(&s->cg, parent, name, &err) < 0)
-        mgpu_info("containment: subreaper keeper (no cgroup: %s)", err.msg);
-    else
-        mgpu_info("containment: cgroup %s", s->cg.path);
-}
-
-int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
-                 mgpu_err_t *err)
+int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
+                 mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
     int rc;
@@ -707,14 +642,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     s->plan = plan;
     s->res = res;
     s->rdzv = rdzv;
-    s->cg.procs_fd = -1;
-    {
-        const char *parent;
-        if ((rc = containment_setting(&parent, err)) < 0) {
-            free(s);
-            return rc;
-        }
-    }
+    s->cg = *cg;
+    s->keeper = *keeper;
     s->multi = rdzv != NULL && plan->nnodes > 1;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
@@ -753,8 +682,6 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    contain(s);
-    mgpu_spawner_keeper_start(&s->keeper, &s->cg);
     for (int i = 0; i < NSIGS; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
@@ -808,6 +735,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *
         res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    *cg = s->cg;
+    *keeper = s->keeper;
     mgpu_outbuf_free(&s->ob);
     free(s->procs);
     free(s);

@@ -12,9 +12,11 @@
 
 #include <sys/types.h> /* pid_t */
 
-#include "error.h" /* mgpu_err_t */
-#include "plan.h"  /* mgpu_plan_t */
-#include "rdzv.h"  /* mgpu_rdzv_t */
+#include "cgroup.h"  /* mgpu_cgroup_t */
+#include "error.h"   /* mgpu_err_t */
+#include "plan.h"    /* mgpu_plan_t */
+#include "rdzv.h"    /* mgpu_rdzv_t */
+#include "spawner.h" /* mgpu_spawner_keeper_t */
 
 #define MGPU_TAIL_LINES 8
 
@@ -67,10 +69,14 @@ typedef struct mgpu_run_result {
     double t_start, t_end;
 } mgpu_run_result_t;
 
-/* Runs the whole job (all attempts). Returns 0 when the supervision itself worked (whatever
- * the workers did: see res), or a negative code when it could not start (err says why). */
-int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_run_result_t *res,
-                 mgpu_err_t *err);
+/* Runs the whole job (all attempts) in the job's cgroup cg (cg->path "" when none), told to
+ * the keeper that outlives a killed launcher (keeper->pid -1 when none). Both are the
+ * supervisor's from here: at the end it removes the group and releases the keeper, and leaves
+ * in *cg and *keeper what is left of them (on an early failure, all of it, for the caller).
+ * Returns 0 when the supervision itself worked (whatever the workers did: see res), or a
+ * negative code when it could not start (err says why). */
+int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
+                 mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err);
 /* Frees res and removes the run's folder unless logs were asked for. */
 void mgpu_run_result_free(mgpu_run_result_t *res);
 

@@ -4,7 +4,8 @@
 # process group is, or a worker fails. Leftovers are found by a marker in argv
 # (`sleep 1000.<run>`), which an environment-clearing child keeps. Both modes: a cgroup of the
 # job's own (where one can be made: as root, or delegated) and the forced fallback
-# (MGPU_CGROUP=0: process groups, the launcher as subreaper, the keeper).
+# (MGPU_CGROUP=0: the launcher's keeper, in a session of its own, is the subreaper of
+# everything the job starts).
 #
 # CONTAIN_RUNS (default 20) runs of each kind and mode; tests/containment_stats.sh runs more
 # and counts what is left.
@@ -103,7 +104,7 @@ runs() {
     write_worker
     for i in $(seq 1 "$CONTAIN_RUNS"); do
         one_run "$mode" "$event" "$i"
-        [ -z "$LEFT" ] || fail "$DESC: left: $(ps -o pid,ppid,pgid,sid,stat,args -p "${LEFT// /,}")"
+        [ -z "$LEFT" ] || fail "$DESC: left: $(ps -o pid,ppid,pgid,sid,stat,args -p "$(echo $LEFT | tr ' ' ,)")"
     done
 }
 
@@ -138,8 +139,54 @@ t_containment_cgroup_kill9() { require_cgroup; runs cgroup kill9; }
 t_containment_cgroup_kill9_group() { require_cgroup; runs cgroup kill9pg; }
 t_containment_cgroup_failure() { require_cgroup; runs cgroup fail; }
 t_containment_fallback_failure() { runs fallback fail; }
-# Without a cgroup, a launcher killed by SIGKILL leaves the keeper to kill the workers' process
-# groups: a grandchild that stays in its worker's group (ignoring SIGTERM) goes, even when the
-# whole launcher's group was killed (the keeper has a session of its own).
-t_containment_fallback_kill9() { ALL_KINDS=pg runs fallback kill9; }
-t_containment_fallback_kill9_group() { ALL_KINDS=pg runs fallback kill9pg; }
+# Without a cgroup, a launcher killed by SIGKILL leaves the keeper, the subreaper of every
+# worker, to kill what they started, wherever it went (another session, a daemon), even when
+# the whole launcher's group was killed (the keeper has a session of its own).
+t_containment_fallback_kill9() { runs fallback kill9; }
+t_containment_fallback_kill9_group() { runs fallback kill9pg; }
+
+# The pid the caller sees stays in the caller's process group and exits with the job's
+# status; the keeper and the launcher that runs the job are in a session of their own.
+t_containment_fallback_processes() {
+    write_worker
+    local m="$$$RANDOM" lp
+    rm -f ready.*
+    (
+        export MGPU_CGROUP=0 KINDS="" NPROC=1
+        exec setsid "$LAUNCH" --nproc_per_node=1 ./w.sh "$m" >out 2>err
+    ) &
+    lp=$!
+    wait_until 20 all_exist ready.0 || { kill -9 $lp; fail "worker not ready: $(cat err)"; }
+    local keeper sup
+    keeper=$(pgrep -P "$lp")
+    [ "$(wc -w <<<"$keeper")" = 1 ] || fail "expected one child of the launcher, got: $keeper"
+    expect_eq "$(cat /proc/"$keeper"/comm)" mgpu-keeper "the launcher's child"
+    expect_eq "$(ps -o sid= -p "$keeper" | tr -d ' ')" "$keeper" "the keeper's session"
+    sup=$(pgrep -P "$keeper")
+    [ -n "$sup" ] || fail "the keeper has no child"
+    expect_eq "$(ps -o pgid= -p "$lp" | tr -d ' ')" "$lp" "the launcher's process group"
+    # a signal to the pid the caller sees reaches the job: the worker is stopped, 128+15
+    kill -TERM $lp
+    wait $lp
+    expect_eq "$?" 143 "exit status after SIGTERM"
+    wait_until 5 none_marked "$m" || fail "left after SIGTERM: $(marked "$m")"
+    [ ! -e /proc/"$keeper" ] || fail "the keeper $keeper outlived the launcher"
+}
+
+# Without a cgroup, the signals a terminal, `kill` or a scheduler send to the pid the caller
+# sees reach the job as they do with one: 128+signal, nothing left.
+t_containment_fallback_signals() {
+    write_worker
+    local sig m lp
+    for sig in INT TERM HUP QUIT; do
+        m="$$$RANDOM"
+        rm -f ready.*
+        MGPU_CGROUP=0 KINDS="setsid" NPROC=2 "$LAUNCH" --nproc_per_node=2 ./w.sh "$m" >out 2>err &
+        lp=$!
+        wait_until 20 all_exist ready.0 ready.1 || { kill -9 $lp; fail "SIG$sig: workers not ready: $(cat err)"; }
+        kill -"$sig" $lp
+        wait $lp
+        expect_eq "$?" $((128 + $(kill -l "$sig"))) "exit status after SIG$sig"
+        wait_until 5 none_marked "$m" || fail "left after SIG$sig: $(marked "$m")"
+    done
+}
