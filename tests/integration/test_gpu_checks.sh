@@ -27,6 +27,19 @@ t_gpu_judge_with_a_gpu() {
     printf '%s\n' 'ok - test_sim_parse_errors_simulated' 'ok - test_gpu:t_gpu_none_visible_runs_on_cpu' >names
     expect_eq "$(verdict 0 names 1)" ok "result lines"
     expect_eq "$(verdict 1 all_ok 1)" "fail - exit 1" "a failing command"
+    printf '%s\n' 'ok - test_nccl_refused' '  mgpu_comm_create(NCCL): rank 0 has no real (only a simulated) GPU' >words
+    expect_eq "$(verdict 0 words 1)" ok "a test's own words about simulated GPUs"
+    printf '%s\n' '{"world_size":4,"simulated_gpus": true}' >sim_json
+    expect_grep "$(verdict 0 sim_json 1)" '^fail - simulated GPUs'
+    # a test that needs more GPUs than there are is not a skipped GPU path; one that could run is
+    printf '%s\n' 'ok - test_a' '  skip: fewer than 2 CUDA devices (1)' 'skip - test_nccl_gpus' \
+        '1 passed, 0 failed, 1 skipped' >needs_more
+    expect_eq "$(verdict 0 needs_more 1)" ok "a test for more GPUs than the machine has"
+    printf '%s\n' 'ok - test_a' '  skip: fewer than 2 CUDA devices (2)' 'skip - test_nccl_gpus' >could_run
+    expect_grep "$(verdict 0 could_run 1)" '^fail - skipped'
+    printf '%s\n' 'ok - test_a' '  skip: fewer than 2 CUDA devices (1)' 'skip - test_nccl_gpus' \
+        '  skip: no CUDA device' 'skip - test_b' >and_another
+    expect_grep "$(verdict 0 and_another 1)" '^fail - skipped on a machine with a GPU \(  skip: no CUDA device\)'
 }
 
 t_gpu_judge_without_a_gpu() {
