@@ -8,7 +8,8 @@
 # (kill9pg), or a worker fails (fail). Modes: cgroup (a cgroup of the job's own; as root or with
 # a delegated group) and fallback (MGPU_CGROUP=0). Prints, per mode and event, the runs that
 # left processes behind and how many processes, CONTAIN_WAIT (default 3) s after the launcher
-# ended; leftovers are then killed.
+# ended; leftovers are then killed. Exits 1 when any run left a process behind (.ci/run runs
+# it with 100 runs of each).
 #   MGPU_BUILD=build dir (default: build next to tests/)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +28,7 @@ write_worker
 
 echo "containment: $(uname -n), $(uname -r), $(date -u '+%Y-%m-%d %H:%M UTC'), $RUNS runs each"
 echo "  $("$LAUNCH" --version), load average at start: $(cut -d' ' -f1 /proc/loadavg)"
+total_left=0
 for mode in $MODES; do
     if [ "$mode" = cgroup ]; then
         MGPU_CGROUP= "$LAUNCH" -v --nproc_per_node=1 /bin/true >out 2>err
@@ -40,6 +42,7 @@ for mode in $MODES; do
             if [ -n "$LEFT" ]; then
                 runs_left=$((runs_left + 1))
                 procs_left=$((procs_left + $(wc -w <<<"$LEFT")))
+                total_left=$((total_left + $(wc -w <<<"$LEFT")))
                 kill -9 $LEFT 2>/dev/null
             fi
         done
@@ -47,3 +50,4 @@ for mode in $MODES; do
             "$mode" "$event" "$RUNS" "$runs_left" "$procs_left"
     done
 done
+[ "$total_left" -eq 0 ]
