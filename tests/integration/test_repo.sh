@@ -14,7 +14,7 @@ t_repo_speaks_of_the_project_alone() {
     command -v git >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1 || skip "not a git checkout"
     # Issue-tracker numbers, notes files that are not in the repository, history of work, the
     # machines it was made on.
-    local pat='issue [0-9]|issues? #[0-9]|(NOTES|TORCHRUN|DESIGN|STYLE|KINDS|DEVELOPERS)\.md|sessions? [0-9]|rounds? [0-9]|borrowed (gpu|machine)|device budget'
+    local pat='issue [0-9]|issues? #[0-9]|(NOTES|TORCHRUN|DESIGN|STYLE|KINDS|DEVELOPERS)\.md|sessions? [0-9]|rounds? [0-9]|borrowed (gpu|machine)|device[ ]budget'
     local hits
     hits=$(git grep -nIiE "$pat" -- . ':!tests/integration/test_repo.sh' || true)
     [ -z "$hits" ] || fail "words about something other than the project:
