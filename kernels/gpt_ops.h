@@ -1,0 +1,121 @@
+/* gpt_ops.h - the ops of a GPT-2 model that kernels.h's table does not have, behind a second
+ * table of function pointers per backend: LayerNorm, GELU, causal attention, the embedding,
+ * the output layer tied to the token embedding, the gradient norm and AdamW under a clip.
+ *
+ * The products (qkv, attention projection, MLP) and bias sums are kernels.h's mgpu_k_gemm and
+ * mgpu_k_sum_rows, which already follow the backend's precision. A backend's table runs on the
+ * same impl as its kernels.h table (the CUDA one on its stream), every pointer is backend
+ * memory, and scalar results (loss, sums of squares, the clip factor) stay in backend memory,
+ * so a GPU step never waits for the host. The CPU table (gpt_cpu.c) is the reference the CUDA
+ * one (gpt_cuda.cu) is tested against; it computes through transformer.h's functions.
+ *
+ * Call the mgpu_kg_* launchers, never the table: they check shapes and arguments for every
+ * backend (MGPU_E_USAGE / MGPU_E_RANGE naming the op and the argument), then dispatch.
+ *
+ * Gradient conventions: parameter gradients (dw, db, dwte, dwpe) are ADDED to (a step zeroes
+ * them once, and gradient accumulation keeps adding); a gradient of an activation is ADDED
+ * where the activation is read twice (dx of LayerNorm and of the head, which feed the
+ * residual stream) and OVERWRITTEN where it is not (GELU's dx, attention's dqkv), as each
+ * function says. */
+#ifndef MGPU_GPT_OPS_H
+#define MGPU_GPT_OPS_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int32_t */
+
+#include "error.h"   /* mgpu_err_t */
+#include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
+
+typedef struct mgpu_gpt_ops {
+    /* y = (x - mean) * rstd * w + b over each of n rows of c (eps 1e-5); mean and rstd (n
+     * floats each) are saved for the backward. Statistics in fp32 or wider. */
+    int (*layernorm_forward)(void *impl, int n, int c, const float *x, const float *w,
+                             const float *b, float *y, float *mean, float *rstd, mgpu_err_t *err);
+    /* dx += ..., dw += ..., db += ... */
+    int (*layernorm_backward)(void *impl, int n, int c, const float *dy, const float *x,
+                              const float *w, const float *mean, const float *rstd, float *dx,
+                              float *dw, float *db, mgpu_err_t *err);
+    /* y = gelu(x), tanh approximation; y may alias x. */
+    int (*gelu_forward)(void *impl, size_t n, const float *x, float *y, mgpu_err_t *err);
+    /* dx = dy * gelu'(x) (overwritten; dx may alias dy). */
+    int (*gelu_backward)(void *impl, size_t n, const float *x, const float *dy, float *dx,
+                         mgpu_err_t *err);
+    /* Causal self-attention of nh heads over qkv (b, t, 3c) (q, k, v side by side in a row,
+     * head h at columns h*hs.. of each, hs = c/nh), scale 1/sqrt(hs): out (b, t, c), and lse
+     * (b, nh, t), each query's log-sum-exp of its scaled scores, which is all the backward
+     * needs besides qkv and out: no (t, t) matrix outlives the call. */
+    int (*attention_forward)(void *impl, int b, int t, int c, int nh, const float *qkv, float *out,
+                             float *lse, mgpu_err_t *err);
+    /* dqkv (b, t, 3c) = the gradient from dout (overwritten). */
+    int (*attention_backward)(void *impl, int b, int t, int c, int nh, const float *dout,
+                              const float *qkv, const float *out, const float *lse, float *dqkv,
+                              mgpu_err_t *err);
+    /* out (b, t, c) = wte[tokens] + wpe[position]. Tokens are in 0..vocab-1: the data
+     * loader checks every token of a file when it reads it. */
+    int (*embed_forward)(void *impl, int b, int t, int c, const int32_t *tokens, const float *wte,
+                         const float *wpe, float *out, mgpu_err_t *err);
+    /* dwte[tokens[i]] += dout[i], dwpe[t] += dout[b, t]: each sum in the order of the rows
+     * (deterministic: no race decides the order of a token's contributions). */
+    int (*embed_backward)(void *impl, int b, int t, int c, int vocab, const int32_t *tokens,
+                          const float *dout, float *dwte, float *dwpe, mgpu_err_t *err);
+    /* out = a + b (out may alias either). */
+    int (*add)(void *impl, size_t n, const float *a, const float *b, float *out, mgpu_err_t *err);
+    /* The output layer tied to the token embedding, for n rows of x (n, c): logits = x @ wte^T
+     * (n, vocab; logits is scratch of n*vocab floats the backend may use as it likes), p =
+     * softmax(logits), loss[0] += scale * sum over rows of -log p[target]. When dx is not NULL,
+     * also the backward of that loss: with dlogits = scale * (p - onehot(target)), dx +=
+     * dlogits @ wte and dwte += dlogits^T @ x. scale is 1/(rows of the whole batch) for a mean,
+     * so a batch may be cut into chunks of rows. Targets are in 0..vocab-1 (as tokens). */
+    int (*tied_head)(void *impl, int n, int c, int vocab, const float *x, const float *wte,
+                     const int32_t *targets, float scale, float *logits, float *loss, float *dx,
+                     float *dwte, mgpu_err_t *err);
+    /* acc[0] += sum of x[i]^2 (accumulated in fp32 or wider). */
+    int (*sumsq)(void *impl, size_t n, const float *x, float *acc, mgpu_err_t *err);
+    /* factor[0] = max_norm / (sqrt(sumsq[0]) + 1e-6) when that norm exceeds max_norm, else 1
+     * (torch.nn.utils.clip_grad_norm_); max_norm <= 0: 1. */
+    int (*clip_factor)(void *impl, const float *sumsq, float max_norm, float *factor,
+                       mgpu_err_t *err);
+    /* One torch.optim.AdamW step (step counts from 1) on n parameters with the gradient g
+     * multiplied by factor[0] first (factor NULL: 1); hp->weight_decay applies as given (0 for
+     * the tensors that do not decay). */
+    int (*adamw)(void *impl, size_t n, float *p, const float *g, float *m, float *v,
+                 const mgpu_adamw_hparams_t *hp, long long step, const float *factor,
+                 mgpu_err_t *err);
+} mgpu_gpt_ops_t;
+
+extern const mgpu_gpt_ops_t mgpu_gpt_cpu_ops;
+
+/* The table of k's backend (the CUDA one when this build has it and k is CUDA). */
+const mgpu_gpt_ops_t *mgpu_kg_ops(const mgpu_kernels_t *k);
+
+/* The launchers, one per op, with the table's arguments after k (see above). */
+int mgpu_kg_layernorm_forward(mgpu_kernels_t *k, int n, int c, const float *x, const float *w,
+                              const float *b, float *y, float *mean, float *rstd, mgpu_err_t *err);
+int mgpu_kg_layernorm_backward(mgpu_kernels_t *k, int n, int c, const float *dy, const float *x,
+                               const float *w, const float *mean, const float *rstd, float *dx,
+                               float *dw, float *db, mgpu_err_t *err);
+int mgpu_kg_gelu_forward(mgpu_kernels_t *k, size_t n, const float *x, float *y, mgpu_err_t *err);
+int mgpu_kg_gelu_backward(mgpu_kernels_t *k, size_t n, const float *x, const float *dy, float *dx,
+                          mgpu_err_t *err);
+int mgpu_kg_attention_forward(mgpu_kernels_t *k, int b, int t, int c, int nh, const float *qkv,
+                              float *out, float *lse, mgpu_err_t *err);
+int mgpu_kg_attention_backward(mgpu_kernels_t *k, int b, int t, int c, int nh, const float *dout,
+                               const float *qkv, const float *out, const float *lse, float *dqkv,
+                               mgpu_err_t *err);
+int mgpu_kg_embed_forward(mgpu_kernels_t *k, int b, int t, int c, const int32_t *tokens,
+                          const float *wte, const float *wpe, float *out, mgpu_err_t *err);
+int mgpu_kg_embed_backward(mgpu_kernels_t *k, int b, int t, int c, int vocab, const int32_t *tokens,
+                           const float *dout, float *dwte, float *dwpe, mgpu_err_t *err);
+int mgpu_kg_add(mgpu_kernels_t *k, size_t n, const float *a, const float *b, float *out,
+                mgpu_err_t *err);
+int mgpu_kg_tied_head(mgpu_kernels_t *k, int n, int c, int vocab, const float *x, const float *wte,
+                      const int32_t *targets, float scale, float *logits, float *loss, float *dx,
+                      float *dwte, mgpu_err_t *err);
+int mgpu_kg_sumsq(mgpu_kernels_t *k, size_t n, const float *x, float *acc, mgpu_err_t *err);
+int mgpu_kg_clip_factor(mgpu_kernels_t *k, const float *sumsq, float max_norm, float *factor,
+                        mgpu_err_t *err);
+int mgpu_kg_adamw(mgpu_kernels_t *k, size_t n, float *p, const float *g, float *m, float *v,
+                  const mgpu_adamw_hparams_t *hp, long long step, const float *factor,
+                  mgpu_err_t *err);
+
+#endif
