@@ -3,14 +3,15 @@
  * Fake tools are shell scripts put first in PATH. */
 #include "check.h"
 
-#include <errno.h>    /* errno */
-#include <signal.h>   /* kill, SIGSTOP */
-#include <stdio.h>    /* fopen */
-#include <stdlib.h>   /* mkdtemp, setenv */
-#include <sys/stat.h> /* chmod */
-#include <time.h>     /* clock_gettime */
-#include <unistd.h>   /* fork, sleep */
-#include <uv.h>       /* uv_loop_t */
+#include <errno.h>     /* errno */
+#include <signal.h>    /* kill, SIGSTOP */
+#include <stdio.h>     /* fopen */
+#include <stdlib.h>    /* mkdtemp, setenv */
+#include <sys/prctl.h> /* PR_SET_PTRACER */
+#include <sys/stat.h>  /* chmod */
+#include <time.h>      /* clock_gettime */
+#include <unistd.h>    /* fork, sleep */
+#include <uv.h>        /* uv_loop_t */
 
 #include "stacks.h"
 
@@ -69,11 +70,28 @@ static pid_t start_sleeper(void)
 {
     pid_t pid = fork();
     if (pid == 0) {
+        /* As the launcher's spawner declares it for a worker: under Yama's ptrace_scope=1
+         * the tools, children of the test process, may attach. */
+        prctl(PR_SET_PTRACER, getppid());
         for (;;)
             sleep(100);
     }
     usleep(100 * 1000); /* into sleep() before the tool looks */
     return pid;
+}
+
+/* Whether pid is stopped (state T in /proc/<pid>/stat). */
+static int is_stopped(pid_t pid)
+{
+    char path[64], buf[512], *p = NULL;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return 0;
+    if (fgets(buf, sizeof buf, f) != NULL)
+        p = strrchr(buf, ')');
+    fclose(f);
+    return p != NULL && strncmp(p, ") T ", 4) == 0;
 }
 
 static void end(pid_t pid)
@@ -186,6 +204,7 @@ static void test_stopped_process(void)
     usleep(50 * 1000);
     t = collect(&pid, 1, 5, &g);
     CHECK(t < 7);
+    CHECK(is_stopped(pid)); /* still stopped once the tool has let go of it */
     if (g.n == 1) {
         /* a stack, or a clear reason within the deadline */
         CHECK(strstr(g.texts[0], "sleep") != NULL || strstr(g.texts[0], "stopped") != NULL);
@@ -224,6 +243,8 @@ static void python_case(int stop)
         kill(pid, SIGSTOP);
     usleep(50 * 1000);
     collect(&pid, 1, 30, &g);
+    if (stop)
+        CHECK(is_stopped(pid));
     if (g.n == 1) {
         CHECK_CONTAINS(g.texts[0], "target.py:3");
         if (!stop) /* the native frame, clock_nanosleep */
