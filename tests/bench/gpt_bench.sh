@@ -23,11 +23,12 @@
 #      max_memory_allocated.
 #
 # usage: tests/bench/gpt_bench.sh [OUTDIR [key=value ...]]   the key=values go to mgpu-worker
-#        (MGPU_BUILD: build dir, RUNS: default 3, PYTHON: default python3, SHAPES: default
-#        "124m small", SKIP_TORCH_COMPILE=1 to leave out the compiled variant,
-#        TORCH_COMPILE_BUDGET_S: seconds all of PyTorch's compiles may take together, default
-#        300: each compile gets what is left, one that runs past it is stopped and reported,
-#        and those left when it is spent are skipped; TORCH_ARGS: more options of
+#        (MGPU_BUILD: build dir, RUNS: default 3 (one when a run takes over 60 s),
+#        MGPU_TIMEOUT_S: the most one worker run may take, default 150, PYTHON: default
+#        python3, SHAPES: default "124m small", SKIP_TORCH_COMPILE=1 to leave out the compiled
+#        variant, TORCH_COMPILE_BUDGET_S: seconds all of PyTorch's compiles may take together,
+#        default 300: each compile gets what is left, one that runs past it is stopped and
+#        reported, and those left when it is spent are skipped; TORCH_ARGS: more options of
 #        gpt_torch_bench.py run, e.g. "--steps 40 --compile-mode max-autotune")
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -116,14 +117,20 @@ for s in $SHAPES; do
         n=mgpu_${s}_$i
         rm -f "$W/$n.jsonl"
         smi_start "$W/$n.smi"
-        "$BUILD/bin/mgpu-worker" "$cfg" data_tokens="$W/tokens_$v.bin" \
-            metrics_file="$W/$n.jsonl" "$@" >"$W/$n.out" 2>&1
+        t0=$(date +%s)
+        # a worker that runs but slowly (on the CPU, say) must not take the whole run's time
+        timeout "${MGPU_TIMEOUT_S:-150}" "$BUILD/bin/mgpu-worker" "$cfg" \
+            data_tokens="$W/tokens_$v.bin" metrics_file="$W/$n.jsonl" "$@" >"$W/$n.out" 2>&1
         rc=$?
         smi_stop
         "$PY" "$bench" mgpu "$s" "$rc" "$W/$n.jsonl" "$W/$n.out" "$W/$n.smi" |
             tee -a "$W/mgpu.jsonl" >>"$log"
         say "  mgpu $s run $i: exit $rc, $(grep -h -m1 'step time' "$W/$n.out")"
         [ $rc -eq 0 ] || { sed 's/^/    /' "$W/$n.out" | tail -n 5 | tee -a "$log"; break; }
+        if [ "$i" -lt "$RUNS" ] && [ $(($(date +%s) - t0)) -gt 60 ]; then
+            say "  mgpu $s: a run took over 60 s, the other runs are left out"
+            break
+        fi
     done
 done
 
