@@ -16,6 +16,9 @@
 #   3. PyTorch, one process per shape and variant (eager, compiled), then bare bf16 products of
 #      the 124M step's GEMM shapes and an 8192^3 square (the denominator of "the step's GEMMs
 #      at X% of the bare product");
+#   3b. with GEMM_PROFILE=1, 20 steps of mgpu-worker and 10 of PyTorch eager at 124M under
+#      Nsight Systems (nsys, CUDA graphs traced node by node): the time of their GEMM kernels
+#      per step, against the bare products of 3 ("the step's GEMMs at X%");
 #   4. the table: tokens/s of each, mgpu over compiled against the targets (1.1x at 124M, 1.5x
 #      for the small model), model FLOP utilisation, peak GPU memory of each process
 #      (nvidia-smi's per-process used memory sampled every 200 ms, or the device's used memory
@@ -29,7 +32,9 @@
 #        variant, TORCH_COMPILE_BUDGET_S: seconds all of PyTorch's compiles may take together,
 #        default 300: each compile gets what is left, one that runs past it is stopped and
 #        reported, and those left when it is spent are skipped; TORCH_ARGS: more options of
-#        gpt_torch_bench.py run, e.g. "--steps 40 --compile-mode max-autotune")
+#        gpt_torch_bench.py run, e.g. "--steps 40 --compile-mode max-autotune"; GEMM_PROFILE=1
+#        adds part 3b: the 124M step's GEMM kernel time, mgpu's and PyTorch eager's, under
+#        Nsight Systems, against the bare products: two profiled runs more)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -99,7 +104,7 @@ for s in $SHAPES; do
 done
 
 # --- 2. mgpu-worker ----------------------------------------------------------------------------
-say "1. mgpu-worker, $RUNS runs per shape"
+say "2. mgpu-worker, $RUNS runs per shape"
 for s in $SHAPES; do
     v=$(vocab_of "$s")
     cfg=$root/configs/bench_gpt_$s.cfg
@@ -135,7 +140,7 @@ for s in $SHAPES; do
 done
 
 # --- 3. PyTorch --------------------------------------------------------------------------------
-say "2. PyTorch (compile budget ${BUDGET} s in all)"
+say "3. PyTorch (compile budget ${BUDGET} s in all)"
 modes="eager compile"
 [ "${SKIP_TORCH_COMPILE:-0}" = 1 ] && modes=eager
 left=$BUDGET
@@ -179,8 +184,37 @@ for s in $SHAPES; do
 done
 case " $SHAPES " in *" 124m "*) torch_case 124m gemm ;; esac
 
+# --- 3b. the step's GEMM time under Nsight Systems (GEMM_PROFILE=1) -----------------------------
+# Every kernel of STEPS steps (the CUDA graph's nodes one by one), summed by name; the GEMM
+# kernels' share per step is set against the bare products above.
+nsys_case() { # IMPL STEPS CMD... : a profile of CMD, summarised into $W/profile.jsonl
+    local impl=$1 steps=$2 rep=$W/prof_$1
+    shift 2
+    nsys profile -t cuda --cuda-graph-trace=node --force-overwrite true -o "$rep" "$@" \
+        >"$W/prof_$impl.out" 2>&1
+    # the report's name in current nsys, then in releases before 2023
+    { nsys stats -q -r cuda_gpu_kern_sum -f csv "$rep.nsys-rep" ||
+        nsys stats -q -r gpukernsum -f csv "$rep.nsys-rep"; } >"$W/prof_$impl.csv" \
+        2>>"$W/prof_$impl.out"
+    "$PY" "$bench" kernels "$impl" 124m "$steps" "$W/prof_$impl.csv" |
+        tee -a "$W/profile.jsonl" >>"$log"
+}
+: >"$W/profile.jsonl"
+if [ "${GEMM_PROFILE:-0}" = 1 ] && case " $SHAPES " in *" 124m "*) true ;; *) false ;; esac; then
+    say "3b. GEMM kernels of the 124M step under nsys"
+    if command -v nsys >/dev/null; then
+        nsys_case mgpu 20 "$BUILD/bin/mgpu-worker" "$root/configs/bench_gpt_124m.cfg" \
+            data_tokens="$W/tokens_50304.bin" max_steps=20 timing_warmup=0 log_interval=0 "$@"
+        nsys_case torch 10 "$PY" "$bench" run --shapes 124m --modes eager --warmup 0 \
+            --steps 10 --windows 1
+    else
+        say "  nsys is not on PATH: no GEMM time per step"
+    fi
+fi
+
 # --- 4. table ----------------------------------------------------------------------------------
 say ""
-"$PY" "$bench" table "$W/mgpu.jsonl" "$W/torch.jsonl" "$W/peaks.jsonl" | tee -a "$log"
+"$PY" "$bench" table "$W/mgpu.jsonl" "$W/torch.jsonl" "$W/peaks.jsonl" "$W/profile.jsonl" |
+    tee -a "$log"
 say ""
 say "outputs in $OUT (bench.log, work/)"

@@ -8,6 +8,7 @@ trained on one GPU in bf16, and the helpers of the driver.
   python3 gpt_torch_bench.py tokens FILE COUNT VOCAB [SEED]   random little-endian uint16 < VOCAB
   python3 gpt_torch_bench.py mgpu SHAPE RC METRICS STDOUT SMI  one JSON line of a worker's run
   python3 gpt_torch_bench.py peak SHAPE MODE SMI               one JSON line: a run's peak MiB
+  python3 gpt_torch_bench.py kernels IMPL SHAPE STEPS CSV      GEMM time a step, from nsys stats
   python3 gpt_torch_bench.py table FILE...                     the table of the JSON lines
 
 The model is nanoGPT's GPT: token and learned position embeddings, pre-LayerNorm blocks
@@ -452,6 +453,52 @@ def cmd_mgpu(argv):
     return 0
 
 
+# cuBLAS/cuBLASLt's product kernels as Nsight Systems names them (cuBLAS's own, CUTLASS and
+# xmma kernels); attention, normalisation and elementwise kernels match none of these.
+GEMM_KERNEL = r"gemm|gemv|nvjet|xmma|cutlass"
+
+
+def cmd_kernels(argv):
+    """One JSON line of the GEMM time per step in a kernel summary that `nsys stats -r
+    cuda_gpu_kern_sum -f csv` printed for a run of STEPS steps."""
+    if len(argv) != 4:
+        print("usage: gpt_torch_bench.py kernels IMPL SHAPE STEPS CSV", file=sys.stderr)
+        return 2
+    import csv
+    import re
+    impl, name, steps, path = argv[0], argv[1], int(argv[2]), argv[3]
+    rec = {"impl": impl, "shape": name, "mode": "gemm_profile", "steps": steps}
+    hdr, total, gemm, top = None, 0.0, 0.0, []
+    try:
+        with open(path, errors="replace", newline="") as f:
+            for row in csv.reader(f):
+                if "Total Time (ns)" in row and "Name" in row:
+                    hdr = row
+                    continue
+                if hdr is None or len(row) != len(hdr):
+                    continue
+                d = dict(zip(hdr, row))
+                try:
+                    ns = float(d["Total Time (ns)"].replace(",", ""))
+                except ValueError:
+                    continue
+                total += ns
+                if re.search(GEMM_KERNEL, d["Name"], re.I):
+                    gemm += ns
+                    top.append((ns, d["Name"][:80]))
+    except OSError as e:
+        rec["error"] = f"cannot read {path}: {e.strerror}"
+    if hdr is None and "error" not in rec:
+        rec["error"] = f"{path}: no kernel summary (no 'Total Time (ns)' header)"
+    if "error" not in rec:
+        top.sort(reverse=True)
+        rec.update({"gemm_us_per_step": gemm / 1e3 / steps,
+                    "kernels_us_per_step": total / 1e3 / steps,
+                    "top_gemm_kernels": [n for _, n in top[:5]]})
+    print(json.dumps(rec))
+    return 0
+
+
 def cmd_peak(argv):
     """One JSON line giving a PyTorch run's process peak (MiB) for the table."""
     if len(argv) != 3:
@@ -565,13 +612,24 @@ def table(recs):
             dims = f"{r['rows']} x {r['in']} x {r['out']}" if "rows" in r else "8192^3"
             lines.append(f"| {r['shape']} | {r['gemm']} | {dims} | {r.get('count', 1)} "
                          f"| {r['us']:.1f} | {r['tflops']:.1f} |")
-        for r in recs:
-            if r.get("mode") == "gemm_total":
-                n = r["shape"]
-                lines.append(f"{n}: the step's GEMMs take {r['us_per_step'] / 1e3:.3f} ms as "
-                             f"bare products ({r['tflops']:.1f} TFLOP/s over "
-                             f"{r['flops_per_step'] / 1e12:.3f} TFLOP): the denominator of "
-                             "the GEMMs' share of the bare product")
+    for r in recs:
+        if r.get("mode") == "gemm_total":
+            n = r["shape"]
+            lines.append(f"{n}: the step's GEMMs take {r['us_per_step'] / 1e3:.3f} ms as "
+                         f"bare products ({r['tflops']:.1f} TFLOP/s over "
+                         f"{r['flops_per_step'] / 1e12:.3f} TFLOP): the denominator of "
+                         "the GEMMs' share of the bare product")
+            for q in recs:
+                if q.get("mode") == "gemm_profile" and q.get("shape") == n:
+                    if "error" in q:
+                        lines.append(f"{n}: {q['impl']} GEMMs under nsys: {q['error']}")
+                        continue
+                    g = q["gemm_us_per_step"]
+                    lines.append(f"{n}: {q['impl']}'s GEMM kernels take {g / 1e3:.3f} ms "
+                                 f"a step (nsys, {q['steps']} steps; all kernels "
+                                 f"{q['kernels_us_per_step'] / 1e3:.3f} ms): at "
+                                 f"{100 * r['us_per_step'] / g:.1f}% of the bare products"
+                                 if g > 0 else f"{n}: {q['impl']}: no GEMM kernel found")
     lines.append("")
     lines.append(f"MFU: model FLOPs (6 x parameters less wpe + 12 x n_layer x n_embd x context "
                  f"per token) over {H200_BF16_DENSE_TFLOPS} TFLOP/s, the H200 SXM's dense "
@@ -590,7 +648,7 @@ def cmd_table(argv):
 
 def main():
     cmds = {"run": cmd_run, "tokens": cmd_tokens, "mgpu": cmd_mgpu, "peak": cmd_peak,
-            "table": cmd_table}
+            "kernels": cmd_kernels, "table": cmd_table}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2

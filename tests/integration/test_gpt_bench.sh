@@ -84,10 +84,20 @@ t_gpt_bench_helpers() {
     printf '%s\n' '{"impl":"torch","shape":"124m","mode":"compile","tokens_per_s":400000}' \
         '{"impl":"torch","shape":"small","mode":"compile","error":"compile ran past 9 s"}' \
         >t.jsonl
-    python3 "$BENCH" table mgpu.jsonl t.jsonl >table 2>&1
+    # nsys's kernel summary: the GEMM kernels' time a step against the bare products
+    printf '%s\n' 'Processing [p.sqlite] with [cuda_gpu_kern_sum.py]...' \
+        '"Time (%)","Total Time (ns)","Instances","Avg (ns)","Name"' \
+        '"50.0","6,000,000","200","30000","nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT"' \
+        '"25.0","3000000","20","150000","attention_backward_kernel(float *)"' \
+        '"25.0","3000000","200","15000","sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n"' >k.csv
+    python3 "$BENCH" kernels mgpu 124m 20 k.csv >p.jsonl
+    expect_grep p.jsonl '"gemm_us_per_step": 450.0, "kernels_us_per_step": 600.0'
+    echo '{"impl":"torch","shape":"124m","mode":"gemm_total","us_per_step":405,"flops_per_step":2e11,"tflops":500}' >>t.jsonl
+    python3 "$BENCH" table mgpu.jsonl t.jsonl p.jsonl >table 2>&1
     expect_eq "$?" 0 "exit status of table ($(cat table))"
     expect_grep table '^\| 124m \| 500\.0k \| - \| 400\.0k \| 1\.250x \| 1\.1x \|'
     expect_grep table '^\| small \| not run \| - \| - \| - \| 1\.5x \|'
     expect_grep table "^small: mgpu-worker did not run the GPT on the GPU here \(exit 2: .*'gpt'"
     expect_grep table '^small: torch compile: compile ran past 9 s$'
+    expect_grep table "^124m: mgpu's GEMM kernels take 0\.450 ms a step .*: at 90\.0% of the bare products$"
 }
