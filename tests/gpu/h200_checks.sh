@@ -3,6 +3,9 @@
 # H200, say), after `make` and with build/bin, build/lib and build/tests in the checkout:
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
+#   - the GPT's CUDA kernels against the C reference (build/tests/test_gpt_cuda), and short
+#     GPT trainings: fp32 on the GPU against the CPU, bf16 against fp32
+#     (tests/gpu/gpt_train_checks.sh);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
 #   - the article's scenarios 3 and 4 on the real GPU, and its demo.py (PyTorch, NCCL) under
 #     mgpu-launch with world size 1;
@@ -37,6 +40,15 @@ unit() {
     return $rc
 }
 part unit_gpu unit
+gpt_kernels() {
+    [ -x build/tests/test_gpt_cuda ] || {
+        echo "build/tests/test_gpt_cuda is missing: the GPT's CUDA kernels were not built"
+        return 1
+    }
+    build/tests/test_gpt_cuda
+}
+part gpt_kernels_gpu gpt_kernels
+part gpt_train bash tests/gpu/gpt_train_checks.sh "$out/gpt_train"
 part integration_gpu bash tests/run.sh integration test_gpu
 part scenario3 bash scripts/scenario3.sh
 part scenario4 bash scripts/scenario4.sh

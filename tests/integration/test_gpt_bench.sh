@@ -1,0 +1,103 @@
+# test_gpt_bench.sh - the GPT's GPU check and benchmark scripts, checked without a GPU:
+# tests/gpu/gpt_train_checks.sh skips where there is none and judges loss curves right (fed a
+# stand-in mgpu-worker that writes chosen losses), and tests/bench/gpt_torch_bench.py's
+# helpers (synthetic tokens, a worker run's record, the table) need no torch.
+
+BENCH=$MGPU_ROOT/tests/bench/gpt_torch_bench.py
+CHECKS=$MGPU_ROOT/tests/gpu/gpt_train_checks.sh
+
+# a stand-in worker: per-step losses of a decaying curve, scaled by 1 + DRIFT on the CPU
+# backend (CUDA_VISIBLE_DEVICES empty) and in bf16, and the final line naming its backend
+fake_worker() {
+    mkdir -p fake/bin
+    cat >fake/bin/mgpu-worker <<'EOF'
+#!/usr/bin/env bash
+m= p=tf32 n=20
+for a in "$@"; do case $a in metrics_file=*) m=${a#*=} ;; precision=*) p=${a#*=} ;; esac; done
+grep -q 'max_steps = 500' "$1" && n=500
+b=cuda
+[ "${CUDA_VISIBLE_DEVICES-x}" = "" ] && b=cpu
+awk -v n=$n -v p=$p -v b=$b -v d="${DRIFT:-0}" 'BEGIN {
+    for (i = 1; i <= n; i++) {
+        l = 5.5 * exp(-i / 200) + 1
+        if (p == "bf16" || b == "cpu") l *= 1 + d
+        printf "{\"epoch\":1,\"step\":%d,\"loss\":%.7f}\n", i, l
+    }
+    printf "{\"final\":true,\"loss\":1,\"backend\":\"%s\"}\n", b }' >"$m"
+EOF
+    chmod +x fake/bin/mgpu-worker
+}
+
+t_gpt_train_checks_skip_without_a_gpu() {
+    fake_worker
+    MGPU_GPU_PRESENT=0 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >out 2>&1
+    expect_eq "$?" 77 "exit status without a GPU"
+    expect_grep out '^skip - gpt_gpu_matches_cpu$'
+    expect_grep out '^skip - gpt_bf16_tracks_fp32$'
+    out=$PWD
+    source "$MGPU_ROOT/tests/gpu/lib.sh"
+    expect_grep "$(judge 77 out 0)" '^skip - '
+}
+
+t_gpt_train_checks_judge_the_curves() {
+    fake_worker
+    MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >same 2>&1
+    expect_eq "$?" 0 "exit status with matching curves ($(cat same))"
+    expect_grep same '^ok - gpt_gpu_matches_cpu$'
+    expect_grep same '^ok - gpt_bf16_tracks_fp32$'
+    # the CPU run's metrics stay in its file: on a GPU machine the part passes
+    out=$PWD
+    source "$MGPU_ROOT/tests/gpu/lib.sh"
+    expect_eq "$(judge 0 same 1)" ok "the verdict of h200_checks.sh on it"
+    # 5e-5 is inside both tolerances; 3% is outside both
+    DRIFT=0.00005 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >close 2>&1
+    expect_eq "$?" 0 "exit status with curves 5e-5 apart ($(cat close))"
+    DRIFT=0.03 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >apart 2>&1
+    expect_eq "$?" 1 "exit status with curves 3% apart"
+    expect_grep apart '^not ok - gpt_gpu_matches_cpu: relative difference 0\.029[0-9]* > 0\.0001$'
+    expect_grep apart '^not ok - gpt_bf16_tracks_fp32: relative difference 0.03 > 0.02$'
+    # a worker that cannot train a GPT fails both checks by name
+    printf '#!/bin/sh\necho "mgpu-worker: error: model = gpt" >&2\nexit 2\n' >fake/bin/mgpu-worker
+    MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >refused 2>&1
+    expect_eq "$?" 1 "exit status when the worker refuses"
+    expect_grep refused '^not ok - gpt_gpu_matches_cpu: .*no final metrics line'
+    expect_grep refused 'mgpu-worker: error: model = gpt'
+}
+
+t_gpt_bench_helpers() {
+    python3 "$BENCH" tokens tok.bin 1001 300 >out 2>&1
+    expect_eq "$?" 0 "exit status of tokens ($(cat out))"
+    expect_eq "$(stat -c %s tok.bin)" 2002 "size of 1001 uint16 tokens"
+    expect_eq "$(od -An -v -tu2 tok.bin | tr -s ' ' '\n' | sed '/^$/d' | sort -n | tail -n 1 |
+        awk '{ print ($1 < 300) }')" 1 "every token below the vocabulary"
+    python3 "$BENCH" tokens tok.bin 10 70000 >out 2>&1
+    expect_eq "$?" 2 "exit status of a vocabulary over 65536"
+    expect_grep out 'VOCAB 70000 in 1..65536'
+    # a refused cfg and a run with its step time
+    echo "mgpu-worker: error: x.cfg:11: model = 'gpt': expected one of linear, mlp" >refused.out
+    python3 "$BENCH" mgpu small 2 /dev/null refused.out /dev/null >mgpu.jsonl
+    printf '%s\n' '{"step":1,"loss":9}' '{"final":true,"step_us":32768,"backend":"cuda"}' >m.jsonl
+    printf '%s\n' '1234, 7000' '1234, 9100' >run.smi.apps
+    python3 "$BENCH" mgpu 124m 0 m.jsonl /dev/null run.smi >>mgpu.jsonl
+    expect_grep mgpu.jsonl '"tokens_per_s": 500000.0, "tokens_per_s_from": "step_us"'
+    expect_grep mgpu.jsonl '"process_peak_mib": 9100'
+    printf '%s\n' '{"impl":"torch","shape":"124m","mode":"compile","tokens_per_s":400000}' \
+        '{"impl":"torch","shape":"small","mode":"compile","error":"compile ran past 9 s"}' \
+        >t.jsonl
+    # nsys's kernel summary: the GEMM kernels' time a step against the bare products
+    printf '%s\n' 'Processing [p.sqlite] with [cuda_gpu_kern_sum.py]...' \
+        '"Time (%)","Total Time (ns)","Instances","Avg (ns)","Name"' \
+        '"50.0","6,000,000","200","30000","nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT"' \
+        '"25.0","3000000","20","150000","attention_backward_kernel(float *)"' \
+        '"25.0","3000000","200","15000","sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n"' >k.csv
+    python3 "$BENCH" kernels mgpu 124m 20 k.csv >p.jsonl
+    expect_grep p.jsonl '"gemm_us_per_step": 450.0, "kernels_us_per_step": 600.0'
+    echo '{"impl":"torch","shape":"124m","mode":"gemm_total","us_per_step":405,"flops_per_step":2e11,"tflops":500}' >>t.jsonl
+    python3 "$BENCH" table mgpu.jsonl t.jsonl p.jsonl >table 2>&1
+    expect_eq "$?" 0 "exit status of table ($(cat table))"
+    expect_grep table '^\| 124m \| 500\.0k \| - \| 400\.0k \| 1\.250x \| 1\.1x \|'
+    expect_grep table '^\| small \| not run \| - \| - \| - \| 1\.5x \|'
+    expect_grep table "^small: mgpu-worker did not run the GPT on the GPU here \(exit 2: .*'gpt'"
+    expect_grep table '^small: torch compile: compile ran past 9 s$'
+    expect_grep table "^124m: mgpu's GEMM kernels take 0\.450 ms a step .*: at 90\.0% of the bare products$"
+}
