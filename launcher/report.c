@@ -161,6 +161,8 @@ static void print_failure(const mgpu_plan_t *plan, const mgpu_outcome_t *o, int 
         fprintf(out,
                 "  traceback : none (a Python worker wrapped in torch's @record writes one)\n");
     }
+    if (o->note[0])
+        fprintf(out, "  note      : %s\n", o->note);
     if (o->ntail > 0) {
         fprintf(out, "  last stderr lines:\n");
         for (int i = 0; i < o->ntail; i++)

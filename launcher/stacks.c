@@ -439,6 +439,7 @@ static void job_start_tool(job_t *j)
     char *argv[12];
     int fds[2], a = 0;
     pid_t parent = getpid();
+    sigset_t all, old;
 
     snprintf(pidstr, sizeof pidstr, "%d", (int)j->target);
     argv[a++] = c->path[tool];
@@ -474,11 +475,18 @@ static void job_start_tool(job_t *j)
     j->pidfd = -1;
     if (pipe2(fds, O_CLOEXEC) != 0)
         goto fail;
+    /* Signals stay blocked across fork until the child has reset its handlers: the launcher's
+     * libuv handlers would otherwise run in the child and write to the loop's signal pipe,
+     * which the child shares with the launcher. */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
     j->tool = fork();
     if (j->tool == 0) {
         /* The child: async-signal-safe calls only (the launcher has threads). */
         sigset_t none;
-        setpgid(0, 0); /* the deadline's SIGKILL takes whatever the tool started */
+        for (int sig = 1; sig < NSIG; sig++)
+            signal(sig, SIG_DFL); /* SIGPIPE too, which the launcher ignores */
+        setpgid(0, 0);            /* the deadline's SIGKILL takes whatever the tool started */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(127);
@@ -488,7 +496,6 @@ static void job_start_tool(job_t *j)
         if (close_range(3, ~0u, 0) != 0)
             for (int fd = 3; fd < 4096; fd++)
                 close(fd);
-        signal(SIGPIPE, SIG_DFL);
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         execve(argv[0], argv, c->env);
@@ -496,6 +503,7 @@ static void job_start_tool(job_t *j)
             _exit(127);
         _exit(127);
     }
+    sigprocmask(SIG_SETMASK, &old, NULL);
     close(fds[1]);
     if (j->tool < 0) {
         close(fds[0]);

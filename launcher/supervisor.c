@@ -383,7 +383,8 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     sigprocmask(SIG_BLOCK, &all, &old);
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
-        char **envp = mgpu_plan_env(plan, k, environ, s->attempt, p->out->error_file);
+        char **envp = mgpu_plan_env(plan, k, s->ft ? mgpu_filetimer_environ(s->ft) : environ,
+                                    s->attempt, p->out->error_file);
         pid_t pid;
 
         if (envp == NULL) {
@@ -445,6 +446,8 @@ static void close_loop_handles(sup_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     uv_close((uv_handle_t *)&s->winch, NULL);
+    mgpu_filetimer_close(s->ft);
+    s->ft = NULL;
 }
 
 /* The attempt is over everywhere: restart it, or end the run. failed says whether any node
@@ -628,6 +631,24 @@ void mgpu_sup_maybe_finish(sup_t *s)
     attempt_done(s, s->root >= 0, NULL);
 }
 
+/* The expiration timers' view of the workers (filetimer.h). */
+static int timer_worker_of(void *arg, pid_t pid, int *rank)
+{
+    sup_t *s = arg;
+    for (int k = 0; k < s->nproc; k++)
+        if (s->procs[k].running && s->procs[k].pid == pid) {
+            *rank = s->procs[k].out->rank;
+            return k;
+        }
+    return -1;
+}
+
+static void timer_expired(void *arg, int k, const char *line)
+{
+    sup_t *s = arg;
+    snprintf(s->procs[k].out->note, sizeof s->procs[k].out->note, "%s", line);
+}
+
 int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
                  mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err)
 {
@@ -679,6 +700,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     }
 
     uv_loop_init(&s->loop);
+    if ((rc = mgpu_filetimer_open(&s->loop, environ,
+                                  &(mgpu_filetimer_hooks_t){timer_worker_of, timer_expired, s},
+                                  &s->ft, err)) < 0) {
+        uv_loop_close(&s->loop);
+        goto out;
+    }
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);

@@ -9,6 +9,7 @@
 
 #include "cgroup.h"     /* mgpu_cgroup_t */
 #include "console.h"    /* mgpu_console_t */
+#include "filetimer.h"  /* mgpu_filetimer_t */
 #include "output.h"     /* mgpu_linebuf_t, mgpu_outbuf_t */
 #include "spawner.h"    /* mgpu_spawner_keeper_t */
 #include "supervisor.h" /* mgpu_run_result_t, mgpu_outcome_t */
@@ -73,6 +74,8 @@ typedef struct sup {
     int ending;          /* this node's attempt is over; waiting for the other nodes */
     int pending_work;    /* rendezvous calls on the thread pool */
     int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
+
+    mgpu_filetimer_t *ft; /* torchrun's expiration timers, NULL when not enabled */
 } sup_t;
 
 /* relay.c: reading a worker's stream (libuv callbacks), and closing it. */
