@@ -113,8 +113,10 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
  * non-blocking mode, bounded by timeout_s (a timeout names the ranks that never came). A
  * watchdog thread polls NCCL's asynchronous error and the oldest collective still pending on
  * the GPU; on an error, or a collective pending longer than timeout_s, it aborts the
- * communicator, and the next call returns MGPU_E_NCCL or MGPU_E_TIMEOUT naming the operation:
- * the worker should then exit non-zero, which makes the launcher stop the group.
+ * communicator, and the next call returns MGPU_E_NCCL or MGPU_E_TIMEOUT naming the operation
+ * (a timeout also names the ranks of this node that never entered the collective, read from
+ * their progress pages, below): the worker should then exit non-zero, which makes the
+ * launcher stop the group.
  * MGPU_BACKEND_AUTO is NCCL when the rank has a real GPU and libmgpu was built with CUDA,
  * else CPU. MGPU_BACKEND_CPU joins the ranks of a host in
  * shared memory (tunables: MGPU_SHM_CHUNK bytes per rank slot, MGPU_SHM_SPIN_US,
