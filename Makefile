@@ -215,7 +215,7 @@ asan:
 # Headers install under include/mgpu/ and are included as <mgpu/mgpu.h>: -I<prefix>/include
 # never hides a system header (glibc's <error.h>) behind one of mgpu's.
 # A header installed there includes the others it needs with quotes, so they are installed too.
-PUBLIC_H := worker/runtime/mgpu.h common/error.h common/store.h
+PUBLIC_H := worker/runtime/mgpu.h common/error.h common/store.h common/progress.h
 # pc_file NAME,DESCRIPTION,LIBRARY,EXTRA LIBS: a pkg-config file on stdout.
 pc_file = printf 'prefix=%s\nName: %s\nDescription: %s\nVersion: %s\nCflags: -I$${prefix}/include\nLibs: -L$${prefix}/lib -l%s $${prefix}/lib/libcjson.so.1 -Wl,-rpath,$${prefix}/lib %s -lpthread -lm -lrt\n' \
   '$(PREFIX)' '$(1)' '$(2)' '$(VERSION)' '$(3)' '$(4)'

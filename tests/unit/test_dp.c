@@ -35,7 +35,7 @@ static void test_demo_shapes(void)
     cfg_text(&cfg, "mode = dp\ndataset = random\nsamples = 90\nfeatures = 5\nclasses = 2\n"
                    "batch_size = 30\nshuffle = false\ndemo_prints = true\nlog_interval = 0\n");
     FILE *out = open_memstream(&buf, &len);
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 4, out, &res, &err), 0);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 4, out, NULL, &res, &err), 0);
     fclose(out);
     /* 3 batches of 30, each scattered as 8 + 8 + 8 + 6, as the article shows. */
     CHECK_INT(count(buf, "\tIn Model: input size [8, 5] output size [8, 2]\n"), 9);
@@ -63,8 +63,8 @@ static void dp_vs_single(const char *text, int n)
     mgpu_kernels_t *k = NULL;
     FILE *devnull = fopen("/dev/null", "w");
     cfg_text(&cfg, text);
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, n, devnull, &dp, &err), 0);
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 1, devnull, &one, &err), 0);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, n, devnull, NULL, &dp, &err), 0);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 1, devnull, NULL, &one, &err), 0);
     CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), 0);
     mgpu_ddp_comm_t solo = {.rank = 0, .world_size = 1};
     CHECK_INT(mgpu_ddp_run(k, &cfg, &solo, devnull, &ddp, &err), 0);
@@ -112,7 +112,7 @@ static void test_train_cfg_dp(void)
     CHECK_INT(mgpu_cfg_override(&cfg, "metrics_file=", &err), 0);
     CHECK_INT(mgpu_cfg_check(&cfg, &err), 0);
     FILE *out = open_memstream(&buf, &len);
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 2, out, &res, &err), 0);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 2, out, NULL, &res, &err), 0);
     fclose(out);
     CHECK(res.run.eval_accuracy >= 0.95);
     CHECK_CONTAINS(buf, "epoch 1/4 step 50/");
@@ -123,9 +123,9 @@ static void test_train_cfg_dp(void)
     free(res.run.params);
 
     CHECK_INT(mgpu_cfg_override(&cfg, "checkpoint=x.ckpt", &err), 0);
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 2, NULL, &res, &err), MGPU_E_CONFIG);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 2, NULL, NULL, &res, &err), MGPU_E_CONFIG);
     CHECK_CONTAINS(err.msg, "checkpoint is not supported with mode = dp");
-    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 0, NULL, &res, &err), -EINVAL);
+    CHECK_INT(mgpu_dp_run(MGPU_KBACKEND_CPU, &cfg, 0, NULL, NULL, &res, &err), -EINVAL);
 }
 
 int main(void)

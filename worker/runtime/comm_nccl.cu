@@ -57,6 +57,8 @@ static const char *nccl_status_name(ncclResult_t rc)
 typedef struct mgpu_nccl_pending {
     cudaEvent_t ev; /* created on first use of the slot, recorded after the collective */
     double t;       /* CLOCK_MONOTONIC at enqueue */
+    uint64_t pseq;  /* the progress page's collectives entered when it was enqueued */
+    int coll;       /* 1: a collective (its timeout names the ranks behind), 0: a watch */
     char what[192];
 } mgpu_nccl_pending_t;
 
@@ -72,6 +74,7 @@ struct mgpu_nccl {
     int stop;               /* under mu: the watchdog returns */
     mgpu_err_t fail;        /* under mu: fail.code != 0 once the communicator has failed */
     unsigned long long seq; /* collectives enqueued so far: numbers them in messages */
+    mgpu_beacon_t *beacon;  /* may be NULL */
     char label[64];
     size_t head, tail; /* under mu: ring[head % RING] is the oldest pending */
     mgpu_nccl_pending_t ring[MGPU_NCCL_RING];
@@ -148,6 +151,9 @@ static void mgpu_nccl_poll_locked(mgpu_nccl_t *n)
         cudaError_t q = cudaEventQuery(p->ev);
         double age;
         if (q == cudaSuccess) {
+            /* Atomic: the page's coll_done is this thread's, the rest is the caller's. */
+            if (n->beacon != NULL)
+                mgpu_beacon_coll_done(n->beacon->page, p->pseq);
             n->head++;
             continue;
         }
@@ -157,10 +163,18 @@ static void mgpu_nccl_poll_locked(mgpu_nccl_t *n)
             return;
         }
         age = mgpu_nccl_now() - p->t;
-        if (age > n->timeout_s)
+        if (age > n->timeout_s) {
+            /* The peers' pages say who never came: "ranks 3, 5 never entered all-reduce
+             * #4593"; those on other nodes cannot be seen from here. */
+            char absent[400] = "";
+            if (n->beacon != NULL && p->coll)
+                mgpu_beacon_name_absent(n->beacon, p->pseq, n->beacon->npages < n->world, absent,
+                                        sizeof absent);
             mgpu_nccl_fail_locked(n, NULL, MGPU_E_TIMEOUT,
-                                  "rank %d: %s did not finish in %g s (pending for %.1f s)",
-                                  n->rank, p->what, n->timeout_s, age);
+                                  "rank %d: %s did not finish in %g s (pending for %.1f s)%s%s",
+                                  n->rank, p->what, n->timeout_s, age, absent[0] ? "; " : "",
+                                  absent);
+        }
         return; /* the rest were enqueued later */
     }
 }
@@ -222,7 +236,8 @@ static int mgpu_nccl_settle_locked(mgpu_nccl_t *n, ncclResult_t r, const char *c
 }
 
 /* Under mu: records the event after the collective just enqueued on s, for the watchdog. */
-static int mgpu_nccl_watch_locked(mgpu_nccl_t *n, cudaStream_t s, const char *what, mgpu_err_t *err)
+static int mgpu_nccl_watch_locked(mgpu_nccl_t *n, cudaStream_t s, const char *what, int coll,
+                                  mgpu_err_t *err)
 {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     mgpu_nccl_pending_t *p;
@@ -253,6 +268,10 @@ static int mgpu_nccl_watch_locked(mgpu_nccl_t *n, cudaStream_t s, const char *wh
         return mgpu_nccl_fail_locked(n, err, MGPU_E_CUDA, "rank %d: %s: cudaEventRecord: %s",
                                      n->rank, what, cudaGetErrorString(ce));
     p->t = mgpu_nccl_now();
+    /* The caller's thread writes coll_entered (mgpu.c entered this collective just before):
+     * reading it here, on that thread, needs no lock. */
+    p->pseq = n->beacon != NULL && n->beacon->page != NULL ? n->beacon->page->coll_entered : 0;
+    p->coll = coll;
     snprintf(p->what, sizeof p->what, "%s", what);
     n->tail++;
     return 0;
@@ -373,7 +392,7 @@ static int mgpu_nccl_enqueue(mgpu_nccl_t *n, const mgpu_nccl_call_t *c, mgpu_err
     n->seq++;
     if ((rc = mgpu_nccl_settle_locked(n, r, call, what, line, err)) < 0)
         goto out;
-    rc = mgpu_nccl_watch_locked(n, c->stream, what, err);
+    rc = mgpu_nccl_watch_locked(n, c->stream, what, 1, err);
 out:
     pthread_mutex_unlock(&n->mu);
     return rc;
@@ -456,7 +475,7 @@ int mgpu_nccl_watch(mgpu_nccl_t *n, void *stream, const char *what, mgpu_err_t *
     snprintf(desc, sizeof desc, "%s (rank %d of %d)", what != NULL && *what ? what : "work",
              n->rank, n->world);
     if ((rc = mgpu_nccl_failed_locked(n, err)) == 0)
-        rc = mgpu_nccl_watch_locked(n, (cudaStream_t)stream, desc, err);
+        rc = mgpu_nccl_watch_locked(n, (cudaStream_t)stream, desc, 0, err);
     pthread_mutex_unlock(&n->mu);
     return rc;
 }
@@ -683,6 +702,7 @@ int mgpu_nccl_open(const mgpu_nccl_opts_t *o, mgpu_nccl_t **out, mgpu_err_t *err
     n->world = o->world;
     n->ordinal = o->ordinal;
     n->timeout_s = o->timeout_s;
+    n->beacon = o->beacon;
     if ((rc = mgpu_nccl_device(n, err)) < 0)
         goto fail;
     if (o->ctx != NULL)

@@ -13,10 +13,11 @@
  * from its enqueueing), it aborts the communicator (ncclCommAbort, which also makes NCCL's
  * spinning kernels return) and keeps the reason; every later call returns that code
  * (MGPU_E_NCCL, MGPU_E_TIMEOUT or MGPU_E_CUDA) with a message naming the operation. The
- * communicator is then only good for mgpu_nccl_close. Collectives enqueued while the stream is
- * being captured into a CUDA graph are not watched (an event query is not allowed on a
- * capturing stream); mgpu_nccl_watch after each launch of the graph puts its replay under
- * the same deadline.
+ * communicator is then only good for mgpu_nccl_close. A timeout's message also names the
+ * local ranks that never entered the collective, from their progress pages (beacon.h). Collectives
+ * enqueued while the stream is being captured into a CUDA graph are not watched (an event query is
+ * not allowed on a capturing stream); mgpu_nccl_watch after each launch of the graph puts its
+ * replay under the same deadline.
  *
  * Threads: one thread calls the functions of a communicator (as with every mgpu_comm_t); the
  * watchdog is internal. Ownership: mgpu_nccl_open returns a handle that mgpu_nccl_close frees
@@ -31,8 +32,9 @@ extern "C" {
 #endif
 
 /* Inside the linkage block: these are C headers with none of their own. */
-#include "error.h" /* mgpu_err_t */
-#include "mgpu.h"  /* mgpu_ctx_t, mgpu_store_t, mgpu_timeline_mark */
+#include "error.h"  /* mgpu_err_t */
+#include "beacon.h" /* mgpu_beacon_t: the progress page */
+#include "mgpu.h"   /* mgpu_ctx_t, mgpu_store_t, mgpu_timeline_mark */
 
 #define MGPU_NCCL_POLL_US 2000 /* the watchdog's period */
 
@@ -45,6 +47,10 @@ typedef struct mgpu_nccl_opts {
     int rank, world;
     int ordinal;      /* CUDA ordinal among the visible devices */
     double timeout_s; /* init and every collective; > 0 */
+    /* May be NULL. Its page's last collective entered is the one an enqueue watches; the
+     * watchdog advances coll_done as they finish on the GPU, and a timeout names the local
+     * ranks whose pages never entered it. Must outlive the communicator. */
+    mgpu_beacon_t *beacon;
 } mgpu_nccl_opts_t;
 
 int mgpu_nccl_open(const mgpu_nccl_opts_t *o, mgpu_nccl_t **out, mgpu_err_t *err);

@@ -16,6 +16,7 @@
 #include <time.h>       /* clock_gettime */
 #include <unistd.h>     /* getppid */
 
+#include "beacon.h"    /* mgpu_beacon_*: the progress page */
 #include "comm_nccl.h" /* mgpu_nccl_* (defined in CUDA builds only) */
 #include "device.h"    /* mgpu_device_select */
 #include "devices.h"   /* mgpu_devices_discover, mgpu_devices_visible */
@@ -43,7 +44,8 @@ struct mgpu_ctx {
     int comms;           /* communicators created so far: names their segments */
     char token[512];     /* what makes this job's shared-memory names unique on the host */
     mgpu_timeline_t timeline;
-    int timeline_warned; /* one warning for a failing publication, not one per mark */
+    int timeline_warned;  /* one warning for a failing publication, not one per mark */
+    mgpu_beacon_t beacon; /* where this rank is, for the launcher */
 };
 
 /* Across nodes the CPU backend is hierarchical: ranks of a node meet in shared memory, and
@@ -57,6 +59,7 @@ struct mgpu_comm {
     mgpu_shm_t *shm;   /* the node's ranks; NULL when alone on the node */
     mgpu_tcp_t *tcp;   /* leaders only, when there are several nodes */
     mgpu_nccl_t *nccl; /* the NCCL backend's; then shm and tcp are NULL */
+    int depth;         /* collectives in progress: those a collective calls are not counted */
 };
 
 static int mgpu_env_flag(const char *name, int *out, mgpu_err_t *err)
@@ -147,6 +150,7 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
     mgpu_timeline_add(&c->timeline, "init", init_us);
     if ((rc = mgpu_rank_info_from_env(&c->rank, err)) < 0)
         goto fail;
+    mgpu_beacon_attach(&c->beacon, c->rank.rank);
     memset(&req, 0, sizeof req);
     req.rank = c->rank.rank;
     req.local_rank = c->rank.local_rank;
@@ -175,6 +179,8 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
 fail:
     free(installed);
     free(vis);
+    if (c != NULL)
+        mgpu_beacon_detach(&c->beacon);
     free(c);
     return rc;
 }
@@ -185,7 +191,45 @@ void mgpu_finalize(mgpu_ctx_t *ctx)
         return;
     if (ctx->store != NULL)
         mgpu_store_close(ctx->store);
+    mgpu_beacon_detach(&ctx->beacon);
     free(ctx);
+}
+
+/* The progress calls: one test (MGPU_PROGRESS=0, or no context) and a few stores. */
+void mgpu_progress_step(mgpu_ctx_t *ctx, long long step)
+{
+    if (ctx != NULL && ctx->beacon.page != NULL)
+        mgpu_beacon_step(ctx->beacon.page, step);
+}
+
+void mgpu_progress_phase(mgpu_ctx_t *ctx, mgpu_phase_t phase)
+{
+    if (ctx != NULL && ctx->beacon.page != NULL)
+        mgpu_beacon_phase(ctx->beacon.page, (uint32_t)phase);
+}
+
+void mgpu_progress_label(mgpu_ctx_t *ctx, const char *label)
+{
+    mgpu_progress_page_t *p;
+    int64_t now;
+    size_t i = 0;
+
+    if (ctx == NULL || (p = ctx->beacon.page) == NULL)
+        return;
+    now = mgpu_beacon_now_ns();
+    mgpu_progress_write_begin(p);
+    for (; label != NULL && label[i] != '\0' && i < sizeof p->label - 1; i++)
+        p->label[i] = label[i];
+    p->label[i] = '\0';
+    p->moves++;
+    p->moved_ns = now;
+    mgpu_progress_write_end(p);
+}
+
+void mgpu_progress_bucket(mgpu_ctx_t *ctx, int bucket)
+{
+    if (ctx != NULL)
+        ctx->beacon.bucket = bucket >= 0 ? bucket : -1;
 }
 
 const mgpu_rank_info_t *mgpu_rank(const mgpu_ctx_t *ctx)
@@ -273,6 +317,7 @@ static int mgpu_comm_create_nccl(mgpu_ctx_t *ctx, int index, double timeout_s, m
     o.world = r->world_size;
     o.ordinal = ctx->dev.ordinal;
     o.timeout_s = timeout_s;
+    o.beacon = &ctx->beacon;
     if ((rc = mgpu_nccl_open(&o, &c->nccl, err)) < 0) {
         free(c);
         return rc;
@@ -448,8 +493,8 @@ static void mgpu_comm_after_leaders(mgpu_comm_t *c)
         mgpu_shm_set_timeout(c->shm, c->timeout_s + (c->timeout_s / 4 > 2 ? c->timeout_s / 4 : 2));
 }
 
-int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
-                       mgpu_err_t *err)
+static int mgpu_allreduce_f32_run(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op,
+                                  void *stream, mgpu_err_t *err)
 {
     char what[160];
     int rc = 0;
@@ -570,8 +615,8 @@ static int mgpu_cpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_d
     return rc;
 }
 
-int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype, mgpu_redop_t op,
-                   void *stream, mgpu_err_t *err)
+static int mgpu_allreduce_run(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype,
+                              mgpu_redop_t op, void *stream, mgpu_err_t *err)
 {
     size_t esz;
     int rc;
@@ -588,8 +633,9 @@ int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtyp
     return mgpu_cpu_allreduce(comm, buf, count, dtype, op, err);
 }
 
-int mgpu_reduce_scatter(mgpu_comm_t *comm, const void *send, void *recv, size_t recvcount,
-                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err)
+static int mgpu_reduce_scatter_run(mgpu_comm_t *comm, const void *send, void *recv,
+                                   size_t recvcount, mgpu_dtype_t dtype, mgpu_redop_t op,
+                                   void *stream, mgpu_err_t *err)
 {
     size_t esz, block;
     char *tmp;
@@ -648,8 +694,8 @@ void *mgpu_comm_stream(mgpu_comm_t *comm)
     return NULL;
 }
 
-int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
-                   mgpu_err_t *err)
+static int mgpu_broadcast_run(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
+                              mgpu_err_t *err)
 {
     char what[160];
     int rc = 0, root_node, root_local;
@@ -684,8 +730,8 @@ int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *s
     return mgpu_comm_done(comm, rc);
 }
 
-int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
-                   mgpu_err_t *err)
+static int mgpu_allgather_run(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes,
+                              void *stream, mgpu_err_t *err)
 {
     char what[160], *node_block;
     size_t block = bytes * (size_t)comm->local_size;
@@ -723,7 +769,7 @@ int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes
     return mgpu_comm_done(comm, rc);
 }
 
-int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
+static int mgpu_barrier_run(mgpu_comm_t *comm, mgpu_err_t *err)
 {
     char what[160];
     int rc = 0;
@@ -746,6 +792,72 @@ int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
     return mgpu_comm_done(comm, rc);
 }
 
+/* Every collective of the API is counted on the progress page once: entered here, done when
+ * the CPU backend returns it (NCCL: when the watchdog sees it finish on the GPU). One that
+ * another calls (an all-reduce made of all-gathers) is part of its caller's. */
+static uint64_t mgpu_coll_enter(mgpu_comm_t *c, mgpu_coll_op_t op, uint64_t bytes)
+{
+    return c->depth++ > 0 ? 0 : mgpu_beacon_coll_enter(&c->ctx->beacon, (uint32_t)op, bytes);
+}
+
+static int mgpu_coll_leave(mgpu_comm_t *c, uint64_t seq, int rc)
+{
+    if (--c->depth == 0 && rc == 0 && c->nccl == NULL)
+        mgpu_beacon_coll_done(c->ctx->beacon.page, seq);
+    return rc;
+}
+
+int mgpu_allreduce_f32(mgpu_comm_t *comm, float *buf, size_t count, mgpu_redop_t op, void *stream,
+                       mgpu_err_t *err)
+{
+    uint64_t seq = mgpu_coll_enter(comm, MGPU_COLL_ALLREDUCE, count * sizeof *buf);
+    return mgpu_coll_leave(comm, seq, mgpu_allreduce_f32_run(comm, buf, count, op, stream, err));
+}
+
+int mgpu_allreduce(mgpu_comm_t *comm, void *buf, size_t count, mgpu_dtype_t dtype, mgpu_redop_t op,
+                   void *stream, mgpu_err_t *err)
+{
+    uint64_t seq;
+
+    if (comm == NULL)
+        return mgpu_allreduce_run(comm, buf, count, dtype, op, stream, err);
+    seq = mgpu_coll_enter(comm, MGPU_COLL_ALLREDUCE, count * mgpu_dtype_size(dtype));
+    return mgpu_coll_leave(comm, seq, mgpu_allreduce_run(comm, buf, count, dtype, op, stream, err));
+}
+
+int mgpu_reduce_scatter(mgpu_comm_t *comm, const void *send, void *recv, size_t recvcount,
+                        mgpu_dtype_t dtype, mgpu_redop_t op, void *stream, mgpu_err_t *err)
+{
+    uint64_t seq;
+
+    if (comm == NULL)
+        return mgpu_reduce_scatter_run(comm, send, recv, recvcount, dtype, op, stream, err);
+    seq = mgpu_coll_enter(comm, MGPU_COLL_REDUCE_SCATTER,
+                          recvcount * (uint64_t)comm->world * mgpu_dtype_size(dtype));
+    return mgpu_coll_leave(
+        comm, seq, mgpu_reduce_scatter_run(comm, send, recv, recvcount, dtype, op, stream, err));
+}
+
+int mgpu_broadcast(mgpu_comm_t *comm, void *buf, size_t bytes, int root, void *stream,
+                   mgpu_err_t *err)
+{
+    uint64_t seq = mgpu_coll_enter(comm, MGPU_COLL_BROADCAST, bytes);
+    return mgpu_coll_leave(comm, seq, mgpu_broadcast_run(comm, buf, bytes, root, stream, err));
+}
+
+int mgpu_allgather(mgpu_comm_t *comm, const void *send, void *recv, size_t bytes, void *stream,
+                   mgpu_err_t *err)
+{
+    uint64_t seq = mgpu_coll_enter(comm, MGPU_COLL_ALLGATHER, bytes);
+    return mgpu_coll_leave(comm, seq, mgpu_allgather_run(comm, send, recv, bytes, stream, err));
+}
+
+int mgpu_barrier(mgpu_comm_t *comm, mgpu_err_t *err)
+{
+    uint64_t seq = mgpu_coll_enter(comm, MGPU_COLL_BARRIER, 0);
+    return mgpu_coll_leave(comm, seq, mgpu_barrier_run(comm, err));
+}
+
 int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err)
 {
 #if MGPU_NCCL_BUILT
@@ -766,6 +878,13 @@ int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_
 
 void mgpu_comm_set_label(mgpu_comm_t *comm, const char *label)
 {
+    int bucket = -1, end = 0;
+
+    /* "bucket N" also goes into the progress page's record of each collective. */
+    if (label != NULL && sscanf(label, "bucket %d%n", &bucket, &end) == 1 && label[end] == '\0')
+        mgpu_progress_bucket(comm->ctx, bucket);
+    else
+        mgpu_progress_bucket(comm->ctx, -1);
 #if MGPU_NCCL_BUILT
     if (comm->nccl != NULL)
         mgpu_nccl_set_label(comm->nccl, label);

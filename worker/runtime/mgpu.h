@@ -14,7 +14,8 @@
 
 #include <stddef.h> /* size_t */
 
-#include "error.h" /* mgpu_err_t */
+#include "error.h"    /* mgpu_err_t */
+#include "progress.h" /* mgpu_phase_t, MGPU_PHASE_*; the progress page a launcher reads */
 
 typedef struct mgpu_ctx mgpu_ctx_t;
 typedef struct mgpu_comm mgpu_comm_t;
@@ -112,8 +113,10 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
  * non-blocking mode, bounded by timeout_s (a timeout names the ranks that never came). A
  * watchdog thread polls NCCL's asynchronous error and the oldest collective still pending on
  * the GPU; on an error, or a collective pending longer than timeout_s, it aborts the
- * communicator, and the next call returns MGPU_E_NCCL or MGPU_E_TIMEOUT naming the operation:
- * the worker should then exit non-zero, which makes the launcher stop the group.
+ * communicator, and the next call returns MGPU_E_NCCL or MGPU_E_TIMEOUT naming the operation
+ * (a timeout also names the ranks of this node that never entered the collective, read from
+ * their progress pages, below): the worker should then exit non-zero, which makes the
+ * launcher stop the group.
  * MGPU_BACKEND_AUTO is NCCL when the rank has a real GPU and libmgpu was built with CUDA,
  * else CPU. MGPU_BACKEND_CPU joins the ranks of a host in
  * shared memory (tunables: MGPU_SHM_CHUNK bytes per rank slot, MGPU_SHM_SPIN_US,
@@ -183,7 +186,8 @@ int mgpu_comm_wait(mgpu_comm_t *comm, void *stream, mgpu_err_t *err);
 int mgpu_comm_watch(mgpu_comm_t *comm, void *stream, const char *what, mgpu_err_t *err);
 /* Names the collectives called from now on in error messages, e.g. "bucket 3" gives
  * "all-reduce (avg) of 1048576 floats (bucket 3), collective #12 of rank 0 of 2 did not
- * finish in 30 s". NULL or "" for none; copied. NCCL only (CPU messages name the call). */
+ * finish in 30 s". NULL or "" for none; copied. NCCL only (CPU messages name the call); on
+ * both, "bucket N" is also the bucket of the progress page's records (mgpu_progress_bucket). */
 void mgpu_comm_set_label(mgpu_comm_t *comm, const char *label);
 
 /* The startup timeline: wall-clock instants (CLOCK_REALTIME) of this rank's start, recorded
@@ -202,5 +206,34 @@ void mgpu_timeline_mark(mgpu_ctx_t *ctx, const char *event);
 /* The timeline's text (as published) into buf, NUL-terminated when len > 0; returns the length
  * it needs, as snprintf does. */
 size_t mgpu_timeline_get(const mgpu_ctx_t *ctx, char *buf, size_t len);
+
+/* Progress: where this rank is, for the launcher that supervises it (mgpu-launch's stall
+ * detection and `mgpu-launch status`). mgpu_init attaches the rank's page of the shared file
+ * the launcher names in MGPU_PROGRESS_FILE (slot MGPU_PROGRESS_SLOT; <mgpu/progress.h> is the
+ * page's layout); under another launcher, or none, the calls write a private page of the
+ * process, at the same cost. A bad variable is a warning, never an error. MGPU_PROGRESS=0
+ * turns publishing off (the calls return at once: for measuring what they cost).
+ *
+ * Every libmgpu collective is recorded by itself: its sequence number (1, 2, ... in the order
+ * this process called them), operation, bytes and bucket when entered, and when it finished
+ * (CPU: when the call returns; NCCL: when the GPU has finished it, as the watchdog sees). A
+ * rank waiting in mgpu_comm_wait or mgpu_barrier stays in the phase it was in.
+ *
+ * The calls cost one read of CLOCK_MONOTONIC (the vDSO, no system call) and a few stores: no
+ * lock, no system call; call them as often as the program moves (every phase of every step).
+ * Each bumps the page's move counter: a rank that calls none for a long while, while others
+ * do, is what a stall detector looks for. ctx may be NULL (nothing is written). One thread
+ * (the one calling the collectives) calls them. */
+/* The step in progress (-1 before the first); the phase stays. */
+void mgpu_progress_step(mgpu_ctx_t *ctx, long long step);
+/* What the rank does now: MGPU_PHASE_DATA, _FORWARD, _BACKWARD, _ALLREDUCE (waiting for the
+ * gradients), _OPTIMIZER, _CHECKPOINT, _EVAL, _DONE, ... (progress.h). */
+void mgpu_progress_phase(mgpu_ctx_t *ctx, mgpu_phase_t phase);
+/* Free text shown beside the phase ("epoch 3", "loading shard 12"); at most 63 bytes are
+ * kept, NULL or "" clears it. Copied. */
+void mgpu_progress_label(mgpu_ctx_t *ctx, const char *label);
+/* The gradient bucket of the collectives called from now on (-1: none), recorded with them;
+ * mgpu_comm_set_label(comm, "bucket N") sets it too. */
+void mgpu_progress_bucket(mgpu_ctx_t *ctx, int bucket);
 
 #endif

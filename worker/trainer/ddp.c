@@ -131,6 +131,7 @@ static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint6
     int rc;
     if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
         return 0;
+    mgpu_progress_phase(s->comm->progress, MGPU_PHASE_CHECKPOINT);
     if ((rc = mgpu_k_copy_to_host(s->k, s->h_params, t->model->params,
                                   sizeof(float) * t->model->n_params, err)) < 0 ||
         (rc = mgpu_k_copy_to_host(s->k, s->h_state, t->optim->state,
@@ -238,7 +239,10 @@ static int report_eval(ddp_state_t *s, const mgpu_dataset_t *ev, long long epoch
                        mgpu_ddp_result_t *res, mgpu_err_t *err)
 {
     double loss, acc;
-    int rc = evaluate(s, ev, &loss, &acc, err);
+    int rc;
+
+    mgpu_progress_phase(s->comm->progress, MGPU_PHASE_EVAL);
+    rc = evaluate(s, ev, &loss, &acc, err);
     if (rc < 0)
         return rc;
     res->eval_loss = loss;
@@ -290,6 +294,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                 err)) < 0 ||
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
+    s.t->progress = comm->progress;
     void *p_loss = NULL;
     rc = mgpu_k_alloc(k, sizeof(float), &p_loss, err);
     s.last_loss = p_loss;
@@ -374,6 +379,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 break;
             }
             mgpu_sampler_batch(&samp, B, (size_t)batch, &start, &count);
+            /* Numbered as the progress lines number them: the first step is step 1. */
+            mgpu_progress_step(comm->progress, step + 1);
             int log = cfg->log_interval > 0 && (step + 1) % cfg->log_interval == 0;
             float loss = 0;
 #ifdef MGPU_HAVE_CUDA
@@ -521,6 +528,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     rc =
         mgpu_k_copy_to_host(k, res->params, s.t->model->params, sizeof(float) * res->n_params, err);
+    if (rc == 0)
+        mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
 out:
 #ifdef MGPU_HAVE_CUDA
     mgpu_gpustep_destroy(s.g);

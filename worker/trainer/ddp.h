@@ -34,6 +34,7 @@
 #include "cfg.h"     /* mgpu_cfg_t */
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t */
+#include "mgpu.h"    /* mgpu_ctx_t: progress */
 
 typedef struct mgpu_ddp_comm {
     int rank, world_size;
@@ -49,6 +50,9 @@ typedef struct mgpu_ddp_comm {
      * startup timeline, mgpu_timeline_mark). */
     void (*mark)(void *mark_ctx, const char *event);
     void *mark_ctx;
+    /* May be NULL: the context whose progress page gets the step and phases
+     * (mgpu_progress_step, _phase). */
+    mgpu_ctx_t *progress;
 } mgpu_ddp_comm_t;
 
 typedef struct mgpu_ddp_result {

@@ -33,6 +33,7 @@ typedef struct dp_shared {
     float *chunk_loss; /* per device: its chunk's mean loss x its share of the batch */
     FILE *metrics;
     mgpu_dp_result_t *res;
+    mgpu_ctx_t *progress; /* written by device 0's thread only */
 } dp_shared_t;
 
 typedef struct dp_dev {
@@ -151,6 +152,8 @@ static void *device_main(void *arg)
         fail(sh, rc, &e, id);
     if (!all_ok(sh))
         goto out;
+    if (id == 0)
+        t->progress = sh->progress; /* its chunk's data and forward */
     if (id != 0 && (rc = mgpu_k_copy_to_device(k, t->model->params, sh->h_params,
                                                sizeof(float) * sh->n_params, &e)) < 0)
         fail(sh, rc, &e, id);
@@ -176,6 +179,8 @@ static void *device_main(void *arg)
             }
             size_t start, count;
             mgpu_sampler_batch(&samp, B, b, &start, &count);
+            if (id == 0)
+                mgpu_progress_step(sh->progress, step + 1);
             /* Scatter: torch.chunk pieces of ceil(count / n) rows; trailing devices may idle. */
             size_t cs = (count + (size_t)n - 1) / (size_t)n;
             size_t lo = (size_t)id * cs < count ? (size_t)id * cs : count;
@@ -213,6 +218,7 @@ static void *device_main(void *arg)
             if (id == 0) {
                 /* Gather onto device 0: the sum of the weighted gradients, in device order. */
                 double x0 = now_s();
+                mgpu_progress_phase(sh->progress, MGPU_PHASE_OPTIMIZER);
                 float *g = sh->h_grads[0];
                 for (int q = 1; q < n; q++)
                     for (size_t i = 0; i < sh->n_params; i++)
@@ -265,6 +271,7 @@ static void *device_main(void *arg)
         if (!stop && id == 0 && sh->ev.n > 0 && cfg->eval_interval > 0 &&
             (epoch + 1) % cfg->eval_interval == 0) {
             double x0 = now_s();
+            mgpu_progress_phase(sh->progress, MGPU_PHASE_EVAL);
             if ((rc = evaluate(sh, t, epoch, step, &e)) < 0)
                 fail(sh, rc, &e, id);
             evaluated_at = step;
@@ -278,6 +285,8 @@ static void *device_main(void *arg)
         r->seconds = now_s() - t0;
         r->steps = step;
         r->samples_per_s = samples / (r->seconds > 0 ? r->seconds : 1e-9);
+        if (sh->ev.n > 0 && evaluated_at != step)
+            mgpu_progress_phase(sh->progress, MGPU_PHASE_EVAL);
         if (sh->ev.n > 0 && evaluated_at != step &&
             (rc = evaluate(sh, t, stop || epoch == 0 ? epoch : epoch - 1, step, &e)) < 0)
             fail(sh, rc, &e, id);
@@ -287,6 +296,7 @@ static void *device_main(void *arg)
             memcpy(r->params, sh->h_params, sizeof(float) * sh->n_params);
         else
             fail(sh, -ENOMEM, &(mgpu_err_t){.msg = "cannot allocate the result"}, id);
+        mgpu_progress_phase(sh->progress, MGPU_PHASE_DONE);
     }
 out:
     free(idx);
@@ -334,10 +344,14 @@ static void report(dp_shared_t *sh)
 }
 
 int mgpu_dp_run(mgpu_kbackend_t backend, const mgpu_cfg_t *cfg, int n_devices, FILE *out,
-                mgpu_dp_result_t *result, mgpu_err_t *err)
+                mgpu_ctx_t *progress, mgpu_dp_result_t *result, mgpu_err_t *err)
 {
     mgpu_dp_result_t local, *res = result ? result : &local;
-    dp_shared_t sh = {.cfg = cfg, .backend = backend, .n = n_devices, .out = out ? out : stdout};
+    dp_shared_t sh = {.cfg = cfg,
+                      .backend = backend,
+                      .n = n_devices,
+                      .out = out ? out : stdout,
+                      .progress = progress};
     pthread_t th[MGPU_DP_MAX_DEVICES];
     dp_dev_t devs[MGPU_DP_MAX_DEVICES];
     int rc, started = 0;

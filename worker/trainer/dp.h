@@ -39,9 +39,10 @@ typedef struct mgpu_dp_result {
 
 /* Runs cfg on n_devices devices of backend (device i is ordinal i); prints rank 0-style
  * progress, the article's demo lines (every replica's "In Model", then "Outside") and the
- * per-device report to out (NULL: stdout). result may be NULL; result->run.params is
- * malloc'd for the caller. */
+ * per-device report to out (NULL: stdout). progress (may be NULL) gets the steps and phases
+ * of device 0, whose thread drives the step (mgpu_progress_step). result may be NULL;
+ * result->run.params is malloc'd for the caller. */
 int mgpu_dp_run(mgpu_kbackend_t backend, const mgpu_cfg_t *cfg, int n_devices, FILE *out,
-                mgpu_dp_result_t *result, mgpu_err_t *err);
+                mgpu_ctx_t *progress, mgpu_dp_result_t *result, mgpu_err_t *err);
 
 #endif

@@ -225,6 +225,7 @@ extern "C" int mgpu_gpustep_epoch(mgpu_gpustep_t *g, const size_t *idx, size_t n
         return mgpu_err_set(err, -EINVAL, "gpustep: an epoch of %zu rows, the ring holds %zu", n,
                             g->slot_len);
     const int slot = (int)(g->epochs % kRing);
+    mgpu_progress_phase(g->t->progress, MGPU_PHASE_DATA); /* may wait for the ring's slot */
     int32_t *h = g->h_ring + (size_t)slot * g->slot_len;
     /* Everything queued so far belongs to the previous epoch: its slot is free once that is
      * done. The slot this epoch takes was last used kRing epochs ago. */
@@ -257,6 +258,7 @@ static int on_layer(void *ctx, int layer, mgpu_err_t *err)
         const int b = g->next_bucket++;
         const mgpu_bucket_t *bk = &t->buckets[b];
         int rc = mgpu_kernels_cuda_sched_bucket(g->sched, b, err);
+        mgpu_progress_bucket(t->progress, b);
         if (rc == 0)
             rc = g->reduce(g->reduce_ctx, t->model->grads + bk->offset, bk->count,
                            mgpu_kernels_cuda_sched_comm_stream(g->sched), err);
@@ -327,7 +329,9 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
                                 g->next_bucket, t->n_buckets);
         if ((rc = mgpu_kernels_cuda_sched_comm_join(g->sched, err)) < 0)
             return rc;
+        mgpu_progress_bucket(t->progress, -1);
     }
+    mgpu_progress_phase(t->progress, MGPU_PHASE_OPTIMIZER);
     return mgpu_optim_step(t->optim, m->params, m->grads, err);
 }
 
@@ -372,6 +376,9 @@ extern "C" int mgpu_gpustep_step(mgpu_gpustep_t *g, size_t count, mgpu_err_t *er
         return mgpu_err_set(err, -EINVAL, "gpustep: a step of %zu rows, expected 1..%d", count,
                             t->max_batch);
     g->last_in_place = in_place(g, (int)count);
+    /* The host queues the step (or launches its graph) and goes on: "forward" is where the
+     * host is, the GPU's work is in the collectives' records. */
+    mgpu_progress_phase(t->progress, MGPU_PHASE_FORWARD);
     /* One eager step first: it sizes the backend's GEMM workspaces (a capture cannot
      * allocate) and does the optimizer's first update, the one whose arguments differ. */
     if (g->use_graph && count == (size_t)t->max_batch && g->eager_steps > 0) {

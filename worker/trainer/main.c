@@ -155,7 +155,7 @@ int main(int argc, char **argv)
     if (cfg.mode == MGPU_MODE_DP) {
         int n = cfg.dp_devices > 0 ? cfg.dp_devices : dev->is_gpu ? dev->visible_count : 2;
         mgpu_dp_result_t res;
-        rc = mgpu_dp_run(dev->is_gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, &cfg, n, stdout,
+        rc = mgpu_dp_run(dev->is_gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, &cfg, n, stdout, ctx,
                          &res, &err);
         if (rc == 0)
             free(res.run.params);
@@ -199,7 +199,8 @@ int main(int argc, char **argv)
                               .broadcast = bcast,
                               .allreduce_avg_stream = avg_stream,
                               .mark = mark,
-                              .mark_ctx = ctx};
+                              .mark_ctx = ctx,
+                              .progress = ctx};
         rc = mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
         if (rc == 0)
             free(res.params);

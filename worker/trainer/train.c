@@ -256,8 +256,11 @@ int mgpu_trainer_grads(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t
     int rc;
     if (idx == NULL)
         return mgpu_err_set(err, -EINVAL, "train: step without sample indices");
+    mgpu_progress_phase(t->progress, MGPU_PHASE_DATA);
     if ((rc = load_batch(t, ds, idx, 0, count, err)) < 0)
         return rc;
+    /* One fused call (the loss head joins forward to backward): "forward" covers both. */
+    mgpu_progress_phase(t->progress, MGPU_PHASE_FORWARD);
     return mgpu_model_compute_grads(t->model, t->d_x, ds->labels ? t->d_l : NULL,
                                     ds->targets ? t->d_t : NULL, (int)count, err);
 }
@@ -272,9 +275,15 @@ int mgpu_trainer_step(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t 
         return rc;
     /* Buckets in order; a GPU backend overlaps these with backward (gpustep.cu), the CPU runs
      * them after it. */
-    for (int b = 0; reduce != NULL && b < t->n_buckets; b++)
+    if (reduce != NULL)
+        mgpu_progress_phase(t->progress, MGPU_PHASE_ALLREDUCE);
+    for (int b = 0; reduce != NULL && b < t->n_buckets; b++) {
+        mgpu_progress_bucket(t->progress, b);
         if ((rc = reduce(ctx, m->grads + t->buckets[b].offset, t->buckets[b].count, err)) < 0)
             return rc;
+    }
+    mgpu_progress_bucket(t->progress, -1);
+    mgpu_progress_phase(t->progress, MGPU_PHASE_OPTIMIZER);
     if ((rc = mgpu_optim_step(t->optim, m->params, m->grads, err)) < 0)
         return rc;
     return loss != NULL ? mgpu_model_read_scalars(m, loss, NULL, err) : 0;

@@ -19,6 +19,7 @@
 #include "data.h"    /* mgpu_dataset_t */
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t */
+#include "mgpu.h"    /* mgpu_ctx_t, mgpu_progress_phase */
 #include "model.h"   /* mgpu_model_t */
 #include "optim.h"   /* mgpu_optim_t */
 
@@ -43,6 +44,7 @@ typedef struct mgpu_trainer {
     int32_t *h_l;
     float *d_x, *d_t; /* the batch in backend memory */
     int32_t *d_l;
+    mgpu_ctx_t *progress; /* the phases of a step are published there; NULL: nowhere */
 } mgpu_trainer_t;
 
 /* The data sets of the cfg: generated (random, synthetic) or loaded (npy), then split into
