@@ -438,7 +438,8 @@ int gpt_attention_backward(void *impl, int b, int t, int c, int nh, const float 
     const size_t nd = (size_t)b * nh * t;
     float *dsum = ci->scratch;
     if (nd > kScratchFloats - 1) {
-        if ((rc = ensure_ws(ci, nd * sizeof(float), err)) < 0)
+        /* (after the side streams, which may read a bf16 copy in the workspace) */
+        if ((rc = cuda_join(impl, err)) < 0 || (rc = ensure_ws(ci, nd * sizeof(float), err)) < 0)
             return rc;
         dsum = (float *)ci->ws;
     }

@@ -165,10 +165,14 @@ int gpt_embed_backward(void *impl, int b, int t, int c, int vocab, const int32_t
     CUDA_CHECK(err, cub::DeviceRadixSort::SortPairs(nullptr, tmp_bytes, (const uint32_t *)tokens,
                                                     (uint32_t *)nullptr, (const int32_t *)nullptr,
                                                     (int32_t *)nullptr, n, 0, bits, ci->stream));
+    /* The operand workspace may hold a bf16 copy that a weight gradient on a side stream
+     * still reads (cublas.cu's temporary copies): join the side streams before reusing it. */
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
     const size_t nb = align256((size_t)n * 4);
     const size_t bytes = 3 * nb + align256((size_t)vocab * 4) + align256(tmp_bytes);
-    int rc = ensure_ws(ci, bytes, err);
-    if (rc < 0)
+    if ((rc = ensure_ws(ci, bytes, err)) < 0)
         return rc;
     char *w = (char *)ci->ws;
     uint32_t *keys = (uint32_t *)w;
