@@ -54,46 +54,65 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /* A block per bucket (its first sorted row is the bucket's leader; the other blocks of the
- * grid-stride loop skip): dwte[tok] += dout[rows], the rows in ascending order. */
+ * grid-stride loop skip): dwte[tok] += dout[rows], the rows in ascending order. A frequent
+ * token (a space in a byte-level text) has thousands of rows, and the sum must follow them one
+ * by one, so the chain's latency is what counts: the bucket's row numbers are staged in shared
+ * memory a block-width at a time, and each thread keeps eight rows' loads in flight. */
 template <bool VEC>
 __global__ void __launch_bounds__(kEmbedThreads)
     bucket_add_kernel(int n, int c, const uint32_t *keys, const int32_t *rows, const int32_t *end,
                       const float *dout, float *dwte)
 {
+    __shared__ int srow[kEmbedThreads];
+    const int w = VEC ? c / 4 : c; /* columns (groups of four with VEC) */
     for (int i = blockIdx.x; i < n; i += gridDim.x) {
         const uint32_t tok = keys[i];
         if (i > 0 && keys[i - 1] == tok)
-            continue;
+            continue; /* the same for the whole block */
         const int e = end[tok];
         float *dst = dwte + (size_t)tok * c;
-        if (VEC) {
-            for (int j = threadIdx.x; j < c / 4; j += blockDim.x) {
-                float4 acc = reinterpret_cast<const float4 *>(dst)[j];
-                int k = i;
-                /* four rows' loads in flight: the adds stay in row order */
-                for (; k + 3 < e; k += 4) {
-                    float4 v[4];
+        for (int s0 = i; s0 < e; s0 += kEmbedThreads) {
+            const int cnt = min(kEmbedThreads, e - s0);
+            __syncthreads(); /* the previous chunk's rows are read */
+            if ((int)threadIdx.x < cnt)
+                srow[threadIdx.x] = rows[s0 + threadIdx.x];
+            __syncthreads();
+            for (int j = threadIdx.x; j < w; j += blockDim.x) {
+                if (VEC) {
+                    float4 acc = reinterpret_cast<const float4 *>(dst)[j];
+                    int k = 0;
+                    for (; k + 7 < cnt; k += 8) {
+                        float4 v[8];
 #pragma unroll
-                    for (int u = 0; u < 4; u++)
-                        v[u] = ld4(dout, ((size_t)rows[k + u] * c) / 4 + j);
+                        for (int u = 0; u < 8; u++)
+                            v[u] = ld4(dout, (size_t)srow[k + u] * w + j);
 #pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        acc.x += v[u].x, acc.y += v[u].y;
-                        acc.z += v[u].z, acc.w += v[u].w;
+                        for (int u = 0; u < 8; u++) {
+                            acc.x += v[u].x, acc.y += v[u].y;
+                            acc.z += v[u].z, acc.w += v[u].w;
+                        }
                     }
+                    for (; k < cnt; k++) {
+                        float4 v = ld4(dout, (size_t)srow[k] * w + j);
+                        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+                    }
+                    reinterpret_cast<float4 *>(dst)[j] = acc;
+                } else {
+                    float acc = dst[j];
+                    int k = 0;
+                    for (; k + 7 < cnt; k += 8) {
+                        float v[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++)
+                            v[u] = dout[(size_t)srow[k + u] * c + j];
+#pragma unroll
+                        for (int u = 0; u < 8; u++)
+                            acc += v[u];
+                    }
+                    for (; k < cnt; k++)
+                        acc += dout[(size_t)srow[k] * c + j];
+                    dst[j] = acc;
                 }
-                for (; k < e; k++) {
-                    float4 v = ld4(dout, ((size_t)rows[k] * c) / 4 + j);
-                    acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-                }
-                reinterpret_cast<float4 *>(dst)[j] = acc;
-            }
-        } else {
-            for (int j = threadIdx.x; j < c; j += blockDim.x) {
-                float acc = dst[j];
-                for (int k = i; k < e; k++)
-                    acc += dout[(size_t)rows[k] * c + j];
-                dst[j] = acc;
             }
         }
     }
@@ -109,6 +128,7 @@ __global__ void __launch_bounds__(kThreads)
          i += (size_t)gridDim.x * blockDim.x) {
         if (VEC) {
             float4 acc = ld4(dwpe, i);
+#pragma unroll 8
             for (int bi = 0; bi < b; bi++) {
                 float4 v = ld4(dout, bi * plane + i);
                 acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
@@ -116,6 +136,7 @@ __global__ void __launch_bounds__(kThreads)
             st4(dwpe, i, acc);
         } else {
             float acc = dwpe[i];
+#pragma unroll 8
             for (int bi = 0; bi < b; bi++)
                 acc += dout[bi * plane + i];
             dwpe[i] = acc;
