@@ -554,7 +554,10 @@ int gpt_adamw(void *impl, size_t n, float *p, const float *g, float *m, float *v
     invalidate(ci, p, sizeof(float) * n);
     if (n == 0)
         return 0;
-    /* The bias corrections as optimizers.c computes them, in double on the host. */
+    /* The bias corrections as optimizers.c computes them, in double on the host. They and
+     * hp's learning rate become the kernel's arguments, so a CUDA graph captured around this
+     * call replays that step's values: a step that changes them is captured again (unlike
+     * cuda_adamw_step, whose step lives in device memory, the table passes them by value). */
     const double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
     AdamWF f{p,
              g,
