@@ -411,6 +411,8 @@ int gpt_attention_forward(void *impl, int b, int t, int c, int nh, const float *
     const int hs = c / nh;
     const bool vec = hs % 4 == 0 && aligned16(qkv, out);
     const float scale = (float)(1.0 / sqrt((double)hs));
+    if (ci->prec == MGPU_PREC_BF16) /* bf16 operands on tensor cores, fp32 softmax */
+        return gpt_attention_forward_tc(ci, b, t, c, nh, qkv, out, lse, scale, err);
     return with_hs(hs, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         dim3 grid((unsigned)((t + Geom<HS>::ROWS - 1) / Geom<HS>::ROWS), (unsigned)nh, (unsigned)b);
@@ -446,6 +448,9 @@ int gpt_attention_backward(void *impl, int b, int t, int c, int nh, const float 
     const int hs = c / nh;
     const bool vec = hs % 4 == 0 && aligned16(qkv, out, dout, dqkv);
     const float scale = (float)(1.0 / sqrt((double)hs));
+    if (ci->prec == MGPU_PREC_BF16)
+        return gpt_attention_backward_tc(ci, b, t, c, nh, dout, qkv, out, lse, dqkv, dsum, scale,
+                                         err);
     return with_hs(hs, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         dim3 grid((unsigned)((t + Geom<HS>::ROWS - 1) / Geom<HS>::ROWS), (unsigned)nh, (unsigned)b);

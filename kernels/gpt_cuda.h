@@ -6,7 +6,8 @@
  *
  * The files: gpt_cuda.cu (the table, LayerNorm, GELU, add, the tied output layer, the
  * gradient's sum of squares, the clip factor, AdamW), gpt_attention.cu (causal attention,
- * FlashAttention-style), gpt_embed.cu (the embedding). kernels/README.md describes each. */
+ * FlashAttention-style, fp32), gpt_attention_tc.cu (the same on tensor cores, for bf16
+ * precision), gpt_embed.cu (the embedding). kernels/README.md describes each. */
 #ifndef MGPU_GPT_CUDA_H
 #define MGPU_GPT_CUDA_H
 

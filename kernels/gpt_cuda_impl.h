@@ -17,6 +17,14 @@ int gpt_attention_backward(void *impl, int b, int t, int c, int nh, const float 
                            const float *qkv, const float *out, const float *lse, float *dqkv,
                            mgpu_err_t *err);
 
+/* gpt_attention_tc.cu: the same on tensor cores (bf16 operands, fp32 softmax), for bf16
+ * precision; shapes are checked by the callers above, dsum is D's buffer (b, nh, t). */
+int gpt_attention_forward_tc(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv,
+                             float *out, float *lse, float scale, mgpu_err_t *err);
+int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const float *dout,
+                              const float *qkv, const float *out, const float *lse, float *dqkv,
+                              float *dsum, float scale, mgpu_err_t *err);
+
 /* gpt_embed.cu */
 int gpt_embed_forward(void *impl, int b, int t, int c, const int32_t *tokens, const float *wte,
                       const float *wpe, float *out, mgpu_err_t *err);
