@@ -8,7 +8,8 @@
  * 4 b nh t^2 hs / 2 FLOPs, backward 2.5 times that) and the output layer (its products).
  * Beside attention, PyTorch's F.scaled_dot_product_attention (causal) on the same shape,
  * measured in the same run by tests/bench/gpt_sdpa_bench.py when python3 with a CUDA build of
- * torch is there (MGPU_PYTHON names another interpreter): fp32 as ours, and bf16 for scale.
+ * torch is there (MGPU_PYTHON names another interpreter), fp32 and bf16 beside ours in the
+ * same precisions (the bf16 attention is gpt_attention_tc.cu's, on tensor cores).
  *
  * Usage: build/tests/gpt_kernels_bench [gpt2|byte|all] (default all), from the repository's
  * root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).
@@ -345,13 +346,19 @@ static int run_shape(bench_t *b, const shape_t *s)
     } else {
         printf("torch sdpa: not measured (no python3 with a CUDA build of torch)\n");
     }
-    /* The output layer's products in each precision (the other ops do not depend on it). */
+    /* The output layer's products in each precision, and the attention in bf16 (tensor
+     * cores); the other ops do not depend on the precision. */
     for (int p = MGPU_PREC_FP32; p <= MGPU_PREC_BF16; p++) {
+        const char *pn = mgpu_precision_name((mgpu_precision_t)p);
         if (mgpu_kernels_set_precision(b->k, (mgpu_precision_t)p, &b->err) != 0)
             return -1;
         for (size_t i = 0; i < sizeof head / sizeof *head; i++)
-            if (print_row(b, &head[i], mgpu_precision_name((mgpu_precision_t)p)) != 0)
+            if (print_row(b, &head[i], pn) != 0)
                 return -1;
+        if (p == MGPU_PREC_BF16)
+            for (size_t i = 5; i <= 6; i++) /* rows[5], rows[6]: the attention */
+                if (print_row(b, &rows[i], pn) != 0)
+                    return -1;
     }
     if (mgpu_kernels_set_precision(b->k, MGPU_PREC_FP32, &b->err) != 0)
         return -1;
