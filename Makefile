@@ -168,6 +168,14 @@ $(BUILD)/tests/%: tests/helper/%.c $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) 
 	$(CC) $(CPPFLAGS) $(INC_tests) $(CUDA_CPPFLAGS) $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/$*.d -o $@ $< \
 	  $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(LDFLAGS) $(WORKER_LIBS) $(HELPER_LIBS_$*)
 
+# tests/bench/gpt_kernels_bench.c: the GPT kernels' figures, built as the helpers are.
+BENCH_BINS := $(BUILD)/tests/gpt_kernels_bench
+all: $(BENCH_BINS)
+$(BUILD)/tests/gpt_kernels_bench: tests/bench/gpt_kernels_bench.c $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(BUILD)/lib/libcjson.so.1
+	@mkdir -p $(@D) $(BUILD)/obj/tests
+	$(CC) $(CPPFLAGS) $(INC_tests) $(CUDA_CPPFLAGS) $(ALL_CFLAGS) -MF $(BUILD)/obj/tests/gpt_kernels_bench.d -o $@ $< \
+	  $(LIB_TRAINER) $(LIB_KERNELS) $(LIB_RUNTIME) $(LDFLAGS) $(WORKER_LIBS)
+
 # kernels_bench calls cuBLAS itself (its bare reference GEMMs).
 ifeq ($(CUDA),1)
 HELPER_LIBS_kernels_bench = -lcublas -lcublasLt

@@ -10,8 +10,8 @@
 #   - the article's scenarios 3 and 4 on the real GPU, and its demo.py (PyTorch, NCCL) under
 #     mgpu-launch with world size 1;
 #   - the main job on the GPU, with its startup timeline;
-# and, reported apart as a benchmark, start-to-exit of mgpu-launch with 7, 8 and 16 CPU workers
-# of /bin/true.
+# and, reported apart as benchmarks, start-to-exit of mgpu-launch with 7, 8 and 16 CPU workers
+# of /bin/true, and the GPT kernels' figures beside PyTorch's attention (gpt_kernels_bench).
 # On a machine with a GPU a check passes only if it ran there: a skipped test, simulated GPUs
 # or a run on the CPU fail it (tests/gpu/lib.sh, judge). Everything lands in OUTDIR (default
 # gpu-out); the last line says how many checks passed; the status is non-zero when a check or
@@ -78,4 +78,5 @@ launch_times() {
     done | awk '{s[$1] = s[$1] " " $2} END {for (n in s) print n " workers, us:" s[n]}'
 }
 bench launch_times launch_times
+bench gpt_kernels env MGPU_PYTHON="${torch_py:-python3}" build/tests/gpt_kernels_bench
 summary
