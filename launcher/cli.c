@@ -51,6 +51,8 @@ typedef enum {
     O_SUMMARY,
     O_SHARING,
     O_MULTI_LAUNCHERS,
+    O_STALL_TIMEOUT,
+    O_STALL_ACTION,
     O_QUIET,
     O_VERBOSE,
     O_HELP,
@@ -117,6 +119,10 @@ static const opt_t opts[] = {
      "more workers than GPUs: rank k on ordinal k mod n"},
     {"allow_multiple_launchers", 0, ARG_NONE, O_MULTI_LAUNCHERS,
      "several launchers per node in a Slurm step (srun -n > nodes)"},
+    {"stall_timeout", 0, ARG_REQUIRED, O_STALL_TIMEOUT,
+     "SECONDS  report a rank without progress for SECONDS (default 0: off)"},
+    {"stall_action", 0, ARG_REQUIRED, O_STALL_ACTION,
+     "report|fail  after a stall report, go on or stop the group (default report)"},
     {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
@@ -619,6 +625,14 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_MULTI_LAUNCHERS:
         cli->allow_multiple_launchers = 1;
         return 0;
+    case O_STALL_TIMEOUT:
+        return parse_seconds(what, v, 0.0, 1e7, &cli->stall_timeout, err);
+    case O_STALL_ACTION:
+        if (strcmp(v, "report") == 0 || strcmp(v, "fail") == 0) {
+            cli->stall_fail = v[0] == 'f';
+            return 0;
+        }
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected report or fail", what, v);
     case O_QUIET:
         cli->quiet = 1;
         return 0;

@@ -1,0 +1,209 @@
+/* watch.c - stall detection on the supervisor's loop (supervisor_impl.h): a timer reads every
+ * rank's progress (pages.h, output lines), stall.c decides, and a stall is reported once on
+ * the console, in the log folder and in the run's result; --stall_action fail then stops the
+ * group as a failure. */
+#include "supervisor_impl.h"
+
+#include <errno.h>  /* errno */
+#include <fcntl.h>  /* open */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* calloc */
+#include <string.h> /* memchr */
+#include <unistd.h> /* write */
+
+#include "clock.h" /* mgpu_clock_mono_ns */
+#include "fdio.h"  /* mgpu_fdio_write_all */
+#include "log.h"   /* mgpu_warn */
+#include "pages.h" /* mgpu_pages_read */
+#include "stall.h" /* mgpu_stall_detect */
+
+int mgpu_watch_init(sup_t *s, mgpu_err_t *err)
+{
+    uv_timer_init(&s->loop, &s->stall_timer);
+    s->stall_timer.data = s;
+    s->stall = calloc((size_t)s->nproc, sizeof *s->stall);
+    if (s->stall == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    return 0;
+}
+
+void mgpu_watch_close(sup_t *s)
+{
+    uv_close((uv_handle_t *)&s->stall_timer, NULL);
+}
+
+void mgpu_watch_lines(proc_t *p, const char *raw, size_t n)
+{
+    const char *end = raw + n, *line = NULL;
+    size_t len = 0;
+
+    for (const char *q = raw; q < end;) {
+        const char *nl = memchr(q, '\n', (size_t)(end - q));
+        size_t l = nl ? (size_t)(nl - q) : (size_t)(end - q);
+        while (l > 0 && (q[l - 1] == '\r' || q[l - 1] == ' '))
+            l--;
+        if (l > 0) {
+            line = q;
+            len = l;
+        }
+        p->lines++;
+        q += (nl ? (size_t)(nl - q) : l) + 1;
+    }
+    p->line_ns = mgpu_clock_mono_ns();
+    if (line != NULL) {
+        size_t max = sizeof p->last_line - 1;
+        memcpy(p->last_line, line, len < max ? len : max);
+        p->last_line[len < max ? len : max] = '\0';
+        for (char *c = p->last_line; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == '"')
+                *c = '?'; /* the report quotes it on one line */
+    }
+}
+
+/* One line per rank under the report's first line: where it is and what it last did. */
+static void rank_line(const mgpu_stall_rank_t *r, int64_t now_ns, char *buf, size_t len)
+{
+    size_t u = 0;
+    const mgpu_progress_coll_t *c = mgpu_stall_coll(r);
+
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        if (u < len)                                                                               \
+            u += (size_t)snprintf(buf + u, len - u, __VA_ARGS__);                                  \
+    } while (0)
+    PUT("  rank %d (local %d, pid %d)%s: ", r->rank, r->local_rank, (int)r->pid,
+        r->culprit ? " [stalled]" : "");
+    if (!r->alive)
+        PUT("exited");
+    else if (r->attached)
+        PUT("%s of step %lld", mgpu_progress_phase_name(r->page.phase), (long long)r->page.step);
+    else
+        PUT("no progress page");
+    if (c != NULL)
+        PUT(", in %s #%llu for %.1f s", mgpu_progress_coll_name(c->op), (unsigned long long)c->seq,
+            (double)(now_ns - c->since_ns) / 1e9);
+    if (r->alive)
+        PUT(", last progress %.1f s ago", (double)(now_ns - r->last_ns) / 1e9);
+    if (r->heartbeats)
+        PUT(", sends heartbeats");
+    if (r->last_line[0])
+        PUT(", last line: \"%s\"", r->last_line);
+#undef PUT
+}
+
+static void report(sup_t *s, int64_t now_ns)
+{
+    mgpu_run_result_t *res = s->res;
+    mgpu_stall_record_t *recs = realloc(res->stalls, (size_t)(res->nstalls + 1) * sizeof *recs);
+    char line[2048], block[16384];
+    size_t u = 0;
+    int culprit = -1;
+
+    mgpu_stall_describe(s->stall, s->nproc, now_ns, s->plan->hostname, line, sizeof line);
+    u += (size_t)snprintf(block, sizeof block, "mgpu-launch: %s\n", line);
+    for (int k = 0; k < s->nproc && u < sizeof block; k++) {
+        char rl[512];
+        rank_line(&s->stall[k], now_ns, rl, sizeof rl);
+        u += (size_t)snprintf(block + u, sizeof block - u, "mgpu-launch: %s\n", rl);
+        if (culprit < 0 && s->stall[k].culprit)
+            culprit = k;
+    }
+    if (u >= sizeof block)
+        u = sizeof block - 1;
+    /* One write: the block is not torn by the workers' lines on the same console. */
+    mgpu_fdio_write_all(2, block, u);
+
+    s->stall_count++;
+    if (res->log_root[0] && s->plan->output.log_dir[0]) {
+        char path[2300];
+        int fd;
+        snprintf(path, sizeof path, "%s/stall-%d-%d.txt", res->log_root, s->attempt,
+                 s->stall_count);
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || mgpu_fdio_write_all(fd, block, u) < 0)
+            mgpu_warn("stall report: open(%s): %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    if (recs != NULL) {
+        mgpu_stall_record_t *r = &recs[res->nstalls];
+        res->stalls = recs;
+        memset(r, 0, sizeof *r);
+        r->attempt = s->attempt;
+        r->time = mgpu_clock_real();
+        r->now_ns = now_ns;
+        snprintf(r->line, sizeof r->line, "%s", line);
+        r->ranks = malloc((size_t)s->nproc * sizeof *r->ranks);
+        if (r->ranks != NULL) {
+            memcpy(r->ranks, s->stall, (size_t)s->nproc * sizeof *r->ranks);
+            r->n = s->nproc;
+        }
+        res->nstalls++;
+    }
+    if (s->plan->stall_fail && culprit >= 0) {
+        mgpu_warn("--stall_action fail: stopping the workers (rank %d stalled)",
+                  s->procs[culprit].out->rank);
+        s->procs[culprit].out->stalled = 1;
+        mgpu_sup_fail(s, culprit, 124);
+    }
+}
+
+static void on_stall_timer(uv_timer_t *t)
+{
+    sup_t *s = t->data;
+    const mgpu_pages_t *pg = s->plan->pages;
+    int64_t now = mgpu_clock_mono_ns(), real = (int64_t)(mgpu_clock_real() * 1e9);
+    int n;
+
+    if (s->stopping || s->finished)
+        return;
+    for (int k = 0; k < s->nproc; k++) {
+        mgpu_stall_rank_t *x = &s->stall[k];
+        proc_t *p = &s->procs[k];
+        x->alive = p->running && p->pid > 0;
+        x->rank = p->out->rank;
+        x->local_rank = k;
+        x->pid = p->pid;
+        x->attached = pg != NULL && mgpu_pages_read(pg, k, &x->page) == 0;
+        x->heartbeat_ns = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
+        x->lines = p->lines;
+        x->line_ns = p->line_ns;
+        memcpy(x->last_line, p->last_line, sizeof x->last_line);
+    }
+    mgpu_stall_update(s->stall, s->nproc, now, real);
+    n = mgpu_stall_detect(s->stall, s->nproc, now, s->plan->stall_timeout);
+    if (n == 0)
+        s->stall_active = 0; /* progress resumed: a later stall is a new one */
+    else if (!s->stall_active) {
+        s->stall_active = 1;
+        report(s, now);
+    }
+}
+
+void mgpu_watch_attempt(sup_t *s)
+{
+    const mgpu_pages_t *pg = s->plan->pages;
+    int64_t now = mgpu_clock_mono_ns();
+    double period = s->plan->stall_timeout / 4;
+
+    s->stall_active = 0;
+    s->stall_count = 0;
+    if (pg != NULL)
+        mgpu_pages_reset(pg);
+    for (int k = 0; k < s->nproc; k++) {
+        mgpu_stall_rank_t *x = &s->stall[k];
+        memset(x, 0, sizeof *x);
+        x->start_ns = x->last_ns = now;
+        /* The last attempt's touches are not this one's heartbeats. */
+        x->seen_heartbeat = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
+        s->procs[k].lines = 0;
+        s->procs[k].line_ns = 0;
+        s->procs[k].last_line[0] = '\0';
+    }
+    if (s->plan->stall_timeout <= 0)
+        return;
+    if (period > 1.0)
+        period = 1.0;
+    uv_timer_start(&s->stall_timer, on_stall_timer, (uint64_t)(period * 1000),
+                   (uint64_t)(period * 1000) > 0 ? (uint64_t)(period * 1000) : 1);
+}
