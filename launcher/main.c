@@ -7,20 +7,21 @@
 #include <sys/random.h> /* getrandom */
 #include <unistd.h>     /* sysconf */
 
-#include "cgroup.h"     /* mgpu_cgroup_create */
-#include "cli.h"        /* mgpu_cli_parse */
-#include "engines.h"    /* mgpu_engines_apply */
-#include "fdio.h"       /* mgpu_fdio_raise_limit */
-#include "path.h"       /* mgpu_path_dirname */
-#include "log.h"        /* mgpu_log_init */
-#include "pages.h"      /* mgpu_pages_open */
-#include "plan.h"       /* mgpu_plan_build */
-#include "reaper.h"     /* mgpu_reaper_start */
-#include "rdzv.h"       /* mgpu_rdzv_join */
-#include "report.h"     /* mgpu_report_print */
-#include "sock.h"       /* mgpu_sock_free_port */
-#include "spawner.h"    /* mgpu_spawner_keeper_start */
-#include "supervisor.h" /* mgpu_sup_run */
+#include "cgroup.h"        /* mgpu_cgroup_create */
+#include "cli.h"           /* mgpu_cli_parse */
+#include "engines.h"       /* mgpu_engines_apply */
+#include "fdio.h"          /* mgpu_fdio_raise_limit */
+#include "path.h"          /* mgpu_path_dirname */
+#include "log.h"           /* mgpu_log_init */
+#include "pages.h"         /* mgpu_pages_open */
+#include "plan.h"          /* mgpu_plan_build */
+#include "reaper.h"        /* mgpu_reaper_start */
+#include "rdzv.h"          /* mgpu_rdzv_join */
+#include "report.h"        /* mgpu_report_print */
+#include "sock.h"          /* mgpu_sock_free_port */
+#include "spawner.h"       /* mgpu_spawner_keeper_start */
+#include "status_client.h" /* mgpu_status_client_main */
+#include "supervisor.h"    /* mgpu_sup_run */
 
 static const char *env_lookup(const char *name)
 {
@@ -237,6 +238,10 @@ int main(int argc, char **argv)
 
     ensure_std_fds();
     mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
+    /* `mgpu-launch status`: another terminal asks the running jobs (a program named status
+     * runs as ./status or after --) */
+    if (argc > 1 && strcmp(argv[1], "status") == 0)
+        return mgpu_status_client_main(argc - 1, argv + 1, stdout);
     if ((rc = parse(&cli, argc, argv)) >= 0)
         return rc;
     mgpu_cli_scrub_token(&cli); /* before the keeper is forked: it inherits argv's memory */

@@ -7,11 +7,12 @@
 #include <stdint.h> /* uint64_t */
 #include <uv.h>     /* the event loop */
 
-#include "cgroup.h"     /* mgpu_cgroup_t */
-#include "console.h"    /* mgpu_console_t */
-#include "output.h"     /* mgpu_linebuf_t, mgpu_outbuf_t */
-#include "spawner.h"    /* mgpu_spawner_keeper_t */
-#include "supervisor.h" /* mgpu_run_result_t, mgpu_outcome_t */
+#include "cgroup.h"        /* mgpu_cgroup_t */
+#include "console.h"       /* mgpu_console_t */
+#include "output.h"        /* mgpu_linebuf_t, mgpu_outbuf_t */
+#include "spawner.h"       /* mgpu_spawner_keeper_t */
+#include "status_server.h" /* mgpu_status_server_t */
+#include "supervisor.h"    /* mgpu_run_result_t, mgpu_outcome_t */
 
 /* The signals the launcher handles (SIGCHLD among them). */
 #define MGPU_SUP_NSIGS 7
@@ -71,15 +72,16 @@ typedef struct sup {
      * launcher small however many workers write at once). */
     char rbuf[65536];
     mgpu_outbuf_t ob;
-    mgpu_rdzv_t *rdzv;        /* the launchers' rendezvous */
-    int multi;                /* several nodes: failures and attempt ends go through the store */
-    int ending;               /* this node's attempt is over; waiting for the other nodes */
-    int pending_work;         /* rendezvous calls on the thread pool */
-    int reports_pending;      /* failure reports not yet in the store: the attempt's end waits */
-    uv_timer_t stall_timer;   /* checks progress (--stall_timeout) */
-    mgpu_stall_rank_t *stall; /* nproc entries */
-    int stall_active;         /* a stall was reported and no rank has moved since */
-    int stall_count;          /* reports in this attempt */
+    mgpu_rdzv_t *rdzv;           /* the launchers' rendezvous */
+    int multi;                   /* several nodes: failures and attempt ends go through the store */
+    int ending;                  /* this node's attempt is over; waiting for the other nodes */
+    int pending_work;            /* rendezvous calls on the thread pool */
+    int reports_pending;         /* failure reports not yet in the store: the attempt's end waits */
+    uv_timer_t stall_timer;      /* checks progress (--stall_timeout) */
+    mgpu_stall_rank_t *stall;    /* nproc entries */
+    int stall_active;            /* a stall was reported and no rank has moved since */
+    int stall_count;             /* reports in this attempt */
+    mgpu_status_server_t status; /* `mgpu-launch status` */
 } sup_t;
 
 /* relay.c: reading a worker's stream (libuv callbacks), and closing it. */

@@ -1,7 +1,8 @@
-/* watch.c - stall detection on the supervisor's loop (supervisor_impl.h): a timer reads every
- * rank's progress (pages.h, output lines), stall.c decides, and a stall is reported once on
- * the console, in the log folder and in the run's result; --stall_action fail then stops the
- * group as a failure. */
+/* watch.c - watching the ranks' progress on the supervisor's loop (supervisor_impl.h): a timer
+ * reads every rank's progress (pages.h, output lines), stall.c decides, and a stall is
+ * reported once on the console, in the log folder and in the run's result (--stall_action
+ * fail then stops the group as a failure); the status socket (status_server.h) answers
+ * `mgpu-launch status` with the same snapshot. */
 #include "supervisor_impl.h"
 
 #include <errno.h>  /* errno */
@@ -11,25 +12,151 @@
 #include <string.h> /* memchr */
 #include <unistd.h> /* write */
 
-#include "clock.h" /* mgpu_clock_mono_ns */
-#include "fdio.h"  /* mgpu_fdio_write_all */
-#include "log.h"   /* mgpu_warn */
-#include "pages.h" /* mgpu_pages_read */
-#include "stall.h" /* mgpu_stall_detect */
+#include <cjson/cJSON.h> /* the status reply */
+
+#include "clock.h"         /* mgpu_clock_mono_ns */
+#include "fdio.h"          /* mgpu_fdio_write_all */
+#include "log.h"           /* mgpu_warn */
+#include "pages.h"         /* mgpu_pages_read */
+#include "stall.h"         /* mgpu_stall_detect */
+#include "status_server.h" /* mgpu_status_reply */
+
+/* Reads every rank's progress into s->stall (as of now_ns). */
+static void snapshot(sup_t *s, int64_t now)
+{
+    const mgpu_pages_t *pg = s->plan->pages;
+    int64_t real = (int64_t)(mgpu_clock_real() * 1e9);
+
+    for (int k = 0; k < s->nproc; k++) {
+        mgpu_stall_rank_t *x = &s->stall[k];
+        proc_t *p = &s->procs[k];
+        x->alive = p->running && p->pid > 0;
+        x->rank = p->out->rank;
+        x->local_rank = k;
+        x->pid = p->pid;
+        x->attached = pg != NULL && mgpu_pages_read(pg, k, &x->page) == 0;
+        x->heartbeat_ns = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
+        x->lines = p->lines;
+        x->line_ns = p->line_ns;
+        memcpy(x->last_line, p->last_line, sizeof x->last_line);
+    }
+    mgpu_stall_update(s->stall, s->nproc, now, real);
+}
+
+/* The process state of a running worker: 'T' (stopped by a signal or a debugger), 'R',
+ * 'S', ...; '?' when unknown. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512], *p;
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if ((f = fopen(path, "re")) == NULL)
+        return '?';
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    p = strrchr(buf, ')'); /* the command's name may hold spaces and parentheses */
+    return p != NULL && p[1] == ' ' && p[2] ? p[2] : '?';
+}
+
+static cJSON *rank_json(const sup_t *s, int k, int64_t now)
+{
+    const mgpu_stall_rank_t *r = &s->stall[k];
+    const mgpu_outcome_t *o = s->procs[k].out;
+    const mgpu_progress_coll_t *c = mgpu_stall_coll(r);
+    cJSON *j = cJSON_CreateObject();
+
+    cJSON_AddNumberToObject(j, "rank", o->rank);
+    cJSON_AddNumberToObject(j, "local_rank", k);
+    cJSON_AddNumberToObject(j, "pid", o->pid);
+    if (s->procs[k].running) {
+        cJSON_AddStringToObject(j, "state", proc_state(o->pid) == 'T' ? "paused" : "running");
+    } else if (o->state == MGPU_W_NEW) {
+        cJSON_AddStringToObject(j, "state", "not started");
+    } else {
+        cJSON_AddStringToObject(j, "state", o->signal ? "killed" : "exited");
+        cJSON_AddNumberToObject(j, "exit_code", o->exit_code);
+        if (o->signal)
+            cJSON_AddStringToObject(j, "signal", sigabbrev_np(o->signal));
+    }
+    if (r->attached) {
+        cJSON_AddStringToObject(j, "phase", mgpu_progress_phase_name(r->page.phase));
+        cJSON_AddNumberToObject(j, "step", (double)r->page.step);
+    } else {
+        cJSON_AddNullToObject(j, "phase");
+        cJSON_AddNullToObject(j, "step");
+    }
+    cJSON_AddNumberToObject(j, "progress_age_s", (double)(now - r->last_ns) / 1e9);
+    if (c != NULL) {
+        cJSON *w = cJSON_AddObjectToObject(j, "collective");
+        cJSON_AddStringToObject(w, "op", mgpu_progress_coll_name(c->op));
+        cJSON_AddNumberToObject(w, "seq", (double)c->seq);
+        cJSON_AddNumberToObject(w, "bytes", (double)c->bytes);
+        cJSON_AddNumberToObject(w, "bucket", c->bucket);
+        cJSON_AddNumberToObject(w, "for_s", (double)(now - c->since_ns) / 1e9);
+    } else {
+        cJSON_AddNullToObject(j, "collective");
+    }
+    cJSON_AddBoolToObject(j, "heartbeats", r->heartbeats);
+    cJSON_AddStringToObject(j, "last_line", s->procs[k].last_line);
+    return j;
+}
+
+/* `mgpu-launch status`: the job and where each rank is. */
+static void on_status(void *arg, mgpu_status_conn_t *c, int stacks)
+{
+    sup_t *s = arg;
+    const mgpu_plan_t *plan = s->plan;
+    int64_t now = mgpu_clock_mono_ns();
+    cJSON *j = cJSON_CreateObject(), *argv, *ranks;
+    char *text;
+
+    (void)stacks;
+    snapshot(s, now);
+    cJSON_AddNumberToObject(j, "launcher_pid", (double)getpid());
+    cJSON_AddStringToObject(j, "host", plan->hostname);
+    cJSON_AddStringToObject(j, "run_id", plan->run_id);
+    cJSON_AddStringToObject(j, "entrypoint", plan->entrypoint);
+    argv = cJSON_AddArrayToObject(j, "argv");
+    for (char **a = plan->nproc > 0 ? plan->workers[0].argv : NULL; a != NULL && *a; a++)
+        cJSON_AddItemToArray(argv, cJSON_CreateString(*a));
+    cJSON_AddNumberToObject(j, "start_time", s->res->t_start);
+    cJSON_AddNumberToObject(j, "attempt", s->attempt);
+    cJSON_AddNumberToObject(j, "max_restarts", plan->max_restarts);
+    cJSON_AddNumberToObject(j, "node_rank", plan->node_rank);
+    cJSON_AddNumberToObject(j, "nnodes", plan->nnodes);
+    cJSON_AddNumberToObject(j, "world_size", plan->world_size);
+    cJSON_AddNumberToObject(j, "stall_timeout", plan->stall_timeout);
+    cJSON_AddNumberToObject(j, "stalls", s->res->nstalls);
+    ranks = cJSON_AddArrayToObject(j, "ranks");
+    for (int k = 0; k < s->nproc; k++)
+        cJSON_AddItemToArray(ranks, rank_json(s, k, now));
+    text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    mgpu_status_reply(c, text != NULL ? text : "{\"error\": \"out of memory\"}");
+    cJSON_free(text);
+}
 
 int mgpu_watch_init(sup_t *s, mgpu_err_t *err)
 {
+    mgpu_err_t serr = {0};
+
     uv_timer_init(&s->loop, &s->stall_timer);
     s->stall_timer.data = s;
     s->stall = calloc((size_t)s->nproc, sizeof *s->stall);
     if (s->stall == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
+    if (mgpu_status_server_start(&s->status, &s->loop, on_status, s, &serr) < 0)
+        mgpu_warn("`mgpu-launch status` will not see this job: %s", serr.msg);
     return 0;
 }
 
 void mgpu_watch_close(sup_t *s)
 {
     uv_close((uv_handle_t *)&s->stall_timer, NULL);
+    mgpu_status_server_close(&s->status);
 }
 
 void mgpu_watch_lines(proc_t *p, const char *raw, size_t n)
@@ -151,26 +278,12 @@ static void report(sup_t *s, int64_t now_ns)
 static void on_stall_timer(uv_timer_t *t)
 {
     sup_t *s = t->data;
-    const mgpu_pages_t *pg = s->plan->pages;
-    int64_t now = mgpu_clock_mono_ns(), real = (int64_t)(mgpu_clock_real() * 1e9);
+    int64_t now = mgpu_clock_mono_ns();
     int n;
 
     if (s->stopping || s->finished)
         return;
-    for (int k = 0; k < s->nproc; k++) {
-        mgpu_stall_rank_t *x = &s->stall[k];
-        proc_t *p = &s->procs[k];
-        x->alive = p->running && p->pid > 0;
-        x->rank = p->out->rank;
-        x->local_rank = k;
-        x->pid = p->pid;
-        x->attached = pg != NULL && mgpu_pages_read(pg, k, &x->page) == 0;
-        x->heartbeat_ns = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
-        x->lines = p->lines;
-        x->line_ns = p->line_ns;
-        memcpy(x->last_line, p->last_line, sizeof x->last_line);
-    }
-    mgpu_stall_update(s->stall, s->nproc, now, real);
+    snapshot(s, now);
     n = mgpu_stall_detect(s->stall, s->nproc, now, s->plan->stall_timeout);
     if (n == 0)
         s->stall_active = 0; /* progress resumed: a later stall is a new one */
