@@ -7,7 +7,7 @@
 #include <stdlib.h>    /* posix_openpt, grantpt, unlockpt, ptsname_r */
 #include <string.h>    /* memcpy */
 #include <sys/ioctl.h> /* TIOCSWINSZ */
-#include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME */
+#include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
 #include <termios.h>   /* tcgetattr, OPOST */
 #include <time.h>      /* clock_gettime */
 #include <unistd.h>    /* fork, execve, setsid */
@@ -34,6 +34,10 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(128 + SIGKILL);
+    /* The stack tools (stacks.c) are the launcher's children, not the worker's ancestors:
+     * under Yama's ptrace_scope=1 only a declared tracer and its descendants may attach. The
+     * declaration lasts across execve; without Yama the call fails with EINVAL, harmlessly. */
+    prctl(PR_SET_PTRACER, parent);
     if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         goto fail;
     /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
