@@ -505,6 +505,10 @@ static cJSON *stalls_json(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
             cJSON_AddNumberToObject(j, "lines", (double)r->lines);
             cJSON_AddStringToObject(j, "last_line", r->last_line);
             cJSON_AddBoolToObject(j, "heartbeats", r->heartbeats);
+            if (s->stacks != NULL && s->stacks[k] != NULL)
+                cJSON_AddStringToObject(j, "stack", s->stacks[k]);
+            else
+                cJSON_AddNullToObject(j, "stack");
             cJSON_AddItemToArray(ranks, j);
         }
         cJSON_AddItemToArray(arr, o);

@@ -225,6 +225,8 @@ void mgpu_status_server_close(mgpu_status_server_t *srv)
     srv->open = 0;
     unlink(srv->path);
     uv_close((uv_handle_t *)&srv->pipe, NULL);
+    /* A request being answered (stacks on their way) closes with its reply. */
     for (mgpu_status_conn_t *c = srv->conns; c != NULL; c = c->next)
-        conn_close(c);
+        if (!c->asked || c->out != NULL)
+            conn_close(c);
 }

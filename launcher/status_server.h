@@ -22,7 +22,8 @@
 
 typedef struct mgpu_status_conn mgpu_status_conn_t;
 
-/* A request arrived: answer it with mgpu_status_reply, now or later on the loop. */
+/* A request arrived: answer it with mgpu_status_reply, now or later on the loop (even after
+ * mgpu_status_server_close: the connection stays until then). */
 typedef void (*mgpu_status_fn)(void *arg, mgpu_status_conn_t *c, int stacks);
 
 typedef struct mgpu_status_server {

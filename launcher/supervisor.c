@@ -766,8 +766,12 @@ void mgpu_run_result_free(mgpu_run_result_t *res)
     free(res->outcomes);
     free(res->history);
     free(res->remote_history);
-    for (int i = 0; i < res->nstalls; i++)
+    for (int i = 0; i < res->nstalls; i++) {
+        for (int k = 0; res->stalls[i].stacks != NULL && k < res->stalls[i].n; k++)
+            free(res->stalls[i].stacks[k]);
+        free(res->stalls[i].stacks);
         free(res->stalls[i].ranks);
+    }
     free(res->stalls);
     memset(res, 0, sizeof *res);
 }

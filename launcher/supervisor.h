@@ -58,6 +58,7 @@ typedef struct mgpu_stall_record {
     char line[2048];          /* the report's first line */
     int n;                    /* ranks */
     mgpu_stall_rank_t *ranks; /* malloc'd */
+    char **stacks;            /* n entries, malloc'd, NULL where none was collected */
 } mgpu_stall_record_t;
 
 typedef struct mgpu_run_result {

@@ -81,6 +81,7 @@ typedef struct sup {
     mgpu_stall_rank_t *stall;    /* nproc entries */
     int stall_active;            /* a stall was reported and no rank has moved since */
     int stall_count;             /* reports in this attempt */
+    int stall_pending;           /* reports waiting for their stacks */
     mgpu_status_server_t status; /* `mgpu-launch status` */
 } sup_t;
 

@@ -18,6 +18,7 @@
 #include "fdio.h"          /* mgpu_fdio_write_all */
 #include "log.h"           /* mgpu_warn */
 #include "pages.h"         /* mgpu_pages_read */
+#include "stacks.h"        /* mgpu_stacks_collect */
 #include "stall.h"         /* mgpu_stall_detect */
 #include "status_server.h" /* mgpu_status_reply */
 
@@ -104,16 +105,23 @@ static cJSON *rank_json(const sup_t *s, int k, int64_t now)
     return j;
 }
 
-/* `mgpu-launch status`: the job and where each rank is. */
-static void on_status(void *arg, mgpu_status_conn_t *c, int stacks)
+/* Seconds the stack tools get: a few, and a little more per rank (they run at once, on a host
+ * that may have fewer cores than ranks). The report waits no longer. */
+static double stacks_timeout(int n)
 {
-    sup_t *s = arg;
+    return 5.0 + 0.05 * n;
+}
+
+/* The status answer: the job and where each rank is (stacks[k]: rank k's stack, or NULL). */
+static char *status_json(sup_t *s, char **stacks)
+{
     const mgpu_plan_t *plan = s->plan;
     int64_t now = mgpu_clock_mono_ns();
     cJSON *j = cJSON_CreateObject(), *argv, *ranks;
     char *text;
 
-    (void)stacks;
+    if (j == NULL)
+        return NULL;
     snapshot(s, now);
     cJSON_AddNumberToObject(j, "launcher_pid", (double)getpid());
     cJSON_AddStringToObject(j, "host", plan->hostname);
@@ -131,12 +139,82 @@ static void on_status(void *arg, mgpu_status_conn_t *c, int stacks)
     cJSON_AddNumberToObject(j, "stall_timeout", plan->stall_timeout);
     cJSON_AddNumberToObject(j, "stalls", s->res->nstalls);
     ranks = cJSON_AddArrayToObject(j, "ranks");
-    for (int k = 0; k < s->nproc; k++)
-        cJSON_AddItemToArray(ranks, rank_json(s, k, now));
+    for (int k = 0; k < s->nproc; k++) {
+        cJSON *r = rank_json(s, k, now);
+        if (stacks != NULL && stacks[k] != NULL)
+            cJSON_AddStringToObject(r, "stack", stacks[k]);
+        cJSON_AddItemToArray(ranks, r);
+    }
     text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
+    return text;
+}
+
+static void status_send(sup_t *s, mgpu_status_conn_t *c, char **stacks)
+{
+    char *text = status_json(s, stacks);
     mgpu_status_reply(c, text != NULL ? text : "{\"error\": \"out of memory\"}");
     cJSON_free(text);
+}
+
+/* A `status --stacks` request waiting for its stacks. */
+typedef struct status_pending {
+    sup_t *s;
+    mgpu_status_conn_t *c;
+    int n;
+    int ks[]; /* local rank of each pid asked */
+} status_pending_t;
+
+static void on_status_stacks(void *arg, char **texts, int n)
+{
+    status_pending_t *sp = arg;
+    char **stacks = calloc((size_t)sp->s->nproc, sizeof *stacks);
+
+    for (int i = 0; stacks != NULL && i < n && i < sp->n; i++)
+        stacks[sp->ks[i]] = texts[i];
+    status_send(sp->s, sp->c, stacks);
+    for (int i = 0; i < n; i++)
+        free(texts[i]);
+    free(texts);
+    free(stacks);
+    free(sp);
+}
+
+/* `mgpu-launch status`: answered at once, or once every running rank's stack is in. */
+static void on_status(void *arg, mgpu_status_conn_t *c, int stacks)
+{
+    sup_t *s = arg;
+    status_pending_t *sp;
+    pid_t *pids;
+    mgpu_err_t err = {0};
+
+    if (!stacks) {
+        status_send(s, c, NULL);
+        return;
+    }
+    sp = calloc(1, sizeof *sp + (size_t)s->nproc * sizeof(int));
+    pids = calloc((size_t)s->nproc + 1, sizeof *pids);
+    if (sp == NULL || pids == NULL) {
+        free(sp);
+        free(pids);
+        status_send(s, c, NULL);
+        return;
+    }
+    sp->s = s;
+    sp->c = c;
+    for (int k = 0; k < s->nproc; k++)
+        if (s->procs[k].running && s->procs[k].pid > 0) {
+            sp->ks[sp->n] = k;
+            pids[sp->n++] = s->procs[k].pid;
+        }
+    if (sp->n == 0 || mgpu_stacks_collect(&s->loop, pids, sp->n, stacks_timeout(sp->n),
+                                          on_status_stacks, sp, &err) < 0) {
+        if (sp->n > 0)
+            mgpu_warn("status: no stacks: %s", err.msg);
+        status_send(s, c, NULL);
+        free(sp);
+    }
+    free(pids);
 }
 
 int mgpu_watch_init(sup_t *s, mgpu_err_t *err)
@@ -218,40 +296,53 @@ static void rank_line(const mgpu_stall_rank_t *r, int64_t now_ns, char *buf, siz
 #undef PUT
 }
 
+/* Appends "mgpu-launch: " + each line of text to *buf (grown). */
+static void append_lines(char **buf, size_t *len, const char *head, const char *text)
+{
+    size_t add = strlen(head) + 1, u = *len;
+    char *nb;
+
+    for (const char *p = text; *p; p++)
+        add += *p == '\n' ? 24 : 1;
+    add += strlen(text) + 32;
+    if ((nb = realloc(*buf, u + add + 1)) == NULL)
+        return;
+    *buf = nb;
+    u += (size_t)sprintf(nb + u, "%s\n", head);
+    for (const char *p = text; *p;) {
+        size_t l = strcspn(p, "\n");
+        u += (size_t)sprintf(nb + u, "mgpu-launch:     %.*s\n", (int)l, p);
+        p += l + (p[l] == '\n');
+    }
+    *len = u;
+}
+
+/* A stall report on its way: the stacks are being collected. */
+typedef struct pending {
+    sup_t *s;
+    int attempt, count, rec; /* rec: index into res->stalls, -1 */
+    int culprit;             /* local rank stopped by --stall_action fail, -1 */
+    int n;
+    int ks[]; /* local rank of each pid asked */
+} pending_t;
+
+static void report_end(pending_t *pd, char **texts, int ntexts);
+
+static void on_report_stacks(void *arg, char **texts, int n)
+{
+    report_end(arg, texts, n);
+}
+
 static void report(sup_t *s, int64_t now_ns)
 {
     mgpu_run_result_t *res = s->res;
     mgpu_stall_record_t *recs = realloc(res->stalls, (size_t)(res->nstalls + 1) * sizeof *recs);
-    char line[2048], block[16384];
-    size_t u = 0;
-    int culprit = -1;
+    char line[2048];
+    pending_t *pd = calloc(1, sizeof *pd + (size_t)s->nproc * sizeof(int));
+    pid_t *pids = calloc((size_t)s->nproc, sizeof *pids);
+    mgpu_err_t err = {0};
 
     mgpu_stall_describe(s->stall, s->nproc, now_ns, s->plan->hostname, line, sizeof line);
-    u += (size_t)snprintf(block, sizeof block, "mgpu-launch: %s\n", line);
-    for (int k = 0; k < s->nproc && u < sizeof block; k++) {
-        char rl[512];
-        rank_line(&s->stall[k], now_ns, rl, sizeof rl);
-        u += (size_t)snprintf(block + u, sizeof block - u, "mgpu-launch: %s\n", rl);
-        if (culprit < 0 && s->stall[k].culprit)
-            culprit = k;
-    }
-    if (u >= sizeof block)
-        u = sizeof block - 1;
-    /* One write: the block is not torn by the workers' lines on the same console. */
-    mgpu_fdio_write_all(2, block, u);
-
-    s->stall_count++;
-    if (res->log_root[0] && s->plan->output.log_dir[0]) {
-        char path[2300];
-        int fd;
-        snprintf(path, sizeof path, "%s/stall-%d-%d.txt", res->log_root, s->attempt,
-                 s->stall_count);
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || mgpu_fdio_write_all(fd, block, u) < 0)
-            mgpu_warn("stall report: open(%s): %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-    }
     if (recs != NULL) {
         mgpu_stall_record_t *r = &recs[res->nstalls];
         res->stalls = recs;
@@ -261,18 +352,110 @@ static void report(sup_t *s, int64_t now_ns)
         r->now_ns = now_ns;
         snprintf(r->line, sizeof r->line, "%s", line);
         r->ranks = malloc((size_t)s->nproc * sizeof *r->ranks);
+        r->stacks = calloc((size_t)s->nproc, sizeof *r->stacks);
         if (r->ranks != NULL) {
             memcpy(r->ranks, s->stall, (size_t)s->nproc * sizeof *r->ranks);
             r->n = s->nproc;
         }
         res->nstalls++;
     }
-    if (s->plan->stall_fail && culprit >= 0) {
-        mgpu_warn("--stall_action fail: stopping the workers (rank %d stalled)",
-                  s->procs[culprit].out->rank);
-        s->procs[culprit].out->stalled = 1;
-        mgpu_sup_fail(s, culprit, 124);
+    s->stall_count++;
+    if (pd == NULL || pids == NULL) {
+        free(pd);
+        free(pids);
+        mgpu_error("%s", line);
+        return;
     }
+    pd->s = s;
+    pd->attempt = s->attempt;
+    pd->count = s->stall_count;
+    pd->rec = recs != NULL ? res->nstalls - 1 : -1;
+    pd->culprit = -1;
+    for (int k = 0; k < s->nproc; k++) {
+        if (pd->culprit < 0 && s->stall[k].culprit)
+            pd->culprit = k;
+        if (s->stall[k].alive) {
+            pd->ks[pd->n] = k;
+            pids[pd->n++] = s->stall[k].pid;
+        }
+    }
+    s->stall_pending++;
+    if (pd->n == 0 || mgpu_stacks_collect(&s->loop, pids, pd->n, stacks_timeout(pd->n),
+                                          on_report_stacks, pd, &err) < 0) {
+        if (pd->n > 0)
+            mgpu_warn("stall report without stacks: %s", err.msg);
+        report_end(pd, NULL, 0);
+    }
+    free(pids);
+}
+
+/* The stacks are in (texts NULL: none could be collected): the report goes out in one block,
+ * and --stall_action fail stops the group now that the stacks were taken. */
+static void report_end(pending_t *pd, char **texts, int ntexts)
+{
+    sup_t *s = pd->s;
+    mgpu_run_result_t *res = s->res;
+    mgpu_stall_record_t *rec =
+        pd->rec >= 0 && pd->rec < res->nstalls ? &res->stalls[pd->rec] : NULL;
+    const mgpu_stall_rank_t *ranks = rec != NULL && rec->ranks != NULL ? rec->ranks : s->stall;
+    char *block = NULL;
+    size_t u = 0;
+
+    s->stall_pending--;
+    block = malloc(8192);
+    if (block != NULL) {
+        u = (size_t)snprintf(block, 8192, "mgpu-launch: %s\n",
+                             rec != NULL ? rec->line : "stall (report lost: out of memory)");
+        for (int k = 0; k < s->nproc && u < 8192; k++) {
+            char rl[512];
+            rank_line(&ranks[k], rec != NULL ? rec->now_ns : mgpu_clock_mono_ns(), rl, sizeof rl);
+            u += (size_t)snprintf(block + u, 8192 - u, "mgpu-launch: %s\n", rl);
+        }
+        if (u >= 8192)
+            u = 8191;
+    }
+    for (int i = 0; i < pd->n; i++) {
+        int k = pd->ks[i];
+        char head[160];
+        const char *text =
+            texts != NULL && i < ntexts && texts[i] != NULL ? texts[i] : "stack unavailable";
+        snprintf(head, sizeof head,
+                 "mgpu-launch: stack of rank %d (local %d, pid %d):", ranks[k].rank, k,
+                 (int)ranks[k].pid);
+        if (block != NULL)
+            append_lines(&block, &u, head, text);
+        if (rec != NULL && rec->stacks != NULL && texts != NULL && i < ntexts) {
+            rec->stacks[k] = texts[i];
+            texts[i] = NULL;
+        }
+    }
+    for (int i = 0; texts != NULL && i < ntexts; i++)
+        free(texts[i]);
+    free(texts);
+    if (block != NULL) {
+        /* One write: the block is not torn by the workers' lines on the same console. */
+        mgpu_fdio_write_all(2, block, u);
+        if (res->log_root[0] && s->plan->output.log_dir[0]) {
+            char path[2300];
+            int fd;
+            snprintf(path, sizeof path, "%s/stall-%d-%d.txt", res->log_root, pd->attempt,
+                     pd->count);
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (fd < 0 || mgpu_fdio_write_all(fd, block, u) < 0)
+                mgpu_warn("stall report: open(%s): %s", path, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+        }
+        free(block);
+    }
+    if (s->plan->stall_fail && pd->culprit >= 0 && pd->attempt == s->attempt && !s->finished &&
+        s->procs[pd->culprit].running) {
+        mgpu_warn("--stall_action fail: stopping the workers (rank %d stalled)",
+                  s->procs[pd->culprit].out->rank);
+        s->procs[pd->culprit].out->stalled = 1;
+        mgpu_sup_fail(s, pd->culprit, 124);
+    }
+    free(pd);
 }
 
 static void on_stall_timer(uv_timer_t *t)

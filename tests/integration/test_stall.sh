@@ -37,6 +37,13 @@ for step in range(3):
 EOF
 }
 
+# The tool the stacks come from: py-spy (Python frames), gdb or eu-stack (native), or "".
+stack_tool() {
+    local t
+    for t in py-spy gdb eu-stack; do command -v $t >/dev/null && { echo $t; return; }; done
+    echo ""
+}
+
 # nothing_left MARK: no process of the job is left (the launcher waited for all of them)
 nothing_left() {
     local left
@@ -68,6 +75,21 @@ r = {x["rank"]: x for x in s[0]["ranks"]}
 assert r[3]["culprit"] and r[3]["stalled"] and 5 <= r[3]["since_s"] < 8, r[3]
 assert r[3]["last_line"] == "step 1" and r[3]["pid"] > 0 and r[3]["host"], r[3]
 assert not any(r[k]["culprit"] for k in (0, 1, 2)), r
+EOF
+    # every rank's stack follows: the sleeper's user line, the others in all_reduce
+    expect_grep err '^mgpu-launch: stack of rank 3 \(local 3, pid [0-9]+\):$'
+    python3 - s.json "$(stack_tool)" <<'EOF' || fail "stacks: $(cat s.json)"
+import json, sys
+r = {x["rank"]: x for x in json.load(open(sys.argv[1]))["stalls"][0]["ranks"]}
+tool = sys.argv[2]
+if tool == "py-spy":
+    assert "hang.py:10" in r[3]["stack"] and "sleep" in r[3]["stack"], r[3]["stack"]
+    for k in (0, 1, 2):
+        assert "all_reduce" in r[k]["stack"] and "hang.py:13" in r[k]["stack"], r[k]["stack"]
+elif tool:
+    assert "sleep" in r[3]["stack"], r[3]["stack"]
+else:
+    assert all(r[k]["stack"].startswith("stack unavailable") for k in r), r
 EOF
     nothing_left $mark
 }
@@ -109,6 +131,11 @@ t_stall_c_program_in_sleep() {
         sleep 1 print a sleep 1 print b sleep 1 print c sleep 1 print d pause
     expect_eq "$rc" 124 "exit status ($(tail -n 20 err))"
     expect_grep err '^mgpu-launch: stall: rank 1 \(local 1, pid [0-9]+, host [^)]+\) has printed nothing and sent no heartbeat for [2-3] s \(its last line: "start 1"\); rank 0 has been quiet'
+    # its native stack names the sleep it hangs in
+    if [ -n "$(stack_tool)" ]; then
+        sed -n '/^mgpu-launch: stack of rank 1 /,/^mgpu-launch: stack of\|^mgpu-launch: warning/p' err >stack1
+        expect_grep stack1 'sleep'
+    fi
     nothing_left $mark
 }
 

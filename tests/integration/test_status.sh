@@ -153,3 +153,19 @@ t_status_bad_option() {
     expect_eq "$?" 2
     expect_grep st.err "status: unknown option '--frobnicate': expected --stacks or --json"
 }
+
+t_status_stacks() {
+    command -v gdb >/dev/null || command -v eu-stack >/dev/null || command -v py-spy >/dev/null ||
+        skip "no stack tool (py-spy, gdb, eu-stack) installed"
+    use_own_dir
+    start_job --nproc_per_node=2 "$TW" print "up %r" sleep 3600
+    wait_until 30 grep -q 'up 1' out || fail "workers did not start: $(cat err)"
+    "$LAUNCH" status --stacks >st 2>st.err || fail "status --stacks failed: $(cat st.err)"
+    expect_grep st '^    stack of rank 0 \(pid [0-9]+\):$'
+    expect_grep st '^    stack of rank 1 \(pid [0-9]+\):$'
+    expect_grep st 'sleep'
+    "$LAUNCH" status --stacks --json >st.json || fail "status --stacks --json failed"
+    python3 -c 'import json; j = json.load(open("st.json"))["jobs"][0]; assert all("sleep" in r["stack"] for r in j["ranks"]), j' ||
+        fail "stacks: $(cat st.json)"
+    stop_job
+}
