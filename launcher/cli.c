@@ -844,7 +844,8 @@ void mgpu_cli_usage(FILE *out)
 {
     fprintf(out,
             "usage: mgpu-launch [options] PROGRAM [args...]\n"
-            "       mgpu-launch [options] -- PROGRAM [args...]\n\n"
+            "       mgpu-launch [options] -- PROGRAM [args...]\n"
+            "       mgpu-launch status [--stacks] [--json]   (this user's running jobs)\n\n"
             "Starts one worker per local rank with torchrun's environment (RANK, LOCAL_RANK,\n"
             "WORLD_SIZE, MASTER_ADDR, ...) and supervises them. PROGRAM is a train.cfg (run by\n"
             "mgpu-worker), a .py script (run by python3 -u, or $PYTHON_EXEC), or any executable.\n"
@@ -861,7 +862,8 @@ void mgpu_cli_usage(FILE *out)
     fprintf(out,
             "\nexit status: 0 when every worker succeeded; else the first failing worker's\n"
             "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
-            "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
+            "bad usage; 124 when a stalled job was stopped (--stall_action fail); 128+N when\n"
+            "the launcher itself was stopped by signal N.\n"
             "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
             "N GPUs on a machine without any.\n"
             "ports, several nodes: the launchers' store listens on P (--master_port, default\n"
