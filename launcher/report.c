@@ -481,6 +481,7 @@ static cJSON *stalls_json(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
             cJSON_AddNumberToObject(j, "pid", r->pid);
             cJSON_AddStringToObject(j, "host", plan->hostname);
             cJSON_AddBoolToObject(j, "running", r->alive);
+            cJSON_AddBoolToObject(j, "paused", r->paused);
             cJSON_AddBoolToObject(j, "stalled", r->stalled);
             cJSON_AddBoolToObject(j, "culprit", r->culprit);
             if (r->attached) {

@@ -71,6 +71,14 @@ int mgpu_stall_detect(mgpu_stall_rank_t *r, int n, int64_t now_ns, double timeou
     }
     if (stalled == 0)
         return 0;
+    /* A stopped rank holds the others up even from inside the collective they wait in. */
+    for (int i = 0; i < n; i++)
+        if (r[i].stalled && r[i].paused) {
+            r[i].culprit = 1;
+            culprits++;
+        }
+    if (culprits > 0)
+        return stalled;
     /* Behind the others: not in the collective the most advanced ranks wait in. */
     for (int i = 0; wait_seq > 0 && i < n; i++)
         if (r[i].stalled && !(in_coll(&r[i]) && r[i].page.coll_entered == wait_seq)) {
@@ -154,6 +162,8 @@ static int put_ranks(text_t *t, const mgpu_stall_rank_t *r, int n, const char *m
 static void put_culprit(text_t *t, const mgpu_stall_rank_t *r, int64_t now_ns, const char *host)
 {
     put(t, "rank %d (local %d, pid %d, host %s) ", r->rank, r->local_rank, (int)r->pid, host);
+    if (r->paused)
+        put(t, "is stopped (SIGSTOP, Ctrl-Z or a debugger) and ");
     if (r->attached && r->page.phase != MGPU_PHASE_NONE) {
         put(t, "has been in %s", mgpu_progress_phase_name(r->page.phase));
         if (r->page.step >= 0)

@@ -4,9 +4,10 @@
  * workers, progress.h), the modification time of its heartbeat file, an output line. A rank
  * that is still running is stalled when none of these changed for the timeout. That covers
  * both rules of the detection: a rank left behind while others moved on, and a group where no
- * rank moved at all. The culprits are the ranks behind: those not in the collective the
- * others wait in (or that entered fewer collectives), else the ones whose last progress is
- * the oldest.
+ * rank moved at all. The culprits are the ranks behind: stalled ranks that are stopped (a
+ * signal or a debugger: whatever their page says, they hold the others up), else those not in
+ * the collective the others wait in (or that entered fewer collectives), else the ones whose
+ * last progress is the oldest.
  *
  * Everything here is pure (no clock, no system call): the supervisor fills the snapshots and
  * passes the time, and the unit tests do the same with synthetic ones. */
@@ -21,7 +22,8 @@
 
 typedef struct mgpu_stall_rank {
     /* --- what the supervisor saw, filled before each mgpu_stall_update --- */
-    int alive; /* still running (ranks that exited are never stalled) */
+    int alive;  /* still running (ranks that exited are never stalled) */
+    int paused; /* stopped by a signal or a debugger (SIGSTOP, Ctrl-Z, ptrace) */
     int rank, local_rank;
     pid_t pid;
     int attached;              /* page holds a valid copy of the worker's progress page */

@@ -22,28 +22,6 @@
 #include "stall.h"         /* mgpu_stall_detect */
 #include "status_server.h" /* mgpu_status_reply */
 
-/* Reads every rank's progress into s->stall (as of now_ns). */
-static void snapshot(sup_t *s, int64_t now)
-{
-    const mgpu_pages_t *pg = s->plan->pages;
-    int64_t real = (int64_t)(mgpu_clock_real() * 1e9);
-
-    for (int k = 0; k < s->nproc; k++) {
-        mgpu_stall_rank_t *x = &s->stall[k];
-        proc_t *p = &s->procs[k];
-        x->alive = p->running && p->pid > 0;
-        x->rank = p->out->rank;
-        x->local_rank = k;
-        x->pid = p->pid;
-        x->attached = pg != NULL && mgpu_pages_read(pg, k, &x->page) == 0;
-        x->heartbeat_ns = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
-        x->lines = p->lines;
-        x->line_ns = p->line_ns;
-        memcpy(x->last_line, p->last_line, sizeof x->last_line);
-    }
-    mgpu_stall_update(s->stall, s->nproc, now, real);
-}
-
 /* The process state of a running worker: 'T' (stopped by a signal or a debugger), 'R',
  * 'S', ...; '?' when unknown. */
 static char proc_state(pid_t pid)
@@ -62,6 +40,29 @@ static char proc_state(pid_t pid)
     return p != NULL && p[1] == ' ' && p[2] ? p[2] : '?';
 }
 
+/* Reads every rank's progress into s->stall (as of now_ns). */
+static void snapshot(sup_t *s, int64_t now)
+{
+    const mgpu_pages_t *pg = s->plan->pages;
+    int64_t real = (int64_t)(mgpu_clock_real() * 1e9);
+
+    for (int k = 0; k < s->nproc; k++) {
+        mgpu_stall_rank_t *x = &s->stall[k];
+        proc_t *p = &s->procs[k];
+        x->alive = p->running && p->pid > 0;
+        x->paused = x->alive && proc_state(p->pid) == 'T';
+        x->rank = p->out->rank;
+        x->local_rank = k;
+        x->pid = p->pid;
+        x->attached = pg != NULL && mgpu_pages_read(pg, k, &x->page) == 0;
+        x->heartbeat_ns = pg != NULL ? mgpu_pages_heartbeat_ns(pg, k) : 0;
+        x->lines = p->lines;
+        x->line_ns = p->line_ns;
+        memcpy(x->last_line, p->last_line, sizeof x->last_line);
+    }
+    mgpu_stall_update(s->stall, s->nproc, now, real);
+}
+
 static cJSON *rank_json(const sup_t *s, int k, int64_t now)
 {
     const mgpu_stall_rank_t *r = &s->stall[k];
@@ -73,7 +74,7 @@ static cJSON *rank_json(const sup_t *s, int k, int64_t now)
     cJSON_AddNumberToObject(j, "local_rank", k);
     cJSON_AddNumberToObject(j, "pid", o->pid);
     if (s->procs[k].running) {
-        cJSON_AddStringToObject(j, "state", proc_state(o->pid) == 'T' ? "paused" : "running");
+        cJSON_AddStringToObject(j, "state", s->stall[k].paused ? "paused" : "running");
     } else if (o->state == MGPU_W_NEW) {
         cJSON_AddStringToObject(j, "state", "not started");
     } else {
@@ -278,6 +279,8 @@ static void rank_line(const mgpu_stall_rank_t *r, int64_t now_ns, char *buf, siz
     } while (0)
     PUT("  rank %d (local %d, pid %d)%s: ", r->rank, r->local_rank, (int)r->pid,
         r->culprit ? " [stalled]" : "");
+    if (r->paused)
+        PUT("stopped, ");
     if (!r->alive)
         PUT("exited");
     else if (r->attached)

@@ -196,7 +196,7 @@ t_stall_stopped_rank_named_from_pages() {
     kill -TERM $pid
     wait $pid
     echo "stall of rank 2 reported $(echo "$t1 - $t0" | bc) s after its SIGSTOP (S = $S)"
-    expect_grep err '^mgpu-launch: stall: rank 2 \(local 2, pid [0-9]+, host [^)]+\) has been in forward of step [0-9]+ for [3-4] s; ranks 0, 1, 3 have waited in all-reduce #[0-9]+ \(bucket 0, 4 MiB\) for [2-4] s'
+    expect_grep err '^mgpu-launch: stall: rank 2 \(local 2, pid [0-9]+, host [^)]+\) is stopped \(SIGSTOP, Ctrl-Z or a debugger\) and has been in forward of step [0-9]+ for [3-4] s; ranks 0, 1, 3 have waited in all-reduce #[0-9]+ \(bucket 0, 4 MiB\) for [2-4] s'
     # within S + 1 s of the rank's last progress, by the launcher's own clock
     python3 - s.json $S <<'EOF' || fail "summary: $(cat s.json)"
 import json, sys
@@ -210,29 +210,48 @@ EOF
     nothing_left $mark
 }
 
+# rank_field FIELD RANK: the field of that rank in `mgpu-launch status --json` (the only job
+# of this test's runtime folder), or nothing
+rank_field() {
+    "$LAUNCH" status --json 2>/dev/null | python3 -c '
+import json, sys
+jobs = json.load(sys.stdin)["jobs"]
+v = jobs[0]["ranks"][int(sys.argv[2])][sys.argv[1]] if jobs else None
+print("" if v is None else v)' "$1" "$2"
+}
+
+rank2_stepped() {
+    local v
+    sleep 0.2 # each look starts a client: not every 20 ms
+    v=$(rank_field step 2)
+    [ -n "$v" ] && [ "$v" -ge 3 ]
+}
+
 t_stall_mgpu_worker_sigstop() {
     # the real trainer: needs libmgpu to publish its progress page
     grep -qs MGPU_PROGRESS_ENV_FILE "$MGPU_ROOT"/worker/runtime/*.c ||
         skip "libmgpu does not publish progress pages in this tree"
     local mark=stall-worker-$$ pid victim S=3
+    mkdir -m 0700 run
+    export XDG_RUNTIME_DIR=$PWD/run
     cp "$MGPU_ROOT/configs/train.cfg" .
     MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=4 --stall_timeout $S --summary s.json \
         train.cfg epochs=1000 >out 2>err &
     pid=$!
-    wait_until 60 grep -q 'step' out || fail "no training step: $(tail err)"
-    victim=$(grep -lsxzF "RANK=2" $(for p in $(procs_with_mark $mark); do echo /proc/$p/environ; done) |
-        cut -d/ -f3 | head -n1)
-    [ -n "$victim" ] || fail "rank 2 not found"
+    # mid-run: rank 2 has published a few steps
+    wait_until 60 rank2_stepped || fail "rank 2 made no step: $(tail err)"
+    victim=$(rank_field pid 2)
     kill -STOP "$victim"
     wait_until 30 grep -q '^mgpu-launch: stall:' err || fail "no stall report: $(tail err)"
     kill -TERM $pid
     wait $pid
-    expect_grep err "^mgpu-launch: stall: rank 2 \(local 2, pid $victim, "
+    expect_grep err "^mgpu-launch: stall: rank 2 \(local 2, pid $victim, host [^)]+\) is stopped \(SIGSTOP, Ctrl-Z or a debugger\) and has been in [a-z-]+ of step [0-9]+"
     python3 - s.json $S <<'EOF' || fail "summary: $(cat s.json)"
 import json, sys
 d = json.load(open(sys.argv[1])); S = float(sys.argv[2])
 r = {x["rank"]: x for x in d["stalls"][0]["ranks"]}
 assert r[2]["culprit"] and S <= r[2]["since_s"] <= S + 1, r[2]
+assert not any(r[k]["culprit"] for k in (0, 1, 3)), r
 EOF
     nothing_left $mark
 }

@@ -144,6 +144,27 @@ static void test_fewest_collectives_is_named(void)
     CHECK_INT(r[0].culprit + r[2].culprit, 0);
 }
 
+/* A stopped rank inside the collective the others wait in is the one behind. */
+static void test_stopped_rank_inside_the_collective_is_named(void)
+{
+    mgpu_stall_rank_t r[4];
+    char line[1024];
+
+    start(r, 4);
+    for (int i = 0; i < 4; i++)
+        page(&r[i], 358, MGPU_PHASE_ALLREDUCE, 10 * S, 372, 0, 10 * S);
+    r[2].paused = 1;
+    mgpu_stall_update(r, 4, 10 * S, 0);
+    CHECK_INT(mgpu_stall_detect(r, 4, 15 * S, 5.0), 4);
+    CHECK_INT(r[2].culprit, 1);
+    CHECK_INT(r[0].culprit + r[1].culprit + r[3].culprit, 0);
+    mgpu_stall_describe(r, 4, 15 * S, "n1", line, sizeof line);
+    CHECK_STR(line, "stall: rank 2 (local 2, pid 102, host n1) is stopped (SIGSTOP, Ctrl-Z or a "
+                    "debugger) and has been in all-reduce of step 358 (in all-reduce #372 "
+                    "(bucket 3, 4 MiB)) for 5 s; ranks 0, 1, 3 have waited in all-reduce #372 "
+                    "(bucket 3, 4 MiB) for 5 s");
+}
+
 /* A finished collective (coll_done moving) is progress even when moves stands still. */
 static void test_coll_done_is_progress(void)
 {
@@ -196,6 +217,7 @@ int main(void)
     RUN(test_timeout_zero_is_off);
     RUN(test_rank_not_in_the_collective_is_named);
     RUN(test_fewest_collectives_is_named);
+    RUN(test_stopped_rank_inside_the_collective_is_named);
     RUN(test_coll_done_is_progress);
     RUN(test_progress_ends_a_stall);
     RUN(test_pages_start_blank_and_heartbeat);
