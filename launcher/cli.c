@@ -51,6 +51,8 @@ typedef enum {
     O_SUMMARY,
     O_SHARING,
     O_MULTI_LAUNCHERS,
+    O_STALL_TIMEOUT,
+    O_STALL_ACTION,
     O_QUIET,
     O_VERBOSE,
     O_HELP,
@@ -117,6 +119,10 @@ static const opt_t opts[] = {
      "more workers than GPUs: rank k on ordinal k mod n"},
     {"allow_multiple_launchers", 0, ARG_NONE, O_MULTI_LAUNCHERS,
      "several launchers per node in a Slurm step (srun -n > nodes)"},
+    {"stall_timeout", 0, ARG_REQUIRED, O_STALL_TIMEOUT,
+     "SECONDS  report a rank without progress for SECONDS (default 0: off)"},
+    {"stall_action", 0, ARG_REQUIRED, O_STALL_ACTION,
+     "report|fail  after a stall report, go on or stop the group (default report)"},
     {"quiet", 'q', ARG_NONE, O_QUIET, "only errors from the launcher"},
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
@@ -619,6 +625,14 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_MULTI_LAUNCHERS:
         cli->allow_multiple_launchers = 1;
         return 0;
+    case O_STALL_TIMEOUT:
+        return parse_seconds(what, v, 0.0, 1e7, &cli->stall_timeout, err);
+    case O_STALL_ACTION:
+        if (strcmp(v, "report") == 0 || strcmp(v, "fail") == 0) {
+            cli->stall_fail = v[0] == 'f';
+            return 0;
+        }
+        return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected report or fail", what, v);
     case O_QUIET:
         cli->quiet = 1;
         return 0;
@@ -830,7 +844,8 @@ void mgpu_cli_usage(FILE *out)
 {
     fprintf(out,
             "usage: mgpu-launch [options] PROGRAM [args...]\n"
-            "       mgpu-launch [options] -- PROGRAM [args...]\n\n"
+            "       mgpu-launch [options] -- PROGRAM [args...]\n"
+            "       mgpu-launch status [--stacks] [--json]   (this user's running jobs)\n\n"
             "Starts one worker per local rank with torchrun's environment (RANK, LOCAL_RANK,\n"
             "WORLD_SIZE, MASTER_ADDR, ...) and supervises them. PROGRAM is a train.cfg (run by\n"
             "mgpu-worker), a .py script (run by python3 -u, or $PYTHON_EXEC), or any executable.\n"
@@ -847,7 +862,8 @@ void mgpu_cli_usage(FILE *out)
     fprintf(out,
             "\nexit status: 0 when every worker succeeded; else the first failing worker's\n"
             "code (128+N if killed by signal N, 126/127 if it could not be executed); 2 for\n"
-            "bad usage; 128+N when the launcher itself was stopped by signal N.\n"
+            "bad usage; 124 when a stalled job was stopped (--stall_action fail); 128+N when\n"
+            "the launcher itself was stopped by signal N.\n"
             "GPUs: CUDA_VISIBLE_DEVICES as the CUDA driver reads it; MGPU_SIM_GPUS=N simulates\n"
             "N GPUs on a machine without any.\n"
             "ports, several nodes: the launchers' store listens on P (--master_port, default\n"

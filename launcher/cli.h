@@ -65,6 +65,8 @@ typedef struct mgpu_cli {
     char summary[1024];
     int allow_gpu_sharing;
     int allow_multiple_launchers; /* several launchers on one node of a Slurm step */
+    double stall_timeout;         /* --stall_timeout seconds, 0 = no stall detection */
+    int stall_fail;               /* --stall_action fail */
     int quiet;
     int verbose;
     int show_help, show_version;

@@ -7,19 +7,21 @@
 #include <sys/random.h> /* getrandom */
 #include <unistd.h>     /* sysconf */
 
-#include "cgroup.h"     /* mgpu_cgroup_create */
-#include "cli.h"        /* mgpu_cli_parse */
-#include "engines.h"    /* mgpu_engines_apply */
-#include "fdio.h"       /* mgpu_fdio_raise_limit */
-#include "path.h"       /* mgpu_path_dirname */
-#include "log.h"        /* mgpu_log_init */
-#include "plan.h"       /* mgpu_plan_build */
-#include "reaper.h"     /* mgpu_reaper_start */
-#include "rdzv.h"       /* mgpu_rdzv_join */
-#include "report.h"     /* mgpu_report_print */
-#include "sock.h"       /* mgpu_sock_free_port */
-#include "spawner.h"    /* mgpu_spawner_keeper_start */
-#include "supervisor.h" /* mgpu_sup_run */
+#include "cgroup.h"        /* mgpu_cgroup_create */
+#include "cli.h"           /* mgpu_cli_parse */
+#include "engines.h"       /* mgpu_engines_apply */
+#include "fdio.h"          /* mgpu_fdio_raise_limit */
+#include "path.h"          /* mgpu_path_dirname */
+#include "log.h"           /* mgpu_log_init */
+#include "pages.h"         /* mgpu_pages_open */
+#include "plan.h"          /* mgpu_plan_build */
+#include "reaper.h"        /* mgpu_reaper_start */
+#include "rdzv.h"          /* mgpu_rdzv_join */
+#include "report.h"        /* mgpu_report_print */
+#include "sock.h"          /* mgpu_sock_free_port */
+#include "spawner.h"       /* mgpu_spawner_keeper_start */
+#include "status_client.h" /* mgpu_status_client_main */
+#include "supervisor.h"    /* mgpu_sup_run */
 
 static const char *env_lookup(const char *name)
 {
@@ -228,6 +230,7 @@ int main(int argc, char **argv)
     mgpu_rdzv_t *rdzv = NULL;
     mgpu_cgroup_t cg;
     mgpu_spawner_keeper_t keeper;
+    mgpu_pages_t pages;
     mgpu_err_t err = {0};
     const char *loglevel = getenv("LOGLEVEL");
     int level = loglevel ? mgpu_log_level_parse(loglevel) : -1;
@@ -235,6 +238,10 @@ int main(int argc, char **argv)
 
     ensure_std_fds();
     mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
+    /* `mgpu-launch status`: another terminal asks the running jobs (a program named status
+     * runs as ./status or after --) */
+    if (argc > 1 && strcmp(argv[1], "status") == 0)
+        return mgpu_status_client_main(argc - 1, argv + 1, stdout);
     if ((rc = parse(&cli, argc, argv)) >= 0)
         return rc;
     mgpu_cli_scrub_token(&cli); /* before the keeper is forked: it inherits argv's memory */
@@ -243,12 +250,21 @@ int main(int argc, char **argv)
         mgpu_plan_free(&plan);
         return 2;
     }
+    /* The workers' progress pages: made here so that --dry-run shows their variables. */
+    if (mgpu_pages_open(&pages, plan.nproc, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
+        return 1;
+    }
+    mgpu_plan_set_pages(&plan, &pages);
     if (plan.dry_run != MGPU_DRY_NONE) {
         if (plan.dry_run == MGPU_DRY_JSON)
             mgpu_plan_print_json(&plan, stdout);
         else
             mgpu_plan_print(&plan, stdout);
         mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
         return 0;
     }
     announce(&plan);
@@ -257,6 +273,7 @@ int main(int argc, char **argv)
     if (contain(&cg, &err) < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
         return 2;
     }
     /* Without a cgroup, this process splits in two around a keeper that is the subreaper of
@@ -268,6 +285,7 @@ int main(int argc, char **argv)
         const char *why;
         if ((rc = mgpu_reaper_start(&why)) >= 0) {
             mgpu_plan_free(&plan);
+            mgpu_pages_close(&pages);
             return rc;
         }
         if (why != NULL) {
@@ -287,6 +305,7 @@ int main(int argc, char **argv)
         mgpu_error("%s", err.msg);
         uncontain(&cg, &keeper);
         mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
     fflush(stdout);
@@ -300,6 +319,7 @@ int main(int argc, char **argv)
         uncontain(&cg, &keeper);
         mgpu_run_result_free(&res);
         mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
     mgpu_debug("run over");
@@ -307,5 +327,6 @@ int main(int argc, char **argv)
     rc = res.exit_code;
     mgpu_run_result_free(&res);
     mgpu_plan_free(&plan);
+    mgpu_pages_close(&pages);
     return rc;
 }

@@ -411,6 +411,12 @@ static void build_vars(mgpu_plan_t *plan)
         }
         if (plan->sharing)
             set_var(w, "MGPU_ALLOW_GPU_SHARING", "1");
+        if (plan->pages != NULL) {
+            set_var(w, MGPU_PROGRESS_ENV_FILE, "/proc/%d/fd/%d", (int)getpid(), plan->pages->fd);
+            set_var(w, MGPU_PROGRESS_ENV_SLOT, "%d", k);
+            set_var(w, MGPU_HEARTBEAT_ENV, "/proc/%d/fd/%d", (int)getpid(),
+                    plan->pages->heartbeat_fds[k]);
+        }
         if (plan->store_port > 0) {
             set_var(w, "MGPU_STORE_ADDR", "%s", plan->store_addr);
             set_var(w, "MGPU_STORE_PORT", "%d", plan->store_port);
@@ -564,6 +570,12 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     build_vars(plan);
 }
 
+void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages)
+{
+    plan->pages = pages;
+    build_vars(plan);
+}
+
 static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                       mgpu_err_t *err);
 
@@ -612,6 +624,8 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->role_world_size = plan->world_size;
     plan->max_restarts = cli->max_restarts;
     plan->grace_period = cli->grace_period;
+    plan->stall_timeout = cli->stall_timeout;
+    plan->stall_fail = cli->stall_fail;
     plan->dry_run = cli->dry_run;
     copy_rdzv(&plan->rdzv, cli);
     copy_output(&plan->output, cli);

@@ -12,6 +12,7 @@
 #include "cli.h"     /* mgpu_cli_t */
 #include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
 #include "error.h"   /* mgpu_err_t */
+#include "pages.h"   /* mgpu_pages_t */
 #include "rdzv.h"    /* mgpu_rdzv_world_t, mgpu_rdzv_opts_t */
 #include "version.h" /* MGPU_VERSION */
 
@@ -91,8 +92,11 @@ typedef struct mgpu_plan {
     int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */
     int sharing;           /* --allow_gpu_sharing took effect */
     int max_restarts;
-    double grace_period; /* seconds from the stop signal to SIGKILL */
-    mgpu_dry_t dry_run;  /* --dry-run: print the plan, start nothing */
+    double grace_period;       /* seconds from the stop signal to SIGKILL */
+    double stall_timeout;      /* --stall_timeout seconds, 0 = off */
+    int stall_fail;            /* --stall_action fail */
+    const mgpu_pages_t *pages; /* the workers' progress pages (not owned), NULL = none */
+    mgpu_dry_t dry_run;        /* --dry-run: print the plan, start nothing */
     mgpu_plan_rdzv_t rdzv;
     mgpu_plan_output_t output;
     char master_addr[256];
@@ -128,6 +132,11 @@ int mgpu_plan_max_conns(const mgpu_plan_t *plan);
 /* After the rendezvous: the world as the nodes agreed it (ranks, MASTER_ADDR/PORT, the store)
  * replaces the static guess of mgpu_plan_build in every worker's variables. */
 void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world);
+
+/* The workers' progress pages and heartbeat files (pages.h, owned by the caller, who keeps
+ * them open for the run): every worker's MGPU_PROGRESS_FILE, MGPU_PROGRESS_SLOT and
+ * MGPU_HEARTBEAT_FILE name them through /proc/<this process>/fd. */
+void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages);
 
 /* The value the plan sets for key in worker k, or NULL. */
 const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);

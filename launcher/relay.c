@@ -55,6 +55,7 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
     /* blen may be 0 with a whole line in raw: its newline already reached the console. */
     if (rlen == 0)
         return;
+    mgpu_watch_lines(st->proc, raw, rlen);
     if (st->which == 2)
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)

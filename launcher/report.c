@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h> /* error files and the summary */
 #include <errno.h>       /* errno */
+#include <signal.h>      /* SIGTERM */
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* strlen */
 #include <time.h>        /* localtime_r */
@@ -126,7 +127,10 @@ static const char *state_name(mgpu_wstate_t s)
 
 static void describe_end(const mgpu_outcome_t *o, char *buf, size_t len)
 {
-    if (o->exec_errno)
+    if (o->stalled)
+        snprintf(buf, len, "%d (stalled: stopped by --stall_action fail with SIG%s)", o->exit_code,
+                 sigabbrev_np(o->stop_signal ? o->stop_signal : SIGTERM));
+    else if (o->exec_errno)
         snprintf(buf, len, "%d (could not execute %s)", o->exit_code, o->exec_reason);
     else if (o->signal)
         snprintf(buf, len, "%d (killed by SIG%s)", o->exit_code, sigabbrev_np(o->signal));
@@ -211,6 +215,8 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
         if (plan->nnodes > 1)
             fprintf(out, "  node      : %d of %d\n", plan->node_rank, plan->nnodes);
         print_failure(plan, &res->outcomes[res->root], 0, out);
+        if (res->outcomes[res->root].stalled && res->nstalls > 0)
+            fprintf(out, "  cause     : %s\n", res->stalls[res->nstalls - 1].line);
     } else if (res->remote) {
         const mgpu_rdzv_failure_t *f = &res->remote_failure;
         fprintf(out, "%s\nRoot Cause (first observed failure, on another node):\n[0]:\n", thin);
@@ -411,6 +417,8 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
         cJSON_AddStringToObject(j, "stopped_with", sigabbrev_np(o->stop_signal));
     if (o->exec_errno)
         cJSON_AddStringToObject(j, "exec_error", o->exec_reason);
+    if (o->stalled)
+        cJSON_AddBoolToObject(j, "stalled", 1);
     cJSON_AddNumberToObject(j, "start_time", o->t_start);
     cJSON_AddNumberToObject(j, "end_time", o->t_end);
     if (w->physical >= 0) {
@@ -446,6 +454,69 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
             cJSON_AddItemToArray(t, cJSON_CreateString(o->tail[i]));
     }
     return j;
+}
+
+/* Seconds from t (CLOCK_MONOTONIC ns) to the report's now_ns. */
+static double ago(const mgpu_stall_record_t *s, int64_t t)
+{
+    return t > 0 && t <= s->now_ns ? (double)(s->now_ns - t) / 1e9 : 0.0;
+}
+
+/* The summary's "stalls": every stall report, each rank as it was then. */
+static cJSON *stalls_json(const mgpu_plan_t *plan, const mgpu_run_result_t *res)
+{
+    cJSON *arr = cJSON_CreateArray();
+
+    for (int i = 0; arr != NULL && i < res->nstalls; i++) {
+        const mgpu_stall_record_t *s = &res->stalls[i];
+        cJSON *o = cJSON_CreateObject(), *ranks;
+        cJSON_AddNumberToObject(o, "attempt", s->attempt);
+        cJSON_AddNumberToObject(o, "time", s->time);
+        cJSON_AddStringToObject(o, "report", s->line);
+        ranks = cJSON_AddArrayToObject(o, "ranks");
+        for (int k = 0; k < s->n; k++) {
+            const mgpu_stall_rank_t *r = &s->ranks[k];
+            const mgpu_progress_coll_t *c = mgpu_stall_coll(r);
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddNumberToObject(j, "rank", r->rank);
+            cJSON_AddNumberToObject(j, "local_rank", r->local_rank);
+            cJSON_AddNumberToObject(j, "pid", r->pid);
+            cJSON_AddStringToObject(j, "host", plan->hostname);
+            cJSON_AddBoolToObject(j, "running", r->alive);
+            cJSON_AddBoolToObject(j, "paused", r->paused);
+            cJSON_AddBoolToObject(j, "stalled", r->stalled);
+            cJSON_AddBoolToObject(j, "culprit", r->culprit);
+            if (r->attached) {
+                cJSON_AddStringToObject(j, "phase", mgpu_progress_phase_name(r->page.phase));
+                cJSON_AddNumberToObject(j, "step", (double)r->page.step);
+                cJSON_AddNumberToObject(j, "phase_s", ago(s, r->page.phase_ns));
+            } else {
+                cJSON_AddNullToObject(j, "phase");
+                cJSON_AddNullToObject(j, "step");
+            }
+            cJSON_AddNumberToObject(j, "since_s", ago(s, r->last_ns));
+            if (c != NULL) {
+                cJSON *w = cJSON_AddObjectToObject(j, "waiting_in");
+                cJSON_AddStringToObject(w, "op", mgpu_progress_coll_name(c->op));
+                cJSON_AddNumberToObject(w, "seq", (double)c->seq);
+                cJSON_AddNumberToObject(w, "bytes", (double)c->bytes);
+                cJSON_AddNumberToObject(w, "bucket", c->bucket);
+                cJSON_AddNumberToObject(w, "for_s", ago(s, c->since_ns));
+            } else {
+                cJSON_AddNullToObject(j, "waiting_in");
+            }
+            cJSON_AddNumberToObject(j, "lines", (double)r->lines);
+            cJSON_AddStringToObject(j, "last_line", r->last_line);
+            cJSON_AddBoolToObject(j, "heartbeats", r->heartbeats);
+            if (s->stacks != NULL && s->stacks[k] != NULL)
+                cJSON_AddStringToObject(j, "stack", s->stacks[k]);
+            else
+                cJSON_AddNullToObject(j, "stack");
+            cJSON_AddItemToArray(ranks, j);
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
 }
 
 int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *res,
@@ -510,6 +581,8 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
         cJSON_AddNumberToObject(o, "exit_code", f->exit_code);
         cJSON_AddItemToArray(history, o);
     }
+
+    cJSON_AddItemToObject(root, "stalls", stalls_json(plan, res));
 
     text = cJSON_Print(root);
     cJSON_Delete(root);

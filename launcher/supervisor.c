@@ -174,6 +174,10 @@ static void record_exit(sup_t *s, proc_t *p, int status)
         o->state = o->stop_signal ? MGPU_W_STOPPED
                                   : (o->exit_code == 0 ? MGPU_W_SUCCEEDED : MGPU_W_FAILED);
     }
+    if (o->stalled) { /* the root cause of a stop by --stall_action fail */
+        o->state = MGPU_W_FAILED;
+        o->exit_code = 124;
+    }
     if (o->state == MGPU_W_FAILED && s->root < 0 && !s->user_signal) {
         s->root = p->k;
         /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
@@ -303,6 +307,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
 
     s->root = -1;
     s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
+    mgpu_watch_attempt(s); /* before the workers exist: their pages start blank */
     if (s->multi)
         rwork_queue(s, RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
@@ -448,6 +453,7 @@ static void close_loop_handles(sup_t *s)
     uv_close((uv_handle_t *)&s->winch, NULL);
     mgpu_filetimer_close(s->ft);
     s->ft = NULL;
+    mgpu_watch_close(s);
 }
 
 /* The attempt is over everywhere: restart it, or end the run. failed says whether any node
@@ -600,6 +606,15 @@ static void report_failure(sup_t *s, int rank, int local_rank, int code)
     rwork_queue(s, RW_REPORT, &f);
 }
 
+void mgpu_sup_fail(sup_t *s, int k, int code)
+{
+    if (s->root >= 0 || s->user_signal || s->stopping)
+        return;
+    s->root = k;
+    stop_group(s, SIGTERM);
+    report_failure(s, s->procs[k].out->rank, k, code);
+}
+
 void mgpu_sup_maybe_finish(sup_t *s)
 {
     pid_t kids[4];
@@ -723,8 +738,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     uv_signal_init(&s->loop, &s->winch);
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
-
-    rc = start_attempt(s, err);
+    if ((rc = mgpu_watch_init(s, err)) == 0)
+        rc = start_attempt(s, err);
     if (rc < 0)
         mgpu_error("%s", err->msg);
     /* Exits that happened before the SIGCHLD handle existed are collected here too. */
@@ -765,6 +780,7 @@ out:
     *cg = s->cg;
     *keeper = s->keeper;
     mgpu_outbuf_free(&s->ob);
+    free(s->stall);
     free(s->procs);
     free(s);
     return rc;
@@ -777,5 +793,12 @@ void mgpu_run_result_free(mgpu_run_result_t *res)
     free(res->outcomes);
     free(res->history);
     free(res->remote_history);
+    for (int i = 0; i < res->nstalls; i++) {
+        for (int k = 0; res->stalls[i].stacks != NULL && k < res->stalls[i].n; k++)
+            free(res->stalls[i].stacks[k]);
+        free(res->stalls[i].stacks);
+        free(res->stalls[i].ranks);
+    }
+    free(res->stalls);
     memset(res, 0, sizeof *res);
 }

@@ -17,6 +17,7 @@
 #include "plan.h"    /* mgpu_plan_t */
 #include "rdzv.h"    /* mgpu_rdzv_t */
 #include "spawner.h" /* mgpu_spawner_keeper_t */
+#include "stall.h"   /* mgpu_stall_rank_t */
 
 #define MGPU_TAIL_LINES 8
 
@@ -38,6 +39,7 @@ typedef struct mgpu_outcome {
     int exec_errno;        /* when it could not be executed */
     char exec_reason[600]; /* why, in words: names the program or its missing interpreter */
     int stop_signal;       /* the signal the launcher sent it, or 0 */
+    int stalled;           /* stopped by --stall_action fail: exit_code is 124 */
     double t_start;        /* CLOCK_REALTIME seconds, just before fork */
     double t_exec;         /* when the child called execve (0 when it never did) */
     double t_end;
@@ -48,6 +50,17 @@ typedef struct mgpu_outcome {
     int ntail;
     char note[600]; /* what the launcher did to it, for the report ("" none): an expired timer */
 } mgpu_outcome_t;
+
+/* One stall report (--stall_timeout): what the ranks were doing when it was made. */
+typedef struct mgpu_stall_record {
+    int attempt;
+    double time;              /* CLOCK_REALTIME */
+    int64_t now_ns;           /* CLOCK_MONOTONIC, what the ranks' times compare with */
+    char line[2048];          /* the report's first line */
+    int n;                    /* ranks */
+    mgpu_stall_rank_t *ranks; /* malloc'd */
+    char **stacks;            /* n entries, malloc'd, NULL where none was collected */
+} mgpu_stall_record_t;
 
 typedef struct mgpu_run_result {
     int exit_code;    /* what mgpu-launch exits with */
@@ -64,6 +77,8 @@ typedef struct mgpu_run_result {
     int nhistory;
     mgpu_rdzv_failure_t *remote_history; /* those that failed first on another node */
     int nremote_history;
+    mgpu_stall_record_t *stalls; /* every stall report of the run, in order */
+    int nstalls;
     char log_root[2048]; /* the run's log folder */
     int keep_logs;
     int keep_error_files; /* a worker wrote one: the report names it, so it outlives the run */

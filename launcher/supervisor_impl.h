@@ -7,12 +7,13 @@
 #include <stdint.h> /* uint64_t */
 #include <uv.h>     /* the event loop */
 
-#include "cgroup.h"     /* mgpu_cgroup_t */
-#include "console.h"    /* mgpu_console_t */
-#include "filetimer.h"  /* mgpu_filetimer_t */
-#include "output.h"     /* mgpu_linebuf_t, mgpu_outbuf_t */
-#include "spawner.h"    /* mgpu_spawner_keeper_t */
-#include "supervisor.h" /* mgpu_run_result_t, mgpu_outcome_t */
+#include "cgroup.h"        /* mgpu_cgroup_t */
+#include "console.h"       /* mgpu_console_t */
+#include "filetimer.h"     /* mgpu_filetimer_t */
+#include "output.h"        /* mgpu_linebuf_t, mgpu_outbuf_t */
+#include "spawner.h"       /* mgpu_spawner_keeper_t */
+#include "status_server.h" /* mgpu_status_server_t */
+#include "supervisor.h"    /* mgpu_run_result_t, mgpu_outcome_t */
 
 /* The signals the launcher handles (SIGCHLD among them). */
 #define MGPU_SUP_NSIGS 7
@@ -36,6 +37,9 @@ typedef struct proc {
     int k;
     pid_t pid;
     int running;
+    uint64_t lines;     /* output lines so far (progress, for stall detection) */
+    int64_t line_ns;    /* CLOCK_MONOTONIC of the last one */
+    char last_line[96]; /* its start */
     char prefix[300];
     stream_t s[2];
     mgpu_outcome_t *out;
@@ -69,11 +73,17 @@ typedef struct sup {
      * launcher small however many workers write at once). */
     char rbuf[65536];
     mgpu_outbuf_t ob;
-    mgpu_rdzv_t *rdzv;   /* the launchers' rendezvous */
-    int multi;           /* several nodes: failures and attempt ends go through the store */
-    int ending;          /* this node's attempt is over; waiting for the other nodes */
-    int pending_work;    /* rendezvous calls on the thread pool */
-    int reports_pending; /* failure reports not yet in the store: the attempt's end waits */
+    mgpu_rdzv_t *rdzv;           /* the launchers' rendezvous */
+    int multi;                   /* several nodes: failures and attempt ends go through the store */
+    int ending;                  /* this node's attempt is over; waiting for the other nodes */
+    int pending_work;            /* rendezvous calls on the thread pool */
+    int reports_pending;         /* failure reports not yet in the store: the attempt's end waits */
+    uv_timer_t stall_timer;      /* checks progress (--stall_timeout) */
+    mgpu_stall_rank_t *stall;    /* nproc entries */
+    int stall_active;            /* a stall was reported and no rank has moved since */
+    int stall_count;             /* reports in this attempt */
+    int stall_pending;           /* reports waiting for their stacks */
+    mgpu_status_server_t status; /* `mgpu-launch status` */
 
     mgpu_filetimer_t *ft; /* torchrun's expiration timers, NULL when not enabled */
 } sup_t;
@@ -87,5 +97,16 @@ void mgpu_relay_quiet(uv_timer_t *t);
 
 /* supervisor.c: the attempt may be over (a worker exited, a stream closed, ...). */
 void mgpu_sup_maybe_finish(sup_t *s);
+/* supervisor.c: local rank k is the attempt's root failure (a stall): the group stops as on
+ * a failure, and the other nodes hear of it with code. */
+void mgpu_sup_fail(sup_t *s, int k, int code);
+
+/* watch.c: stall detection (--stall_timeout). init once (0 or a negative code), attempt at
+ * each attempt's start once the workers run, close with the loop's other handles. */
+int mgpu_watch_init(sup_t *s, mgpu_err_t *err);
+void mgpu_watch_attempt(sup_t *s);
+void mgpu_watch_close(sup_t *s);
+/* relay.c tells of whole output lines (raw: n bytes, one or more lines) of local rank p. */
+void mgpu_watch_lines(proc_t *p, const char *raw, size_t n);
 
 #endif
