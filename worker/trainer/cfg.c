@@ -15,7 +15,8 @@
 #include <sys/stat.h> /* stat, S_ISDIR */
 #include <unistd.h>   /* access, read, close */
 
-#include "data.h" /* mgpu_data_open_regular, mgpu_data_check_npy */
+#include "data.h"   /* mgpu_data_open_regular, mgpu_data_check_npy */
+#include "tokens.h" /* mgpu_tokens_load */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
 #define CFG_MAX_BYTES (1 << 20) /* the whole file */
@@ -57,6 +58,12 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
     cfg->log_interval = 10;
     cfg->eval_interval = 1;
     cfg->cuda_graph = 1;
+    cfg->n_layer = 4;
+    cfg->n_head = 4;
+    cfg->n_embd = 128;
+    cfg->context = 64;
+    cfg->grad_accum = 1;
+    cfg->temperature = 1.0;
     snprintf(cfg->file, sizeof cfg->file, "(defaults)");
 }
 
@@ -484,11 +491,107 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
         }                                                                                          \
     } while (0)
 
+/* model = gpt and its data (text, tokens): the keys that only it reads, the shape, the file
+ * (read and checked token by token, so a bad id is refused before a run starts) and the
+ * splits, each long enough for one window of context + 1 tokens. */
+static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
+{
+    static const char *const mlp_keys[] = {
+        "samples", "features",           "classes",   "hidden",     "activation", "loss", "data_x",
+        "data_y",  "clusters_per_class", "class_sep", "cluster_std"};
+    int gpt = cfg->model == MGPU_MODEL_GPT, text = cfg->dataset == MGPU_DATASET_TEXT;
+    int lm = text || cfg->dataset == MGPU_DATASET_TOKENS;
+    char w[MGPU_CFG_PATH_MAX + 32];
+
+    CONFLICT(gpt && !lm, "model dataset",
+             "model = gpt needs dataset = text or tokens (dataset is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset]);
+    CONFLICT(!gpt, "dataset model", "dataset = %s needs model = gpt (model is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset], mgpu_cfg_model_names[cfg->model]);
+    for (size_t i = 0; i < sizeof mlp_keys / sizeof mlp_keys[0]; i++) {
+        char names[64];
+        snprintf(names, sizeof names, "%s model", mlp_keys[i]);
+        CONFLICT(line_of(cfg, mlp_keys[i]) != 0, names, "%s is not read by model = gpt; remove it",
+                 mlp_keys[i]);
+    }
+    CONFLICT(line_of(cfg, text ? "data_tokens" : "data_text") != 0,
+             text ? "data_tokens dataset" : "data_text dataset", "%s needs dataset = %s",
+             text ? "data_tokens" : "data_text", text ? "tokens" : "text");
+    CONFLICT(cfg->mode == MGPU_MODE_DP, "mode model",
+             "model = gpt trains with mode = ddp only (one process per device)");
+    CONFLICT(cfg->n_embd % cfg->n_head != 0, "n_embd n_head",
+             "n_embd = %d is not a multiple of n_head = %d (each head is n_embd / n_head wide)",
+             cfg->n_embd, cfg->n_head);
+    if (text) {
+        CONFLICT(line_of(cfg, "vocab") != 0 && cfg->vocab != 256, "vocab dataset",
+                 "vocab = %d with dataset = text, whose tokens are bytes: expected 256 (or no "
+                 "vocab)",
+                 cfg->vocab);
+        cfg->vocab = 256;
+    } else {
+        CONFLICT(line_of(cfg, "vocab") == 0, "dataset vocab",
+                 "dataset = tokens needs vocab (token ids are below it)");
+    }
+    CONFLICT(cfg->top_k > cfg->vocab, "top_k vocab", "top_k = %d, expected at most vocab = %d",
+             cfg->top_k, cfg->vocab);
+    if (line_of(cfg, "optimizer") == 0)
+        cfg->optimizer = MGPU_OPTIM_ADAMW;
+    CONFLICT(cfg->optimizer != MGPU_OPTIM_ADAMW, "optimizer model",
+             "model = gpt trains with optimizer = adamw");
+    if (line_of(cfg, "lr_min") == 0)
+        cfg->lr_min = cfg->lr;
+    CONFLICT(cfg->lr_min > cfg->lr, "lr_min lr", "lr_min = %g is above lr = %g", cfg->lr_min,
+             cfg->lr);
+
+    const char *key = text ? "data_text" : "data_tokens";
+    const char *path = text ? cfg->data_text : cfg->data_tokens;
+    mgpu_tokens_t t;
+    mgpu_err_t e = {0};
+    size_t n_train, n_eval;
+    if (*path == 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: dataset = %s needs %s (a file)",
+                            at(cfg, "dataset", w, sizeof w), mgpu_cfg_dataset_names[cfg->dataset],
+                            key);
+    if (mgpu_tokens_load(path, text, cfg->vocab, &t, &e) < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: %s", at(cfg, key, w, sizeof w), key,
+                            e.msg);
+    size_t n = t.n;
+    mgpu_tokens_free(&t);
+    mgpu_tokens_split(n, cfg->eval_fraction, &n_train, &n_eval);
+    CONFLICT(n_train < (size_t)cfg->context + 1, "context eval_fraction",
+             "%s has %zu tokens, %zu of them for training: fewer than context + 1 = %d (one "
+             "window)",
+             path, n, n_train, cfg->context + 1);
+    CONFLICT(n_eval > 0 && n_eval < (size_t)cfg->context + 1, "context eval_fraction",
+             "eval_fraction = %g of the %zu tokens of %s holds out %zu: fewer than context + 1 = "
+             "%d (one window)",
+             cfg->eval_fraction, n, path, n_eval, cfg->context + 1);
+    return 0;
+}
+
 int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     int rc, npy = cfg->dataset == MGPU_DATASET_NPY;
     int xent = cfg->loss == MGPU_LOSS_CROSS_ENTROPY, adamw = cfg->optimizer == MGPU_OPTIM_ADAMW;
     size_t n_npy = 0;
+
+    if (cfg->model == MGPU_MODEL_GPT || cfg->dataset == MGPU_DATASET_TEXT ||
+        cfg->dataset == MGPU_DATASET_TOKENS) {
+        if ((rc = check_gpt(cfg, err)) < 0)
+            return rc;
+        adamw = 1;
+    } else {
+        static const char *const gpt_keys[] = {
+            "n_layer", "n_head",       "n_embd",    "context",    "vocab",
+            "lr_min",  "warmup_steps", "grad_clip", "grad_accum", "generate",
+            "prompt",  "temperature",  "top_k",     "data_text",  "data_tokens"};
+        for (size_t i = 0; i < sizeof gpt_keys / sizeof gpt_keys[0]; i++) {
+            char names[64];
+            snprintf(names, sizeof names, "%s model", gpt_keys[i]);
+            CONFLICT(line_of(cfg, gpt_keys[i]) != 0, names, "%s needs model = gpt (model is %s)",
+                     gpt_keys[i], mgpu_cfg_model_names[cfg->model]);
+        }
+    }
 
     /* Data. */
     CONFLICT(npy && line_of(cfg, "samples") != 0, "samples dataset",

@@ -19,8 +19,8 @@ _Static_assert(sizeof(mgpu_cfg_mode_t) == sizeof(int) && sizeof(mgpu_act_t) == s
 static const char *const mode_names[] = {"ddp", "dp", NULL};
 static const char *const backend_names[] = {"auto", "cpu", "nccl", NULL};
 static const char *const prec_names[] = {"fp32", "tf32", "bf16", NULL};
-const char *const mgpu_cfg_dataset_names[] = {"random", "synthetic", "npy", NULL};
-const char *const mgpu_cfg_model_names[] = {"linear", "mlp", NULL};
+const char *const mgpu_cfg_dataset_names[] = {"random", "synthetic", "npy", "text", "tokens", NULL};
+const char *const mgpu_cfg_model_names[] = {"linear", "mlp", "gpt", NULL};
 static const char *const act_names[] = {"identity", "relu", "gelu", "tanh", "sigmoid", NULL};
 static const char *const loss_names[] = {"mse", "cross_entropy", NULL};
 static const char *const optim_names[] = {"sgd", "adamw", NULL};
@@ -44,7 +44,7 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "seconds a collective may take before the run fails naming the missing ranks"},
     {"dataset", MGPU_CFG_T_ENUM, F(dataset), mgpu_cfg_dataset_names, 0, 0,
      "random: the article's RandomDataset; synthetic: Gaussian clusters; npy: data_x/data_y "
-     "files"},
+     "files; text, tokens (model = gpt): data_text, data_tokens"},
     {"samples", MGPU_CFG_T_LL, F(samples), NULL, 1, BIG, "random/synthetic: number of samples"},
     {"features", MGPU_CFG_T_INT, F(features), NULL, 1, 1 << 24,
      "random/synthetic: values per sample (the model's input size)"},
@@ -57,6 +57,10 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "npy: features, shape (N, ...) of float32/float64/int64/int32/int16/uint8/int8"},
     {"data_y", MGPU_CFG_T_PATH, F(data_y), NULL, 0, 0,
      "npy: labels (N) of integers for cross_entropy, or targets (N) / (N, T) for mse"},
+    {"data_text", MGPU_CFG_T_PATH, F(data_text), NULL, 0, 0,
+     "text: a file whose bytes are the tokens (vocab 256); the held-out split is its tail"},
+    {"data_tokens", MGPU_CFG_T_PATH, F(data_tokens), NULL, 0, 0,
+     "tokens: little-endian uint16 token ids (nanoGPT's .bin layout), each below vocab"},
     {"eval_fraction", MGPU_CFG_T_DBL, F(eval_fraction), NULL, 0, 0.99,
      "share of the samples held out for evaluation (0: no evaluation)"},
     {"clusters_per_class", MGPU_CFG_T_INT, F(clusters_per_class), NULL, 1, 1024,
@@ -66,11 +70,20 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"cluster_std", MGPU_CFG_T_DBL, F(cluster_std), NULL, 0, 1e6,
      "synthetic: standard deviation of the samples around their center"},
     {"model", MGPU_CFG_T_ENUM, F(model), mgpu_cfg_model_names, 0, 0,
-     "linear: one nn.Linear(features, classes); mlp: hidden layers with an activation"},
+     "linear: one nn.Linear(features, classes); mlp: hidden layers with an activation; gpt: a "
+     "GPT-2 language model (n_layer, n_head, n_embd, context, vocab)"},
     {"hidden", MGPU_CFG_T_HIDDEN, F(hidden), NULL, 1, 1 << 24,
      "mlp: sizes of the hidden layers, comma-separated, e.g. 256,256"},
     {"activation", MGPU_CFG_T_ENUM, F(activation), act_names, 0, 0,
      "mlp: activation after each hidden layer (gelu is the tanh approximation)"},
+    {"n_layer", MGPU_CFG_T_INT, F(n_layer), NULL, 1, 256, "gpt: transformer blocks"},
+    {"n_head", MGPU_CFG_T_INT, F(n_head), NULL, 1, 1024,
+     "gpt: attention heads per block (n_embd must be a multiple of it)"},
+    {"n_embd", MGPU_CFG_T_INT, F(n_embd), NULL, 1, 1 << 16, "gpt: width of the residual stream"},
+    {"context", MGPU_CFG_T_INT, F(context), NULL, 1, 1 << 16,
+     "gpt: tokens per training window (block size; windows are context + 1 tokens)"},
+    {"vocab", MGPU_CFG_T_INT, F(vocab), NULL, 1, 65536,
+     "gpt: token ids 0..vocab-1 (tokens: required; text: 256)"},
     {"loss", MGPU_CFG_T_ENUM, F(loss), loss_names, 0, 0,
      "mse: nn.MSELoss (mean); cross_entropy: nn.CrossEntropyLoss (mean)"},
     {"optimizer", MGPU_CFG_T_ENUM, F(optimizer), optim_names, 0, 0,
@@ -83,8 +96,18 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "sgd: L2 added to the gradient (default 0); adamw: decoupled decay (default 0.01)"},
     {"betas", MGPU_CFG_T_BETAS, F(beta1), NULL, 0, 0, "adamw: beta1, beta2 in [0, 1)"},
     {"eps", MGPU_CFG_T_DBL, F(eps), NULL, 1e-30, 1, "adamw: epsilon"},
+    {"lr_min", MGPU_CFG_T_DBL, F(lr_min), NULL, 0, 1e6,
+     "gpt: learning rate at the end of the cosine decay over max_steps (or the run's steps); "
+     "default lr (no decay)"},
+    {"warmup_steps", MGPU_CFG_T_LL, F(warmup_steps), NULL, 0, BIG,
+     "gpt: steps of linear learning-rate warm-up from lr / warmup_steps to lr"},
+    {"grad_clip", MGPU_CFG_T_DBL, F(grad_clip), NULL, 0, 1e6,
+     "gpt: clip the global gradient norm (after the all-reduce) to this (0: off)"},
     {"batch_size", MGPU_CFG_T_LL, F(batch_size), NULL, 1, 1 << 30,
      "samples per rank per step (the global batch is batch_size x world size)"},
+    {"grad_accum", MGPU_CFG_T_LL, F(grad_accum), NULL, 1, 1 << 20,
+     "gpt: micro-batches of batch_size per optimizer step; the gradient all-reduce runs on the "
+     "last one only (DDP's no_sync)"},
     {"epochs", MGPU_CFG_T_LL, F(epochs), NULL, 1, BIG, "passes over the training set"},
     {"max_steps", MGPU_CFG_T_LL, F(max_steps), NULL, 0, BIG,
      "stop after this many optimizer steps (0: run all epochs)"},
@@ -114,6 +137,14 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "steps between checkpoints (0: at the end of every epoch)"},
     {"demo_prints", MGPU_CFG_T_BOOL, F(demo_prints), NULL, 0, 0,
      "print the article's lines per batch: \"In Model: input size ...\" and \"Outside: ...\""},
+    {"generate", MGPU_CFG_T_LL, F(generate), NULL, 0, 1 << 24,
+     "gpt: after training, rank 0 prints this many sampled tokens (0: none)"},
+    {"prompt", MGPU_CFG_T_STR, F(prompt), NULL, 0, 0,
+     "gpt, text: what sampling continues, as bytes (\\n is a newline); empty: a newline"},
+    {"temperature", MGPU_CFG_T_DBL, F(temperature), NULL, 1e-6, 1e6,
+     "gpt: sampling temperature (logits divided by it)"},
+    {"top_k", MGPU_CFG_T_INT, F(top_k), NULL, 0, 65536,
+     "gpt: sample among the top_k most likely tokens (0: all)"},
     {"cuda_graph", MGPU_CFG_T_BOOL, F(cuda_graph), NULL, 0, 0,
      "GPU: after a warm-up step, capture the whole step (forward, backward, all-reduce, update) "
      "in a CUDA graph and replay it; needs full batches (drop_last_batch or a batch size that "
