@@ -540,6 +540,9 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
              "model = gpt trains with optimizer = adamw");
     if (line_of(cfg, "lr_min") == 0)
         cfg->lr_min = cfg->lr;
+    /* A language model's run is counted in steps: max_steps alone sets its length. */
+    if (line_of(cfg, "epochs") == 0 && cfg->max_steps > 0)
+        cfg->epochs = cfg->max_steps;
     CONFLICT(cfg->lr_min > cfg->lr, "lr_min lr", "lr_min = %g is above lr = %g", cfg->lr_min,
              cfg->lr);
 
