@@ -546,6 +546,15 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
     CONFLICT(cfg->lr_min > cfg->lr, "lr_min lr", "lr_min = %g is above lr = %g", cfg->lr_min,
              cfg->lr);
 
+    if (cfg->generate > 0) {
+        int32_t ids[MGPU_CFG_PATH_MAX];
+        int n_ids;
+        mgpu_err_t e = {0};
+        if (mgpu_tokens_prompt(cfg->prompt, text, cfg->vocab, ids, MGPU_CFG_PATH_MAX, &n_ids, &e) <
+            0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "prompt", w, sizeof w),
+                                e.msg);
+    }
     const char *key = text ? "data_text" : "data_tokens";
     const char *path = text ? cfg->data_text : cfg->data_tokens;
     mgpu_tokens_t t;

@@ -140,7 +140,8 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"generate", MGPU_CFG_T_LL, F(generate), NULL, 0, 1 << 24,
      "gpt: after training, rank 0 prints this many sampled tokens (0: none)"},
     {"prompt", MGPU_CFG_T_STR, F(prompt), NULL, 0, 0,
-     "gpt, text: what sampling continues, as bytes (\\n is a newline); empty: a newline"},
+     "gpt: what sampling continues; text: bytes (\\n is a newline; empty: a newline); tokens: "
+     "ids separated by spaces (empty: id 0)"},
     {"temperature", MGPU_CFG_T_DBL, F(temperature), NULL, 1e-6, 1e6,
      "gpt: sampling temperature (logits divided by it)"},
     {"top_k", MGPU_CFG_T_INT, F(top_k), NULL, 0, 65536,
