@@ -203,6 +203,14 @@ int mgpu_gpt_load(mgpu_gpt_t *m, const int32_t *tokens, const int32_t *targets, 
     return 0;
 }
 
+/* A GPT op wrote n floats at p that a GEMM reads next: a backend that keeps derived copies of
+ * GEMM operands (CUDA's bf16 copies) must drop the old one (mgpu_k_written; the CPU keeps
+ * none). */
+static int fresh(mgpu_gpt_t *m, const float *p, size_t n, mgpu_err_t *err)
+{
+    return mgpu_k_written(m->k, p, sizeof(float) * n, err);
+}
+
 /* out (n, oc) = inp (n, c) @ w^T + bias */
 static int linear(mgpu_gpt_t *m, int n, int c, int oc, const float *inp, size_t w, size_t bias,
                   float *out, mgpu_err_t *err)
@@ -243,20 +251,26 @@ int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
         float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
         if ((rc = mgpu_kg_layernorm_forward(m->k, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1,
                                             a->ln1_mean, a->ln1_rstd, err)) < 0 ||
+            (rc = fresh(m, a->ln1, NC, err)) < 0 ||
             (rc = linear(m, N, C, 3 * C, a->ln1, w->qkv_w, w->qkv_b, a->qkv, err)) < 0 ||
             (rc = mgpu_kg_attention_forward(m->k, B, T, C, NH, a->qkv, a->atty, a->lse, err)) < 0 ||
+            (rc = fresh(m, a->atty, NC, err)) < 0 ||
             (rc = linear(m, N, C, C, a->atty, w->proj_w, w->proj_b, a->res2, err)) < 0 ||
             (rc = mgpu_kg_add(m->k, NC, a->res2, a->x, a->res2, err)) < 0 ||
             (rc = mgpu_kg_layernorm_forward(m->k, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2,
                                             a->ln2_mean, a->ln2_rstd, err)) < 0 ||
+            (rc = fresh(m, a->ln2, NC, err)) < 0 ||
             (rc = linear(m, N, C, 4 * C, a->ln2, w->fc_w, w->fc_b, a->fch, err)) < 0 ||
             (rc = mgpu_kg_gelu_forward(m->k, 4 * NC, a->fch, a->fch_gelu, err)) < 0 ||
+            (rc = fresh(m, a->fch_gelu, 4 * NC, err)) < 0 ||
             (rc = linear(m, N, 4 * C, C, a->fch_gelu, w->fcp_w, w->fcp_b, next, err)) < 0 ||
             (rc = mgpu_kg_add(m->k, NC, next, a->res2, next, err)) < 0)
             return rc;
     }
-    return mgpu_kg_layernorm_forward(m->k, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf,
-                                     m->lnf_mean, m->lnf_rstd, err);
+    if ((rc = mgpu_kg_layernorm_forward(m->k, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf,
+                                        m->lnf_mean, m->lnf_rstd, err)) < 0)
+        return rc;
+    return fresh(m, m->lnf, NC, err);
 }
 
 static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
@@ -271,23 +285,28 @@ static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
                                          m->lnf_rstd, m->dres, G + m->lnf_w, G + m->lnf_b, err)) <
             0)
         return rc;
+    const size_t NC = (size_t)N * C;
     for (int l = m->spec.n_layer - 1; l >= 0; l--) {
         const mgpu_gpt_block_t *w = &m->blocks[l];
         mgpu_gpt_acts_t *a = &m->acts[l];
         /* x_{l+1} = res2 + mlp(res2): the MLP's output gradient is dres. */
-        if ((rc = linear_back(m, N, 4 * C, C, m->dres, a->fch_gelu, w->fcp_w, w->fcp_b, m->d4,
+        if ((rc = fresh(m, m->dres, NC, err)) < 0 ||
+            (rc = linear_back(m, N, 4 * C, C, m->dres, a->fch_gelu, w->fcp_w, w->fcp_b, m->d4,
                               err)) < 0 ||
             (rc = mgpu_kg_gelu_backward(m->k, (size_t)N * 4 * C, a->fch, m->d4, m->d4, err)) < 0 ||
+            (rc = fresh(m, m->d4, 4 * NC, err)) < 0 ||
             (rc = linear_back(m, N, C, 4 * C, m->d4, a->ln2, w->fc_w, w->fc_b, m->dln, err)) < 0 ||
             (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->res2, P + w->ln2_w, a->ln2_mean,
                                              a->ln2_rstd, m->dres, G + w->ln2_w, G + w->ln2_b,
                                              err)) < 0)
             return rc;
         /* res2 = x + proj(attention(ln1(x))): dres is now d(res2). */
-        if ((rc = linear_back(m, N, C, C, m->dres, a->atty, w->proj_w, w->proj_b, m->dln, err)) <
+        if ((rc = fresh(m, m->dres, NC, err)) < 0 ||
+            (rc = linear_back(m, N, C, C, m->dres, a->atty, w->proj_w, w->proj_b, m->dln, err)) <
                 0 ||
             (rc = mgpu_kg_attention_backward(m->k, B, T, C, NH, m->dln, a->qkv, a->atty, a->lse,
                                              m->dqkv, err)) < 0 ||
+            (rc = fresh(m, m->dqkv, 3 * NC, err)) < 0 ||
             (rc = linear_back(m, N, C, 3 * C, m->dqkv, a->ln1, w->qkv_w, w->qkv_b, m->dln, err)) <
                 0 ||
             (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->x, P + w->ln1_w, a->ln1_mean,
@@ -346,6 +365,8 @@ int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step,
                                 grad_clip > 0 ? factor : NULL, err)) < 0)
             return rc;
     }
+    if ((rc = fresh(m, m->params, m->n_params, err)) < 0)
+        return rc;
     if (norm != NULL) {
         float s;
         if ((rc = mgpu_k_copy_to_host(m->k, &s, ss, sizeof s, err)) < 0)
