@@ -7,7 +7,6 @@
 #include "cfg.h"     /* mgpu_cfg_load */
 #include "ddp.h"     /* mgpu_ddp_run */
 #include "dp.h"      /* mgpu_dp_run */
-#include "gpt_run.h" /* mgpu_gpt_run */
 #include "kernels.h" /* mgpu_kernels_create */
 #ifdef MGPU_HAVE_CUDA
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_stream */
@@ -177,8 +176,8 @@ int main(int argc, char **argv)
         }
         if ((rc = mgpu_kernels_create(gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, dev->ordinal,
                                       &k, &err)) < 0 ||
-            (rc = mgpu_comm_create(ctx, gpu ? cfg.backend : MGPU_BACKEND_CPU, cfg.timeout_s, &comm,
-                                   &err)) < 0)
+            (rc = mgpu_comm_create(ctx, gpu ? cfg.backend : MGPU_BACKEND_CPU, cfg.timeout_s,
+                                   &comm, &err)) < 0)
             goto fail;
         if (gpu && ri->world_size > 1 && mgpu_comm_backend(comm) != MGPU_BACKEND_NCCL) {
             rc = mgpu_err_set(&err, MGPU_E_CONFIG,
@@ -201,8 +200,7 @@ int main(int argc, char **argv)
                               .allreduce_avg_stream = avg_stream,
                               .mark = mark,
                               .mark_ctx = ctx};
-        rc = cfg.model == MGPU_MODEL_GPT ? mgpu_gpt_run(k, &cfg, &dc, stdout, &res, &err)
-                                         : mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
+        rc = mgpu_ddp_run(k, &cfg, &dc, stdout, &res, &err);
         if (rc == 0)
             free(res.params);
     }
