@@ -132,6 +132,14 @@ t_gpt_grad_accum_matches_a_larger_batch() {
     cat cmp
 }
 
+t_gpt_times_steps_after_timing_warmup() {
+    small_cfg
+    "$WORKER" g.cfg timing_warmup=3 metrics_file=m.jsonl >out 2>err ||
+        { cat out err >&2; fail "exit $?"; }
+    expect_grep out '^step time: [0-9.]+ us per step over 5 steps \(host clock after a sync, cpu\), [0-9]+ tokens/s$'
+    expect_grep m.jsonl '"final":true.*"step_us":[0-9.e+]+,"timed_steps":5'
+}
+
 # 4 CPU workers, gpt_text.cfg's settings made small, against PyTorch with the same settings
 # and steps: the held-out loss may be worse by 0.05 at most (the two inits differ in their
 # random numbers, not in their distributions).

@@ -448,7 +448,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                .weight_decay = (float)cfg->weight_decay};
     long long evaluated_at = -1, steps_run = 0;
     int stopped = 0;
-    double t0 = now_s(), tokens_run = 0;
+    double t0 = now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
             goto out;
@@ -484,6 +484,12 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 if ((rc = mgpu_k_sync(k, err)) < 0)
                     goto out;
                 comm->mark(comm->mark_ctx, "first_step");
+            }
+            if (cfg->timing_warmup > 0 && steps_run == cfg->timing_warmup) {
+                /* The timed steps start once the warm-up's have finished. */
+                if ((rc = mgpu_k_sync(k, err)) < 0)
+                    goto out;
+                timer_t0 = now_s();
             }
             int log = cfg->log_interval > 0 && step % cfg->log_interval == 0;
             if (log || step == planned) {
@@ -532,6 +538,20 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             evaluated_at = step;
         }
     }
+    if (cfg->timing_warmup > 0 && steps_run > cfg->timing_warmup) {
+        if ((rc = mgpu_k_sync(k, err)) < 0)
+            goto out;
+        res->timed_steps = steps_run - cfg->timing_warmup;
+        res->step_us = 1e6 * (now_s() - timer_t0) / (double)res->timed_steps;
+        if (rank == 0) {
+            fprintf(s.out,
+                    "step time: %.2f us per step over %lld steps (host clock after a sync, "
+                    "%s), %.0f tokens/s\n",
+                    res->step_us, res->timed_steps, k->ops->name,
+                    (double)B * accum * T * W / (res->step_us * 1e-6));
+            fflush(s.out);
+        }
+    }
     res->seconds = now_s() - t0;
     if (s.n_eval > 0 && evaluated_at != step &&
         (rc = report_eval(&s, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
@@ -550,6 +570,10 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddNumberToObject(o, "tokens_per_s", res->samples_per_s);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
         cJSON_AddNumberToObject(o, "world_size", W);
+        if (res->timed_steps > 0) {
+            cJSON_AddNumberToObject(o, "step_us", res->step_us);
+            cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);
+        }
         cJSON_AddStringToObject(o, "backend", k->ops->name);
         metrics_line(&s, o);
     }
