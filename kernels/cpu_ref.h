@@ -36,6 +36,10 @@ typedef struct cpu_impl {
     float *apack; /* MC x KC, panels of MR rows */
     float *bpack; /* KC x NC, panels of nr columns */
     int nr;       /* panel width of the micro-kernel this CPU runs: 16 (AVX2 + FMA) or 8 */
+    /* The GPT table's attention scratch (gpt_cpu.c): one batch row's probabilities and their
+     * gradients, grown when a larger shape comes, freed with the backend. */
+    float *gpt_scratch;
+    size_t gpt_scratch_n; /* floats */
 } cpu_impl_t;
 int mgpu_cpu_gemm(void *impl, int trans_a, int trans_b, int m, int n, int k, float alpha,
                   const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc,

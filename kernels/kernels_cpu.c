@@ -50,6 +50,7 @@ static void cpu_impl_destroy(void *impl)
         return;
     free(c->apack);
     free(c->bpack);
+    free(c->gpt_scratch);
     free(c);
 }
 

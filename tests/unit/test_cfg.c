@@ -538,6 +538,49 @@ static void test_write_reads_back(void)
     free(buf);
 }
 
+/* configs/gpt_text.cfg: the GPT's keys, what the check derives for model = gpt (vocab 256 for
+ * text, adamw, a run as long as max_steps), and mgpu_cfg_write's output reading back. */
+static void test_gpt_config_loads_and_writes_back(void)
+{
+    char p[1024], text[8192];
+    mgpu_cfg_t a, b;
+    mgpu_err_t err = {0};
+    if (access("/usr/share/common-licenses/GPL-3", R_OK) != 0)
+        SKIP("/usr/share/common-licenses/GPL-3 (gpt_text.cfg's data) is not here");
+    snprintf(p, sizeof p, "%s/configs/gpt_text.cfg", root());
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    if (f == NULL)
+        return;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    CHECK_INT(parse(text, &a, &err), 0);
+    if (err.msg[0])
+        printf("  %s\n", err.msg);
+    CHECK_INT(a.model, MGPU_MODEL_GPT);
+    CHECK_INT(a.dataset, MGPU_DATASET_TEXT);
+    CHECK_INT(a.vocab, 256);
+    CHECK_INT(a.optimizer, MGPU_OPTIM_ADAMW);
+    CHECK_INT(a.epochs, a.max_steps);
+    CHECK_INT(a.n_embd % a.n_head, 0);
+    CHECK(a.lr_min < a.lr && a.grad_clip == 1.0 && a.top_k == 40);
+    CHECK_STR(a.prompt, "GNU");
+    char *buf = NULL;
+    size_t len = 0;
+    f = open_memstream(&buf, &len);
+    mgpu_cfg_write(&a, f);
+    fclose(f);
+    CHECK_CONTAINS(buf, "\nmodel = gpt\n");
+    CHECK_CONTAINS(buf, "\nprompt = GNU\n");
+    CHECK_CONTAINS(buf, "# grad_accum = 1");
+    CHECK_INT(parse(buf, &b, &err), 0);
+    memset(a.line, 0, sizeof a.line);
+    memset(b.line, 0, sizeof b.line);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    free(buf);
+}
+
 int main(void)
 {
     RUN(test_defaults_are_the_demo);
@@ -552,5 +595,6 @@ int main(void)
     RUN(test_data_file_errors);
     RUN(test_overrides);
     RUN(test_write_reads_back);
+    RUN(test_gpt_config_loads_and_writes_back);
     return check_done();
 }

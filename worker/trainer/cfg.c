@@ -1,7 +1,9 @@
-/* cfg.c - train.cfg: one table describes every key (type, field, accepted values, range,
- * documentation), and the parser, the error messages and mgpu_cfg_write all read it, so a
- * new key is one line here and one in configs/README.md. */
+/* cfg.c - train.cfg: defaults, the parser of lines and overrides, and the cross-key checks.
+ * The keys themselves (types, ranges, documentation) and mgpu_cfg_write are cfg_keys.c's
+ * table, which the parser and the messages read. */
 #include "cfg.h"
+
+#include "cfg_keys.h" /* the key table, mgpu_cfg_keys_set */
 
 #include <errno.h>    /* errno */
 #include <limits.h>   /* INT_MAX */
@@ -13,161 +15,17 @@
 #include <sys/stat.h> /* stat, S_ISDIR */
 #include <unistd.h>   /* access, read, close */
 
-#include "data.h" /* mgpu_data_open_regular, mgpu_data_check_npy */
-#include "dp.h"   /* MGPU_DP_MAX_DEVICES */
-
-typedef enum ktype {
-    T_ENUM,    /* int-sized enum field, value one of names[] */
-    T_INT,     /* int */
-    T_LL,      /* long long */
-    T_U64,     /* uint64_t */
-    T_DBL,     /* double */
-    T_BOOL,    /* int 0/1 */
-    T_PATH,    /* char[MGPU_CFG_PATH_MAX], an input: resolved against the cfg's directory */
-    T_OUTPATH, /* char[MGPU_CFG_PATH_MAX], an output: kept as written (the working directory) */
-    T_HIDDEN,  /* "256,256" into hidden[] and n_hidden */
-    T_BETAS,   /* "0.9, 0.999" into beta1, beta2 */
-} ktype_t;
-
-typedef struct cfg_key {
-    const char *name;
-    ktype_t type;
-    size_t off;
-    const char *const *names; /* T_ENUM: accepted values, in enum order, NULL-terminated */
-    double min, max;          /* T_INT, T_LL, T_DBL: inclusive range */
-    const char *doc;
-} cfg_key_t;
-
-_Static_assert(sizeof(mgpu_cfg_mode_t) == sizeof(int) && sizeof(mgpu_act_t) == sizeof(int) &&
-                   sizeof(mgpu_backend_t) == sizeof(int),
-               "T_ENUM fields are written as int");
-
-static const char *const mode_names[] = {"ddp", "dp", NULL};
-static const char *const backend_names[] = {"auto", "cpu", "nccl", NULL};
-static const char *const prec_names[] = {"fp32", "tf32", "bf16", NULL};
-static const char *const dataset_names[] = {"random", "synthetic", "npy", NULL};
-static const char *const model_names[] = {"linear", "mlp", NULL};
-static const char *const act_names[] = {"identity", "relu", "gelu", "tanh", "sigmoid", NULL};
-static const char *const loss_names[] = {"mse", "cross_entropy", NULL};
-static const char *const optim_names[] = {"sgd", "adamw", NULL};
+#include "data.h"   /* mgpu_data_open_regular, mgpu_data_check_npy */
+#include "tokens.h" /* mgpu_tokens_load */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
 #define CFG_MAX_BYTES (1 << 20) /* the whole file */
 #define CFG_LINE_MAX 4095       /* one line, without its '\n' */
 #define SHOWN 80                /* bytes of a key or a line quoted in a message */
 
-#define F(field) offsetof(mgpu_cfg_t, field)
-#define BIG 1e15 /* "no practical limit" for long long keys */
-
-/* The order is the order of mgpu_cfg_write and configs/README.md. */
-static const cfg_key_t keys[] = {
-    {"mode", T_ENUM, F(mode), mode_names, 0, 0,
-     "ddp: one process per device, gradients all-reduced (DistributedDataParallel); dp: one "
-     "process drives all devices (DataParallel)"},
-    {"backend", T_ENUM, F(backend), backend_names, 0, 0,
-     "collectives: auto picks nccl when the worker has a GPU, cpu otherwise"},
-    {"dp_devices", T_INT, F(dp_devices), NULL, 0, MGPU_DP_MAX_DEVICES,
-     "mode = dp: devices to use (threads stand in for them on a CPU); 0 = all visible, 2 on a "
-     "CPU"},
-    {"precision", T_ENUM, F(precision), prec_names, 0, 0,
-     "GEMM precision on a GPU: fp32, tf32 (default), bf16 with fp32 master weights; the CPU "
-     "always computes fp32"},
-    {"timeout", T_DBL, F(timeout_s), NULL, 0.001, 86400,
-     "seconds a collective may take before the run fails naming the missing ranks"},
-    {"dataset", T_ENUM, F(dataset), dataset_names, 0, 0,
-     "random: the article's RandomDataset; synthetic: Gaussian clusters; npy: data_x/data_y "
-     "files"},
-    {"samples", T_LL, F(samples), NULL, 1, BIG, "random/synthetic: number of samples"},
-    {"features", T_INT, F(features), NULL, 1, 1 << 24,
-     "random/synthetic: values per sample (the model's input size)"},
-    {"classes", T_INT, F(classes), NULL, 0, 1 << 24,
-     "cross_entropy: number of classes; mse: target size (the model's output size); npy: 0 = "
-     "max label + 1"},
-    {"data_seed", T_U64, F(data_seed), NULL, 0, 0,
-     "seed of the generated data set and of the held-out split"},
-    {"data_x", T_PATH, F(data_x), NULL, 0, 0,
-     "npy: features, shape (N, ...) of float32/float64/int64/int32/int16/uint8/int8"},
-    {"data_y", T_PATH, F(data_y), NULL, 0, 0,
-     "npy: labels (N) of integers for cross_entropy, or targets (N) / (N, T) for mse"},
-    {"eval_fraction", T_DBL, F(eval_fraction), NULL, 0, 0.99,
-     "share of the samples held out for evaluation (0: no evaluation)"},
-    {"clusters_per_class", T_INT, F(clusters_per_class), NULL, 1, 1024,
-     "synthetic: Gaussian clusters per class"},
-    {"class_sep", T_DBL, F(class_sep), NULL, 1e-6, 1e6,
-     "synthetic: standard deviation of the cluster centers (larger: easier)"},
-    {"cluster_std", T_DBL, F(cluster_std), NULL, 0, 1e6,
-     "synthetic: standard deviation of the samples around their center"},
-    {"model", T_ENUM, F(model), model_names, 0, 0,
-     "linear: one nn.Linear(features, classes); mlp: hidden layers with an activation"},
-    {"hidden", T_HIDDEN, F(hidden), NULL, 1, 1 << 24,
-     "mlp: sizes of the hidden layers, comma-separated, e.g. 256,256"},
-    {"activation", T_ENUM, F(activation), act_names, 0, 0,
-     "mlp: activation after each hidden layer (gelu is the tanh approximation)"},
-    {"loss", T_ENUM, F(loss), loss_names, 0, 0,
-     "mse: nn.MSELoss (mean); cross_entropy: nn.CrossEntropyLoss (mean)"},
-    {"optimizer", T_ENUM, F(optimizer), optim_names, 0, 0,
-     "sgd: torch.optim.SGD; adamw: torch.optim.AdamW"},
-    {"lr", T_DBL, F(lr), NULL, 0, 1e6, "learning rate"},
-    {"momentum", T_DBL, F(momentum), NULL, 0, 1, "sgd: momentum (0: none)"},
-    {"dampening", T_DBL, F(dampening), NULL, 0, 1, "sgd: dampening of the momentum"},
-    {"nesterov", T_BOOL, F(nesterov), NULL, 0, 0, "sgd: Nesterov momentum"},
-    {"weight_decay", T_DBL, F(weight_decay), NULL, 0, 1e6,
-     "sgd: L2 added to the gradient (default 0); adamw: decoupled decay (default 0.01)"},
-    {"betas", T_BETAS, F(beta1), NULL, 0, 0, "adamw: beta1, beta2 in [0, 1)"},
-    {"eps", T_DBL, F(eps), NULL, 1e-30, 1, "adamw: epsilon"},
-    {"batch_size", T_LL, F(batch_size), NULL, 1, 1 << 30,
-     "samples per rank per step (the global batch is batch_size x world size)"},
-    {"epochs", T_LL, F(epochs), NULL, 1, BIG, "passes over the training set"},
-    {"max_steps", T_LL, F(max_steps), NULL, 0, BIG,
-     "stop after this many optimizer steps (0: run all epochs)"},
-    {"shuffle", T_BOOL, F(shuffle), NULL, 0, 0,
-     "DistributedSampler(shuffle=): a new permutation from seed + epoch every epoch"},
-    {"seed", T_U64, F(seed), NULL, 0, 0, "seed of the sampler's shuffle and of the parameter init"},
-    {"drop_last", T_BOOL, F(drop_last), NULL, 0, 0,
-     "DistributedSampler(drop_last=): drop the tail instead of padding to a multiple of the "
-     "world size"},
-    {"drop_last_batch", T_BOOL, F(drop_last_batch), NULL, 0, 0,
-     "DataLoader(drop_last=): drop each rank's last, smaller batch"},
-    {"bucket_mb", T_DBL, F(bucket_mb), NULL, 0.001, 1e6,
-     "DDP gradient bucket size in MiB (PyTorch's bucket_cap_mb)"},
-    {"bucket_overlap", T_BOOL, F(bucket_overlap), NULL, 0, 0,
-     "GPU: all-reduce each bucket as soon as backward has made it, during the rest of "
-     "backward (false: all buckets after backward, to measure what the overlap buys)"},
-    {"log_interval", T_LL, F(log_interval), NULL, 0, BIG,
-     "steps between rank 0's progress lines (0: none)"},
-    {"eval_interval", T_LL, F(eval_interval), NULL, 0, BIG,
-     "epochs between evaluations on the held-out set (0: only at the end)"},
-    {"metrics_file", T_OUTPATH, F(metrics_file), NULL, 0, 0,
-     "JSON lines of metrics written by rank 0 (empty: none)"},
-    {"checkpoint", T_OUTPATH, F(checkpoint), NULL, 0, 0,
-     "checkpoint file, written atomically by rank 0 and resumed from at start (empty: none)"},
-    {"checkpoint_interval", T_LL, F(checkpoint_interval), NULL, 0, BIG,
-     "steps between checkpoints (0: at the end of every epoch)"},
-    {"demo_prints", T_BOOL, F(demo_prints), NULL, 0, 0,
-     "print the article's lines per batch: \"In Model: input size ...\" and \"Outside: ...\""},
-    {"cuda_graph", T_BOOL, F(cuda_graph), NULL, 0, 0,
-     "GPU: after a warm-up step, capture the whole step (forward, backward, all-reduce, update) "
-     "in a CUDA graph and replay it; needs full batches (drop_last_batch or a batch size that "
-     "divides each rank's samples); sgd and adamw"},
-    {"timing_warmup", T_LL, F(timing_warmup), NULL, 0, BIG,
-     "time the steps after the first timing_warmup ones (CUDA events on a GPU): a \"step time\" "
-     "line and step_us in the final metrics line (0: no timing)"},
-};
-#define N_KEYS (sizeof keys / sizeof keys[0])
-_Static_assert(sizeof keys / sizeof keys[0] <= sizeof(((mgpu_cfg_t *)0)->line) / sizeof(int),
-               "mgpu_cfg_t.line has a slot per key");
-
-static int key_index(const char *name)
-{
-    for (size_t i = 0; i < N_KEYS; i++)
-        if (strcmp(keys[i].name, name) == 0)
-            return (int)i;
-    return -1;
-}
-
 static int line_of(const mgpu_cfg_t *cfg, const char *name)
 {
-    return cfg->line[key_index(name)];
+    return mgpu_cfg_keys_line(cfg, name);
 }
 
 void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
@@ -200,188 +58,13 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
     cfg->log_interval = 10;
     cfg->eval_interval = 1;
     cfg->cuda_graph = 1;
+    cfg->n_layer = 4;
+    cfg->n_head = 4;
+    cfg->n_embd = 128;
+    cfg->context = 64;
+    cfg->grad_accum = 1;
+    cfg->temperature = 1.0;
     snprintf(cfg->file, sizeof cfg->file, "(defaults)");
-}
-
-/* --- values -------------------------------------------------------------------------------- */
-
-static void list_names(const char *const *names, char *buf, size_t len)
-{
-    buf[0] = 0;
-    for (int i = 0; names[i] != NULL; i++)
-        snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? ", " : "", names[i]);
-}
-
-static int parse_ll(const char *v, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end != 0 || errno != 0)
-        return -1;
-    *out = x;
-    return 0;
-}
-
-static int parse_double(const char *v, double *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end != 0 || errno != 0 || !isfinite(x))
-        return -1;
-    *out = x;
-    return 0;
-}
-
-static int parse_bool(const char *v)
-{
-    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
-                                                                                "off", "0"};
-    for (int i = 0; i < 4; i++) {
-        if (strcasecmp(v, yes[i]) == 0)
-            return 1;
-        if (strcasecmp(v, no[i]) == 0)
-            return 0;
-    }
-    return -1;
-}
-
-/* "where" is "file:line" (or "command line") for messages. */
-static int set_value(mgpu_cfg_t *cfg, const cfg_key_t *k, const char *v, const char *base_dir,
-                     const char *where, mgpu_err_t *err)
-{
-    char *field = (char *)cfg + k->off;
-    char accepted[256];
-
-    if (*v == 0 && k->type != T_PATH && k->type != T_OUTPATH)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s has no value (%s)", where, k->name, k->doc);
-    switch (k->type) {
-    case T_ENUM:
-        for (int i = 0; k->names[i] != NULL; i++)
-            if (strcasecmp(v, k->names[i]) == 0) {
-                memcpy(field, &i, sizeof i);
-                return 0;
-            }
-        list_names(k->names, accepted, sizeof accepted);
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': expected one of %s", where, k->name,
-                            v, accepted);
-    case T_INT:
-    case T_LL: {
-        long long x;
-        if (parse_ll(v, &x) < 0 || x < k->min || x > k->max)
-            return mgpu_err_set(err, MGPU_E_CONFIG,
-                                "%s: %s = '%s': expected an integer in [%.0f, %.0f]", where,
-                                k->name, v, k->min, k->max);
-        if (k->type == T_INT) {
-            int i = (int)x;
-            memcpy(field, &i, sizeof i);
-        } else {
-            memcpy(field, &x, sizeof x);
-        }
-        return 0;
-    }
-    case T_U64: {
-        char *end;
-        errno = 0;
-        /* Decimal, or hex with 0x; never octal ("010" is ten, as anyone reading it expects). */
-        int hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
-        unsigned long long x = strtoull(v, &end, hex ? 16 : 10);
-        if (end == v || *end != 0 || errno != 0 || *v == '-')
-            return mgpu_err_set(err, MGPU_E_CONFIG,
-                                "%s: %s = '%s': expected an integer in [0, 2^64 - 1]", where,
-                                k->name, v);
-        uint64_t u = x;
-        memcpy(field, &u, sizeof u);
-        return 0;
-    }
-    case T_DBL: {
-        double x;
-        if (parse_double(v, &x) < 0 || x < k->min || x > k->max)
-            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': expected a number in [%g, %g]",
-                                where, k->name, v, k->min, k->max);
-        memcpy(field, &x, sizeof x);
-        return 0;
-    }
-    case T_BOOL: {
-        int b = parse_bool(v);
-        if (b < 0)
-            return mgpu_err_set(err, MGPU_E_CONFIG,
-                                "%s: %s = '%s': expected true or false (also yes/no, on/off, 1/0)",
-                                where, k->name, v);
-        memcpy(field, &b, sizeof b);
-        return 0;
-    }
-    case T_PATH:
-    case T_OUTPATH: {
-        int n;
-        if (*v == 0 || *v == '/' || base_dir == NULL || *base_dir == 0 || k->type == T_OUTPATH)
-            n = snprintf(field, MGPU_CFG_PATH_MAX, "%s", v);
-        else
-            n = snprintf(field, MGPU_CFG_PATH_MAX, "%s/%s", base_dir, v);
-        if (n >= MGPU_CFG_PATH_MAX)
-            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: path longer than %d bytes", where,
-                                k->name, MGPU_CFG_PATH_MAX - 1);
-        return 0;
-    }
-    case T_HIDDEN: {
-        int n = 0;
-        const char *p = v;
-        for (;;) {
-            char *end;
-            while (*p == ' ' || *p == '\t')
-                p++;
-            errno = 0;
-            long x = strtol(p, &end, 10);
-            if (end == p || errno != 0 || x < k->min || x > k->max)
-                return mgpu_err_set(err, MGPU_E_CONFIG,
-                                    "%s: hidden = '%s': expected layer sizes in [1, %.0f] "
-                                    "separated by commas, e.g. 256,256",
-                                    where, v, k->max);
-            if (n == MGPU_MODEL_MAX_LAYERS - 1)
-                return mgpu_err_set(err, MGPU_E_CONFIG, "%s: hidden = '%s': more than %d layers",
-                                    where, v, MGPU_MODEL_MAX_LAYERS - 1);
-            cfg->hidden[n++] = (int)x;
-            p = end;
-            while (*p == ' ' || *p == '\t')
-                p++;
-            if (*p == 0)
-                break;
-            if (*p != ',')
-                return mgpu_err_set(err, MGPU_E_CONFIG,
-                                    "%s: hidden = '%s': expected layer sizes separated by "
-                                    "commas, e.g. 256,256",
-                                    where, v);
-            p++;
-        }
-        cfg->n_hidden = n;
-        return 0;
-    }
-    case T_BETAS: {
-        char a[64], b[64];
-        const char *comma = strchr(v, ',');
-        double b1, b2;
-        if (comma == NULL || (size_t)(comma - v) >= sizeof a || strlen(comma + 1) >= sizeof b)
-            goto bad_betas;
-        snprintf(a, sizeof a, "%.*s", (int)(comma - v), v);
-        snprintf(b, sizeof b, "%s", comma + 1);
-        /* strtod skips leading spaces; trailing ones are trimmed here. */
-        for (char *s = a + strlen(a); s > a && (s[-1] == ' ' || s[-1] == '\t');)
-            *--s = 0;
-        if (parse_double(a, &b1) < 0 || parse_double(b, &b2) < 0 || b1 < 0 || b1 >= 1 || b2 < 0 ||
-            b2 >= 1)
-            goto bad_betas;
-        cfg->beta1 = b1;
-        cfg->beta2 = b2;
-        return 0;
-    bad_betas:
-        return mgpu_err_set(err, MGPU_E_CONFIG,
-                            "%s: betas = '%s': expected two numbers in [0, 1), e.g. 0.9, 0.999",
-                            where, v);
-    }
-    }
-    return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: internal error (type %d)", where, k->name,
-                        (int)k->type);
 }
 
 /* --- lines --------------------------------------------------------------------------------- */
@@ -415,12 +98,12 @@ static int unknown_key(const char *where, const char *key, mgpu_err_t *err)
     char list[1024] = "";
     const char *best = NULL;
     size_t best_d = 3;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        size_t d = edit_distance(key, keys[i].name);
+    for (size_t i = 0; i < mgpu_cfg_n_keys; i++) {
+        size_t d = edit_distance(key, mgpu_cfg_keys[i].name);
         if (d < best_d)
-            best_d = d, best = keys[i].name;
+            best_d = d, best = mgpu_cfg_keys[i].name;
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                 keys[i].name);
+                 mgpu_cfg_keys[i].name);
     }
     if (best != NULL)
         return mgpu_err_set(err, MGPU_E_CONFIG,
@@ -477,13 +160,13 @@ static int parse_line(mgpu_cfg_t *cfg, char *text, const char *name, int lineno,
         val[vl - 1] = 0;
         val++;
     }
-    ki = key_index(key);
+    ki = mgpu_cfg_keys_index(key);
     if (ki < 0)
         return unknown_key(where, key, err);
     if (lineno > 0 && cfg->line[ki] > 0 && strcmp(cfg->file, name) == 0)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s is set twice (first at line %d)", where,
                             key, cfg->line[ki]);
-    int rc = set_value(cfg, &keys[ki], val, base_dir, where, err);
+    int rc = mgpu_cfg_keys_set(cfg, &mgpu_cfg_keys[ki], val, base_dir, where, err);
     if (rc == 0)
         cfg->line[ki] = lineno;
     return rc;
@@ -808,11 +491,119 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
         }                                                                                          \
     } while (0)
 
+/* model = gpt and its data (text, tokens): the keys that only it reads, the shape, the file
+ * (read and checked token by token, so a bad id is refused before a run starts) and the
+ * splits, each long enough for one window of context + 1 tokens. */
+static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
+{
+    static const char *const mlp_keys[] = {
+        "samples", "features",           "classes",   "hidden",     "activation", "loss", "data_x",
+        "data_y",  "clusters_per_class", "class_sep", "cluster_std"};
+    int gpt = cfg->model == MGPU_MODEL_GPT, text = cfg->dataset == MGPU_DATASET_TEXT;
+    int lm = text || cfg->dataset == MGPU_DATASET_TOKENS;
+    char w[MGPU_CFG_PATH_MAX + 32];
+
+    CONFLICT(gpt && !lm, "model dataset",
+             "model = gpt needs dataset = text or tokens (dataset is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset]);
+    CONFLICT(!gpt, "dataset model", "dataset = %s needs model = gpt (model is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset], mgpu_cfg_model_names[cfg->model]);
+    for (size_t i = 0; i < sizeof mlp_keys / sizeof mlp_keys[0]; i++) {
+        char names[64];
+        snprintf(names, sizeof names, "%s model", mlp_keys[i]);
+        CONFLICT(line_of(cfg, mlp_keys[i]) != 0, names, "%s is not read by model = gpt; remove it",
+                 mlp_keys[i]);
+    }
+    CONFLICT(line_of(cfg, text ? "data_tokens" : "data_text") != 0,
+             text ? "data_tokens dataset" : "data_text dataset", "%s needs dataset = %s",
+             text ? "data_tokens" : "data_text", text ? "tokens" : "text");
+    CONFLICT(cfg->mode == MGPU_MODE_DP, "mode model",
+             "model = gpt trains with mode = ddp only (one process per device)");
+    CONFLICT(cfg->n_embd % cfg->n_head != 0, "n_embd n_head",
+             "n_embd = %d is not a multiple of n_head = %d (each head is n_embd / n_head wide)",
+             cfg->n_embd, cfg->n_head);
+    if (text) {
+        CONFLICT(line_of(cfg, "vocab") != 0 && cfg->vocab != 256, "vocab dataset",
+                 "vocab = %d with dataset = text, whose tokens are bytes: expected 256 (or no "
+                 "vocab)",
+                 cfg->vocab);
+        cfg->vocab = 256;
+    } else {
+        CONFLICT(line_of(cfg, "vocab") == 0, "dataset vocab",
+                 "dataset = tokens needs vocab (token ids are below it)");
+    }
+    CONFLICT(cfg->top_k > cfg->vocab, "top_k vocab", "top_k = %d, expected at most vocab = %d",
+             cfg->top_k, cfg->vocab);
+    if (line_of(cfg, "optimizer") == 0)
+        cfg->optimizer = MGPU_OPTIM_ADAMW;
+    CONFLICT(cfg->optimizer != MGPU_OPTIM_ADAMW, "optimizer model",
+             "model = gpt trains with optimizer = adamw");
+    if (line_of(cfg, "lr_min") == 0)
+        cfg->lr_min = cfg->lr;
+    /* A language model's run is counted in steps: max_steps alone sets its length. */
+    if (line_of(cfg, "epochs") == 0 && cfg->max_steps > 0)
+        cfg->epochs = cfg->max_steps;
+    CONFLICT(cfg->lr_min > cfg->lr, "lr_min lr", "lr_min = %g is above lr = %g", cfg->lr_min,
+             cfg->lr);
+
+    if (cfg->generate > 0) {
+        int32_t ids[MGPU_CFG_PATH_MAX];
+        int n_ids;
+        mgpu_err_t e = {0};
+        if (mgpu_tokens_prompt(cfg->prompt, text, cfg->vocab, ids, MGPU_CFG_PATH_MAX, &n_ids, &e) <
+            0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "prompt", w, sizeof w),
+                                e.msg);
+    }
+    const char *key = text ? "data_text" : "data_tokens";
+    const char *path = text ? cfg->data_text : cfg->data_tokens;
+    mgpu_tokens_t t;
+    mgpu_err_t e = {0};
+    size_t n_train, n_eval;
+    if (*path == 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: dataset = %s needs %s (a file)",
+                            at(cfg, "dataset", w, sizeof w), mgpu_cfg_dataset_names[cfg->dataset],
+                            key);
+    if (mgpu_tokens_load(path, text, cfg->vocab, &t, &e) < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: %s", at(cfg, key, w, sizeof w), key,
+                            e.msg);
+    size_t n = t.n;
+    mgpu_tokens_free(&t);
+    mgpu_tokens_split(n, cfg->eval_fraction, &n_train, &n_eval);
+    CONFLICT(n_train < (size_t)cfg->context + 1, "context eval_fraction",
+             "%s has %zu tokens, %zu of them for training: fewer than context + 1 = %d (one "
+             "window)",
+             path, n, n_train, cfg->context + 1);
+    CONFLICT(n_eval > 0 && n_eval < (size_t)cfg->context + 1, "context eval_fraction",
+             "eval_fraction = %g of the %zu tokens of %s holds out %zu: fewer than context + 1 = "
+             "%d (one window)",
+             cfg->eval_fraction, n, path, n_eval, cfg->context + 1);
+    return 0;
+}
+
 int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     int rc, npy = cfg->dataset == MGPU_DATASET_NPY;
     int xent = cfg->loss == MGPU_LOSS_CROSS_ENTROPY, adamw = cfg->optimizer == MGPU_OPTIM_ADAMW;
     size_t n_npy = 0;
+
+    if (cfg->model == MGPU_MODEL_GPT || cfg->dataset == MGPU_DATASET_TEXT ||
+        cfg->dataset == MGPU_DATASET_TOKENS) {
+        if ((rc = check_gpt(cfg, err)) < 0)
+            return rc;
+        adamw = 1;
+    } else {
+        static const char *const gpt_keys[] = {
+            "n_layer", "n_head",       "n_embd",    "context",    "vocab",
+            "lr_min",  "warmup_steps", "grad_clip", "grad_accum", "generate",
+            "prompt",  "temperature",  "top_k",     "data_text",  "data_tokens"};
+        for (size_t i = 0; i < sizeof gpt_keys / sizeof gpt_keys[0]; i++) {
+            char names[64];
+            snprintf(names, sizeof names, "%s model", gpt_keys[i]);
+            CONFLICT(line_of(cfg, gpt_keys[i]) != 0, names, "%s needs model = gpt (model is %s)",
+                     gpt_keys[i], mgpu_cfg_model_names[cfg->model]);
+        }
+    }
 
     /* Data. */
     CONFLICT(npy && line_of(cfg, "samples") != 0, "samples dataset",
@@ -820,9 +611,11 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
     CONFLICT(npy && line_of(cfg, "features") != 0, "features dataset",
              "features is read from data_x with dataset = npy; remove it");
     CONFLICT(!npy && line_of(cfg, "data_x") != 0, "data_x dataset",
-             "data_x is only read with dataset = npy (dataset is %s)", dataset_names[cfg->dataset]);
+             "data_x is only read with dataset = npy (dataset is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset]);
     CONFLICT(!npy && line_of(cfg, "data_y") != 0, "data_y dataset",
-             "data_y is only read with dataset = npy (dataset is %s)", dataset_names[cfg->dataset]);
+             "data_y is only read with dataset = npy (dataset is %s)",
+             mgpu_cfg_dataset_names[cfg->dataset]);
     if (npy) {
         /* classes 0 means "infer from the labels"; the default 2 is for random data. */
         if (line_of(cfg, "classes") == 0)
@@ -897,85 +690,4 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
     CONFLICT(cfg->mode == MGPU_MODE_DP && cfg->checkpoint[0] != 0, "checkpoint mode",
              "checkpoint is not supported with mode = dp; use mode = ddp or remove checkpoint");
     return 0;
-}
-
-/* --- writing ------------------------------------------------------------------------------- */
-
-/* The shortest of %.15g / %.17g that reads back to the same double ("0.9", not
- * "0.90000000000000002"). */
-static const char *fmt_double(double v, char *buf, size_t len)
-{
-    snprintf(buf, len, "%.15g", v);
-    if (strtod(buf, NULL) != v)
-        snprintf(buf, len, "%.17g", v);
-    return buf;
-}
-
-void mgpu_cfg_write(const mgpu_cfg_t *cfg, FILE *out)
-{
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const cfg_key_t *k = &keys[i];
-        const char *field = (const char *)cfg + k->off;
-        char accepted[256];
-        fprintf(out, "# %s", k->doc);
-        if (k->type == T_ENUM) {
-            list_names(k->names, accepted, sizeof accepted);
-            fprintf(out, " [%s]", accepted);
-        }
-        /* Keys left at their default are written commented out, so that reading the output
-         * back sets exactly the keys the original set and passes the same checks. */
-        fprintf(out, "\n%s%s = ", cfg->line[i] != 0 ? "" : "# ", k->name);
-        switch (k->type) {
-        case T_ENUM: {
-            int v;
-            memcpy(&v, field, sizeof v);
-            fprintf(out, "%s\n", k->names[v]);
-            break;
-        }
-        case T_INT:
-        case T_BOOL: {
-            int v;
-            memcpy(&v, field, sizeof v);
-            if (k->type == T_BOOL)
-                fprintf(out, "%s\n", v ? "true" : "false");
-            else
-                fprintf(out, "%d\n", v);
-            break;
-        }
-        case T_LL: {
-            long long v;
-            memcpy(&v, field, sizeof v);
-            fprintf(out, "%lld\n", v);
-            break;
-        }
-        case T_U64: {
-            uint64_t v;
-            memcpy(&v, field, sizeof v);
-            fprintf(out, "%llu\n", (unsigned long long)v);
-            break;
-        }
-        case T_DBL: {
-            double v;
-            memcpy(&v, field, sizeof v);
-            char b[40];
-            fprintf(out, "%s\n", fmt_double(v, b, sizeof b));
-            break;
-        }
-        case T_PATH:
-        case T_OUTPATH:
-            fprintf(out, "%s\n", field);
-            break;
-        case T_HIDDEN:
-            for (int j = 0; j < cfg->n_hidden; j++)
-                fprintf(out, "%s%d", j ? "," : "", cfg->hidden[j]);
-            fprintf(out, "\n");
-            break;
-        case T_BETAS: {
-            char b1[40], b2[40];
-            fprintf(out, "%s, %s\n", fmt_double(cfg->beta1, b1, sizeof b1),
-                    fmt_double(cfg->beta2, b2, sizeof b2));
-            break;
-        }
-        }
-    }
 }

@@ -37,9 +37,15 @@ typedef enum mgpu_cfg_mode { MGPU_MODE_DDP = 0, MGPU_MODE_DP = 1 } mgpu_cfg_mode
 typedef enum mgpu_cfg_dataset {
     MGPU_DATASET_RANDOM = 0,
     MGPU_DATASET_SYNTHETIC = 1,
-    MGPU_DATASET_NPY = 2
+    MGPU_DATASET_NPY = 2,
+    MGPU_DATASET_TEXT = 3,  /* data_text: bytes are tokens (vocab 256) */
+    MGPU_DATASET_TOKENS = 4 /* data_tokens: little-endian uint16 token ids */
 } mgpu_cfg_dataset_t;
-typedef enum mgpu_cfg_model { MGPU_MODEL_LINEAR = 0, MGPU_MODEL_MLP = 1 } mgpu_cfg_model_t;
+typedef enum mgpu_cfg_model {
+    MGPU_MODEL_LINEAR = 0,
+    MGPU_MODEL_MLP = 1,
+    MGPU_MODEL_GPT = 2
+} mgpu_cfg_model_t;
 
 typedef struct mgpu_cfg {
     /* run */
@@ -55,6 +61,7 @@ typedef struct mgpu_cfg {
     int classes; /* classes (cross_entropy) or target size (mse); npy: 0 = infer */
     uint64_t data_seed;
     char data_x[MGPU_CFG_PATH_MAX], data_y[MGPU_CFG_PATH_MAX];
+    char data_text[MGPU_CFG_PATH_MAX], data_tokens[MGPU_CFG_PATH_MAX];
     double eval_fraction;
     int clusters_per_class; /* synthetic */
     double class_sep;       /* synthetic: spread of the cluster centers */
@@ -65,10 +72,15 @@ typedef struct mgpu_cfg {
     int hidden[MGPU_MODEL_MAX_LAYERS - 1];
     mgpu_act_t activation;
     mgpu_loss_t loss;
+    int n_layer, n_head, n_embd, context, vocab; /* gpt (vocab 0: 256 for text) */
     /* optimizer */
     mgpu_optim_kind_t optimizer;
     double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
     int nesterov;
+    double lr_min;          /* gpt: the cosine schedule's end (set by the check: lr if unset) */
+    long long warmup_steps; /* gpt: linear warm-up steps */
+    double grad_clip;       /* gpt: global gradient norm limit (0: off) */
+    long long grad_accum;   /* gpt: micro-steps per optimizer step */
     /* loop */
     long long batch_size; /* per rank, as in PyTorch's DataLoader under DDP */
     long long epochs;
@@ -84,15 +96,19 @@ typedef struct mgpu_cfg {
     long long eval_interval; /* epochs between evaluations (0: only at the end) */
     char metrics_file[MGPU_CFG_PATH_MAX];
     char checkpoint[MGPU_CFG_PATH_MAX];
-    long long checkpoint_interval; /* steps between checkpoints (0: at the end of each epoch) */
-    int demo_prints;               /* the article's "In Model: ..." / "Outside: ..." lines */
+    long long checkpoint_interval;  /* steps between checkpoints (0: at the end of each epoch) */
+    int demo_prints;                /* the article's "In Model: ..." / "Outside: ..." lines */
+    long long generate;             /* gpt: tokens rank 0 samples after training (0: none) */
+    char prompt[MGPU_CFG_PATH_MAX]; /* gpt: what sampling starts from (empty: a newline) */
+    double temperature;
+    int top_k; /* 0: sample from every token */
     /* GPU */
     int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];
-    int line[64];
+    int line[96];
 } mgpu_cfg_t;
 
 /* All defaults: the article's demo (Linear(5 -> 2), 90 random samples, batch 30, MSE, SGD). */

@@ -11,6 +11,7 @@
 #include <time.h>        /* clock_gettime */
 
 #include "checkpoint.h" /* mgpu_ckpt_* */
+#include "gpt_run.h"    /* mgpu_gpt_run: model = gpt */
 #include "log.h"        /* mgpu_info */
 #include "sampler.h"    /* mgpu_sampler_* */
 #include "train.h"      /* mgpu_trainer_* */
@@ -278,6 +279,9 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     int rc, W = comm->world_size, rank = comm->rank;
     size_t B = (size_t)cfg->batch_size;
 
+    /* A language model has a loop of its own over the same collectives. */
+    if (cfg->model == MGPU_MODEL_GPT)
+        return mgpu_gpt_run(k, cfg, comm, out, result, err);
     memset(res, 0, sizeof *res);
     res->eval_loss = res->eval_accuracy = NAN;
     res->resumed_step = -1;

@@ -1,0 +1,280 @@
+/* test_model_gpt.c - the trainer's GPT (worker/trainer/model_gpt.c) on the CPU backend: its
+ * layout, initialisation, gradients against finite differences, gradient accumulation and the
+ * checks of its spec. With --dump FILE it instead runs a tiny GPT (2 layers, 32 wide, 2 heads,
+ * context 16, vocab 64): the loss and every gradient of one batch, then 20 AdamW steps with
+ * clipping, warm-up and cosine decay over fixed batches (no shuffle: the batches are in the
+ * file), and writes weights, tokens, loss, gradients and the 20 losses to FILE for
+ * tests/unit/gpt_torch_ref.py, which recomputes them with PyTorch
+ * (tests/integration/test_gpt.sh runs the pair). */
+#include "check.h"
+#include "model_gpt.h"
+#include "transformer.h" /* mgpu_gpt_lr */
+
+#include <math.h>   /* fabs, sqrt */
+#include <stdint.h> /* uint64_t */
+#include <stdio.h>  /* fopen, fwrite */
+#include <stdlib.h> /* calloc, free */
+#include <string.h> /* strcmp */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t urand32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static mgpu_kernels_t *cpu(void)
+{
+    mgpu_kernels_t *k = NULL;
+    mgpu_err_t err = {0};
+    if (mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err) < 0)
+        printf("  %s\n", err.msg);
+    return k;
+}
+
+static const mgpu_gpt_spec_t tiny = {
+    .n_layer = 2, .n_head = 2, .n_embd = 32, .context = 16, .vocab = 64};
+
+/* b x t random tokens and their targets (the next token of one stream per row). */
+static void batch(int b, int t, int vocab, int32_t *tok, int32_t *tgt)
+{
+    for (int i = 0; i < b; i++) {
+        int32_t s[1024];
+        for (int j = 0; j <= t; j++)
+            s[j] = (int32_t)(urand32() % (uint32_t)vocab);
+        memcpy(tok + (size_t)i * t, s, sizeof(int32_t) * t);
+        memcpy(tgt + (size_t)i * t, s + 1, sizeof(int32_t) * t);
+    }
+}
+
+static float loss_of(mgpu_gpt_t *m, int b, int backward)
+{
+    mgpu_err_t err = {0};
+    float l = -1;
+    if (mgpu_gpt_zero_grads(m, &err) < 0 ||
+        mgpu_gpt_loss(m, 1.0f / ((float)b * m->spec.context), backward, &err) < 0)
+        printf("  %s\n", err.msg);
+    l = m->scalars[0];
+    return l;
+}
+
+static void test_layout_is_nanogpt_order(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_gpt_create(k, &tiny, 2, &m, &err), 0);
+    size_t C = 32, V = 64, T = 16;
+    size_t block =
+        2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+    CHECK_INT(m->n_params, V * C + T * C + 2 * block + 2 * C);
+    CHECK_INT(m->wte, 0);
+    CHECK_INT(m->wpe, V * C);
+    CHECK_INT(m->blocks[0].ln1_w, V * C + T * C);
+    CHECK_INT(m->blocks[0].qkv_w, V * C + T * C + 2 * C);
+    CHECK_INT(m->blocks[1].ln1_w, V * C + T * C + block);
+    CHECK_INT(m->lnf_b, m->n_params - C);
+    CHECK_INT(m->n_tensors, 2 + 12 * 2 + 2);
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
+static void test_init_is_gpt2s(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL, *m2 = NULL;
+    mgpu_err_t err = {0};
+    mgpu_gpt_spec_t s = {.n_layer = 4, .n_head = 4, .n_embd = 64, .context = 32, .vocab = 256};
+    CHECK_INT(mgpu_gpt_create(k, &s, 1, &m, &err), 0);
+    CHECK_INT(mgpu_gpt_create(k, &s, 1, &m2, &err), 0);
+    CHECK_INT(mgpu_gpt_init(m, 7, &err), 0);
+    CHECK_INT(mgpu_gpt_init(m2, 7, &err), 0);
+    CHECK(memcmp(m->params, m2->params, sizeof(float) * m->n_params) == 0);
+    double ss = 0;
+    size_t n = 256 * 64;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)m->params[m->wte + i] * m->params[m->wte + i];
+    CHECK(fabs(sqrt(ss / n) - 0.02) < 0.001);
+    ss = 0;
+    n = 64 * 64;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)m->params[m->blocks[2].proj_w + i] * m->params[m->blocks[2].proj_w + i];
+    CHECK(fabs(sqrt(ss / n) - 0.02 / sqrt(8.0)) < 0.0005);
+    CHECK(m->params[m->blocks[1].ln2_w] == 1.0f && m->params[m->blocks[1].ln2_b] == 0.0f);
+    CHECK(m->params[m->blocks[3].fc_b + 5] == 0.0f && m->params[m->lnf_w + 63] == 1.0f);
+    mgpu_gpt_destroy(m);
+    mgpu_gpt_destroy(m2);
+    mgpu_kernels_destroy(k);
+}
+
+/* A few parameters of every kind against central differences of the loss. */
+static void test_gradients_match_finite_differences(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    int b = 2, t = 16;
+    int32_t tok[32], tgt[32];
+    CHECK_INT(mgpu_gpt_create(k, &tiny, b, &m, &err), 0);
+    CHECK_INT(mgpu_gpt_init(m, 3, &err), 0);
+    batch(b, t, 64, tok, tgt);
+    CHECK_INT(mgpu_gpt_load(m, tok, tgt, b, t, &err), 0);
+    loss_of(m, b, 1);
+    float *g = calloc(m->n_params, sizeof(float));
+    memcpy(g, m->grads, sizeof(float) * m->n_params);
+    size_t at[] = {m->wte + 5,
+                   m->wpe + 40,
+                   m->blocks[0].ln1_w + 3,
+                   m->blocks[0].qkv_w + 900,
+                   m->blocks[1].qkv_b + 70,
+                   m->blocks[1].proj_w + 11,
+                   m->blocks[0].fc_w + 2000,
+                   m->blocks[1].fcp_w + 77,
+                   m->blocks[1].ln2_b + 4,
+                   m->lnf_w + 9,
+                   m->lnf_b + 31};
+    double gmax = 0;
+    for (size_t i = 0; i < m->n_params; i++)
+        gmax = fabs(g[i]) > gmax ? fabs(g[i]) : gmax;
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        float keep = m->params[at[i]], h = 1e-2f;
+        m->params[at[i]] = keep + h;
+        double lp = loss_of(m, b, 0);
+        m->params[at[i]] = keep - h;
+        double lm = loss_of(m, b, 0);
+        m->params[at[i]] = keep;
+        double fd = (lp - lm) / (2 * h);
+        if (fabs(fd - g[at[i]]) > 2e-3 * gmax + 1e-2 * fabs(fd)) {
+            printf("  parameter %zu: gradient %g, finite difference %g\n", at[i], g[at[i]], fd);
+            CHECK(0);
+        }
+    }
+    free(g);
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
+/* Two micro-batches with scale 1/(2b) add up to the gradient of one batch of 2b rows. */
+static void test_accumulation_equals_larger_batch(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    int32_t tok[64], tgt[64];
+    CHECK_INT(mgpu_gpt_create(k, &tiny, 4, &m, &err), 0);
+    CHECK_INT(mgpu_gpt_init(m, 5, &err), 0);
+    batch(4, 16, 64, tok, tgt);
+    CHECK_INT(mgpu_gpt_load(m, tok, tgt, 4, 16, &err), 0);
+    float whole = loss_of(m, 4, 1);
+    float *g = calloc(m->n_params, sizeof(float));
+    memcpy(g, m->grads, sizeof(float) * m->n_params);
+    CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
+    for (int h = 0; h < 2; h++) {
+        CHECK_INT(mgpu_gpt_load(m, tok + 32 * h, tgt + 32 * h, 2, 16, &err), 0);
+        CHECK_INT(mgpu_gpt_loss(m, 1.0f / 64, 1, &err), 0);
+    }
+    CHECK(fabs(m->scalars[0] - whole) < 1e-6 * whole);
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < m->n_params; i++) {
+        d = fabs(m->grads[i] - g[i]) > d ? fabs(m->grads[i] - g[i]) : d;
+        mx = fabs(g[i]) > mx ? fabs(g[i]) : mx;
+    }
+    CHECK(d < 1e-5 * mx);
+    free(g);
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
+static void test_bad_spec_and_batch_refused(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    mgpu_gpt_spec_t s = tiny;
+    s.n_head = 5;
+    CHECK(mgpu_gpt_create(k, &s, 1, &m, &err) < 0);
+    CHECK_CONTAINS(err.msg, "n_embd 32 is not a multiple of n_head 5");
+    s = tiny;
+    s.context = 0;
+    CHECK(mgpu_gpt_create(k, &s, 1, &m, &err) < 0);
+    CHECK_CONTAINS(err.msg, "context 0");
+    CHECK_INT(mgpu_gpt_create(k, &tiny, 2, &m, &err), 0);
+    int32_t tok[64] = {0};
+    CHECK(mgpu_gpt_load(m, tok, tok, 3, 16, &err) < 0);
+    CHECK_CONTAINS(err.msg, "batch of 3 x 16 tokens, expected 1..2 x 1..16");
+    CHECK(mgpu_gpt_load(m, tok, tok, 1, 17, &err) < 0);
+    mgpu_gpt_spec_t s2 = tiny;
+    s2.vocab = 65;
+    CHECK(mgpu_gpt_shape_hash(&s2) != mgpu_gpt_shape_hash(&tiny));
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
+/* The file gpt_torch_ref.py reads (native little-endian order): "GPTRUN1\0"; int32 B, T, C,
+ * heads, vocab, layers, steps, warmup, total; float32 lr, lr_min, beta1, beta2, eps,
+ * weight_decay, grad_clip; the initial parameters; the gradient batch's tokens and targets
+ * (B x T int32 each), its loss and gradients; then per step its tokens, targets and loss. */
+static int dump(const char *path)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    const int B = 4, T = tiny.context, steps = 20, warmup = 5, total = 20;
+    const float lr = 3e-3f, lr_min = 3e-4f, clip = 1.0f;
+    mgpu_adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    int32_t tok[64], tgt[64];
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || k == NULL || mgpu_gpt_create(k, &tiny, B, &m, &err) < 0 ||
+        mgpu_gpt_init(m, 1, &err) < 0) {
+        fprintf(stderr, "test_model_gpt --dump %s: %s\n", path, err.msg);
+        return 1;
+    }
+    int32_t head[9] = {B,     T,      tiny.n_embd, tiny.n_head, tiny.vocab, tiny.n_layer,
+                       steps, warmup, total};
+    float hpv[7] = {lr, lr_min, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, clip};
+    fwrite("GPTRUN1", 1, 8, f);
+    fwrite(head, sizeof head, 1, f);
+    fwrite(hpv, sizeof hpv, 1, f);
+    fwrite(m->params, sizeof(float), m->n_params, f);
+    batch(B, T, tiny.vocab, tok, tgt);
+    mgpu_gpt_load(m, tok, tgt, B, T, &err);
+    float l = loss_of(m, B, 1);
+    fwrite(tok, sizeof(int32_t), (size_t)B * T, f);
+    fwrite(tgt, sizeof(int32_t), (size_t)B * T, f);
+    fwrite(&l, sizeof l, 1, f);
+    fwrite(m->grads, sizeof(float), m->n_params, f);
+    for (int s = 0; s < steps; s++) {
+        batch(B, T, tiny.vocab, tok, tgt);
+        hp.lr = mgpu_gpt_lr(s, warmup, total, lr, lr_min);
+        if (mgpu_gpt_load(m, tok, tgt, B, T, &err) < 0)
+            break;
+        l = loss_of(m, B, 1);
+        if (mgpu_gpt_step(m, &hp, s + 1, clip, NULL, &err) < 0)
+            break;
+        fwrite(tok, sizeof(int32_t), (size_t)B * T, f);
+        fwrite(tgt, sizeof(int32_t), (size_t)B * T, f);
+        fwrite(&l, sizeof l, 1, f);
+    }
+    if (err.msg[0] != 0 || fclose(f) != 0) {
+        fprintf(stderr, "test_model_gpt --dump %s: %s\n", path, err.msg);
+        return 1;
+    }
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--dump") == 0)
+        return dump(argv[2]);
+    RUN(test_layout_is_nanogpt_order);
+    RUN(test_init_is_gpt2s);
+    RUN(test_gradients_match_finite_differences);
+    RUN(test_accumulation_equals_larger_batch);
+    RUN(test_bad_spec_and_batch_refused);
+    return check_done();
+}

@@ -1,0 +1,607 @@
+/* gpt_run.c - the training loop of model = gpt: data, resume or broadcast, epochs of sampler
+ * shards, gradient accumulation, bucketed averaging, clipping, the schedule, progress,
+ * metrics, evaluation, checkpoints and sampling. */
+#include "gpt_run.h"
+
+#include <cjson/cJSON.h> /* metrics lines */
+#include <errno.h>       /* ENOENT, ENOMEM */
+#include <math.h>        /* NAN, exp */
+#include <stdint.h>      /* int32_t */
+#include <stdlib.h>      /* malloc, free */
+#include <string.h>      /* memset, memcpy */
+#include <time.h>        /* clock_gettime */
+
+#include "checkpoint.h"  /* mgpu_ckpt_* */
+#include "model_gpt.h"   /* mgpu_gpt_* */
+#include "optim.h"       /* MGPU_OPTIM_ADAMW */
+#include "rng.h"         /* mgpu_rng_*: sampling */
+#include "sampler.h"     /* mgpu_sampler_* */
+#include "tokens.h"      /* mgpu_tokens_* */
+#include "transformer.h" /* mgpu_gpt_lr */
+
+/* What rank 0 tells everyone about the checkpoint before anything else. */
+typedef struct resume_hdr {
+    int32_t status; /* 1: resume, 0: fresh start, -1: rank 0 failed (message follows) */
+    int32_t pad;
+    uint64_t epoch, batch, step;
+    char msg[1024];
+} resume_hdr_t;
+
+typedef struct run {
+    mgpu_kernels_t *k;
+    const mgpu_cfg_t *cfg;
+    const mgpu_ddp_comm_t *comm;
+    FILE *out, *metrics;
+    mgpu_gpt_t *m;
+    mgpu_tokens_t data;
+    size_t n_train, n_eval; /* tokens of each split: train is data.ids[0..), eval the tail */
+    void *scratch;          /* backend memory for small collectives */
+    int32_t *h_tok, *h_tgt; /* one micro-batch, host */
+    float *h_params;
+} run_t;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int bcast_host(run_t *s, void *host, size_t bytes, mgpu_err_t *err)
+{
+    int rc;
+    if (s->comm->world_size == 1)
+        return 0;
+    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, host, bytes, err)) < 0 ||
+        (rc = s->comm->broadcast(s->comm->ctx, s->scratch, bytes, 0, err)) < 0)
+        return rc;
+    return mgpu_k_copy_to_host(s->k, host, s->scratch, bytes, err);
+}
+
+static int reduce_host(run_t *s, float *v, size_t n, int average, mgpu_err_t *err)
+{
+    int rc;
+    if (s->comm->world_size == 1)
+        return 0;
+    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, v, sizeof(float) * n, err)) < 0 ||
+        (rc = (average ? s->comm->allreduce_avg : s->comm->allreduce_sum)(s->comm->ctx, s->scratch,
+                                                                          n, err)) < 0)
+        return rc;
+    return mgpu_k_copy_to_host(s->k, v, s->scratch, sizeof(float) * n, err);
+}
+
+static void metrics_line(run_t *s, cJSON *obj)
+{
+    if (s->metrics != NULL) {
+        char *line = cJSON_PrintUnformatted(obj);
+        if (line != NULL) {
+            fputs(line, s->metrics);
+            fputc('\n', s->metrics);
+            fflush(s->metrics);
+            cJSON_free(line);
+        }
+    }
+    cJSON_Delete(obj);
+}
+
+/* Windows w[0..b) of the split starting at token `base` into the host batch and the model. */
+static int load_windows(run_t *s, size_t base, const size_t *w, size_t first, int b,
+                        mgpu_err_t *err)
+{
+    const int T = s->cfg->context;
+    for (int i = 0; i < b; i++) {
+        size_t win = w != NULL ? w[i] : first + (size_t)i;
+        const int32_t *src = s->data.ids + base + win * (size_t)T;
+        memcpy(s->h_tok + (size_t)i * T, src, sizeof(int32_t) * T);
+        memcpy(s->h_tgt + (size_t)i * T, src + 1, sizeof(int32_t) * T);
+    }
+    return mgpu_gpt_load(s->m, s->h_tok, s->h_tgt, b, T, err);
+}
+
+static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t step, mgpu_err_t *err)
+{
+    mgpu_gpt_t *m = s->m;
+    float *state = NULL;
+    int rc;
+    if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
+        return 0;
+    state = malloc(sizeof(float) * 2 * m->n_params);
+    if (state == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: malloc for the checkpoint's optimizer state");
+    if ((rc = mgpu_k_copy_to_host(s->k, s->h_params, m->params, sizeof(float) * m->n_params,
+                                  err)) == 0 &&
+        (rc = mgpu_k_copy_to_host(s->k, state, m->moments, sizeof(float) * 2 * m->n_params, err)) ==
+            0) {
+        mgpu_ckpt_t c = {.model_hash = mgpu_gpt_shape_hash(&m->spec),
+                         .epoch = epoch,
+                         .batch_in_epoch = batch,
+                         .step = step,
+                         .optim_step = step,
+                         .optim_kind = (uint32_t)MGPU_OPTIM_ADAMW,
+                         .world_size = (uint32_t)s->comm->world_size,
+                         .seed = s->cfg->seed,
+                         .n_params = m->n_params,
+                         .params = s->h_params,
+                         .n_state = 2 * m->n_params,
+                         .state = state};
+        rc = mgpu_ckpt_write(s->cfg->checkpoint, &c, err);
+    }
+    free(state);
+    return rc;
+}
+
+/* Rank 0 reads the checkpoint and checks that it holds this model; everyone learns the
+ * outcome, then the parameters and moments (or rank 0's initial parameters). */
+static int resume_or_broadcast(run_t *s, resume_hdr_t *h, mgpu_err_t *err)
+{
+    const mgpu_cfg_t *cfg = s->cfg;
+    mgpu_gpt_t *m = s->m;
+    int rc;
+
+    memset(h, 0, sizeof *h);
+    if (s->comm->rank == 0 && cfg->checkpoint[0] != 0) {
+        mgpu_ckpt_t c;
+        mgpu_err_t e = {0};
+        rc = mgpu_ckpt_read(cfg->checkpoint, &c, &e);
+        if (rc == -ENOENT) {
+            h->status = 0;
+        } else if (rc < 0) {
+            h->status = -1;
+            snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
+        } else if (c.model_hash != mgpu_gpt_shape_hash(&m->spec) || c.n_params != m->n_params ||
+                   c.n_state != 2 * m->n_params) {
+            h->status = -1;
+            snprintf(h->msg, sizeof h->msg,
+                     "checkpoint %.400s holds another model (%zu parameters) than this run's gpt "
+                     "with n_layer = %d, n_head = %d, n_embd = %d, context = %d, vocab = %d "
+                     "(%zu parameters): remove it or point checkpoint elsewhere",
+                     cfg->checkpoint, c.n_params, m->spec.n_layer, m->spec.n_head, m->spec.n_embd,
+                     m->spec.context, m->spec.vocab, m->n_params);
+        } else if (c.seed != cfg->seed) {
+            h->status = -1;
+            snprintf(h->msg, sizeof h->msg,
+                     "checkpoint %.400s was written with seed %llu, this run has seed %llu: "
+                     "remove it or point checkpoint elsewhere",
+                     cfg->checkpoint, (unsigned long long)c.seed, (unsigned long long)cfg->seed);
+        } else {
+            h->status = 1;
+            h->epoch = c.epoch;
+            h->batch = c.batch_in_epoch;
+            h->step = c.step;
+            if ((rc = mgpu_k_copy_to_device(s->k, m->params, c.params, sizeof(float) * c.n_params,
+                                            &e)) < 0 ||
+                (rc = mgpu_k_copy_to_device(s->k, m->moments, c.state, sizeof(float) * c.n_state,
+                                            &e)) < 0) {
+                h->status = -1;
+                snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
+            }
+        }
+        mgpu_ckpt_free(&c);
+    }
+    if ((rc = bcast_host(s, h, sizeof *h, err)) < 0)
+        return rc;
+    if (h->status < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s%s",
+                            s->comm->rank == 0 ? "" : "rank 0 cannot resume: ", h->msg);
+    if (s->comm->world_size > 1) {
+        if ((rc = s->comm->broadcast(s->comm->ctx, m->params, sizeof(float) * m->n_params, 0,
+                                     err)) < 0)
+            return rc;
+        if (h->status == 1 &&
+            (rc = s->comm->broadcast(s->comm->ctx, m->moments, sizeof(float) * 2 * m->n_params, 0,
+                                     err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The held-out windows, sharded over the ranks: the mean loss per token over all of them. */
+static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
+{
+    const int W = s->comm->world_size, r = s->comm->rank, T = s->cfg->context;
+    const int B = (int)s->cfg->batch_size;
+    size_t nw = mgpu_tokens_windows(s->n_eval, T);
+    size_t lo = nw * (size_t)r / (size_t)W, hi = nw * (size_t)(r + 1) / (size_t)W;
+    double sum = 0;
+    int rc;
+
+    for (size_t w = lo; w < hi; w += (size_t)B) {
+        int b = hi - w < (size_t)B ? (int)(hi - w) : B;
+        float l;
+        if ((rc = mgpu_k_zero(s->k, s->m->scalars, sizeof(float), err)) < 0 ||
+            (rc = load_windows(s, s->n_train, NULL, w, b, err)) < 0 ||
+            (rc = mgpu_gpt_loss(s->m, 1.0f / ((float)b * T), 0, err)) < 0 ||
+            (rc = mgpu_k_copy_to_host(s->k, &l, s->m->scalars, sizeof l, err)) < 0)
+            return rc;
+        sum += (double)l * b;
+    }
+    float v[2] = {(float)sum, (float)(hi - lo)};
+    if ((rc = reduce_host(s, v, 2, 0, err)) < 0)
+        return rc;
+    *loss = v[1] > 0 ? v[0] / v[1] : NAN;
+    return 0;
+}
+
+static int report_eval(run_t *s, long long epoch, long long step, mgpu_ddp_result_t *res,
+                       mgpu_err_t *err)
+{
+    double loss;
+    int rc = evaluate(s, &loss, err);
+    if (rc < 0)
+        return rc;
+    res->eval_loss = loss;
+    if (s->comm->rank != 0)
+        return 0;
+    size_t nw = mgpu_tokens_windows(s->n_eval, s->cfg->context);
+    fprintf(s->out, "eval epoch %lld step %lld: loss %.4f perplexity %.2f on %zu windows\n",
+            epoch + 1, step, loss, exp(loss), nw);
+    fflush(s->out);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "epoch", (double)epoch + 1);
+    cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddNumberToObject(o, "eval_loss", loss);
+    cJSON_AddNumberToObject(o, "eval_perplexity", exp(loss));
+    metrics_line(s, o);
+    return 0;
+}
+
+/* A token drawn from logits (vocab floats, changed) at temperature, among the top_k most
+ * likely (0: all). */
+static int32_t sample(float *logits, int vocab, double temperature, int top_k, mgpu_rng_t *r)
+{
+    double mx = -INFINITY, sum = 0, cut = -INFINITY;
+    if (top_k > 0 && top_k < vocab) {
+        /* The k-th largest logit: partial selection by repeated maximum (vocab is small for a
+         * CPU run's generation; a tie at the cut keeps every tied token). */
+        float *v = malloc(sizeof(float) * vocab);
+        if (v != NULL) {
+            memcpy(v, logits, sizeof(float) * vocab);
+            for (int i = 0; i < top_k; i++) {
+                int best = 0;
+                for (int j = 1; j < vocab; j++)
+                    best = v[j] > v[best] ? j : best;
+                cut = v[best];
+                v[best] = -INFINITY;
+            }
+            free(v);
+        }
+    }
+    for (int i = 0; i < vocab; i++)
+        mx = logits[i] > mx && logits[i] >= cut ? logits[i] : mx;
+    for (int i = 0; i < vocab; i++) {
+        double p = logits[i] >= cut ? exp(((double)logits[i] - mx) / temperature) : 0.0;
+        logits[i] = (float)p;
+        sum += p;
+    }
+    double u = mgpu_rng_uniform(r) * sum, acc = 0;
+    for (int i = 0; i < vocab; i++) {
+        acc += logits[i];
+        if (u < acc && logits[i] > 0)
+            return i;
+    }
+    for (int i = vocab - 1; i >= 0; i--)
+        if (logits[i] > 0)
+            return i;
+    return 0;
+}
+
+/* Rank 0: generate tokens after the prompt, one forward of the last context tokens each. */
+static int generate(run_t *s, mgpu_err_t *err)
+{
+    const mgpu_cfg_t *cfg = s->cfg;
+    const int T = cfg->context, V = cfg->vocab, text = cfg->dataset == MGPU_DATASET_TEXT;
+    size_t cap = (size_t)cfg->generate + 4096;
+    int32_t *seq = malloc(sizeof(int32_t) * cap);
+    float *logits = malloc(sizeof(float) * V);
+    mgpu_rng_t r;
+    int n = 0, rc = 0;
+
+    if (seq == NULL || logits == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: malloc for generation failed");
+        goto out;
+    }
+    if ((rc = mgpu_tokens_prompt(cfg->prompt, text, V, seq, 4096, &n, err)) < 0)
+        goto out;
+    int start = n;
+    mgpu_rng_seed2(&r, cfg->seed, 0x67656e6572617465ull); /* "generate": its own stream */
+    for (long long i = 0; i < cfg->generate; i++) {
+        int t = n < T ? n : T;
+        if ((rc = mgpu_gpt_load(s->m, seq + n - t, NULL, 1, t, err)) < 0 ||
+            (rc = mgpu_gpt_forward(s->m, err)) < 0 ||
+            (rc = mgpu_gpt_last_logits(s->m, logits, err)) < 0)
+            goto out;
+        seq[n++] = sample(logits, V, cfg->temperature, cfg->top_k, &r);
+    }
+    fprintf(s->out, "generate: %lld tokens (temperature %g, top_k %d, seed %llu):\n", cfg->generate,
+            cfg->temperature, cfg->top_k, (unsigned long long)cfg->seed);
+    for (int i = start; i < n; i++) {
+        int c = seq[i];
+        if (!text)
+            fprintf(s->out, "%s%d", i > start ? " " : "", c);
+        else if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f))
+            fputc(c, s->out);
+        else if (c == '\\')
+            fputs("\\\\", s->out);
+        else
+            fprintf(s->out, "\\x%02x", c); /* not printable: escaped, never sent raw */
+    }
+    fputc('\n', s->out);
+    fflush(s->out);
+out:
+    free(seq);
+    free(logits);
+    return rc;
+}
+
+/* The gradient's average over the ranks in buckets of bucket_mb, last parameters first (the
+ * order a backward makes them, as DDP's buckets). */
+static int allreduce_grads(run_t *s, mgpu_err_t *err)
+{
+    size_t cap = (size_t)(s->cfg->bucket_mb * 1024 * 1024 / sizeof(float));
+    size_t end = s->m->n_params;
+    int rc;
+    if (s->comm->world_size == 1)
+        return 0;
+    if (cap < 1)
+        cap = 1;
+    while (end > 0) {
+        size_t n = end < cap ? end : cap;
+        if ((rc = s->comm->allreduce_avg(s->comm->ctx, s->m->grads + end - n, n, err)) < 0)
+            return rc;
+        end -= n;
+    }
+    return 0;
+}
+
+int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t *comm, FILE *out,
+                 mgpu_ddp_result_t *result, mgpu_err_t *err)
+{
+    run_t s = {.k = k, .cfg = cfg, .comm = comm, .out = out ? out : stdout};
+    mgpu_ddp_result_t res_local, *res = result ? result : &res_local;
+    mgpu_sampler_t samp;
+    resume_hdr_t h;
+    size_t *idx = NULL;
+    const int W = comm->world_size, rank = comm->rank, T = cfg->context;
+    const size_t B = (size_t)cfg->batch_size, accum = (size_t)cfg->grad_accum;
+    int rc;
+
+    memset(res, 0, sizeof *res);
+    res->eval_loss = res->eval_accuracy = NAN;
+    res->resumed_step = -1;
+    if (W < 1 || rank < 0 || rank >= W)
+        return mgpu_err_set(err, -EINVAL, "gpt: rank %d of world size %d", rank, W);
+    if (W > 1 &&
+        (comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
+        return mgpu_err_set(err, -EINVAL, "gpt: world size %d needs all three collectives", W);
+    mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
+                            .n_head = cfg->n_head,
+                            .n_embd = cfg->n_embd,
+                            .context = T,
+                            .vocab = cfg->vocab};
+    int text = cfg->dataset == MGPU_DATASET_TEXT;
+    if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
+        (rc = mgpu_tokens_load(text ? cfg->data_text : cfg->data_tokens, text, cfg->vocab, &s.data,
+                               err)) < 0)
+        return rc;
+    mgpu_tokens_split(s.data.n, cfg->eval_fraction, &s.n_train, &s.n_eval);
+    size_t n_windows = mgpu_tokens_windows(s.n_train, T);
+    if (n_windows == 0) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "gpt: %zu training tokens hold no window of context + 1 = %d", s.n_train,
+                          T + 1);
+        goto out;
+    }
+    if ((rc = mgpu_gpt_create(k, &spec, (int)B, &s.m, err)) < 0 ||
+        (rc = mgpu_gpt_init(s.m, cfg->seed, err)) < 0 ||
+        (rc = mgpu_sampler_init(&samp, n_windows, W, rank, cfg->shuffle, cfg->seed, cfg->drop_last,
+                                err)) < 0 ||
+        (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
+        goto out;
+    idx = malloc(sizeof *idx * samp.num_samples);
+    s.h_tok = malloc(sizeof(int32_t) * B * T);
+    s.h_tgt = malloc(sizeof(int32_t) * B * T);
+    s.h_params = malloc(sizeof(float) * s.m->n_params);
+    if (idx == NULL || s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the index and host buffers");
+        goto out;
+    }
+    if ((rc = resume_or_broadcast(&s, &h, err)) < 0)
+        goto out;
+    if (rank == 0 && cfg->metrics_file[0] != 0) {
+        s.metrics = fopen(cfg->metrics_file, h.status == 1 ? "a" : "w");
+        if (s.metrics == NULL) {
+            rc =
+                mgpu_err_set(err, -errno, "gpt: fopen(%s): %s", cfg->metrics_file, strerror(errno));
+            goto out;
+        }
+    }
+    size_t nb = mgpu_sampler_num_batches(&samp, B, cfg->drop_last_batch);
+    long long per_epoch = (long long)(nb / accum);
+    if (per_epoch < 1) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "gpt: rank %d has %zu batches of %zu windows per epoch, fewer than "
+                          "grad_accum = %zu: lower batch_size or grad_accum",
+                          rank, nb, B, accum);
+        goto out;
+    }
+    long long planned = cfg->epochs * per_epoch;
+    if (cfg->max_steps > 0 && cfg->max_steps < planned)
+        planned = cfg->max_steps;
+    long long total = cfg->max_steps > 0 ? cfg->max_steps : planned; /* the schedule's length */
+    long long step = (long long)h.step, epoch = (long long)h.epoch, batch = (long long)h.batch;
+    if (rank == 0) {
+        fprintf(s.out,
+                "gpt: %zu parameters (%d layers, %d heads, %d wide, context %d, vocab %d); %zu "
+                "training windows, %zu held out; %lld steps of %zu x %zu x %d windows\n",
+                s.m->n_params, spec.n_layer, spec.n_head, spec.n_embd, T, spec.vocab, n_windows,
+                mgpu_tokens_windows(s.n_eval, T), planned, (size_t)W, B, (int)accum);
+        if (h.status == 1)
+            fprintf(s.out, "resumed from %s at epoch %lld, step %lld\n", cfg->checkpoint, epoch + 1,
+                    step);
+        fflush(s.out);
+    }
+    if (h.status == 1)
+        res->resumed_step = step;
+    mgpu_adamw_hparams_t hp = {.beta1 = (float)cfg->beta1,
+                               .beta2 = (float)cfg->beta2,
+                               .eps = (float)cfg->eps,
+                               .weight_decay = (float)cfg->weight_decay};
+    long long evaluated_at = -1, steps_run = 0;
+    int stopped = 0;
+    double t0 = now_s(), tokens_run = 0, timer_t0 = 0;
+    for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
+        if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
+            goto out;
+        for (; batch < per_epoch; batch++) {
+            if (cfg->max_steps > 0 && step >= cfg->max_steps) {
+                stopped = 1;
+                break;
+            }
+            size_t rows = 0, start, count;
+            for (size_t j = 0; j < accum; j++) {
+                mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
+                rows += count;
+            }
+            if ((rc = mgpu_gpt_zero_grads(s.m, err)) < 0)
+                goto out;
+            /* The micro-batches add their share of the step's mean; only the last one's
+             * gradient is averaged over the ranks (DDP's no_sync on the others). */
+            for (size_t j = 0; j < accum; j++) {
+                mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
+                if ((rc = load_windows(&s, 0, idx + start, 0, (int)count, err)) < 0 ||
+                    (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
+                    goto out;
+            }
+            if ((rc = allreduce_grads(&s, err)) < 0)
+                goto out;
+            hp.lr = mgpu_gpt_lr(step, cfg->warmup_steps, total, (float)cfg->lr, (float)cfg->lr_min);
+            if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) < 0)
+                goto out;
+            step++;
+            steps_run++;
+            tokens_run += (double)rows * T * W;
+            if (steps_run == 1 && comm->mark != NULL) {
+                if ((rc = mgpu_k_sync(k, err)) < 0)
+                    goto out;
+                comm->mark(comm->mark_ctx, "first_step");
+            }
+            if (cfg->timing_warmup > 0 && steps_run == cfg->timing_warmup) {
+                /* The timed steps start once the warm-up's have finished. */
+                if ((rc = mgpu_k_sync(k, err)) < 0)
+                    goto out;
+                timer_t0 = now_s();
+            }
+            int log = cfg->log_interval > 0 && step % cfg->log_interval == 0;
+            if (log || step == planned) {
+                float loss;
+                if ((rc = mgpu_k_copy_to_host(k, &loss, s.m->scalars, sizeof loss, err)) < 0 ||
+                    (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+                    goto out;
+                res->loss = loss;
+                if (log && rank == 0) {
+                    double el = now_s() - t0, tps = tokens_run / (el > 0 ? el : 1e-9);
+                    double eta = (double)(planned - step) * el / (double)steps_run;
+                    fprintf(s.out,
+                            "epoch %lld/%lld step %lld/%lld loss %.4f lr %.3g tokens/s %.0f eta "
+                            "%.1fs\n",
+                            epoch + 1, cfg->epochs, step, planned, loss, hp.lr, tps, eta);
+                    fflush(s.out);
+                    cJSON *o = cJSON_CreateObject();
+                    cJSON_AddNumberToObject(o, "epoch", (double)epoch + 1);
+                    cJSON_AddNumberToObject(o, "step", (double)step);
+                    cJSON_AddNumberToObject(o, "loss", loss);
+                    cJSON_AddNumberToObject(o, "lr", hp.lr);
+                    cJSON_AddNumberToObject(o, "tokens_per_s", tps);
+                    cJSON_AddNumberToObject(o, "elapsed_s", el);
+                    metrics_line(&s, o);
+                }
+            }
+            if (cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0 &&
+                (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch + 1, (uint64_t)step,
+                                      err)) < 0)
+                goto out;
+        }
+        if (stopped) {
+            /* A run that max_steps ends mid-epoch can be continued with a larger max_steps. */
+            if (cfg->checkpoint_interval == 0 &&
+                (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch, (uint64_t)step, err)) <
+                    0)
+                goto out;
+            break;
+        }
+        if (cfg->checkpoint_interval == 0 &&
+            (rc = save_checkpoint(&s, (uint64_t)epoch + 1, 0, (uint64_t)step, err)) < 0)
+            goto out;
+        if (s.n_eval > 0 && cfg->eval_interval > 0 && (epoch + 1) % cfg->eval_interval == 0) {
+            if ((rc = report_eval(&s, epoch, step, res, err)) < 0)
+                goto out;
+            evaluated_at = step;
+        }
+    }
+    if (cfg->timing_warmup > 0 && steps_run > cfg->timing_warmup) {
+        if ((rc = mgpu_k_sync(k, err)) < 0)
+            goto out;
+        res->timed_steps = steps_run - cfg->timing_warmup;
+        res->step_us = 1e6 * (now_s() - timer_t0) / (double)res->timed_steps;
+        if (rank == 0) {
+            fprintf(s.out,
+                    "step time: %.2f us per step over %lld steps (host clock after a sync, "
+                    "%s), %.0f tokens/s\n",
+                    res->step_us, res->timed_steps, k->ops->name,
+                    (double)B * accum * T * W / (res->step_us * 1e-6));
+            fflush(s.out);
+        }
+    }
+    res->seconds = now_s() - t0;
+    if (s.n_eval > 0 && evaluated_at != step &&
+        (rc = report_eval(&s, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
+        goto out;
+    res->steps = step;
+    res->samples_per_s = tokens_run / (res->seconds > 0 ? res->seconds : 1e-9);
+    if (rank == 0) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "final", 1);
+        cJSON_AddNumberToObject(o, "loss", res->loss);
+        if (!isnan(res->eval_loss)) {
+            cJSON_AddNumberToObject(o, "eval_loss", res->eval_loss);
+            cJSON_AddNumberToObject(o, "eval_perplexity", exp(res->eval_loss));
+        }
+        cJSON_AddNumberToObject(o, "steps", (double)step);
+        cJSON_AddNumberToObject(o, "tokens_per_s", res->samples_per_s);
+        cJSON_AddNumberToObject(o, "seconds", res->seconds);
+        cJSON_AddNumberToObject(o, "world_size", W);
+        if (res->timed_steps > 0) {
+            cJSON_AddNumberToObject(o, "step_us", res->step_us);
+            cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);
+        }
+        cJSON_AddStringToObject(o, "backend", k->ops->name);
+        metrics_line(&s, o);
+    }
+    if (rank == 0 && cfg->generate > 0 && (rc = generate(&s, err)) < 0)
+        goto out;
+    res->n_params = s.m->n_params;
+    res->params = malloc(sizeof(float) * res->n_params);
+    if (res->params == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the result's parameters");
+        goto out;
+    }
+    rc = mgpu_k_copy_to_host(k, res->params, s.m->params, sizeof(float) * res->n_params, err);
+out:
+    if (s.metrics != NULL)
+        fclose(s.metrics);
+    if (s.scratch != NULL)
+        mgpu_k_free(k, s.scratch);
+    free(idx);
+    free(s.h_tok);
+    free(s.h_tgt);
+    free(s.h_params);
+    mgpu_gpt_destroy(s.m);
+    mgpu_tokens_free(&s.data);
+    if (rc < 0 && result != NULL) {
+        free(res->params);
+        res->params = NULL;
+    }
+    if (result == NULL)
+        free(res_local.params);
+    return rc;
+}

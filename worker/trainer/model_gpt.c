@@ -1,0 +1,393 @@
+/* model_gpt.c - GPT-2's forward and backward over the GPT ops and the backend's GEMM. */
+#include "model_gpt.h"
+
+#include <errno.h>  /* EINVAL, ENOMEM */
+#include <math.h>   /* sqrt */
+#include <stdlib.h> /* calloc, malloc, free */
+#include <string.h> /* memset */
+
+#include "checkpoint.h"  /* mgpu_fnv1a */
+#include "gpt_ops.h"     /* mgpu_kg_* */
+#include "rng.h"         /* mgpu_rng_* */
+#include "transformer.h" /* mgpu_gpt_decays */
+
+/* Rows of the output layer per call: its logits scratch is head_rows x vocab, so a large
+ * vocabulary never needs (B T) x vocab floats at once. */
+#define HEAD_ROWS 1024
+
+static int alloc_f(mgpu_gpt_t *m, size_t n, float **out, mgpu_err_t *err)
+{
+    void *p = NULL;
+    int rc = mgpu_k_alloc(m->k, sizeof(float) * (n ? n : 1), &p, err);
+    *out = p;
+    return rc;
+}
+
+void mgpu_gpt_destroy(mgpu_gpt_t *m)
+{
+    if (m == NULL)
+        return;
+    float **bufs[] = {&m->params,   &m->grads,    &m->moments, &m->xout, &m->lnf,
+                      &m->lnf_mean, &m->lnf_rstd, &m->logits,  &m->dres, &m->dln,
+                      &m->d4,       &m->dqkv,     &m->scalars};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (*bufs[i] != NULL)
+            mgpu_k_free(m->k, *bufs[i]);
+    if (m->tokens != NULL)
+        mgpu_k_free(m->k, m->tokens);
+    if (m->targets != NULL)
+        mgpu_k_free(m->k, m->targets);
+    for (int l = 0; m->acts != NULL && l < m->spec.n_layer; l++) {
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        float *ab[] = {a->x,    a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,    a->lse,
+                       a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu};
+        for (size_t i = 0; i < sizeof ab / sizeof ab[0]; i++)
+            if (ab[i] != NULL)
+                mgpu_k_free(m->k, ab[i]);
+    }
+    free(m->acts);
+    free(m->blocks);
+    free(m->tensors);
+    free(m);
+}
+
+/* Appends a tensor of n floats and ndim dimensions to the layout; returns its offset. */
+static size_t place(mgpu_gpt_t *m, size_t n, int ndim)
+{
+    size_t off = m->n_params;
+    m->tensors[m->n_tensors++] = (mgpu_gpt_tensor_t){.off = off, .n = n, .ndim = ndim};
+    m->n_params += n;
+    return off;
+}
+
+int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
+                    mgpu_err_t *err)
+{
+    const mgpu_gpt_spec_t *s = spec;
+    int rc;
+
+    *out = NULL;
+    if (s->n_layer < 1 || s->n_head < 1 || s->n_embd < 1 || s->context < 1 || s->vocab < 1 ||
+        max_b < 1)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpt: n_layer %d, n_head %d, n_embd %d, context %d, vocab %d, batch "
+                            "%d: expected each >= 1",
+                            s->n_layer, s->n_head, s->n_embd, s->context, s->vocab, max_b);
+    if (s->n_embd % s->n_head != 0)
+        return mgpu_err_set(err, -EINVAL, "gpt: n_embd %d is not a multiple of n_head %d",
+                            s->n_embd, s->n_head);
+    mgpu_gpt_t *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: calloc failed");
+    m->k = k;
+    m->spec = *s;
+    m->max_b = max_b;
+    m->blocks = calloc((size_t)s->n_layer, sizeof *m->blocks);
+    m->tensors = calloc((size_t)s->n_layer * 12 + 4, sizeof *m->tensors);
+    m->acts = calloc((size_t)s->n_layer, sizeof *m->acts);
+    if (m->blocks == NULL || m->tensors == NULL || m->acts == NULL) {
+        mgpu_gpt_destroy(m);
+        return mgpu_err_set(err, -ENOMEM, "gpt: calloc for %d blocks failed", s->n_layer);
+    }
+    size_t C = (size_t)s->n_embd, V = (size_t)s->vocab;
+    m->wte = place(m, V * C, 2);
+    m->wpe = place(m, (size_t)s->context * C, 2);
+    for (int l = 0; l < s->n_layer; l++) {
+        mgpu_gpt_block_t *b = &m->blocks[l];
+        b->ln1_w = place(m, C, 1);
+        b->ln1_b = place(m, C, 1);
+        b->qkv_w = place(m, 3 * C * C, 2);
+        b->qkv_b = place(m, 3 * C, 1);
+        b->proj_w = place(m, C * C, 2);
+        b->proj_b = place(m, C, 1);
+        b->ln2_w = place(m, C, 1);
+        b->ln2_b = place(m, C, 1);
+        b->fc_w = place(m, 4 * C * C, 2);
+        b->fc_b = place(m, 4 * C, 1);
+        b->fcp_w = place(m, 4 * C * C, 2);
+        b->fcp_b = place(m, C, 1);
+    }
+    m->lnf_w = place(m, C, 1);
+    m->lnf_b = place(m, C, 1);
+
+    size_t N = (size_t)max_b * s->context, NC = N * C, NH = (size_t)max_b * s->n_head * s->context;
+    m->head_rows = N < HEAD_ROWS ? (int)N : HEAD_ROWS;
+    if ((rc = alloc_f(m, m->n_params, &m->params, err)) < 0 ||
+        (rc = alloc_f(m, m->n_params, &m->grads, err)) < 0 ||
+        (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0 ||
+        (rc = alloc_f(m, NC, &m->xout, err)) < 0 || (rc = alloc_f(m, NC, &m->lnf, err)) < 0 ||
+        (rc = alloc_f(m, N, &m->lnf_mean, err)) < 0 ||
+        (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 ||
+        (rc = alloc_f(m, (size_t)m->head_rows * V, &m->logits, err)) < 0 ||
+        (rc = alloc_f(m, NC, &m->dres, err)) < 0 || (rc = alloc_f(m, NC, &m->dln, err)) < 0 ||
+        (rc = alloc_f(m, 4 * NC, &m->d4, err)) < 0 ||
+        (rc = alloc_f(m, 3 * NC, &m->dqkv, err)) < 0 || (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
+        goto fail;
+    for (int l = 0; l < s->n_layer; l++) {
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        if ((rc = alloc_f(m, NC, &a->x, err)) < 0 || (rc = alloc_f(m, NC, &a->ln1, err)) < 0 ||
+            (rc = alloc_f(m, N, &a->ln1_mean, err)) < 0 ||
+            (rc = alloc_f(m, N, &a->ln1_rstd, err)) < 0 ||
+            (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
+            (rc = alloc_f(m, NC, &a->atty, err)) < 0 || (rc = alloc_f(m, NH, &a->lse, err)) < 0 ||
+            (rc = alloc_f(m, NC, &a->res2, err)) < 0 || (rc = alloc_f(m, NC, &a->ln2, err)) < 0 ||
+            (rc = alloc_f(m, N, &a->ln2_mean, err)) < 0 ||
+            (rc = alloc_f(m, N, &a->ln2_rstd, err)) < 0 ||
+            (rc = alloc_f(m, 4 * NC, &a->fch, err)) < 0 ||
+            (rc = alloc_f(m, 4 * NC, &a->fch_gelu, err)) < 0)
+            goto fail;
+    }
+    void *p = NULL;
+    if ((rc = mgpu_k_alloc(k, sizeof(int32_t) * N, &p, err)) < 0)
+        goto fail;
+    m->tokens = p;
+    if ((rc = mgpu_k_alloc(k, sizeof(int32_t) * N, &p, err)) < 0)
+        goto fail;
+    m->targets = p;
+    if ((rc = mgpu_k_zero(k, m->params, sizeof(float) * m->n_params, err)) < 0 ||
+        (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0 ||
+        (rc = mgpu_k_zero(k, m->scalars, sizeof(float) * 4, err)) < 0)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    mgpu_gpt_destroy(m);
+    return rc;
+}
+
+int mgpu_gpt_init(mgpu_gpt_t *m, uint64_t seed, mgpu_err_t *err)
+{
+    float *h = malloc(sizeof(float) * m->n_params);
+    mgpu_rng_t r;
+    const double proj_std = 0.02 / sqrt(2.0 * m->spec.n_layer);
+
+    if (h == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: malloc of %zu floats for the init failed",
+                            m->n_params);
+    mgpu_rng_seed(&r, seed);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mgpu_gpt_tensor_t *t = &m->tensors[i];
+        int residual = 0;
+        for (int l = 0; l < m->spec.n_layer; l++)
+            residual |= t->off == m->blocks[l].proj_w || t->off == m->blocks[l].fcp_w;
+        int ln_weight = t->off == m->lnf_w;
+        for (int l = 0; l < m->spec.n_layer; l++)
+            ln_weight |= t->off == m->blocks[l].ln1_w || t->off == m->blocks[l].ln2_w;
+        for (size_t j = 0; j < t->n; j++) {
+            if (t->ndim >= 2)
+                h[t->off + j] = (float)(mgpu_rng_normal(&r) * (residual ? proj_std : 0.02));
+            else
+                h[t->off + j] = ln_weight ? 1.0f : 0.0f;
+        }
+    }
+    int rc = mgpu_k_copy_to_device(m->k, m->params, h, sizeof(float) * m->n_params, err);
+    free(h);
+    return rc;
+}
+
+int mgpu_gpt_load(mgpu_gpt_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
+                  mgpu_err_t *err)
+{
+    int rc;
+    if (b < 1 || b > m->max_b || t < 1 || t > m->spec.context)
+        return mgpu_err_set(err, -EINVAL, "gpt: batch of %d x %d tokens, expected 1..%d x 1..%d", b,
+                            t, m->max_b, m->spec.context);
+    size_t n = (size_t)b * t;
+    if ((rc = mgpu_k_copy_to_device(m->k, m->tokens, tokens, sizeof(int32_t) * n, err)) < 0)
+        return rc;
+    if (targets != NULL &&
+        (rc = mgpu_k_copy_to_device(m->k, m->targets, targets, sizeof(int32_t) * n, err)) < 0)
+        return rc;
+    m->b = b;
+    m->t = t;
+    return 0;
+}
+
+/* A GPT op wrote n floats at p that a GEMM reads next: a backend that keeps derived copies of
+ * GEMM operands (CUDA's bf16 copies) must drop the old one (mgpu_k_written; the CPU keeps
+ * none). */
+static int fresh(mgpu_gpt_t *m, const float *p, size_t n, mgpu_err_t *err)
+{
+    return mgpu_k_written(m->k, p, sizeof(float) * n, err);
+}
+
+/* out (n, oc) = inp (n, c) @ w^T + bias */
+static int linear(mgpu_gpt_t *m, int n, int c, int oc, const float *inp, size_t w, size_t bias,
+                  float *out, mgpu_err_t *err)
+{
+    int rc = mgpu_k_gemm(m->k, 0, 1, n, oc, c, 1.0f, inp, c, m->params + w, c, 0.0f, out, oc, err);
+    if (rc < 0)
+        return rc;
+    return mgpu_k_bias_act_forward(m->k, MGPU_ACT_IDENTITY, n, oc, out, m->params + bias, out, err);
+}
+
+/* dinp = dout @ w (overwritten; NULL: skipped), dw += dout^T @ inp, dbias += column sums */
+static int linear_back(mgpu_gpt_t *m, int n, int c, int oc, const float *dout, const float *inp,
+                       size_t w, size_t bias, float *dinp, mgpu_err_t *err)
+{
+    int rc;
+    if (dinp != NULL && (rc = mgpu_k_gemm(m->k, 0, 0, n, c, oc, 1.0f, dout, oc, m->params + w, c,
+                                          0.0f, dinp, c, err)) < 0)
+        return rc;
+    if ((rc = mgpu_k_gemm(m->k, 1, 0, oc, c, n, 1.0f, dout, oc, inp, c, 1.0f, m->grads + w, c,
+                          err)) < 0)
+        return rc;
+    return mgpu_k_sum_rows(m->k, n, oc, dout, 1.0f, m->grads + bias, err);
+}
+
+int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
+    const size_t NC = (size_t)N * C;
+    float *P = m->params;
+    int rc;
+
+    if ((rc = mgpu_kg_embed_forward(m->k, B, T, C, m->tokens, P + m->wte, P + m->wpe, m->acts[0].x,
+                                    err)) < 0)
+        return rc;
+    for (int l = 0; l < m->spec.n_layer; l++) {
+        const mgpu_gpt_block_t *w = &m->blocks[l];
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
+        if ((rc = mgpu_kg_layernorm_forward(m->k, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1,
+                                            a->ln1_mean, a->ln1_rstd, err)) < 0 ||
+            (rc = fresh(m, a->ln1, NC, err)) < 0 ||
+            (rc = linear(m, N, C, 3 * C, a->ln1, w->qkv_w, w->qkv_b, a->qkv, err)) < 0 ||
+            (rc = mgpu_kg_attention_forward(m->k, B, T, C, NH, a->qkv, a->atty, a->lse, err)) < 0 ||
+            (rc = fresh(m, a->atty, NC, err)) < 0 ||
+            (rc = linear(m, N, C, C, a->atty, w->proj_w, w->proj_b, a->res2, err)) < 0 ||
+            (rc = mgpu_kg_add(m->k, NC, a->res2, a->x, a->res2, err)) < 0 ||
+            (rc = mgpu_kg_layernorm_forward(m->k, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2,
+                                            a->ln2_mean, a->ln2_rstd, err)) < 0 ||
+            (rc = fresh(m, a->ln2, NC, err)) < 0 ||
+            (rc = linear(m, N, C, 4 * C, a->ln2, w->fc_w, w->fc_b, a->fch, err)) < 0 ||
+            (rc = mgpu_kg_gelu_forward(m->k, 4 * NC, a->fch, a->fch_gelu, err)) < 0 ||
+            (rc = fresh(m, a->fch_gelu, 4 * NC, err)) < 0 ||
+            (rc = linear(m, N, 4 * C, C, a->fch_gelu, w->fcp_w, w->fcp_b, next, err)) < 0 ||
+            (rc = mgpu_kg_add(m->k, NC, next, a->res2, next, err)) < 0)
+            return rc;
+    }
+    if ((rc = mgpu_kg_layernorm_forward(m->k, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf,
+                                        m->lnf_mean, m->lnf_rstd, err)) < 0)
+        return rc;
+    return fresh(m, m->lnf, NC, err);
+}
+
+static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
+    float *P = m->params, *G = m->grads;
+    int rc;
+
+    /* dln holds d(lnf) from the head; dres becomes d(residual stream). */
+    if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
+        (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, m->xout, P + m->lnf_w, m->lnf_mean,
+                                         m->lnf_rstd, m->dres, G + m->lnf_w, G + m->lnf_b, err)) <
+            0)
+        return rc;
+    const size_t NC = (size_t)N * C;
+    for (int l = m->spec.n_layer - 1; l >= 0; l--) {
+        const mgpu_gpt_block_t *w = &m->blocks[l];
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        /* x_{l+1} = res2 + mlp(res2): the MLP's output gradient is dres. */
+        if ((rc = fresh(m, m->dres, NC, err)) < 0 ||
+            (rc = linear_back(m, N, 4 * C, C, m->dres, a->fch_gelu, w->fcp_w, w->fcp_b, m->d4,
+                              err)) < 0 ||
+            (rc = mgpu_kg_gelu_backward(m->k, (size_t)N * 4 * C, a->fch, m->d4, m->d4, err)) < 0 ||
+            (rc = fresh(m, m->d4, 4 * NC, err)) < 0 ||
+            (rc = linear_back(m, N, C, 4 * C, m->d4, a->ln2, w->fc_w, w->fc_b, m->dln, err)) < 0 ||
+            (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->res2, P + w->ln2_w, a->ln2_mean,
+                                             a->ln2_rstd, m->dres, G + w->ln2_w, G + w->ln2_b,
+                                             err)) < 0)
+            return rc;
+        /* res2 = x + proj(attention(ln1(x))): dres is now d(res2). */
+        if ((rc = fresh(m, m->dres, NC, err)) < 0 ||
+            (rc = linear_back(m, N, C, C, m->dres, a->atty, w->proj_w, w->proj_b, m->dln, err)) <
+                0 ||
+            (rc = mgpu_kg_attention_backward(m->k, B, T, C, NH, m->dln, a->qkv, a->atty, a->lse,
+                                             m->dqkv, err)) < 0 ||
+            (rc = fresh(m, m->dqkv, 3 * NC, err)) < 0 ||
+            (rc = linear_back(m, N, C, 3 * C, m->dqkv, a->ln1, w->qkv_w, w->qkv_b, m->dln, err)) <
+                0 ||
+            (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->x, P + w->ln1_w, a->ln1_mean,
+                                             a->ln1_rstd, m->dres, G + w->ln1_w, G + w->ln1_b,
+                                             err)) < 0)
+            return rc;
+    }
+    return mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
+                                  G + m->wpe, err);
+}
+
+int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
+{
+    const int N = m->b * m->t, C = m->spec.n_embd, V = m->spec.vocab;
+    int rc;
+
+    if ((rc = mgpu_gpt_forward(m, err)) < 0)
+        return rc;
+    if (do_backward && (rc = mgpu_k_zero(m->k, m->dln, sizeof(float) * (size_t)N * C, err)) < 0)
+        return rc;
+    for (int r = 0; r < N; r += m->head_rows) {
+        int n = N - r < m->head_rows ? N - r : m->head_rows;
+        size_t o = (size_t)r * C;
+        if ((rc = mgpu_kg_tied_head(m->k, n, C, V, m->lnf + o, m->params + m->wte, m->targets + r,
+                                    scale, m->logits, m->scalars, do_backward ? m->dln + o : NULL,
+                                    do_backward ? m->grads + m->wte : NULL, err)) < 0)
+            return rc;
+    }
+    return do_backward ? backward(m, err) : 0;
+}
+
+int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    int rc = mgpu_k_zero(m->k, m->grads, sizeof(float) * m->n_params, err);
+    return rc < 0 ? rc : mgpu_k_zero(m->k, m->scalars, sizeof(float), err);
+}
+
+int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
+                  float *norm, mgpu_err_t *err)
+{
+    float *ss = m->scalars + 1, *factor = m->scalars + 2;
+    int rc;
+
+    if ((grad_clip > 0 || norm != NULL) &&
+        ((rc = mgpu_k_zero(m->k, ss, sizeof(float), err)) < 0 ||
+         (rc = mgpu_kg_sumsq(m->k, m->n_params, m->grads, ss, err)) < 0 ||
+         (rc = mgpu_kg_clip_factor(m->k, ss, grad_clip, factor, err)) < 0))
+        return rc;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mgpu_gpt_tensor_t *t = &m->tensors[i];
+        mgpu_adamw_hparams_t h = *hp;
+        if (!mgpu_gpt_decays(t->ndim))
+            h.weight_decay = 0.0f;
+        if ((rc = mgpu_kg_adamw(m->k, t->n, m->params + t->off, m->grads + t->off,
+                                m->moments + t->off, m->moments + m->n_params + t->off, &h, step,
+                                grad_clip > 0 ? factor : NULL, err)) < 0)
+            return rc;
+    }
+    if ((rc = fresh(m, m->params, m->n_params, err)) < 0)
+        return rc;
+    if (norm != NULL) {
+        float s;
+        if ((rc = mgpu_k_copy_to_host(m->k, &s, ss, sizeof s, err)) < 0)
+            return rc;
+        *norm = sqrtf(s);
+    }
+    return 0;
+}
+
+int mgpu_gpt_last_logits(mgpu_gpt_t *m, float *host, mgpu_err_t *err)
+{
+    const int C = m->spec.n_embd, V = m->spec.vocab;
+    const float *x = m->lnf + (size_t)(m->t - 1) * C;
+    int rc = mgpu_k_gemm(m->k, 0, 1, 1, V, C, 1.0f, x, C, m->params + m->wte, C, 0.0f, m->logits, V,
+                         err);
+    return rc < 0 ? rc : mgpu_k_copy_to_host(m->k, host, m->logits, sizeof(float) * V, err);
+}
+
+uint64_t mgpu_gpt_shape_hash(const mgpu_gpt_spec_t *s)
+{
+    int32_t words[5] = {s->n_layer, s->n_head, s->n_embd, s->context, s->vocab};
+    uint64_t h = mgpu_fnv1a(MGPU_FNV_OFFSET, "gpt", 3);
+    return mgpu_fnv1a(h, words, sizeof words);
+}

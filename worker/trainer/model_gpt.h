@@ -1,0 +1,116 @@
+/* model_gpt.h - a GPT-2 language model: token and learned position embeddings, n_layer
+ * pre-LayerNorm blocks (causal multi-head self-attention, a 4x MLP with tanh-GELU), a final
+ * LayerNorm and the output layer tied to the token embedding; biases as GPT-2 has them.
+ * Forward and backward run through gpt_ops.h's launchers and kernels.h's mgpu_k_gemm and
+ * mgpu_k_sum_rows, so the same code runs on every backend that has a GPT table.
+ *
+ * Parameters live in ONE contiguous buffer and gradients in another of the same layout, in
+ * nanoGPT's named_parameters() order: wte (vocab, C), wpe (context, C), then per block
+ * ln_1.weight, ln_1.bias, attn.c_attn.weight (3C, C), attn.c_attn.bias, attn.c_proj.weight
+ * (C, C), attn.c_proj.bias, ln_2.weight, ln_2.bias, mlp.c_fc.weight (4C, C), mlp.c_fc.bias,
+ * mlp.c_proj.weight (C, 4C), mlp.c_proj.bias; then ln_f.weight, ln_f.bias (lm_head is wte).
+ * So DDP's bucketed all-reduce, the parameters' broadcast and a checkpoint each see one array.
+ * AdamW's moments are one buffer of 2 x n_params (m, then v) in the same layout.
+ *
+ * Ownership: mgpu_gpt_create returns a model freed with mgpu_gpt_destroy (before the kernels
+ * object it was created with); everything it points to is backend memory it owns, allocated
+ * once for batches of up to max_b sequences of up to context tokens. */
+#ifndef MGPU_MODEL_GPT_H
+#define MGPU_MODEL_GPT_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int32_t, uint64_t */
+
+#include "error.h"   /* mgpu_err_t */
+#include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
+
+typedef struct mgpu_gpt_spec {
+    int n_layer, n_head, n_embd, context, vocab;
+} mgpu_gpt_spec_t;
+
+/* Offsets (in floats) of one block's tensors in params / grads. */
+typedef struct mgpu_gpt_block {
+    size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcp_w, fcp_b;
+} mgpu_gpt_block_t;
+
+/* One parameter tensor: where it lies, its size and its number of dimensions (weight decay
+ * applies to those of two or more: mgpu_gpt_decays). */
+typedef struct mgpu_gpt_tensor {
+    size_t off, n;
+    int ndim;
+} mgpu_gpt_tensor_t;
+
+/* A block's activations, kept from forward for backward. */
+typedef struct mgpu_gpt_acts {
+    float *x; /* the block's input (the residual stream) (B, T, C) */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *qkv;        /* (B, T, 3C) */
+    float *atty, *lse; /* attention's output (B, T, C) and lse (B, nh, T) */
+    float *res2;       /* x + attention's projection (B, T, C) */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu; /* (B, T, 4C) */
+} mgpu_gpt_acts_t;
+
+typedef struct mgpu_gpt {
+    mgpu_kernels_t *k;
+    mgpu_gpt_spec_t spec;
+    int max_b;
+    size_t n_params;
+    float *params, *grads, *moments; /* moments: AdamW's m then v, 2 x n_params */
+    size_t wte, wpe, lnf_w, lnf_b;
+    mgpu_gpt_block_t *blocks;
+    int n_tensors;
+    mgpu_gpt_tensor_t *tensors; /* in the layout's order */
+    mgpu_gpt_acts_t *acts;      /* n_layer of them */
+    float *xout;                /* the last block's output (B, T, C) */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits; /* head_rows x vocab: the output layer's scratch */
+    int head_rows;
+    float *dres, *dln, *d4, *dqkv; /* backward scratch */
+    int32_t *tokens, *targets;     /* the batch (B, T) each */
+    float *scalars;                /* [0] loss, [1] sum of squared gradients, [2] the clip factor */
+    int b, t;                      /* the shape of the last forward */
+} mgpu_gpt_t;
+
+/* Checks the spec (every size >= 1, n_embd a multiple of n_head), lays out the parameters and
+ * allocates everything for batches of up to max_b sequences. Parameters start at zero: call
+ * mgpu_gpt_init. */
+int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
+                    mgpu_err_t *err);
+void mgpu_gpt_destroy(mgpu_gpt_t *m);
+
+/* GPT-2's initialisation from seed: weights and both embeddings normal(0, 0.02), the two
+ * residual projections (attn.c_proj, mlp.c_proj) normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
+ * LayerNorm weights 1 and biases 0. The same seed gives the same parameters on every rank. */
+int mgpu_gpt_init(mgpu_gpt_t *m, uint64_t seed, mgpu_err_t *err);
+
+/* Copies b sequences of t tokens (host, b x t, t <= context) and, when targets is not NULL,
+ * their targets into the model's batch buffers. */
+int mgpu_gpt_load(mgpu_gpt_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
+                  mgpu_err_t *err);
+
+/* Forward of the loaded batch up to the final LayerNorm (m->lnf). */
+int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err);
+
+/* The loaded batch's loss times scale (a mean over rows when scale is 1 / rows) added to
+ * m->scalars[0], and with backward set its gradient added to m->grads: forward, output layer,
+ * backward. Zero m->grads and m->scalars[0] before the first micro-batch of a step. */
+int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err);
+
+/* Zeroes the gradients and the loss (the start of an optimizer step). */
+int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err);
+
+/* One AdamW step (step counts from 1) at learning rate lr, weight decay on the tensors of two
+ * or more dimensions, with the gradient first clipped to a global norm of grad_clip (0: no
+ * clip); *norm (may be NULL) receives the norm before the clip. */
+int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
+                  float *norm, mgpu_err_t *err);
+
+/* The logits (vocab floats, host) of position t - 1 of row 0 of the last forward. */
+int mgpu_gpt_last_logits(mgpu_gpt_t *m, float *host, mgpu_err_t *err);
+
+/* FNV-1a over "gpt" and the spec: a checkpoint records it so a run never resumes into another
+ * shape. */
+uint64_t mgpu_gpt_shape_hash(const mgpu_gpt_spec_t *spec);
+
+#endif
