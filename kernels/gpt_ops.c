@@ -4,10 +4,21 @@
 
 #include <stddef.h> /* NULL */
 
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA && defined(__has_include)
+#if __has_include("gpt_cuda.h")
+#include "gpt_cuda.h" /* mgpu_gpt_cuda_ops */
+#define GPT_HAVE_CUDA 1
+#endif
+#endif
+
 const mgpu_gpt_ops_t *mgpu_kg_ops(const mgpu_kernels_t *k)
 {
     if (k != NULL && k->backend == MGPU_KBACKEND_CPU)
         return &mgpu_gpt_cpu_ops;
+#ifdef GPT_HAVE_CUDA
+    if (k != NULL && k->backend == MGPU_KBACKEND_CUDA)
+        return &mgpu_gpt_cuda_ops;
+#endif
     return NULL;
 }
 
