@@ -103,6 +103,7 @@ static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t st
     mgpu_gpt_t *m = s->m;
     float *state = NULL;
     int rc;
+    mgpu_progress_phase(s->comm->progress, MGPU_PHASE_CHECKPOINT);
     if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
         return 0;
     state = malloc(sizeof(float) * 2 * m->n_params);
@@ -201,6 +202,7 @@ static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
     const int W = s->comm->world_size, r = s->comm->rank, T = s->cfg->context;
     const int B = (int)s->cfg->batch_size;
     size_t nw = mgpu_tokens_windows(s->n_eval, T);
+    mgpu_progress_phase(s->comm->progress, MGPU_PHASE_EVAL);
     size_t lo = nw * (size_t)r / (size_t)W, hi = nw * (size_t)(r + 1) / (size_t)W;
     double sum = 0;
     int rc;
@@ -397,6 +399,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                 err)) < 0 ||
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
+    s.m->progress = comm->progress;
     idx = malloc(sizeof *idx * samp.num_samples);
     s.h_tok = malloc(sizeof(int32_t) * B * T);
     s.h_tgt = malloc(sizeof(int32_t) * B * T);
@@ -462,18 +465,22 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
                 rows += count;
             }
+            mgpu_progress_step(comm->progress, step + 1); /* numbered as the progress lines */
             if ((rc = mgpu_gpt_zero_grads(s.m, err)) < 0)
                 goto out;
             /* The micro-batches add their share of the step's mean; only the last one's
              * gradient is averaged over the ranks (DDP's no_sync on the others). */
             for (size_t j = 0; j < accum; j++) {
                 mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
+                mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
                 if ((rc = load_windows(&s, 0, idx + start, 0, (int)count, err)) < 0 ||
                     (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
                     goto out;
             }
+            mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
             if ((rc = allreduce_grads(&s, err)) < 0)
                 goto out;
+            mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
             hp.lr = mgpu_gpt_lr(step, cfg->warmup_steps, total, (float)cfg->lr, (float)cfg->lr_min);
             if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) < 0)
                 goto out;
@@ -577,6 +584,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddStringToObject(o, "backend", k->ops->name);
         metrics_line(&s, o);
     }
+    mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
     if (rank == 0 && cfg->generate > 0 && (rc = generate(&s, err)) < 0)
         goto out;
     res->n_params = s.m->n_params;

@@ -323,6 +323,8 @@ int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
     const int N = m->b * m->t, C = m->spec.n_embd, V = m->spec.vocab;
     int rc;
 
+    if (do_backward) /* (evaluation keeps its own phase) */
+        mgpu_progress_phase(m->progress, MGPU_PHASE_FORWARD);
     if ((rc = mgpu_gpt_forward(m, err)) < 0)
         return rc;
     if (do_backward && (rc = mgpu_k_zero(m->k, m->dln, sizeof(float) * (size_t)N * C, err)) < 0)
@@ -335,7 +337,11 @@ int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
                                     do_backward ? m->grads + m->wte : NULL, err)) < 0)
             return rc;
     }
-    return do_backward ? backward(m, err) : 0;
+    if (!do_backward)
+        return 0;
+    /* The output layer's backward ran with its forward; the blocks' is what follows. */
+    mgpu_progress_phase(m->progress, MGPU_PHASE_BACKWARD);
+    return backward(m, err);
 }
 
 int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err)

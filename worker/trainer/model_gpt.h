@@ -23,6 +23,7 @@
 
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
+#include "mgpu.h"    /* mgpu_ctx_t: progress */
 
 typedef struct mgpu_gpt_spec {
     int n_layer, n_head, n_embd, context, vocab;
@@ -53,6 +54,7 @@ typedef struct mgpu_gpt_acts {
 
 typedef struct mgpu_gpt {
     mgpu_kernels_t *k;
+    mgpu_ctx_t *progress; /* may be NULL: where mgpu_gpt_loss says forward and backward begin */
     mgpu_gpt_spec_t spec;
     int max_b;
     size_t n_params;
