@@ -275,6 +275,14 @@ open("ok.bin", "wb").write(struct.pack("<2000H", *[i % 256 for i in range(2000)]
     CFG=tk.cfg check_refused 'odd.bin: 3 bytes, expected whole little-endian uint16 tokens' \
         data_tokens=odd.bin
     CFG=tk.cfg check_refused 'data_text needs dataset = text' data_text=text.txt
+    # an override replaces a file of the cfg's that does not exist (the file is checked once,
+    # after the overrides), in the worker and through the launcher
+    sed 's/^data_tokens = .*/data_tokens = missing.bin/' tk.cfg >mk.cfg
+    CFG=mk.cfg check_refused 'mk.cfg:[0-9]+: data_tokens: .*missing.bin: cannot open data_tokens'
+    "$WORKER" --check mk.cfg data_tokens=ok.bin >out 2>err ||
+        { cat err >&2; fail "an override of a missing data file is refused"; }
+    "$LAUNCH" --dry-run --nproc_per_node=2 mk.cfg data_tokens=ok.bin >out 2>err ||
+        { cat err >&2; fail "mgpu-launch refuses an override of a missing data file"; }
     # the launcher checks the cfg before it starts anything
     "$LAUNCH" --nproc_per_node=2 g.cfg n_embd=30 n_head=4 >out 2>err
     expect_eq "$?" 2 "exit status of mgpu-launch with a bad gpt cfg"

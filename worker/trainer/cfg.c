@@ -284,7 +284,7 @@ int mgpu_cfg_override(mgpu_cfg_t *cfg, const char *assignment, mgpu_err_t *err)
     return parse_line(cfg, buf, "command line", -1, NULL, err);
 }
 
-int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
+int mgpu_cfg_read(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     char *text, dir[MGPU_CFG_PATH_MAX];
     size_t size, len = 0;
@@ -345,9 +345,13 @@ int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     rc = parse_text(text, len, path, dir, cfg, 0, err);
     free(text);
-    if (rc == 0)
-        rc = mgpu_cfg_check(cfg, err);
     return rc;
+}
+
+int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err)
+{
+    int rc = mgpu_cfg_read(path, cfg, err);
+    return rc < 0 ? rc : mgpu_cfg_check(cfg, err);
 }
 
 /* --- cross-key checks ---------------------------------------------------------------------- */

@@ -114,6 +114,10 @@ typedef struct mgpu_cfg {
 /* All defaults: the article's demo (Linear(5 -> 2), 90 random samples, batch 30, MSE, SGD). */
 void mgpu_cfg_defaults(mgpu_cfg_t *cfg);
 
+/* Defaults, then the file, without the cross-key checks: for a caller that applies overrides
+ * (mgpu_cfg_override) before it checks the whole (mgpu_cfg_check), so that an override can
+ * replace a value the file's checks would refuse, such as a data file that does not exist. */
+int mgpu_cfg_read(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err);
 /* Defaults, then the file, then the cross-key checks (mgpu_cfg_check). */
 int mgpu_cfg_load(const char *path, mgpu_cfg_t *cfg, mgpu_err_t *err);
 

@@ -128,12 +128,12 @@ int main(int argc, char **argv)
     if (argv[1][0] == '-')
         return usage(argv[1]);
     /* Step 1: the cfg and the command-line overrides. */
-    if ((rc = mgpu_cfg_load(argv[1], &cfg, &err)) < 0)
+    if ((rc = mgpu_cfg_read(argv[1], &cfg, &err)) < 0)
         goto fail;
     for (int i = 2; i < argc; i++)
         if ((rc = mgpu_cfg_override(&cfg, argv[i], &err)) < 0)
             goto fail;
-    if ((argc > 2 || check) && (rc = mgpu_cfg_check(&cfg, &err)) < 0)
+    if ((rc = mgpu_cfg_check(&cfg, &err)) < 0)
         goto fail;
     if (check)
         return 0;
@@ -176,8 +176,8 @@ int main(int argc, char **argv)
         }
         if ((rc = mgpu_kernels_create(gpu ? MGPU_KBACKEND_CUDA : MGPU_KBACKEND_CPU, dev->ordinal,
                                       &k, &err)) < 0 ||
-            (rc = mgpu_comm_create(ctx, gpu ? cfg.backend : MGPU_BACKEND_CPU, cfg.timeout_s,
-                                   &comm, &err)) < 0)
+            (rc = mgpu_comm_create(ctx, gpu ? cfg.backend : MGPU_BACKEND_CPU, cfg.timeout_s, &comm,
+                                   &err)) < 0)
             goto fail;
         if (gpu && ri->world_size > 1 && mgpu_comm_backend(comm) != MGPU_BACKEND_NCCL) {
             rc = mgpu_err_set(&err, MGPU_E_CONFIG,
