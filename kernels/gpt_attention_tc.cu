@@ -70,37 +70,78 @@ __device__ __forceinline__ uint2 lds64(const __nv_bfloat16 *p)
 
 /* kTcRows rows of src from row r0 (row stride ld floats, hs columns) into a bf16 tile, zeros
  * past hs and t: row-major with permuted columns (T false, stride Tc::LD), or transposed
- * (dst[column][perm16(row)], stride Tc::LDT). The whole block takes part. */
+ * (dst[column][perm16(row)], stride Tc::LDT). The whole block takes part, in two steps:
+ * fetch_tile brings a thread's part into registers, every load issued before the first is
+ * needed (one trip to memory, not one per element), store_tile writes it, so that a tile can be
+ * fetched while the previous one is used. In the transposed tile consecutive lanes take
+ * consecutive rows, so that their bf16 values land side by side (no bank conflict) rather
+ * than a row apart. */
+template <int HS> struct Part {
+    static constexpr int N = kTcRows * HS / 4 / (kTcWarps * 32); /* groups of 4 a thread */
+    float4 v[N];
+};
+
+template <int HS, bool T> __device__ __forceinline__ void part_rc(int it, int &r, int &d)
+{
+    constexpr int Q = HS / 4; /* groups of 4 columns a row */
+    const int i = threadIdx.x + it * kTcWarps * 32;
+    r = T ? i % kTcRows : i / Q;
+    d = T ? i / kTcRows * 4 : i % Q * 4;
+}
+
+template <int HS, bool T>
+__device__ __forceinline__ void fetch_tile(Part<HS> &pt, const float *src, size_t ld, int r0, int t,
+                                           int hs, bool vec)
+{
+#pragma unroll
+    for (int it = 0; it < Part<HS>::N; it++) {
+        int r, d;
+        part_rc<HS, T>(it, r, d);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r0 + r < t) {
+            const float *p = src + (size_t)(r0 + r) * ld + d;
+            if (vec && d < hs) {
+                v = *reinterpret_cast<const float4 *>(p);
+            } else {
+                v.x = d < hs ? p[0] : 0.0f;
+                v.y = d + 1 < hs ? p[1] : 0.0f;
+                v.z = d + 2 < hs ? p[2] : 0.0f;
+                v.w = d + 3 < hs ? p[3] : 0.0f;
+            }
+        }
+        pt.v[it] = v;
+    }
+}
+
+template <int HS, bool T>
+__device__ __forceinline__ void store_tile(__nv_bfloat16 *dst, const Part<HS> &pt)
+{
+#pragma unroll
+    for (int it = 0; it < Part<HS>::N; it++) {
+        int r, d;
+        part_rc<HS, T>(it, r, d);
+        const float4 v = pt.v[it];
+        if (!T) {
+            uint32_t *row = reinterpret_cast<uint32_t *>(dst + r * Tc<HS>::LD);
+            row[perm16(d) >> 1] = pack_bf16(v.x, v.y);
+            row[perm16(d + 2) >> 1] = pack_bf16(v.z, v.w);
+        } else {
+            __nv_bfloat16 *col = dst + d * Tc<HS>::LDT + perm16(r);
+            col[0] = __float2bfloat16(v.x);
+            col[Tc<HS>::LDT] = __float2bfloat16(v.y);
+            col[2 * Tc<HS>::LDT] = __float2bfloat16(v.z);
+            col[3 * Tc<HS>::LDT] = __float2bfloat16(v.w);
+        }
+    }
+}
+
 template <int HS, bool T>
 __device__ __forceinline__ void load_tile(__nv_bfloat16 *dst, const float *src, size_t ld, int r0,
                                           int t, int hs, bool vec)
 {
-    constexpr int Q = HS / 4; /* groups of 4 columns a row */
-    for (int i = threadIdx.x; i < kTcRows * Q; i += blockDim.x) {
-        const int r = i / Q, d = (i % Q) * 4;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (r0 + r < t) {
-            const float *p = src + (size_t)(r0 + r) * ld + d;
-            if (vec && d < hs) {
-                float4 f = *reinterpret_cast<const float4 *>(p);
-                v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    v[e] = d + e < hs ? p[e] : 0.0f;
-            }
-        }
-        if (!T) {
-            uint32_t *row = reinterpret_cast<uint32_t *>(dst + r * Tc<HS>::LD);
-            row[perm16(d) >> 1] = pack_bf16(v[0], v[1]);
-            row[perm16(d + 2) >> 1] = pack_bf16(v[2], v[3]);
-        } else {
-            const int pr = perm16(r);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                dst[(d + e) * Tc<HS>::LDT + pr] = __float2bfloat16(v[e]);
-        }
-    }
+    Part<HS> pt;
+    fetch_tile<HS, T>(pt, src, ld, r0, t, hs, vec);
+    store_tile<HS, T>(dst, pt);
 }
 
 /* The A fragments of the warp's 16 rows (from row w0 of a row-major tile). */
@@ -196,12 +237,20 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
+    /* The next tile's k and v are fetched into registers while this one is used. */
     const int kend = min(t, q0 + kTcRows);
+    Part<HS> kp, vp;
+    fetch_tile<HS, false>(kp, base + c, c3, 0, t, hs, vec);
+    fetch_tile<HS, true>(vp, base + 2 * (size_t)c, c3, 0, t, hs, vec);
     for (int k0 = 0; k0 < kend; k0 += kTcRows) {
         __syncthreads(); /* every warp is done with the previous tile (and with q) */
-        load_tile<HS, false>(ks, base + c, c3, k0, t, hs, vec);
-        load_tile<HS, true>(vts, base + 2 * (size_t)c, c3, k0, t, hs, vec);
+        store_tile<HS, false>(ks, kp);
+        store_tile<HS, true>(vts, vp);
         __syncthreads();
+        if (k0 + kTcRows < kend) {
+            fetch_tile<HS, false>(kp, base + c, c3, k0 + kTcRows, t, hs, vec);
+            fetch_tile<HS, true>(vp, base + 2 * (size_t)c, c3, k0 + kTcRows, t, hs, vec);
+        }
         if (k0 > wlast)
             continue; /* every key of the tile comes after the warp's queries */
         float s[kTcRows / 8][4];
