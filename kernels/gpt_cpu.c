@@ -202,6 +202,24 @@ static int adamw(void *impl, size_t n, float *p, const float *g, float *m, float
     return 0;
 }
 
+/* The per-tensor step on each tensor in turn, at now's learning rate and step. */
+static int adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
+                       const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
+                       const float *factor, mgpu_err_t *err)
+{
+    int rc;
+    for (int i = 0; i < n_tensors; i++) {
+        mgpu_adamw_hparams_t h = *hp;
+        h.lr = now->lr;
+        if (!t[i].decay)
+            h.weight_decay = 0.0f;
+        if (t[i].n > 0 && (rc = adamw(impl, t[i].n, t[i].p, t[i].g, t[i].m, t[i].v, &h, now->step,
+                                      factor, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
 const mgpu_gpt_ops_t mgpu_gpt_cpu_ops = {
     .layernorm_forward = ln_forward,
     .layernorm_backward = ln_backward,
@@ -216,4 +234,5 @@ const mgpu_gpt_ops_t mgpu_gpt_cpu_ops = {
     .sumsq = sumsq,
     .clip_factor = clip_factor,
     .adamw = adamw,
+    .adamw_multi = adamw_multi,
 };

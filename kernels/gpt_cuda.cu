@@ -10,6 +10,9 @@
 #include "gpt_cuda_impl.h" /* cuda_impl, the device helpers, the ops' declarations */
 #include "cuda_check.h"    /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
 
+#include <errno.h>  /* ENOMEM */
+#include <stdlib.h> /* calloc, free */
+
 namespace mgpu_cuda
 {
 namespace
@@ -206,7 +209,10 @@ struct Add {
     }
 };
 
-/* torch.optim.AdamW (optimizers.c's formula) on g * factor[0]. */
+/* torch.optim.AdamW (optimizers.c's formula) on g * factor[0]. Every operation rounds on its
+ * own, as the CPU reference's (which has no fused multiply-add): left to the compiler, the
+ * contractions into FMAs depend on the kernel the update is inlined in, and gpt_adamw and
+ * adamw_multi_kernel gave different bits for the same step. */
 struct AdamWF {
     float *p;
     const float *g;
@@ -215,10 +221,12 @@ struct AdamWF {
     float b1, b2, eps, decay, step_size, bc2_sqrt;
     __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi, float f) const
     {
-        gi *= f;
-        mi = mi + (1.0f - b1) * (gi - mi); /* m.lerp_(g, 1 - b1) */
-        vi = b2 * vi + (1.0f - b2) * gi * gi;
-        pi = pi * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        gi = __fmul_rn(gi, f);
+        /* m.lerp_(g, 1 - b1) */
+        mi = __fadd_rn(mi, __fmul_rn(__fsub_rn(1.0f, b1), __fsub_rn(gi, mi)));
+        vi = __fadd_rn(__fmul_rn(b2, vi), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), gi), gi));
+        const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        pi = __fsub_rn(__fmul_rn(pi, decay), __fdiv_rn(__fmul_rn(step_size, mi), den));
     }
     __device__ void vec(size_t i) const
     {
@@ -241,6 +249,79 @@ struct AdamWF {
         v[i] = vi;
     }
 };
+
+/* --- AdamW over many tensors in one launch ------------------------------------------------- */
+
+/* The tensors of one launch travel as its argument (sm_90 with CUDA 12.1 or later takes up
+ * to 32 KB of them): no copy of a list into device memory, which a graph would have to
+ * capture too. Contiguous tensors with the same decay are one segment (a GPT's 148 tensors
+ * of GPT-2 124M are 97: 1 + 8 a layer), so one launch covers a model of up to 19 layers; more
+ * segments take more launches. */
+constexpr int kMultiSegs = 160;
+/* Floats a block takes at a time: 4 float4s per thread. */
+constexpr size_t kMultiChunk = 4 * 4 * kThreads;
+
+struct MultiSeg {
+    float *p;
+    const float *g;
+    float *m, *v;
+    size_t start, n; /* start: in the launch's index space, a multiple of 4 */
+    int decay, vec;  /* vec: the four pointers are 16-byte aligned */
+};
+
+struct MultiArgs {
+    MultiSeg seg[kMultiSegs];
+    int n_seg;
+    size_t total; /* the index space: the last segment's start + n */
+    float b1, b2, eps;
+    const float *factor;
+    const mgpu_gpt_adamw_now_t *now;
+};
+
+/* Block b takes chunks b, b + grid, ... of the index space and, in each, the part of every
+ * segment that lies in it; a segment starts at a multiple of 4, so a chunk's part of it
+ * starts at one too and its float4s stay aligned. The update is AdamWF's, with now's factors:
+ * the same bits as gpt_adamw for the same step. */
+__global__ void __launch_bounds__(kThreads) adamw_multi_kernel(const __grid_constant__ MultiArgs a)
+{
+    const mgpu_gpt_adamw_now_t now = *a.now;
+    for (size_t c0 = (size_t)blockIdx.x * kMultiChunk; c0 < a.total;
+         c0 += (size_t)gridDim.x * kMultiChunk) {
+        const size_t c1 = c0 + kMultiChunk < a.total ? c0 + kMultiChunk : a.total;
+        int lo = 0, hi = a.n_seg - 1; /* the last segment starting at or before c0 */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (a.seg[mid].start <= c0)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        for (int s = lo; s < a.n_seg && a.seg[s].start < c1; s++) {
+            const MultiSeg &sg = a.seg[s];
+            const size_t end = sg.start + sg.n;
+            if (end <= c0)
+                continue;
+            const size_t b = (c0 > sg.start ? c0 : sg.start) - sg.start;
+            const size_t e = (c1 < end ? c1 : end) - sg.start;
+            const AdamWF f{sg.p,          sg.g,        sg.m,
+                           sg.v,          a.factor,    a.b1,
+                           a.b2,          a.eps,       sg.decay ? now.decay : 1.0f,
+                           now.step_size, now.bc2_sqrt};
+            if (sg.vec) {
+                for (size_t i = b + 4 * threadIdx.x; i < e; i += 4 * blockDim.x) {
+                    if (i + 4 <= e)
+                        f.vec(i / 4);
+                    else
+                        for (size_t j = i; j < e; j++)
+                            f.one(j);
+                }
+            } else {
+                for (size_t i = b + threadIdx.x; i < e; i += blockDim.x)
+                    f.one(i);
+            }
+        }
+    }
+}
 
 /* --- reductions ---------------------------------------------------------------------------- */
 
@@ -573,6 +654,59 @@ int gpt_adamw(void *impl, size_t n, float *p, const float *g, float *m, float *v
     return launch_ew(ci, f, n, aligned16(p, g, m, v), "gpt_adamw", err);
 }
 
+static int launch_multi(cuda_impl *ci, MultiArgs &a, mgpu_err_t *err)
+{
+    size_t chunks = (a.total + kMultiChunk - 1) / kMultiChunk, cap = (size_t)ci->sms * 8;
+    unsigned blocks = (unsigned)(chunks < cap ? chunks : cap);
+    adamw_multi_kernel<<<blocks, kThreads, 0, ci->stream>>>(a);
+    CUDA_CHECK_LAUNCH(err, "adamw_multi_kernel (%d segments, %zu floats, %u blocks)", a.n_seg,
+                      a.total, blocks);
+    a.n_seg = 0;
+    a.total = 0;
+    return 0;
+}
+
+int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
+                    const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
+                    const float *factor, mgpu_err_t *err)
+{
+    cuda_impl *ci = (cuda_impl *)impl;
+    /* The gradients may come from weight-gradient products still on a side stream. */
+    int rc = cuda_join(impl, err);
+    if (rc < 0)
+        return rc;
+    /* About 9 KB: on the heap rather than the stack. */
+    MultiArgs *a = (MultiArgs *)calloc(1, sizeof *a);
+    if (a == nullptr)
+        return mgpu_err_set(err, -ENOMEM, "gpt adamw_multi: calloc of %zu bytes", sizeof *a);
+    a->b1 = hp->beta1, a->b2 = hp->beta2, a->eps = hp->eps;
+    a->factor = factor;
+    a->now = now;
+    for (int i = 0; i < n_tensors && rc == 0; i++) {
+        const mgpu_gpt_adamw_tensor_t &x = t[i];
+        if (x.n == 0)
+            continue;
+        invalidate(ci, x.p, sizeof(float) * x.n);
+        MultiSeg *last = a->n_seg > 0 ? &a->seg[a->n_seg - 1] : nullptr;
+        if (last != nullptr && (last->decay != 0) == (x.decay != 0) && last->p + last->n == x.p &&
+            last->g + last->n == x.g && last->m + last->n == x.m && last->v + last->n == x.v) {
+            last->n += x.n; /* the next floats of the same arrays */
+            a->total = last->start + last->n;
+            continue;
+        }
+        if (a->n_seg == kMultiSegs && (rc = launch_multi(ci, *a, err)) < 0)
+            break;
+        const size_t start = (a->total + 3) / 4 * 4;
+        a->seg[a->n_seg++] =
+            MultiSeg{x.p, x.g, x.m, x.v, start, x.n, x.decay != 0, aligned16(x.p, x.g, x.m, x.v)};
+        a->total = start + x.n;
+    }
+    if (rc == 0 && a->n_seg > 0)
+        rc = launch_multi(ci, *a, err);
+    free(a);
+    return rc;
+}
+
 } /* namespace mgpu_cuda */
 
 using namespace mgpu_cuda;
@@ -592,4 +726,5 @@ extern "C" const mgpu_gpt_ops_t mgpu_gpt_cuda_ops = {
     gpt_sumsq,
     gpt_clip_factor,
     gpt_adamw,
+    gpt_adamw_multi,
 };

@@ -2,6 +2,7 @@
  * lives here, once, so that each backend's table rejects exactly the same calls. */
 #include "gpt_ops.h"
 
+#include <math.h>   /* pow, sqrt */
 #include <stddef.h> /* NULL */
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA && defined(__has_include)
@@ -248,4 +249,36 @@ int mgpu_kg_adamw(mgpu_kernels_t *k, size_t n, float *p, const float *g_, float 
         (rc = positive(op, "step", step, err)) < 0)
         return rc;
     return n == 0 ? 0 : g->adamw(k->impl, n, p, g_, m, v, hp, step, factor, err);
+}
+
+int mgpu_kg_adamw_multi(mgpu_kernels_t *k, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
+                        const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
+                        const float *factor, mgpu_err_t *err)
+{
+    static const char op[] = "adamw_multi";
+    const mgpu_gpt_ops_t *g;
+    int rc;
+    if ((rc = table(k, op, &g, err)) < 0 || (rc = present(op, "t", t, err)) < 0 ||
+        (rc = present(op, "hp", hp, err)) < 0 || (rc = present(op, "now", now, err)) < 0)
+        return rc;
+    if (n_tensors < 0)
+        return mgpu_err_set(err, MGPU_E_RANGE, "gpt %s: n_tensors = %d, expected >= 0", op,
+                            n_tensors);
+    for (int i = 0; i < n_tensors; i++)
+        if (t[i].n > 0 && (t[i].p == NULL || t[i].g == NULL || t[i].m == NULL || t[i].v == NULL))
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "gpt %s: tensor %d of %zu floats has a NULL p, g, m or v", op, i,
+                                t[i].n);
+    return n_tensors == 0 ? 0 : g->adamw_multi(k->impl, n_tensors, t, hp, now, factor, err);
+}
+
+void mgpu_kg_adamw_now(const mgpu_adamw_hparams_t *hp, long long step, mgpu_gpt_adamw_now_t *now)
+{
+    /* optimizers.c's mgpu_cpu_adamw_step, term for term, so both paths get the same bits. */
+    const double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
+    now->lr = hp->lr;
+    now->step_size = (float)(hp->lr / bc1);
+    now->bc2_sqrt = (float)sqrt(bc2);
+    now->decay = 1.0f - hp->lr * hp->weight_decay;
+    now->step = step;
 }

@@ -16,7 +16,12 @@
  * them once, and gradient accumulation keeps adding); a gradient of an activation is ADDED
  * where the activation is read twice (dx of LayerNorm and of the head, which feed the
  * residual stream) and OVERWRITTEN where it is not (GELU's dx, attention's dqkv), as each
- * function says. */
+ * function says.
+ *
+ * AdamW comes twice: adamw takes one tensor and its step's values by value; adamw_multi takes
+ * every tensor at once (one launch on a GPU) and reads what changes from step to step (the
+ * learning rate, the step number and the factors made of them) from an mgpu_gpt_adamw_now_t
+ * in backend memory, so that a CUDA graph captured around it replays each step's values. */
 #ifndef MGPU_GPT_OPS_H
 #define MGPU_GPT_OPS_H
 
@@ -25,6 +30,28 @@
 
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
+
+/* One tensor of an adamw_multi step (every pointer backend memory): p, g, m, v of n floats;
+ * weight decay applies when decay is non-zero. */
+typedef struct mgpu_gpt_adamw_tensor {
+    float *p;
+    const float *g;
+    float *m, *v;
+    size_t n;
+    int decay;
+} mgpu_gpt_adamw_tensor_t;
+
+/* What changes from one AdamW step to the next, in backend memory, written by the host before
+ * the step's work runs (mgpu_kg_adamw_now fills it): the learning rate and the step (from 1),
+ * and the factors made of them as torch.optim.AdamW (and optimizers.c) computes them on the
+ * host in double, so a table never computes a power of beta itself. */
+typedef struct mgpu_gpt_adamw_now {
+    float lr;
+    float step_size; /* lr / (1 - beta1^step) */
+    float bc2_sqrt;  /* sqrt(1 - beta2^step) */
+    float decay;     /* 1 - lr * weight_decay: what a decaying tensor's p is multiplied by */
+    long long step;
+} mgpu_gpt_adamw_now_t;
 
 typedef struct mgpu_gpt_ops {
     /* y = (x - mean) * rstd * w + b over each of n rows of c (eps 1e-5); mean and rstd (n
@@ -81,6 +108,13 @@ typedef struct mgpu_gpt_ops {
     int (*adamw)(void *impl, size_t n, float *p, const float *g, float *m, float *v,
                  const mgpu_adamw_hparams_t *hp, long long step, const float *factor,
                  mgpu_err_t *err);
+    /* The same step on n_tensors tensors (t: a host array, read during the call): hp's betas,
+     * eps and weight_decay (its lr is not read: now's is), now (backend memory) read when the
+     * step runs, not when it is queued; factor as adamw's. Each tensor gets exactly adamw's
+     * result for the step's values. */
+    int (*adamw_multi)(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
+                       const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
+                       const float *factor, mgpu_err_t *err);
 } mgpu_gpt_ops_t;
 
 extern const mgpu_gpt_ops_t mgpu_gpt_cpu_ops;
@@ -117,5 +151,12 @@ int mgpu_kg_clip_factor(mgpu_kernels_t *k, const float *sumsq, float max_norm, f
 int mgpu_kg_adamw(mgpu_kernels_t *k, size_t n, float *p, const float *g, float *m, float *v,
                   const mgpu_adamw_hparams_t *hp, long long step, const float *factor,
                   mgpu_err_t *err);
+int mgpu_kg_adamw_multi(mgpu_kernels_t *k, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
+                        const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
+                        const float *factor, mgpu_err_t *err);
+
+/* Fills *now (host memory) for step (from 1) at hp->lr, hp's betas and weight_decay: the
+ * host's side of adamw_multi, to copy into backend memory. */
+void mgpu_kg_adamw_now(const mgpu_adamw_hparams_t *hp, long long step, mgpu_gpt_adamw_now_t *now);
 
 #endif

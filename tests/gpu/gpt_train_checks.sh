@@ -13,6 +13,12 @@
 #     fp32 on the GPU. Both runs see the same batches in the same order (same seed), so their
 #     curves differ by precision alone; each curve is smoothed by averaging its losses over 20
 #     blocks of 25 steps, and every block's mean must be within 2% of fp32's.
+#   gpt_graph_matches_eager: the step replayed from CUDA graphs (cuda_graph = true, the
+#     default, which the two checks above use) against the same step run eagerly
+#     (cuda_graph = false): the tiny GPT of the first check in fp32 (every step's loss within
+#     1e-6 relative over 20 steps) and the small model in bf16 (20 steps of batch 16, within
+#     1e-3: bf16 noise); the graph runs' metrics must say cuda_graph = true, the eager ones
+#     false.
 #
 # The texts are cut to a whole number of batches of windows (eval_fraction = 0), so every
 # batch is full and the step can be replayed from a CUDA graph. Every run's output and metrics
@@ -28,7 +34,7 @@ WORKER=$BUILD/bin/mgpu-worker
 source "$here/lib.sh" # gpu_present
 PY=python3
 command -v python3 >/dev/null || PY=/usr/bin/python3
-checks="gpt_gpu_matches_cpu gpt_bf16_tracks_fp32"
+checks="gpt_gpu_matches_cpu gpt_bf16_tracks_fp32 gpt_graph_matches_eager"
 
 if ! gpu_present; then
     echo "  skip: no CUDA device"
@@ -90,7 +96,8 @@ def read(path):
         pass
     return [rows[k] for k in sorted(rows)], final
 (a, fa_), (b, fb_) = read(fa), read(fb)
-want = {"gpu_cpu": ("cuda", "cpu"), "bf16_fp32": ("cuda", "cuda")}[kind]
+want = {"gpu_cpu": ("cuda", "cpu"), "bf16_fp32": ("cuda", "cuda"),
+        "graph_eager": ("cuda", "cuda")}[kind]
 for path, fin, w in ((fa, fa_, want[0]), (fb, fb_, want[1])):
     if not fin:
         print(f"not ok - {name}: {path} has no final metrics line (the run failed)")
@@ -99,12 +106,22 @@ for path, fin, w in ((fa, fa_, want[0]), (fb, fb_, want[1])):
         # said without the JSON form that lib.sh's judge reads as a CPU run
         print(f"not ok - {name}: {path} ran on backend {fin.get('backend')}, expected {w}")
         sys.exit(1)
+if kind == "graph_eager" and (fa_.get("cuda_graph") is not True or fb_.get("cuda_graph")):
+    print(f"not ok - {name}: cuda_graph {fa_.get('cuda_graph')} in {fa} and "
+          f"{fb_.get('cuda_graph')} in {fb}, expected true and false")
+    sys.exit(1)
 for path, rows in ((fa, a), (fb, b)):
     if len(rows) != steps:
         print(f"not ok - {name}: {path} has {len(rows)} losses of steps, expected {steps} "
               "(one a step with log_interval = 1)")
         sys.exit(1)
-if kind == "gpu_cpu":
+if kind == "graph_eager":
+    rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
+    worst = max(range(steps), key=lambda i: rel[i])
+    print(f"  losses, graph / eager: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
+          f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
+          f"at step {worst + 1} (tolerance {tol:g})")
+elif kind == "gpu_cpu":
     rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
     worst = max(range(steps), key=lambda i: rel[i])
     print(f"  losses, GPU / CPU: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
@@ -190,4 +207,20 @@ run small_bf16 "$out/small.cfg" precision=bf16 || why small_bf16
 compare gpt_bf16_tracks_fp32 bf16_fp32 "$out/small_bf16.jsonl" "$out/small_fp32.jsonl" \
     0.02 25 500 || rc=1
 tail -n 1 "$out/small_bf16.jsonl" 2>/dev/null
+
+# --- (c) the step replayed from CUDA graphs against the eager step ----------------------------
+run tiny_eager "$out/tiny.cfg" cuda_graph=false || why tiny_eager
+run small_graph20 "$out/small.cfg" precision=bf16 max_steps=20 || why small_graph20
+run small_eager20 "$out/small.cfg" precision=bf16 max_steps=20 cuda_graph=false ||
+    why small_eager20
+# one verdict for both precisions: fp32's figures, then bf16's comparison and the verdict
+if compare gpt_graph_matches_eager graph_eager "$out/tiny_gpu.jsonl" "$out/tiny_eager.jsonl" \
+    1e-6 1 20 >"$out/graph_fp32.txt"; then
+    grep -v '^ok - ' "$out/graph_fp32.txt" | sed 's/losses, graph/fp32 losses, graph/'
+    compare gpt_graph_matches_eager graph_eager "$out/small_graph20.jsonl" \
+        "$out/small_eager20.jsonl" 1e-3 1 20 || rc=1
+else
+    cat "$out/graph_fp32.txt"
+    rc=1
+fi
 exit $rc

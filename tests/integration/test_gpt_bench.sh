@@ -7,23 +7,32 @@ BENCH=$MGPU_ROOT/tests/bench/gpt_torch_bench.py
 CHECKS=$MGPU_ROOT/tests/gpu/gpt_train_checks.sh
 
 # a stand-in worker: per-step losses of a decaying curve, scaled by 1 + DRIFT on the CPU
-# backend (CUDA_VISIBLE_DEVICES empty) and in bf16, and the final line naming its backend
+# backend (CUDA_VISIBLE_DEVICES empty) and in bf16 and by 1 + GDRIFT with cuda_graph=false,
+# and the final line naming its backend and whether a CUDA graph ran (not said with NOGRAPH)
 fake_worker() {
     mkdir -p fake/bin
     cat >fake/bin/mgpu-worker <<'EOF'
 #!/usr/bin/env bash
-m= p=tf32 n=20
-for a in "$@"; do case $a in metrics_file=*) m=${a#*=} ;; precision=*) p=${a#*=} ;; esac; done
+m= p=tf32 n=20 g=true
 grep -q 'max_steps = 500' "$1" && n=500
+for a in "$@"; do
+    case $a in
+    metrics_file=*) m=${a#*=} ;; precision=*) p=${a#*=} ;; max_steps=*) n=${a#*=} ;;
+    cuda_graph=*) g=${a#*=} ;;
+    esac
+done
 b=cuda
-[ "${CUDA_VISIBLE_DEVICES-x}" = "" ] && b=cpu
-awk -v n=$n -v p=$p -v b=$b -v d="${DRIFT:-0}" 'BEGIN {
+[ "${CUDA_VISIBLE_DEVICES-x}" = "" ] && b=cpu && g=false
+[ -n "${NOGRAPH:-}" ] && g=
+awk -v n=$n -v p=$p -v b=$b -v g="$g" -v d="${DRIFT:-0}" -v gd="${GDRIFT:-0}" 'BEGIN {
     for (i = 1; i <= n; i++) {
         l = 5.5 * exp(-i / 200) + 1
         if (p == "bf16" || b == "cpu") l *= 1 + d
+        if (g == "false") l *= 1 + gd
         printf "{\"epoch\":1,\"step\":%d,\"loss\":%.7f}\n", i, l
     }
-    printf "{\"final\":true,\"loss\":1,\"backend\":\"%s\"}\n", b }' >"$m"
+    printf "{\"final\":true,\"loss\":1,\"backend\":\"%s\"%s}\n", b,
+        g == "" ? "" : ",\"cuda_graph\":" g }' >"$m"
 EOF
     chmod +x fake/bin/mgpu-worker
 }
@@ -34,6 +43,7 @@ t_gpt_train_checks_skip_without_a_gpu() {
     expect_eq "$?" 77 "exit status without a GPU"
     expect_grep out '^skip - gpt_gpu_matches_cpu$'
     expect_grep out '^skip - gpt_bf16_tracks_fp32$'
+    expect_grep out '^skip - gpt_graph_matches_eager$'
     out=$PWD
     source "$MGPU_ROOT/tests/gpu/lib.sh"
     expect_grep "$(judge 77 out 0)" '^skip - '
@@ -45,6 +55,8 @@ t_gpt_train_checks_judge_the_curves() {
     expect_eq "$?" 0 "exit status with matching curves ($(cat same))"
     expect_grep same '^ok - gpt_gpu_matches_cpu$'
     expect_grep same '^ok - gpt_bf16_tracks_fp32$'
+    expect_grep same '^ok - gpt_graph_matches_eager$'
+    expect_eq "$(grep -c 'gpt_graph_matches_eager' same)" 1 "one verdict for both precisions"
     # the CPU run's metrics stay in its file: on a GPU machine the part passes
     out=$PWD
     source "$MGPU_ROOT/tests/gpu/lib.sh"
@@ -56,6 +68,15 @@ t_gpt_train_checks_judge_the_curves() {
     expect_eq "$?" 1 "exit status with curves 3% apart"
     expect_grep apart '^not ok - gpt_gpu_matches_cpu: relative difference 0\.029[0-9]* > 0\.0001$'
     expect_grep apart '^not ok - gpt_bf16_tracks_fp32: relative difference 0.03 > 0.02$'
+    # the graph against the eager step: 1e-6 in fp32
+    GDRIFT=0.00001 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >gapart 2>&1
+    expect_eq "$?" 1 "exit status with graph and eager losses 1e-5 apart"
+    expect_grep gapart '^ok - gpt_gpu_matches_cpu$'
+    expect_grep gapart '^not ok - gpt_graph_matches_eager: relative difference [0-9.e-]* > 1e-06$'
+    # a worker that never says it replayed a graph (it ignored cuda_graph) fails it
+    NOGRAPH=1 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >nograph 2>&1
+    expect_eq "$?" 1 "exit status when no run says cuda_graph"
+    expect_grep nograph '^not ok - gpt_graph_matches_eager: cuda_graph None in .* expected true'
     # a worker that cannot train a GPT fails both checks by name
     printf '#!/bin/sh\necho "mgpu-worker: error: model = gpt" >&2\nexit 2\n' >fake/bin/mgpu-worker
     MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >refused 2>&1

@@ -584,6 +584,105 @@ static void test_adamw(void)
     env_close(&e);
 }
 
+/* adamw_multi on the GPU: a model-like list of 301 tensors (sizes 1 to 4099 and one of 2^20
+ * + 3; decay off for every third, so pairs of neighbours merge into one segment and about 200
+ * segments remain, more than one launch takes), aligned and one
+ * float off, at a learning rate and step read from device memory, against the CUDA per-tensor
+ * adamw (the same bits) and the CPU reference (1e-5), with and without the clip factor. */
+static void test_adamw_multi(void)
+{
+    enum { NT = 301 };
+    static const size_t sizes[] = {1, 3, 127, 4099, 64, 768};
+    mgpu_adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    env_t e;
+    env_open(&e);
+    size_t n_of[NT], total = 0;
+    for (int i = 0; i < NT; i++) {
+        n_of[i] = i == NT / 2 ? (1u << 20) + 3 : sizes[i % (sizeof sizes / sizeof *sizes)];
+        total += n_of[i];
+    }
+    for (size_t off = 0; off < 2; off++)
+        for (int with_factor = 0; with_factor < 2; with_factor++) {
+            const float factor = 0.375f;
+            float *p = hrand(total, 1.0f), *m = hbuf(total), *v = hbuf(total);
+            memset(m, 0, total * sizeof(float));
+            memset(v, 0, total * sizeof(float));
+            void *b[9] = {0};
+            float *d_p = dupd(&e, p, total, off, &b[0]), *d_g = dalloc(&e, total, off, &b[1]);
+            float *d_m = dupd(&e, m, total, off, &b[2]), *d_v = dupd(&e, v, total, off, &b[3]);
+            /* the per-tensor run's copies */
+            float *d_p1 = dupd(&e, p, total, off, &b[4]), *d_m1 = dupd(&e, m, total, off, &b[5]);
+            float *d_v1 = dupd(&e, v, total, off, &b[6]);
+            float *d_f = with_factor ? dupd(&e, &factor, 1, 0, &b[7]) : NULL;
+            mgpu_gpt_adamw_now_t *d_now = NULL;
+            OK(&e, mgpu_k_alloc(e.gpu, sizeof *d_now, &b[8], &e.err));
+            d_now = b[8];
+            mgpu_gpt_adamw_tensor_t t[NT];
+            size_t o = 0;
+            for (int i = 0; i < NT; i++) {
+                t[i] = (mgpu_gpt_adamw_tensor_t){.p = d_p + o,
+                                                 .g = d_g + o,
+                                                 .m = d_m + o,
+                                                 .v = d_v + o,
+                                                 .n = n_of[i],
+                                                 .decay = i % 3 != 0};
+                o += n_of[i];
+            }
+            for (long long step = 1; step <= 3; step++) {
+                float *g = hrand(total, 1.0f);
+                OK(&e, mgpu_k_copy_to_device(e.gpu, d_g, g, total * sizeof(float), &e.err));
+                if (with_factor)
+                    for (size_t i = 0; i < total; i++)
+                        g[i] *= factor;
+                mgpu_adamw_hparams_t h = hp;
+                h.lr = 1e-3f * (float)step; /* each step its own lr, as a warm-up */
+                mgpu_gpt_adamw_now_t now;
+                mgpu_kg_adamw_now(&h, step, &now);
+                OK(&e, mgpu_k_copy_to_device(e.gpu, d_now, &now, sizeof now, &e.err));
+                OK(&e, GOPS->adamw_multi(IMPL(&e), NT, t, &hp, d_now, d_f, &e.err));
+                /* a later write of the block is not seen by the queued step */
+                now.lr = NAN, now.step_size = NAN;
+                OK(&e, mgpu_k_copy_to_device(e.gpu, d_now, &now, sizeof now, &e.err));
+                o = 0;
+                for (int i = 0; i < NT; i++) {
+                    mgpu_adamw_hparams_t hi = h;
+                    hi.weight_decay = i % 3 != 0 ? hp.weight_decay : 0.0f;
+                    mgpu_gpt_adamw_tensor(n_of[i], p + o, g + o, m + o, v + o, &hi, 1, step);
+                    OK(&e, GOPS->adamw(IMPL(&e), n_of[i], d_p1 + o, d_g + o, d_m1 + o, d_v1 + o,
+                                       &hi, step, d_f, &e.err));
+                    o += n_of[i];
+                }
+                free(g);
+            }
+            close_to_dev(&e, d_p, p, total, 1e-6, 1e-5, "adamw_multi off=%zu factor=%d p", off,
+                         with_factor);
+            close_to_dev(&e, d_m, m, total, 1e-6, 1e-5, "adamw_multi off=%zu factor=%d m", off,
+                         with_factor);
+            close_to_dev(&e, d_v, v, total, 1e-6, 1e-5, "adamw_multi off=%zu factor=%d v", off,
+                         with_factor);
+            float *got[3] = {down(&e, d_p, total), down(&e, d_m, total), down(&e, d_v, total)};
+            float *per[3] = {down(&e, d_p1, total), down(&e, d_m1, total), down(&e, d_v1, total)};
+            for (int j = 0; j < 3; j++) {
+                char what[64];
+                snprintf(what, sizeof what, "adamw_multi off=%zu factor=%d %s vs adamw", off,
+                         with_factor,
+                         j == 0   ? "p"
+                         : j == 1 ? "m"
+                                  : "v");
+                same_bits(what, got[j], per[j], total);
+                free(got[j]);
+                free(per[j]);
+            }
+            for (int j = 0; j < 9; j++)
+                if (b[j] != NULL)
+                    mgpu_k_free(e.gpu, b[j]);
+            free(p);
+            free(m);
+            free(v);
+        }
+    env_close(&e);
+}
+
 int main(void)
 {
     RUN(test_layernorm);
@@ -598,5 +697,6 @@ int main(void)
     RUN(test_sumsq);
     RUN(test_clip_factor);
     RUN(test_adamw);
+    RUN(test_adamw_multi);
     return check_done();
 }

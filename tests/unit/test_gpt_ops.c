@@ -215,6 +215,72 @@ static void test_clip_and_adamw_match_reference(void)
     mgpu_kernels_destroy(k);
 }
 
+/* adamw_multi over tensors laid out as a model's (some contiguous, one empty, one apart, decay
+ * flags mixed) gives exactly the per-tensor adamw's bits at now's lr and step, with and
+ * without the clip factor. */
+static void test_adamw_multi_matches_per_tensor(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    enum { NT = 6 };
+    const size_t sizes[NT] = {96, 7, 0, 1030, 5, 300};
+    const int decays[NT] = {1, 0, 1, 1, 0, 1};
+    size_t total = 0;
+    for (int i = 0; i < NT; i++)
+        total += sizes[i];
+    total += 3; /* the last tensor lies 3 floats apart from the others */
+    for (int with_factor = 0; with_factor < 2; with_factor++) {
+        float *p = rnd(total), *g = rnd(total), *m = zeros(total), *v = zeros(total);
+        float *p1 = copy(p, total), *m1 = zeros(total), *v1 = zeros(total);
+        float factor = 0.375f;
+        mgpu_gpt_adamw_tensor_t t[NT];
+        size_t off = 0;
+        for (int i = 0; i < NT; i++) {
+            if (i == NT - 1)
+                off += 3;
+            t[i] = (mgpu_gpt_adamw_tensor_t){.p = p + off,
+                                             .g = g + off,
+                                             .m = m + off,
+                                             .v = v + off,
+                                             .n = sizes[i],
+                                             .decay = decays[i]};
+            off += sizes[i];
+        }
+        mgpu_adamw_hparams_t hp = {
+            .lr = 0, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+        for (long long s = 1; s <= 3; s++) {
+            mgpu_adamw_hparams_t h = hp;
+            h.lr = 1e-2f / (float)s; /* a schedule: each step its own lr */
+            mgpu_gpt_adamw_now_t now;
+            mgpu_kg_adamw_now(&h, s, &now);
+            CHECK(now.step == s && now.lr == h.lr);
+            /* hp's own lr is not read: now's is. */
+            CHECK_INT(mgpu_kg_adamw_multi(k, NT, t, &hp, &now, with_factor ? &factor : NULL, &err),
+                      0);
+            off = 0;
+            for (int i = 0; i < NT; i++) {
+                mgpu_adamw_hparams_t hi = h;
+                if (i == NT - 1)
+                    off += 3;
+                if (!decays[i])
+                    hi.weight_decay = 0.0f;
+                if (sizes[i] > 0)
+                    CHECK_INT(mgpu_kg_adamw(k, sizes[i], p1 + off, g + off, m1 + off, v1 + off, &hi,
+                                            s, with_factor ? &factor : NULL, &err),
+                              0);
+                off += sizes[i];
+            }
+        }
+        CHECK(memcmp(p, p1, sizeof(float) * total) == 0);
+        CHECK(memcmp(m, m1, sizeof(float) * total) == 0);
+        CHECK(memcmp(v, v1, sizeof(float) * total) == 0);
+        /* The gap between the tensors is nobody's: untouched. */
+        CHECK(m[total - sizes[NT - 1] - 1] == 0.0f && m[total - sizes[NT - 1] - 3] == 0.0f);
+        free(p), free(g), free(m), free(v), free(p1), free(m1), free(v1);
+    }
+    mgpu_kernels_destroy(k);
+}
+
 static void test_launchers_refuse_bad_arguments(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -235,6 +301,15 @@ static void test_launchers_refuse_bad_arguments(void)
     CHECK_CONTAINS(err.msg, "dx is set but dwte is NULL");
     CHECK_INT(mgpu_kg_adamw(k, 4, buf, buf, buf, buf, NULL, 1, NULL, &err), MGPU_E_USAGE);
     CHECK_CONTAINS(err.msg, "gpt adamw: hp is NULL");
+    mgpu_adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f};
+    mgpu_gpt_adamw_tensor_t t1 = {.p = buf, .g = buf, .m = buf, .v = NULL, .n = 4};
+    mgpu_gpt_adamw_now_t now = {.step = 1};
+    CHECK_INT(mgpu_kg_adamw_multi(k, 1, &t1, &hp, NULL, NULL, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "gpt adamw_multi: now is NULL");
+    CHECK_INT(mgpu_kg_adamw_multi(k, 1, &t1, &hp, &now, NULL, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "gpt adamw_multi: tensor 0 of 4 floats has a NULL p, g, m or v");
+    CHECK_INT(mgpu_kg_adamw_multi(k, -1, &t1, &hp, &now, NULL, &err), MGPU_E_RANGE);
+    CHECK_CONTAINS(err.msg, "gpt adamw_multi: n_tensors = -1, expected >= 0");
     int32_t bad[2] = {1, 99};
     CHECK_INT(mgpu_kg_tied_head(k, 2, 2, 4, buf, buf, bad, 1.0f, buf, buf, NULL, NULL, &err),
               MGPU_E_RANGE);
@@ -257,6 +332,7 @@ int main(void)
     RUN(test_embed_and_add);
     RUN(test_tied_head_chunks_match_reference);
     RUN(test_clip_and_adamw_match_reference);
+    RUN(test_adamw_multi_matches_per_tensor);
     RUN(test_launchers_refuse_bad_arguments);
     return check_done();
 }

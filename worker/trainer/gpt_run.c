@@ -1,6 +1,11 @@
 /* gpt_run.c - the training loop of model = gpt: data, resume or broadcast, epochs of sampler
  * shards, gradient accumulation, bucketed averaging, clipping, the schedule, progress,
- * metrics, evaluation, checkpoints and sampling. */
+ * metrics, evaluation, checkpoints and sampling.
+ *
+ * With cuda_graph on a CUDA backend and grad_accum = 1, a step of a full batch after the first
+ * such eager one is replayed from CUDA graphs (gpt_graph.h); a batch that is not full, and
+ * grad_accum > 1 (whose micro-steps differ: only the first zeroes the gradients), run eagerly,
+ * and anything eager between two replays makes the graphs be captured again. */
 #include "gpt_run.h"
 
 #include <cjson/cJSON.h> /* metrics lines */
@@ -12,6 +17,7 @@
 #include <time.h>        /* clock_gettime */
 
 #include "checkpoint.h"  /* mgpu_ckpt_* */
+#include "gpt_graph.h"   /* mgpu_gpt_graph_*: the step replayed from CUDA graphs */
 #include "model_gpt.h"   /* mgpu_gpt_* */
 #include "optim.h"       /* MGPU_OPTIM_ADAMW */
 #include "rng.h"         /* mgpu_rng_*: sampling */
@@ -33,6 +39,7 @@ typedef struct run {
     const mgpu_ddp_comm_t *comm;
     FILE *out, *metrics;
     mgpu_gpt_t *m;
+    mgpu_gpt_graph_t *graph; /* NULL: every step eager (cuda_graph off, not CUDA, grad_accum > 1) */
     mgpu_tokens_t data;
     size_t n_train, n_eval; /* tokens of each split: train is data.ids[0..), eval the tail */
     void *scratch;          /* backend memory for small collectives */
@@ -355,6 +362,34 @@ static int allreduce_grads(run_t *s, mgpu_err_t *err)
     return 0;
 }
 
+/* A step of one full batch (the sampler's batch `batch` of this epoch's indices idx) replayed
+ * from the graphs: the batch and AdamW's step into device memory, then the replays. The
+ * progress marks are the host's: it queues the graphs and goes on, so the GPU's work is in
+ * the collectives' records. */
+static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, size_t batch,
+                      const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
+{
+    const mgpu_ddp_comm_t *comm = s->comm;
+    size_t start, count;
+    int rc;
+    mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
+    mgpu_sampler_batch(samp, s->cfg->batch_size, batch, &start, &count);
+    if ((rc = load_windows(s, 0, idx + start, 0, (int)count, err)) < 0 ||
+        (rc = mgpu_gpt_set_step(s->m, hp, step, err)) < 0)
+        return rc;
+    mgpu_progress_phase(comm->progress, MGPU_PHASE_FORWARD);
+    if (comm->world_size == 1)
+        return mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_STEP, err);
+    /* The gradients' average runs eagerly between the two halves. */
+    if ((rc = mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_GRADS, err)) < 0)
+        return rc;
+    mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
+    if ((rc = allreduce_grads(s, err)) < 0)
+        return rc;
+    mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
+    return mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_UPDATE, err);
+}
+
 int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t *comm, FILE *out,
                  mgpu_ddp_result_t *result, mgpu_err_t *err)
 {
@@ -450,7 +485,11 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                .eps = (float)cfg->eps,
                                .weight_decay = (float)cfg->weight_decay};
     long long evaluated_at = -1, steps_run = 0;
-    int stopped = 0;
+    int stopped = 0, grown = 0; /* grown: an eager step of a full batch has run */
+    if (cfg->cuda_graph && accum == 1 &&
+        (rc = mgpu_gpt_graph_create(s.m, 1.0f / ((float)B * T), &hp, (float)cfg->grad_clip,
+                                    &s.graph, err)) < 0)
+        goto out;
     double t0 = now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
@@ -466,24 +505,34 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 rows += count;
             }
             mgpu_progress_step(comm->progress, step + 1); /* numbered as the progress lines */
-            if ((rc = mgpu_gpt_zero_grads(s.m, err)) < 0)
-                goto out;
-            /* The micro-batches add their share of the step's mean; only the last one's
-             * gradient is averaged over the ranks (DDP's no_sync on the others). */
-            for (size_t j = 0; j < accum; j++) {
-                mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
-                mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
-                if ((rc = load_windows(&s, 0, idx + start, 0, (int)count, err)) < 0 ||
-                    (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
-                    goto out;
-            }
-            mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
-            if ((rc = allreduce_grads(&s, err)) < 0)
-                goto out;
-            mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
             hp.lr = mgpu_gpt_lr(step, cfg->warmup_steps, total, (float)cfg->lr, (float)cfg->lr_min);
-            if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) < 0)
-                goto out;
+            if (s.graph != NULL && grown && rows == B * accum) {
+                if ((rc = graph_step(&s, &samp, idx, (size_t)batch, &hp, step + 1, err)) < 0)
+                    goto out;
+                res->graphed = 1;
+            } else {
+                /* Eager work between replays: the graphs are captured again after it. */
+                if (s.graph != NULL && (rc = mgpu_gpt_graph_drop(s.graph, err)) < 0)
+                    goto out;
+                if ((rc = mgpu_gpt_zero_grads(s.m, err)) < 0)
+                    goto out;
+                /* The micro-batches add their share of the step's mean; only the last one's
+                 * gradient is averaged over the ranks (DDP's no_sync on the others). */
+                for (size_t j = 0; j < accum; j++) {
+                    mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
+                    mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
+                    if ((rc = load_windows(&s, 0, idx + start, 0, (int)count, err)) < 0 ||
+                        (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
+                        goto out;
+                }
+                mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
+                if ((rc = allreduce_grads(&s, err)) < 0)
+                    goto out;
+                mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
+                if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) < 0)
+                    goto out;
+                grown |= rows == B * accum;
+            }
             step++;
             steps_run++;
             tokens_run += (double)rows * T * W;
@@ -540,7 +589,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             (rc = save_checkpoint(&s, (uint64_t)epoch + 1, 0, (uint64_t)step, err)) < 0)
             goto out;
         if (s.n_eval > 0 && cfg->eval_interval > 0 && (epoch + 1) % cfg->eval_interval == 0) {
-            if ((rc = report_eval(&s, epoch, step, res, err)) < 0)
+            if ((rc = report_eval(&s, epoch, step, res, err)) < 0 ||
+                (s.graph != NULL && (rc = mgpu_gpt_graph_drop(s.graph, err)) < 0))
                 goto out;
             evaluated_at = step;
         }
@@ -582,6 +632,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);
         }
         cJSON_AddStringToObject(o, "backend", k->ops->name);
+        cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
         metrics_line(&s, o);
     }
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
@@ -595,6 +646,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     rc = mgpu_k_copy_to_host(k, res->params, s.m->params, sizeof(float) * res->n_params, err);
 out:
+    mgpu_gpt_graph_destroy(s.graph);
     if (s.metrics != NULL)
         fclose(s.metrics);
     if (s.scratch != NULL)

@@ -37,6 +37,9 @@ void mgpu_gpt_destroy(mgpu_gpt_t *m)
         mgpu_k_free(m->k, m->tokens);
     if (m->targets != NULL)
         mgpu_k_free(m->k, m->targets);
+    if (m->now != NULL)
+        mgpu_k_free(m->k, m->now);
+    free(m->adam);
     for (int l = 0; m->acts != NULL && l < m->spec.n_layer; l++) {
         mgpu_gpt_acts_t *a = &m->acts[l];
         float *ab[] = {a->x,    a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,    a->lse,
@@ -144,6 +147,23 @@ int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, m
     if ((rc = mgpu_k_alloc(k, sizeof(int32_t) * N, &p, err)) < 0)
         goto fail;
     m->targets = p;
+    if ((rc = mgpu_k_alloc(k, sizeof *m->now, &p, err)) < 0)
+        goto fail;
+    m->now = p;
+    m->adam = calloc((size_t)m->n_tensors, sizeof *m->adam);
+    if (m->adam == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: calloc for %d tensors failed", m->n_tensors);
+        goto fail;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mgpu_gpt_tensor_t *t = &m->tensors[i];
+        m->adam[i] = (mgpu_gpt_adamw_tensor_t){.p = m->params + t->off,
+                                               .g = m->grads + t->off,
+                                               .m = m->moments + t->off,
+                                               .v = m->moments + m->n_params + t->off,
+                                               .n = t->n,
+                                               .decay = mgpu_gpt_decays(t->ndim)};
+    }
     if ((rc = mgpu_k_zero(k, m->params, sizeof(float) * m->n_params, err)) < 0 ||
         (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0 ||
         (rc = mgpu_k_zero(k, m->scalars, sizeof(float) * 4, err)) < 0)
@@ -350,32 +370,55 @@ int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err)
     return rc < 0 ? rc : mgpu_k_zero(m->k, m->scalars, sizeof(float), err);
 }
 
-int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
-                  float *norm, mgpu_err_t *err)
+int mgpu_gpt_set_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step,
+                      mgpu_err_t *err)
+{
+    mgpu_gpt_adamw_now_t now;
+    if (step < 1)
+        return mgpu_err_set(err, -EINVAL, "gpt: AdamW step %lld, expected >= 1", step);
+    mgpu_kg_adamw_now(hp, step, &now);
+    /* A copy from pageable memory has taken its source when it returns (kernels.h). */
+    return mgpu_k_copy_to_device(m->k, m->now, &now, sizeof now, err);
+}
+
+/* The clip (when grad_clip > 0, or sumsq_too for the caller's norm) and the update. */
+static int update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_clip, int sumsq_too,
+                  mgpu_err_t *err)
 {
     float *ss = m->scalars + 1, *factor = m->scalars + 2;
     int rc;
 
-    if ((grad_clip > 0 || norm != NULL) &&
+    if ((grad_clip > 0 || sumsq_too) &&
         ((rc = mgpu_k_zero(m->k, ss, sizeof(float), err)) < 0 ||
          (rc = mgpu_kg_sumsq(m->k, m->n_params, m->grads, ss, err)) < 0 ||
          (rc = mgpu_kg_clip_factor(m->k, ss, grad_clip, factor, err)) < 0))
         return rc;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const mgpu_gpt_tensor_t *t = &m->tensors[i];
-        mgpu_adamw_hparams_t h = *hp;
-        if (!mgpu_gpt_decays(t->ndim))
-            h.weight_decay = 0.0f;
-        if ((rc = mgpu_kg_adamw(m->k, t->n, m->params + t->off, m->grads + t->off,
-                                m->moments + t->off, m->moments + m->n_params + t->off, &h, step,
-                                grad_clip > 0 ? factor : NULL, err)) < 0)
-            return rc;
-    }
-    if ((rc = fresh(m, m->params, m->n_params, err)) < 0)
+    if ((rc = mgpu_kg_adamw_multi(m->k, m->n_tensors, m->adam, hp, m->now,
+                                  grad_clip > 0 ? factor : NULL, err)) < 0)
+        return rc;
+    return fresh(m, m->params, m->n_params, err);
+}
+
+int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_clip, mgpu_err_t *err)
+{
+    return update(m, hp, grad_clip, 0, err);
+}
+
+int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    return fresh(m, m->params, m->n_params, err);
+}
+
+int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
+                  float *norm, mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = mgpu_gpt_set_step(m, hp, step, err)) < 0 ||
+        (rc = update(m, hp, grad_clip, norm != NULL, err)) < 0)
         return rc;
     if (norm != NULL) {
         float s;
-        if ((rc = mgpu_k_copy_to_host(m->k, &s, ss, sizeof s, err)) < 0)
+        if ((rc = mgpu_k_copy_to_host(m->k, &s, m->scalars + 1, sizeof s, err)) < 0)
             return rc;
         *norm = sqrtf(s);
     }

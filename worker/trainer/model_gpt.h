@@ -22,6 +22,7 @@
 #include <stdint.h> /* int32_t, uint64_t */
 
 #include "error.h"   /* mgpu_err_t */
+#include "gpt_ops.h" /* mgpu_gpt_adamw_tensor_t, mgpu_gpt_adamw_now_t */
 #include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
 #include "mgpu.h"    /* mgpu_ctx_t: progress */
 
@@ -71,6 +72,8 @@ typedef struct mgpu_gpt {
     float *dres, *dln, *d4, *dqkv; /* backward scratch */
     int32_t *tokens, *targets;     /* the batch (B, T) each */
     float *scalars;                /* [0] loss, [1] sum of squared gradients, [2] the clip factor */
+    mgpu_gpt_adamw_now_t *now;     /* backend memory: the next AdamW step's lr and step */
+    mgpu_gpt_adamw_tensor_t *adam; /* host: the n_tensors tensors AdamW updates, with decay */
     int b, t;                      /* the shape of the last forward */
 } mgpu_gpt_t;
 
@@ -104,9 +107,24 @@ int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err);
 
 /* One AdamW step (step counts from 1) at learning rate lr, weight decay on the tensors of two
  * or more dimensions, with the gradient first clipped to a global norm of grad_clip (0: no
- * clip); *norm (may be NULL) receives the norm before the clip. */
+ * clip); *norm (may be NULL) receives the norm before the clip. mgpu_gpt_set_step then
+ * mgpu_gpt_update. */
 int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
                   float *norm, mgpu_err_t *err);
+
+/* The two halves of mgpu_gpt_step, for a step replayed from a CUDA graph: set_step writes
+ * hp->lr and step into m->now (queued on the backend's stream, in order with the work before
+ * and after it); update queues the clip and ONE multi-tensor AdamW (mgpu_kg_adamw_multi) that
+ * read m->now when they run, so a graph captured around update replays the step it is told.
+ * update reads hp's betas, eps and weight_decay (fixed over a run), not its lr. */
+int mgpu_gpt_set_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step,
+                      mgpu_err_t *err);
+int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_clip,
+                    mgpu_err_t *err);
+
+/* The parameters changed (or will, in each replay of a graph about to be captured): the
+ * backend drops what it derived from them (bf16 copies), so the next product converts them. */
+int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err);
 
 /* The logits (vocab floats, host) of position t - 1 of row 0 of the last forward. */
 int mgpu_gpt_last_logits(mgpu_gpt_t *m, float *host, mgpu_err_t *err);
