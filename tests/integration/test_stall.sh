@@ -210,14 +210,14 @@ EOF
     nothing_left $mark
 }
 
-# rank_field FIELD RANK: the field of that rank in `mgpu-launch status --json` (the only job
-# of this test's runtime folder), or nothing
+# rank_field FIELD RANK: the field of that rank in `mgpu-launch status --json`, in the job of
+# launcher $pid (the user's other jobs, in /tmp/mgpu-<uid>, are listed too), or nothing
 rank_field() {
     "$LAUNCH" status --json 2>/dev/null | python3 -c '
 import json, sys
-jobs = json.load(sys.stdin)["jobs"]
+jobs = [j for j in json.load(sys.stdin)["jobs"] if j["launcher_pid"] == int(sys.argv[3])]
 v = jobs[0]["ranks"][int(sys.argv[2])][sys.argv[1]] if jobs else None
-print("" if v is None else v)' "$1" "$2"
+print("" if v is None else v)' "$1" "$2" "$pid"
 }
 
 rank2_stepped() {
@@ -228,9 +228,7 @@ rank2_stepped() {
 }
 
 t_stall_mgpu_worker_sigstop() {
-    # the real trainer: needs libmgpu to publish its progress page
-    grep -qs MGPU_PROGRESS_ENV_FILE "$MGPU_ROOT"/worker/runtime/*.c ||
-        skip "libmgpu does not publish progress pages in this tree"
+    # the real trainer, publishing its progress page through libmgpu
     local mark=stall-worker-$$ pid victim S=3
     mkdir -m 0700 run
     export XDG_RUNTIME_DIR=$PWD/run

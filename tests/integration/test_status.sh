@@ -43,7 +43,8 @@ t_status_lists_running_job() {
     python3 - st.json $job <<'EOF' || fail "status --json: $(cat st.json)"
 import json, sys
 d = json.load(open(sys.argv[1]))
-[j] = d["jobs"]
+# the user's other jobs (in /tmp/mgpu-<uid>) are listed too: this test's is the one of $job
+[j] = [x for x in d["jobs"] if x["launcher_pid"] == int(sys.argv[2])]
 assert j["launcher_pid"] == int(sys.argv[2]) and j["attempt"] == 0 and j["world_size"] == 2, j
 assert [r["rank"] for r in j["ranks"]] == [0, 1], j
 for r in j["ranks"]:
@@ -52,7 +53,9 @@ for r in j["ranks"]:
 EOF
     # a paused rank shows as such
     local p1
-    p1=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["ranks"][1]["pid"])' st.json)
+    p1=$(python3 -c 'import json,sys
+[j] = [x for x in json.load(open(sys.argv[1]))["jobs"] if x["launcher_pid"] == int(sys.argv[2])]
+print(j["ranks"][1]["pid"])' st.json $job)
     kill -STOP "$p1"
     wait_until 10 grep -q '^[0-9]* (.*) T' /proc/$p1/stat || fail "rank 1 did not stop"
     "$LAUNCH" status >st2 || fail "status failed"
@@ -60,7 +63,9 @@ EOF
     stop_job
     [ ! -e "$XDG_RUNTIME_DIR/mgpu/$job.sock" ] || fail "socket left after the job"
     "$LAUNCH" status >st3 || fail "status failed"
-    expect_grep st3 '^no running mgpu-launch job of uid'
+    expect_no_grep st3 "^job of launcher $job "
+    # with no job of the user's anywhere, it says so
+    grep -q '^job of launcher' st3 || expect_grep st3 '^no running mgpu-launch job of uid'
 }
 
 t_status_tmp_folder_without_xdg() {
@@ -106,7 +111,8 @@ t_status_stale_socket_removed() {
     chmod 0600 run/mgpu/999999.sock
     "$LAUNCH" status >st 2>st.err || fail "status failed: $(cat st.err)"
     [ ! -e run/mgpu/999999.sock ] || fail "stale socket not removed"
-    expect_grep st '^no running mgpu-launch job'
+    expect_no_grep st '^job of launcher 999999 '
+    grep -q '^job of launcher' st || expect_grep st '^no running mgpu-launch job'
 }
 
 t_status_other_user_cannot_connect() {
@@ -165,7 +171,9 @@ t_status_stacks() {
     expect_grep st '^    stack of rank 1 \(pid [0-9]+\):$'
     expect_grep st 'sleep'
     "$LAUNCH" status --stacks --json >st.json || fail "status --stacks --json failed"
-    python3 -c 'import json; j = json.load(open("st.json"))["jobs"][0]; assert all("sleep" in r["stack"] for r in j["ranks"]), j' ||
+    python3 -c 'import json, sys
+[j] = [x for x in json.load(open("st.json"))["jobs"] if x["launcher_pid"] == int(sys.argv[1])]
+assert all("sleep" in r["stack"] for r in j["ranks"]), j' $job ||
         fail "stacks: $(cat st.json)"
     stop_job
 }
