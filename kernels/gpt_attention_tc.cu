@@ -6,12 +6,13 @@
  * mode keeps every statistic in fp32. Exponentials are exp2f with log2(e) folded into the
  * scale.
  *
- * Each call first converts its operands to bf16 once, into the backend's workspace, head by
- * head: a plane (b, nh, t, HS) for q, k, v (and dout in the backward), HS the head size
- * rounded up to 32, 64 or 128 with zeros past it, so that every row of a head is 16-byte
- * chunks and a tile is a block of contiguous rows. A kernel then reads tiles of 64 rows with
- * cp.async (16 bytes a thread, rows past t filled with zeros), double-buffered: the next
- * tile arrives while this one is used. Tiles stay row-major in shared memory (a row of HS + 8
+ * Each call first converts the operands it reads more than once to bf16, into the backend's
+ * workspace, head by head: a plane (b, nh, t, HS) for k and v (and q and dout in the
+ * backward; the forward converts its block's q itself), HS the head size rounded up to 32, 64
+ * or 128 with zeros past it, so that every row of a head is 16-byte chunks and a tile is a
+ * block of contiguous rows. A kernel then reads tiles of 64 rows with cp.async (16 bytes a
+ * thread, rows past t filled with zeros), double-buffered: the next tile arrives while this
+ * one is used. Tiles stay row-major in shared memory (a row of HS + 8
  * elements, so that the eight rows an ldmatrix reads fall in different banks); ldmatrix
  * gives the fragments, ldmatrix.trans those of a tile used the other way round (v in p . v,
  * q and dout in the backward's sums over queries), so no tile is stored twice.
@@ -39,6 +40,12 @@ constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 16 * kTcWarps; /* rows a block owns, and rows of a tile */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kCvtThreads = 256;
+/* Blocks an SM is asked to hold (a register budget for ptxas: 128 a thread for 4, 168 for 3):
+ * up to a head size of 64 the forward and the key pass fit them with at most a few spilled
+ * words; at 128 their fragments alone need more, and spills would cost more than occupancy
+ * gains. */
+template <int HS> constexpr int kFwdBlocks = HS <= 64 ? 4 : 1;
+template <int HS> constexpr int kKvBlocks = HS <= 64 ? 3 : 1;
 
 /* A tile in shared memory: kTcRows rows of HS, row stride LD elements (HS + 8: 16 bytes past
  * the row, which moves each row by 4 banks, so the 8 rows of an 8x8 ldmatrix never collide). */
@@ -90,15 +97,15 @@ __device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const bf16 *p)
  * the buffer). */
 __device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(valid ? 16 : 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
                  : "memory");
 }
 
 __device__ __forceinline__ void cp_async4(float *dst, const float *src, bool valid)
 {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(valid ? 4 : 0)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0)
                  : "memory");
 }
 
@@ -143,9 +150,37 @@ __device__ __forceinline__ void tile_async(bf16 *dst, const bf16 *plane, int r0,
     }
 }
 
+/* Rows r0.. of q (row stride ld floats, hs columns) into a tile as bf16, zeros past hs and t:
+ * the forward reads q once a block, so it converts it itself rather than through a plane. */
+template <int HS>
+__device__ __forceinline__ void q_tile(bf16 *dst, const float *src, size_t ld, int r0, int t,
+                                       int hs, bool vec)
+{
+    constexpr int Q = HS / 4; /* groups of 4 columns a row */
+#pragma unroll
+    for (int it = 0; it < kTcRows * Q / kTcThreads; it++) {
+        const int i = threadIdx.x + it * kTcThreads, r = i / Q, d = i % Q * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r0 + r < t) {
+            const float *p = src + (size_t)(r0 + r) * ld + d;
+            if (vec && d < hs) {
+                v = *reinterpret_cast<const float4 *>(p);
+            } else {
+                v.x = d < hs ? p[0] : 0.0f;
+                v.y = d + 1 < hs ? p[1] : 0.0f;
+                v.z = d + 2 < hs ? p[2] : 0.0f;
+                v.w = d + 3 < hs ? p[3] : 0.0f;
+            }
+        }
+        *reinterpret_cast<uint2 *>(dst + r * Tc<HS>::LD + d) =
+            make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    }
+}
+
 /* The A fragments of the warp's 16 rows (from row w0 of a tile). */
 template <int HS>
-__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const bf16 *tile, int w0, int lane)
+__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const bf16 *tile, int w0,
+                                       int lane)
 {
 #pragma unroll
     for (int k = 0; k < HS / 16; k++)
@@ -175,9 +210,8 @@ __device__ __forceinline__ void rows_by_tile(float (&s)[kTcRows / 8][4],
 /* acc (16 x HS) += p . tile, p 16 x 64 as accumulators (bf16 A operands), the tile's rows
  * the rows of the sum. */
 template <int HS>
-__device__ __forceinline__ void acc_by_tile(float (&acc)[HS / 8][4],
-                                            const float (&p)[kTcRows / 8][4], const bf16 *tile,
-                                            int lane)
+__device__ __forceinline__ void
+acc_by_tile(float (&acc)[HS / 8][4], const float (&p)[kTcRows / 8][4], const bf16 *tile, int lane)
 {
 #pragma unroll
     for (int k = 0; k < kTcRows / 16; k++) {
@@ -210,16 +244,17 @@ __device__ __forceinline__ void store_acc(const float (&acc)[HS / 8][4], float *
         }
 }
 
-/* The bf16 planes: section s of a thread's chunk (8 elements of one row and head) is q, k, v
- * of qkv (s = 0..2) or dout (s = 3, which also sums D = rowsum(dout * out) of the row and head
- * over the HS / 8 lanes of its chunks, a power of two of consecutive lanes). */
+/* The bf16 planes, plane blockIdx.y of section sec0 + blockIdx.y: a thread's chunk (8
+ * elements of one row and head) of q, k, v of qkv (sections 0..2) or of dout (section 3, which
+ * also sums D = rowsum(dout * out) of the row and head over the HS / 8 lanes of its chunks, a
+ * power of two of consecutive lanes). */
 template <int HS>
 __global__ void __launch_bounds__(kCvtThreads)
-    att_to_heads_kernel(int t, int c, int nh, size_t rows, const float *qkv, const float *dout,
-                        const float *out, bf16 *planes, float *dsum, bool vec)
+    att_to_heads_kernel(int t, int c, int nh, size_t rows, int sec0, const float *qkv,
+                        const float *dout, const float *out, bf16 *planes, float *dsum, bool vec)
 {
     constexpr int CPR = HS / 8;
-    const int sec = blockIdx.y, hs = c / nh;
+    const int sec = sec0 + blockIdx.y, hs = c / nh;
     const size_t i = (size_t)blockIdx.x * kCvtThreads + threadIdx.x;
     const size_t rh = i / CPR, row = rh / nh;
     const int ch = (int)(i % CPR), h = (int)(rh % nh), d0 = ch * 8;
@@ -255,7 +290,7 @@ __global__ void __launch_bounds__(kCvtThreads)
     uint4 w;
     w.x = pack_bf16(v[0], v[1]), w.y = pack_bf16(v[2], v[3]);
     w.z = pack_bf16(v[4], v[5]), w.w = pack_bf16(v[6], v[7]);
-    *reinterpret_cast<uint4 *>(planes + sec * plane + ((bi * nh + h) * t + q) * HS + d0) = w;
+    *reinterpret_cast<uint4 *>(planes + blockIdx.y * plane + ((bi * nh + h) * t + q) * HS + d0) = w;
     if (sec == 3 && dsum != nullptr && ch == 0)
         dsum[(bi * nh + h) * t + q] = dot;
 }
@@ -264,9 +299,9 @@ __global__ void __launch_bounds__(kCvtThreads)
  * the four lanes of a row (a row's columns are spread over them: shuffles 1 and 2). Blocks
  * are launched last queries first (they have the most keys). */
 template <int HS>
-__global__ void __launch_bounds__(kTcThreads)
-    att_fwd_tc_kernel(int t, int c, int nh, const bf16 *qh, const bf16 *kh, const bf16 *vh,
-                      float *out, float *lse, float scale)
+__global__ void __launch_bounds__(kTcThreads, kFwdBlocks<HS>)
+    att_fwd_tc_kernel(int t, int c, int nh, const float *qkv, const bf16 *kh, const bf16 *vh,
+                      float *out, float *lse, float scale, bool vec)
 {
     using L = Tc<HS>;
     extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -279,10 +314,10 @@ __global__ void __launch_bounds__(kTcThreads)
     const int wlast = q0 + warp * 16 + 15;
     const float sl2 = scale * kLog2e;
 
-    tile_async<HS>(qs, qh + pl, q0, t);
     tile_async<HS>(ks, kh + pl, 0, t);
     tile_async<HS>(vs, vh + pl, 0, t);
     cp_commit();
+    q_tile<HS>(qs, qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, q0, t, hs, vec);
     uint32_t qf[HS / 16][4];
     float o[HS / 8][4];
 #pragma unroll
@@ -426,9 +461,8 @@ __global__ void __launch_bounds__(kTcThreads)
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + n * 8 + 2 * tig + (e & 1);
                     const bool b2 = e >> 1;
-                    const float p = key <= (b2 ? qb : qa)
-                                        ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa))
-                                        : 0.0f;
+                    const float p =
+                        key <= (b2 ? qb : qa) ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa)) : 0.0f;
                     s[n][e] = p * (dp[n][e] - (b2 ? db : da));
                 }
             acc_by_tile<HS>(dq, s, kt, lane);
@@ -447,7 +481,7 @@ __global__ void __launch_bounds__(kTcThreads)
  * most queries). Queries past t read zeros (q, dout, lse, D), so their p is 1 and their terms
  * are 0. */
 template <int HS>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, kKvBlocks<HS>)
     att_bwd_kv_tc_kernel(int t, int c, int nh, const bf16 *qh, const bf16 *kh, const bf16 *vh,
                          const bf16 *doh, const float *lse, const float *dsum, float *dqkv,
                          float scale)
@@ -512,9 +546,8 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int col = n * 8 + 2 * tig + (e & 1);
-                const float p = (e >> 1 ? kb : ka) <= q0 + col
-                                    ? exp2f(s[n][e] * sl2 - lt[col] * kLog2e)
-                                    : 0.0f;
+                const float p =
+                    (e >> 1 ? kb : ka) <= q0 + col ? exp2f(s[n][e] * sl2 - lt[col] * kLog2e) : 0.0f;
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - dt[col]);
             }
@@ -545,15 +578,15 @@ template <class Fn> int with_tc_hs(int hs, Fn fn)
     return fn(std::integral_constant<int, 128>());
 }
 
-/* The bf16 planes of qkv (and of dout, with D into dsum, when dout is not NULL) into the
- * workspace from byte off on, grown first if need be (after the side streams, which may read
- * a bf16 copy there). */
+/* The bf16 planes of k and v (the forward), or of q, k, v and dout with D into dsum (the
+ * backward, dout not NULL), into the workspace from byte off on, grown first if need be (after
+ * the side streams, which may read a bf16 copy there). */
 template <int HS>
 int to_heads(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv, const float *dout,
              const float *out, size_t off, bf16 **planes, float **dsum, mgpu_err_t *err)
 {
     const size_t rows = (size_t)b * t, plane = rows * nh * HS;
-    const int nsec = dout != nullptr ? 4 : 3;
+    const int sec0 = dout != nullptr ? 0 : 1, nsec = dout != nullptr ? 4 : 2;
     const float *base = (const float *)ci->ws;
     int rc;
     if ((rc = cuda_join(ci, err)) < 0 ||
@@ -562,12 +595,12 @@ int to_heads(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv, const
     if (dsum != nullptr && *dsum == base) /* D in the workspace's first bytes, which moved */
         *dsum = (float *)ci->ws;
     *planes = (bf16 *)((char *)ci->ws + off);
-    const bool vec = (c / nh) % 4 == 0 && aligned16(qkv) &&
-                     (dout == nullptr || aligned16(dout, out));
+    const bool vec =
+        (c / nh) % 4 == 0 && aligned16(qkv) && (dout == nullptr || aligned16(dout, out));
     const size_t chunks = rows * nh * (HS / 8);
     dim3 grid((unsigned)((chunks + kCvtThreads - 1) / kCvtThreads), (unsigned)nsec);
     att_to_heads_kernel<HS><<<grid, kCvtThreads, 0, ci->stream>>>(
-        t, c, nh, rows, qkv, dout, out, *planes, dsum != nullptr ? *dsum : nullptr, vec);
+        t, c, nh, rows, sec0, qkv, dout, out, *planes, dsum != nullptr ? *dsum : nullptr, vec);
     CUDA_CHECK_LAUNCH(err, "att_to_heads_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
     return 0;
 }
@@ -580,16 +613,17 @@ int gpt_attention_forward_tc(cuda_impl *ci, int b, int t, int c, int nh, const f
     return with_tc_hs(c / nh, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         const size_t plane = (size_t)b * t * nh * HS;
-        bf16 *qh;
-        int rc = to_heads<HS>(ci, b, t, c, nh, qkv, nullptr, nullptr, 0, &qh, nullptr, err);
+        bf16 *kh;
+        int rc = to_heads<HS>(ci, b, t, c, nh, qkv, nullptr, nullptr, 0, &kh, nullptr, err);
         if (rc < 0)
             return rc;
+        const bool vec = (c / nh) % 4 == 0 && aligned16(qkv);
         const size_t smem = 5 * Tc<HS>::BYTES;
         if ((rc = prepare(att_fwd_tc_kernel<HS>, smem, err)) < 0)
             return rc;
         dim3 grid((unsigned)((t + kTcRows - 1) / kTcRows), (unsigned)nh, (unsigned)b);
-        att_fwd_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(
-            t, c, nh, qh, qh + plane, qh + 2 * plane, out, lse, scale);
+        att_fwd_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(t, c, nh, qkv, kh, kh + plane,
+                                                                      out, lse, scale, vec);
         CUDA_CHECK_LAUNCH(err, "att_fwd_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
         return 0;
     });
@@ -604,9 +638,8 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
         using L = Tc<HS>;
         const size_t plane = (size_t)b * t * nh * HS;
         /* D may be in the workspace (the caller's choice for long shapes): the planes follow */
-        const size_t off = (void *)dsum == ci->ws
-                               ? ((size_t)b * nh * t * sizeof(float) + 255) / 256 * 256
-                               : 0;
+        const size_t off =
+            (void *)dsum == ci->ws ? ((size_t)b * nh * t * sizeof(float) + 255) / 256 * 256 : 0;
         bf16 *qh;
         int rc = to_heads<HS>(ci, b, t, c, nh, qkv, dout, out, off, &qh, &dsum, err);
         if (rc < 0)
@@ -620,8 +653,8 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
         att_bwd_kv_tc_kernel<HS><<<grid, kTcThreads, smem_kv, ci->stream>>>(
             t, c, nh, qh, kh, vh, doh, lse, dsum, dqkv, scale);
         CUDA_CHECK_LAUNCH(err, "att_bwd_kv_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
-        att_bwd_q_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(
-            t, c, nh, qh, kh, vh, doh, lse, dsum, dqkv, scale);
+        att_bwd_q_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(t, c, nh, qh, kh, vh, doh,
+                                                                        lse, dsum, dqkv, scale);
         CUDA_CHECK_LAUNCH(err, "att_bwd_q_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
         return 0;
     });
