@@ -6,18 +6,22 @@
  * mode keeps every statistic in fp32. Exponentials are exp2f with log2(e) folded into the
  * scale.
  *
- * A block is four warps and owns 64 rows (queries, or keys in the key pass), 16 a warp, whose
- * A operands the warp loads once into registers; the other side comes in tiles of 64 rows,
- * read as fp32 from memory and stored in shared memory as bf16 (converted once a tile, with
- * no scratch buffer), row-major and, where a product needs the tile as its B operand the
- * other way round, transposed. Within each group of 16 columns a tile's columns are permuted
- * so that the two registers of a B fragment (columns 2i, 2i+1 and 2i+8, 2i+9) are one 8-byte
- * word; a row stride of 8 words modulo 32 banks keeps those loads free of bank conflicts.
+ * Each call first converts the operands it reads more than once to bf16, into the backend's
+ * workspace, head by head: a plane (b, nh, t, HS) for k and v (and q and dout in the
+ * backward; the forward converts its block's q itself), HS the head size rounded up to 32, 64
+ * or 128 with zeros past it, so that every row of a head is 16-byte chunks and a tile is a
+ * block of contiguous rows. A kernel then reads tiles of 64 rows with cp.async (16 bytes a
+ * thread, rows past t filled with zeros), double-buffered: the next tile arrives while this
+ * one is used. Tiles stay row-major in shared memory (a row of HS + 8
+ * elements, so that the eight rows an ldmatrix reads fall in different banks); ldmatrix
+ * gives the fragments, ldmatrix.trans those of a tile used the other way round (v in p . v,
+ * q and dout in the backward's sums over queries), so no tile is stored twice.
  *
- * The backward is two kernels: the query pass (D = rowsum(dout * out), then dq over the key
- * tiles) and the key pass (dk, dv over the query tiles), each recomputing the probabilities
- * from lse. dq has its own pass so that no sum needs atomics: every sum runs in a fixed order
- * and results are the same from run to run. */
+ * A block is four warps and owns 64 rows (queries, or keys in the key pass), 16 a warp.
+ * The backward is two kernels: the query pass (dq over the key tiles) and the key pass (dk,
+ * dv over the query tiles), each recomputing the probabilities from lse; D = rowsum(dout *
+ * out) is computed in fp32 by the conversion. dq has its own pass so that no sum needs
+ * atomics: every sum runs in a fixed order and results are the same from run to run. */
 #include "gpt_cuda_impl.h" /* cuda_impl, the device helpers, the ops' declarations */
 #include "cuda_check.h"    /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
 
@@ -29,24 +33,27 @@ namespace mgpu_cuda
 namespace
 {
 
+typedef __nv_bfloat16 bf16;
+
 constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 16 * kTcWarps; /* rows a block owns, and rows of a tile */
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kCvtThreads = 256;
+/* Blocks an SM is asked to hold (a register budget for ptxas: 128 a thread for 4, 168 for 3):
+ * up to a head size of 64 the forward and the key pass fit them with at most a few spilled
+ * words; at 128 their fragments alone need more, and spills would cost more than occupancy
+ * gains. */
+template <int HS> constexpr int kFwdBlocks = HS <= 64 ? 4 : 1;
+template <int HS> constexpr int kKvBlocks = HS <= 64 ? 3 : 1;
 
-/* Row strides (bf16 elements) of a row-major tile (HS columns) and a transposed one (kTcRows
- * columns): 16 past the width, 8 words modulo 32 for every HS of 32, 64, 128. */
+/* A tile in shared memory: kTcRows rows of HS, row stride LD elements (HS + 8: 16 bytes past
+ * the row, which moves each row by 4 banks, so the 8 rows of an 8x8 ldmatrix never collide). */
 template <int HS> struct Tc {
-    static constexpr int LD = HS + 16;
-    static constexpr int LDT = kTcRows + 16;
-    static constexpr size_t TILE = (size_t)kTcRows * LD * 2; /* bytes */
-    static constexpr size_t TILET = (size_t)HS * LDT * 2;
+    static constexpr int LD = HS + 8;
+    static constexpr int TILE = kTcRows * LD; /* elements */
+    static constexpr size_t BYTES = (size_t)TILE * sizeof(bf16);
 };
-
-/* Position of column x in its group of 16: i = (x % 8) / 2 first, then x / 8, then x % 2. */
-__device__ __forceinline__ int perm16(int x)
-{
-    return (x & ~15) + ((x & 7) >> 1) * 4 + ((x >> 3) & 1) * 2 + (x & 1);
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -54,49 +61,105 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* d += a . b, a 16x16 (row-major fragment), b 16x8 (column-major fragment). */
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint2 b)
+/* d += a . b, a 16x16 (row-major fragment), b 16x8 (column-major fragment b0, b1). */
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint2 lds64(const __nv_bfloat16 *p)
+__device__ __forceinline__ unsigned smem_addr(const void *p)
 {
-    return *reinterpret_cast<const uint2 *>(p);
+    return (unsigned)__cvta_generic_to_shared(p);
 }
 
-/* kTcRows rows of src from row r0 (row stride ld floats, hs columns) into a bf16 tile, zeros
- * past hs and t: row-major with permuted columns (T false, stride Tc::LD), or transposed
- * (dst[column][perm16(row)], stride Tc::LDT). The whole block takes part, in two steps:
- * fetch_tile brings a thread's part into registers, every load issued before the first is
- * needed (one trip to memory, not one per element), store_tile writes it, so that a tile can be
- * fetched while the previous one is used. In the transposed tile consecutive lanes take
- * consecutive rows, so that their bf16 values land side by side (no bank conflict) rather
- * than a row apart. */
-template <int HS> struct Part {
-    static constexpr int N = kTcRows * HS / 4 / (kTcWarps * 32); /* groups of 4 a thread */
-    float4 v[N];
-};
+/* Four 8x8 matrices, lanes 8i..8i+7 giving the rows of matrix i; .trans: transposed. */
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const bf16 *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
 
-template <int HS, bool T> __device__ __forceinline__ void part_rc(int it, int &r, int &d)
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const bf16 *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+
+/* 16 bytes (or 4) from global to shared memory, zeros when !valid (src must still point into
+ * the buffer). */
+__device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(float *dst, const float *src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Where lane l points in an x4 ldmatrix over a 16x16 block (row, column offsets):
+ * - off_a: the matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): an A
+ *   fragment a0..a3 of a row-major block, and, with .trans, the B fragments of a block
+ *   stored [k][n] (b0, b1 of columns n 0-7 in r0, r1; of n 8-15 in r2, r3);
+ * - off_b: (0-7, 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15): the B fragments of a block
+ *   stored [n][k] (n 0-7 in r0, r1; n 8-15 in r2, r3). */
+__device__ __forceinline__ int off_a(int lane, int ld)
+{
+    return ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+}
+
+__device__ __forceinline__ int off_b(int lane, int ld)
+{
+    return ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+}
+
+/* Rows r0.. of a head's plane (rows of HS, contiguous) into a tile; rows past t: zeros. The
+ * whole block takes part; nothing waits here (cp_commit and cp_wait do). */
+template <int HS>
+__device__ __forceinline__ void tile_async(bf16 *dst, const bf16 *plane, int r0, int t)
+{
+    constexpr int CPR = HS / 8; /* 16-byte chunks a row */
+#pragma unroll
+    for (int it = 0; it < kTcRows * CPR / kTcThreads; it++) {
+        const int i = threadIdx.x + it * kTcThreads, r = i / CPR, ch = i % CPR;
+        const bool in = r0 + r < t;
+        cp_async16(dst + r * Tc<HS>::LD + ch * 8, plane + (size_t)(in ? r0 + r : 0) * HS + ch * 8,
+                   in);
+    }
+}
+
+/* Rows r0.. of q (row stride ld floats, hs columns) into a tile as bf16, zeros past hs and t:
+ * the forward reads q once a block, so it converts it itself rather than through a plane. */
+template <int HS>
+__device__ __forceinline__ void q_tile(bf16 *dst, const float *src, size_t ld, int r0, int t,
+                                       int hs, bool vec)
 {
     constexpr int Q = HS / 4; /* groups of 4 columns a row */
-    const int i = threadIdx.x + it * kTcWarps * 32;
-    r = T ? i % kTcRows : i / Q;
-    d = T ? i / kTcRows * 4 : i % Q * 4;
-}
-
-template <int HS, bool T>
-__device__ __forceinline__ void fetch_tile(Part<HS> &pt, const float *src, size_t ld, int r0, int t,
-                                           int hs, bool vec)
-{
 #pragma unroll
-    for (int it = 0; it < Part<HS>::N; it++) {
-        int r, d;
-        part_rc<HS, T>(it, r, d);
+    for (int it = 0; it < kTcRows * Q / kTcThreads; it++) {
+        const int i = threadIdx.x + it * kTcThreads, r = i / Q, d = i % Q * 4;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r0 + r < t) {
             const float *p = src + (size_t)(r0 + r) * ld + d;
@@ -109,59 +172,26 @@ __device__ __forceinline__ void fetch_tile(Part<HS> &pt, const float *src, size_
                 v.w = d + 3 < hs ? p[3] : 0.0f;
             }
         }
-        pt.v[it] = v;
+        *reinterpret_cast<uint2 *>(dst + r * Tc<HS>::LD + d) =
+            make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
     }
 }
 
-template <int HS, bool T>
-__device__ __forceinline__ void store_tile(__nv_bfloat16 *dst, const Part<HS> &pt)
-{
-#pragma unroll
-    for (int it = 0; it < Part<HS>::N; it++) {
-        int r, d;
-        part_rc<HS, T>(it, r, d);
-        const float4 v = pt.v[it];
-        if (!T) {
-            uint32_t *row = reinterpret_cast<uint32_t *>(dst + r * Tc<HS>::LD);
-            row[perm16(d) >> 1] = pack_bf16(v.x, v.y);
-            row[perm16(d + 2) >> 1] = pack_bf16(v.z, v.w);
-        } else {
-            __nv_bfloat16 *col = dst + d * Tc<HS>::LDT + perm16(r);
-            col[0] = __float2bfloat16(v.x);
-            col[Tc<HS>::LDT] = __float2bfloat16(v.y);
-            col[2 * Tc<HS>::LDT] = __float2bfloat16(v.z);
-            col[3 * Tc<HS>::LDT] = __float2bfloat16(v.w);
-        }
-    }
-}
-
-template <int HS, bool T>
-__device__ __forceinline__ void load_tile(__nv_bfloat16 *dst, const float *src, size_t ld, int r0,
-                                          int t, int hs, bool vec)
-{
-    Part<HS> pt;
-    fetch_tile<HS, T>(pt, src, ld, r0, t, hs, vec);
-    store_tile<HS, T>(dst, pt);
-}
-
-/* The A fragments of the warp's 16 rows (from row w0 of a row-major tile). */
+/* The A fragments of the warp's 16 rows (from row w0 of a tile). */
 template <int HS>
-__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const __nv_bfloat16 *tile, int w0,
-                                       int g, int tig)
+__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const bf16 *tile, int w0,
+                                       int lane)
 {
 #pragma unroll
-    for (int k = 0; k < HS / 16; k++) {
-        uint2 lo = lds64(tile + (w0 + g) * Tc<HS>::LD + k * 16 + tig * 4);
-        uint2 hi = lds64(tile + (w0 + g + 8) * Tc<HS>::LD + k * 16 + tig * 4);
-        a[k][0] = lo.x, a[k][1] = hi.x, a[k][2] = lo.y, a[k][3] = hi.y;
-    }
+    for (int k = 0; k < HS / 16; k++)
+        ldsm4(a[k], tile + w0 * Tc<HS>::LD + k * 16 + off_a(lane, Tc<HS>::LD));
 }
 
-/* s (16 x 64) = a . tile^T, tile row-major (64 rows of HS). */
+/* s (16 x 64) = a . tile^T, the tile's rows the columns of s. */
 template <int HS>
 __device__ __forceinline__ void rows_by_tile(float (&s)[kTcRows / 8][4],
-                                             const uint32_t (&a)[HS / 16][4],
-                                             const __nv_bfloat16 *tile, int g, int tig)
+                                             const uint32_t (&a)[HS / 16][4], const bf16 *tile,
+                                             int lane)
 {
 #pragma unroll
     for (int n = 0; n < kTcRows / 8; n++)
@@ -169,15 +199,19 @@ __device__ __forceinline__ void rows_by_tile(float (&s)[kTcRows / 8][4],
 #pragma unroll
     for (int k = 0; k < HS / 16; k++)
 #pragma unroll
-        for (int n = 0; n < kTcRows / 8; n++)
-            mma16816(s[n], a[k], lds64(tile + (n * 8 + g) * Tc<HS>::LD + k * 16 + tig * 4));
+        for (int n = 0; n < kTcRows / 16; n++) {
+            uint32_t b[4];
+            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
+            mma16816(s[2 * n], a[k], b[0], b[1]);
+            mma16816(s[2 * n + 1], a[k], b[2], b[3]);
+        }
 }
 
-/* acc (16 x HS) += p . tile, p 16 x 64 as accumulators, the tile transposed (HS rows of 64). */
+/* acc (16 x HS) += p . tile, p 16 x 64 as accumulators (bf16 A operands), the tile's rows
+ * the rows of the sum. */
 template <int HS>
-__device__ __forceinline__ void acc_by_tile(float (&acc)[HS / 8][4],
-                                            const float (&p)[kTcRows / 8][4],
-                                            const __nv_bfloat16 *tilet, int g, int tig)
+__device__ __forceinline__ void
+acc_by_tile(float (&acc)[HS / 8][4], const float (&p)[kTcRows / 8][4], const bf16 *tile, int lane)
 {
 #pragma unroll
     for (int k = 0; k < kTcRows / 16; k++) {
@@ -186,8 +220,12 @@ __device__ __forceinline__ void acc_by_tile(float (&acc)[HS / 8][4],
                                pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
                                pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++)
-            mma16816(acc[n], a, lds64(tilet + (n * 8 + g) * Tc<HS>::LDT + k * 16 + tig * 4));
+        for (int n = 0; n < HS / 16; n++) {
+            uint32_t b[4];
+            ldsm4t(b, tile + k * 16 * Tc<HS>::LD + n * 16 + off_a(lane, Tc<HS>::LD));
+            mma16816(acc[2 * n], a, b[0], b[1]);
+            mma16816(acc[2 * n + 1], a, b[2], b[3]);
+        }
     }
 }
 
@@ -206,94 +244,146 @@ __device__ __forceinline__ void store_acc(const float (&acc)[HS / 8][4], float *
         }
 }
 
+/* The bf16 planes, plane blockIdx.y of section sec0 + blockIdx.y: a thread's chunk (8
+ * elements of one row and head) of q, k, v of qkv (sections 0..2) or of dout (section 3, which
+ * also sums D = rowsum(dout * out) of the row and head over the HS / 8 lanes of its chunks, a
+ * power of two of consecutive lanes). */
+template <int HS>
+__global__ void __launch_bounds__(kCvtThreads)
+    att_to_heads_kernel(int t, int c, int nh, size_t rows, int sec0, const float *qkv,
+                        const float *dout, const float *out, bf16 *planes, float *dsum, bool vec)
+{
+    constexpr int CPR = HS / 8;
+    const int sec = sec0 + blockIdx.y, hs = c / nh;
+    const size_t i = (size_t)blockIdx.x * kCvtThreads + threadIdx.x;
+    const size_t rh = i / CPR, row = rh / nh;
+    const int ch = (int)(i % CPR), h = (int)(rh % nh), d0 = ch * 8;
+    const bool in = row < rows;
+    float v[8], dot = 0.0f;
+    const float *src = sec < 3 ? qkv + row * 3 * (size_t)c + (size_t)sec * c + (size_t)h * hs
+                               : dout + row * (size_t)c + (size_t)h * hs;
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+        if (in && vec && d0 + j < hs) {
+            const float4 f = *reinterpret_cast<const float4 *>(src + d0 + j);
+            v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                v[j + e] = in && d0 + j + e < hs ? src[d0 + j + e] : 0.0f;
+        }
+    }
+    if (sec == 3 && dsum != nullptr) {
+        const float *orow = out + row * (size_t)c + (size_t)h * hs;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (in && d0 + j < hs)
+                dot += v[j] * orow[d0 + j];
+#pragma unroll
+        for (int m = 1; m < CPR; m <<= 1)
+            dot += __shfl_xor_sync(0xffffffffu, dot, m);
+    }
+    if (!in)
+        return;
+    const size_t bi = row / t, q = row % t;
+    const size_t plane = rows * nh * HS;
+    uint4 w;
+    w.x = pack_bf16(v[0], v[1]), w.y = pack_bf16(v[2], v[3]);
+    w.z = pack_bf16(v[4], v[5]), w.w = pack_bf16(v[6], v[7]);
+    *reinterpret_cast<uint4 *>(planes + blockIdx.y * plane + ((bi * nh + h) * t + q) * HS + d0) = w;
+    if (sec == 3 && dsum != nullptr && ch == 0)
+        dsum[(bi * nh + h) * t + q] = dot;
+}
+
 /* Forward: the warp's rows g and g + 8 keep their running maximum (log2 units) and sum in
  * the four lanes of a row (a row's columns are spread over them: shuffles 1 and 2). Blocks
  * are launched last queries first (they have the most keys). */
 template <int HS>
-__global__ void __launch_bounds__(kTcWarps * 32)
-    att_fwd_tc_kernel(int t, int c, int nh, const float *qkv, float *out, float *lse, float scale,
-                      bool vec)
+__global__ void __launch_bounds__(kTcThreads, kFwdBlocks<HS>)
+    att_fwd_tc_kernel(int t, int c, int nh, const float *qkv, const bf16 *kh, const bf16 *vh,
+                      float *out, float *lse, float scale, bool vec)
 {
     using L = Tc<HS>;
     extern __shared__ __align__(128) unsigned char tc_smem[];
-    __nv_bfloat16 *ks = (__nv_bfloat16 *)tc_smem;
-    __nv_bfloat16 *vts = (__nv_bfloat16 *)(tc_smem + L::TILE);
+    bf16 *qs = (bf16 *)tc_smem, *ks = qs + L::TILE, *vs = ks + 2 * L::TILE; /* k, v: 2 each */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
-    const size_t c3 = 3 * (size_t)c;
+    const size_t pl = ((size_t)bi * nh + h) * t * HS;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kTcRows;
     const int qa = q0 + warp * 16 + g, qb = qa + 8; /* the lane's two rows */
     const int wlast = q0 + warp * 16 + 15;
-    const float *base = qkv + (size_t)bi * t * c3 + (size_t)h * hs;
     const float sl2 = scale * kLog2e;
 
+    tile_async<HS>(ks, kh + pl, 0, t);
+    tile_async<HS>(vs, vh + pl, 0, t);
+    cp_commit();
+    q_tile<HS>(qs, qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, q0, t, hs, vec);
     uint32_t qf[HS / 16][4];
-    load_tile<HS, false>(ks, base, c3, q0, t, hs, vec); /* q, through the key tile */
-    __syncthreads();
-    load_a<HS>(qf, ks, warp * 16, g, tig);
     float o[HS / 8][4];
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
-    /* The next tile's k and v are fetched into registers while this one is used. */
-    const int kend = min(t, q0 + kTcRows);
-    Part<HS> kp, vp;
-    fetch_tile<HS, false>(kp, base + c, c3, 0, t, hs, vec);
-    fetch_tile<HS, true>(vp, base + 2 * (size_t)c, c3, 0, t, hs, vec);
-    for (int k0 = 0; k0 < kend; k0 += kTcRows) {
-        __syncthreads(); /* every warp is done with the previous tile (and with q) */
-        store_tile<HS, false>(ks, kp);
-        store_tile<HS, true>(vts, vp);
+    const int ntiles = (min(t, q0 + kTcRows) + kTcRows - 1) / kTcRows;
+    for (int j = 0; j < ntiles; j++) {
+        const int k0 = j * kTcRows;
+        const bf16 *kt = ks + (j & 1) * L::TILE, *vt = vs + (j & 1) * L::TILE;
+        if (j + 1 < ntiles) { /* the next tile, into the buffer the previous one left */
+            tile_async<HS>(ks + ((j + 1) & 1) * L::TILE, kh + pl, k0 + kTcRows, t);
+            tile_async<HS>(vs + ((j + 1) & 1) * L::TILE, vh + pl, k0 + kTcRows, t);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        if (k0 + kTcRows < kend) {
-            fetch_tile<HS, false>(kp, base + c, c3, k0 + kTcRows, t, hs, vec);
-            fetch_tile<HS, true>(vp, base + 2 * (size_t)c, c3, k0 + kTcRows, t, hs, vec);
-        }
-        if (k0 > wlast)
-            continue; /* every key of the tile comes after the warp's queries */
-        float s[kTcRows / 8][4];
-        rows_by_tile<HS>(s, qf, ks, g, tig);
-        float mxa = ma, mxb = mb;
+        if (j == 0)
+            load_a<HS>(qf, qs, warp * 16, lane);
+        if (k0 <= wlast) { /* else every key of the tile comes after the warp's queries */
+            float s[kTcRows / 8][4];
+            rows_by_tile<HS>(s, qf, kt, lane);
+            float mxa = ma, mxb = mb;
 #pragma unroll
-        for (int n = 0; n < kTcRows / 8; n++)
+            for (int n = 0; n < kTcRows / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + n * 8 + 2 * tig + (e & 1);
-                /* causal mask; keys past t come after every query below t */
-                float v = key <= (e >> 1 ? qb : qa) ? s[n][e] * sl2 : -INFINITY;
-                s[n][e] = v;
-                if (e >> 1)
-                    mxb = fmaxf(mxb, v);
-                else
-                    mxa = fmaxf(mxa, v);
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + n * 8 + 2 * tig + (e & 1);
+                    /* causal mask; keys past t come after every query below t */
+                    float v = key <= (e >> 1 ? qb : qa) ? s[n][e] * sl2 : -INFINITY;
+                    s[n][e] = v;
+                    if (e >> 1)
+                        mxb = fmaxf(mxb, v);
+                    else
+                        mxa = fmaxf(mxa, v);
+                }
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            /* Key 0 is in the first tile of every row: the maxima are finite from then on. */
+            const float ca = exp2f(ma - mxa), cb = exp2f(mb - mxb);
+            float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+            for (int n = 0; n < kTcRows / 8; n++) {
+                s[n][0] = exp2f(s[n][0] - mxa);
+                s[n][1] = exp2f(s[n][1] - mxa);
+                s[n][2] = exp2f(s[n][2] - mxb);
+                s[n][3] = exp2f(s[n][3] - mxb);
+                sa += s[n][0] + s[n][1];
+                sb += s[n][2] + s[n][3];
             }
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        /* Key 0 is in the first tile of every row: the maxima are finite from then on. */
-        const float ca = exp2f(ma - mxa), cb = exp2f(mb - mxb);
-        float sa = 0.0f, sb = 0.0f;
+            la = la * ca + sa; /* the lane's part of the sum; the row's is summed at the end */
+            lb = lb * cb + sb;
+            ma = mxa, mb = mxb;
 #pragma unroll
-        for (int n = 0; n < kTcRows / 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mxa);
-            s[n][1] = exp2f(s[n][1] - mxa);
-            s[n][2] = exp2f(s[n][2] - mxb);
-            s[n][3] = exp2f(s[n][3] - mxb);
-            sa += s[n][0] + s[n][1];
-            sb += s[n][2] + s[n][3];
+            for (int n = 0; n < HS / 8; n++) {
+                o[n][0] *= ca, o[n][1] *= ca;
+                o[n][2] *= cb, o[n][3] *= cb;
+            }
+            acc_by_tile<HS>(o, s, vt, lane);
         }
-        la = la * ca + sa; /* the lane's part of the sum; the row's is summed at the end */
-        lb = lb * cb + sb;
-        ma = mxa, mb = mxb;
-#pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            o[n][0] *= ca, o[n][1] *= ca;
-            o[n][2] *= cb, o[n][3] *= cb;
-        }
-        acc_by_tile<HS>(o, s, vts, g, tig);
+        __syncthreads(); /* every warp is done with the tile before it is written again */
     }
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);
@@ -309,122 +399,108 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 }
 
 /* Backward, query pass: dq = scale * ds . k over the key tiles, ds = p * (dp - D), p =
- * exp(scale * s - lse), s = q . k^T and dp = dout . v^T; D = rowsum(dout * out) in fp32 from
- * memory, written for the key pass. */
+ * exp(scale * s - lse), s = q . k^T and dp = dout . v^T. */
 template <int HS>
-__global__ void __launch_bounds__(kTcWarps * 32)
-    att_bwd_q_tc_kernel(int t, int c, int nh, const float *dout, const float *qkv, const float *out,
-                        const float *lse, float *dqkv, float *dsum, float scale, bool vec)
+__global__ void __launch_bounds__(kTcThreads)
+    att_bwd_q_tc_kernel(int t, int c, int nh, const bf16 *qh, const bf16 *kh, const bf16 *vh,
+                        const bf16 *doh, const float *lse, const float *dsum, float *dqkv,
+                        float scale)
 {
     using L = Tc<HS>;
     extern __shared__ __align__(128) unsigned char tc_smem[];
-    __nv_bfloat16 *ks = (__nv_bfloat16 *)tc_smem;
-    __nv_bfloat16 *vs = (__nv_bfloat16 *)(tc_smem + L::TILE);
-    __nv_bfloat16 *kts = (__nv_bfloat16 *)(tc_smem + 2 * L::TILE);
-    float *ls = (float *)(tc_smem + 2 * L::TILE + L::TILET), *dd = ls + kTcRows;
+    bf16 *qs = (bf16 *)tc_smem, *dos = qs + L::TILE;
+    bf16 *ks = dos + L::TILE, *vs = ks + 2 * L::TILE; /* k, v: 2 each */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
-    const size_t c3 = 3 * (size_t)c;
+    const size_t pl = ((size_t)bi * nh + h) * t * HS;
+    const size_t lbase = ((size_t)bi * nh + h) * t;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kTcRows;
     const int qa = q0 + warp * 16 + g, qb = qa + 8;
     const int wlast = q0 + warp * 16 + 15;
-    const float *base = qkv + (size_t)bi * t * c3 + (size_t)h * hs;
-    const float *dbase = dout + (size_t)bi * t * c + (size_t)h * hs;
-    const size_t lbase = ((size_t)bi * nh + h) * t;
     const float sl2 = scale * kLog2e;
 
-    load_tile<HS, false>(ks, base, c3, q0, t, hs, vec);
-    load_tile<HS, false>(vs, dbase, c, q0, t, hs, vec);
-    {
-        /* D of the warp's rows, a lane pair a row */
-        const int r = warp * 16 + (lane >> 1), qi = q0 + r;
-        float sum = 0.0f, l2 = 0.0f;
-        if (qi < t) {
-            const float *orow = out + ((size_t)bi * t + qi) * c + (size_t)h * hs;
-            const float *drow = dbase + (size_t)qi * c;
-            for (int d = lane & 1; d < hs; d += 2)
-                sum += drow[d] * orow[d];
-            l2 = lse[lbase + qi] * kLog2e;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        if ((lane & 1) == 0) {
-            dd[r] = sum;
-            ls[r] = l2;
-            if (qi < t)
-                dsum[lbase + qi] = sum;
-        }
-    }
-    __syncthreads();
+    tile_async<HS>(qs, qh + pl, q0, t);
+    tile_async<HS>(dos, doh + pl, q0, t);
+    tile_async<HS>(ks, kh + pl, 0, t);
+    tile_async<HS>(vs, vh + pl, 0, t);
+    cp_commit();
+    /* rows past t: p and ds are not stored; any finite value does */
+    const float lsa = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
+    const float lsb = qb < t ? lse[lbase + qb] * kLog2e : 0.0f;
+    const float da = qa < t ? dsum[lbase + qa] : 0.0f, db = qb < t ? dsum[lbase + qb] : 0.0f;
     uint32_t qf[HS / 16][4], df[HS / 16][4];
-    load_a<HS>(qf, ks, warp * 16, g, tig);
-    load_a<HS>(df, vs, warp * 16, g, tig);
-    const float da = dd[warp * 16 + g], db = dd[warp * 16 + g + 8];
-    const float lsa = ls[warp * 16 + g], lsb = ls[warp * 16 + g + 8];
     float dq[HS / 8][4];
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
         dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
-    const int kend = min(t, q0 + kTcRows);
-    for (int k0 = 0; k0 < kend; k0 += kTcRows) {
+    const int ntiles = (min(t, q0 + kTcRows) + kTcRows - 1) / kTcRows;
+    for (int j = 0; j < ntiles; j++) {
+        const int k0 = j * kTcRows;
+        const bf16 *kt = ks + (j & 1) * L::TILE, *vt = vs + (j & 1) * L::TILE;
+        if (j + 1 < ntiles) {
+            tile_async<HS>(ks + ((j + 1) & 1) * L::TILE, kh + pl, k0 + kTcRows, t);
+            tile_async<HS>(vs + ((j + 1) & 1) * L::TILE, vh + pl, k0 + kTcRows, t);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        load_tile<HS, false>(ks, base + c, c3, k0, t, hs, vec);
-        load_tile<HS, true>(kts, base + c, c3, k0, t, hs, vec);
-        load_tile<HS, false>(vs, base + 2 * (size_t)c, c3, k0, t, hs, vec);
+        if (j == 0) {
+            load_a<HS>(qf, qs, warp * 16, lane);
+            load_a<HS>(df, dos, warp * 16, lane);
+        }
+        if (k0 <= wlast) {
+            float s[kTcRows / 8][4], dp[kTcRows / 8][4];
+            rows_by_tile<HS>(s, qf, kt, lane);
+            rows_by_tile<HS>(dp, df, vt, lane);
+#pragma unroll
+            for (int n = 0; n < kTcRows / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + n * 8 + 2 * tig + (e & 1);
+                    const bool b2 = e >> 1;
+                    const float p =
+                        key <= (b2 ? qb : qa) ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa)) : 0.0f;
+                    s[n][e] = p * (dp[n][e] - (b2 ? db : da));
+                }
+            acc_by_tile<HS>(dq, s, kt, lane);
+        }
         __syncthreads();
-        if (k0 > wlast)
-            continue;
-        float s[kTcRows / 8][4], dp[kTcRows / 8][4];
-        rows_by_tile<HS>(s, qf, ks, g, tig);
-        rows_by_tile<HS>(dp, df, vs, g, tig);
-#pragma unroll
-        for (int n = 0; n < kTcRows / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + n * 8 + 2 * tig + (e & 1);
-                const bool b2 = e >> 1;
-                float p = key <= (b2 ? qb : qa) ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa)) : 0.0f;
-                s[n][e] = p * (dp[n][e] - (b2 ? db : da));
-            }
-        acc_by_tile<HS>(dq, s, kts, g, tig);
     }
-    store_acc<HS>(dq, dqkv + (size_t)bi * t * c3 + (size_t)h * hs, c3, qa, t, hs, scale, scale,
-                  tig);
+    store_acc<HS>(dq, dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs,
+                  scale, scale, tig);
 }
 
 /* Backward, key pass: a warp owns 16 keys; over the query tiles from the block's first key
  * on, dv += p^T . dout and dk += ds^T . q, with s^T = k . q^T and dp^T = v . dout^T computed
  * keys by queries, so that p^T and ds^T are accumulators ready to be A operands; dk is scaled
- * at the end. Blocks are launched first keys first (they have the most queries). */
+ * at the end. k's and v's fragments are read from their tiles where they are used rather
+ * than held (registers go to dk and dv). Blocks are launched first keys first (they have the
+ * most queries). Queries past t read zeros (q, dout, lse, D), so their p is 1 and their terms
+ * are 0. */
 template <int HS>
-__global__ void __launch_bounds__(kTcWarps * 32)
-    att_bwd_kv_tc_kernel(int t, int c, int nh, const float *dout, const float *qkv,
-                         const float *lse, const float *dsum, float *dqkv, float scale, bool vec)
+__global__ void __launch_bounds__(kTcThreads, kKvBlocks<HS>)
+    att_bwd_kv_tc_kernel(int t, int c, int nh, const bf16 *qh, const bf16 *kh, const bf16 *vh,
+                         const bf16 *doh, const float *lse, const float *dsum, float *dqkv,
+                         float scale)
 {
     using L = Tc<HS>;
     extern __shared__ __align__(128) unsigned char tc_smem[];
-    __nv_bfloat16 *qs = (__nv_bfloat16 *)tc_smem;
-    __nv_bfloat16 *dos = (__nv_bfloat16 *)(tc_smem + L::TILE);
-    __nv_bfloat16 *qts = (__nv_bfloat16 *)(tc_smem + 2 * L::TILE);
-    __nv_bfloat16 *dots = (__nv_bfloat16 *)(tc_smem + 2 * L::TILE + L::TILET);
-    float *ls = (float *)(tc_smem + 2 * L::TILE + 2 * L::TILET), *dd = ls + kTcRows;
+    bf16 *ks = (bf16 *)tc_smem, *vs = ks + L::TILE;
+    bf16 *qs = vs + L::TILE, *dos = qs + 2 * L::TILE; /* q, dout: 2 each */
+    float *ls = (float *)(dos + 2 * L::TILE), *dd = ls + 2 * kTcRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
-    const size_t c3 = 3 * (size_t)c;
-    const int k0 = blockIdx.x * kTcRows;
-    const int ka = k0 + warp * 16 + g, kb = ka + 8;
-    const int wfirst = k0 + warp * 16;
-    const float *base = qkv + (size_t)bi * t * c3 + (size_t)h * hs;
-    const float *dbase = dout + (size_t)bi * t * c + (size_t)h * hs;
+    const size_t pl = ((size_t)bi * nh + h) * t * HS;
     const size_t lbase = ((size_t)bi * nh + h) * t;
+    const int k0 = blockIdx.x * kTcRows, w0 = warp * 16;
+    const int ka = k0 + w0 + g, kb = ka + 8;
     const float sl2 = scale * kLog2e;
 
-    load_tile<HS, false>(qs, base + c, c3, k0, t, hs, vec); /* k and v, through q's tiles */
-    load_tile<HS, false>(dos, base + 2 * (size_t)c, c3, k0, t, hs, vec);
-    __syncthreads();
-    uint32_t kf[HS / 16][4], vf[HS / 16][4];
-    load_a<HS>(kf, qs, warp * 16, g, tig);
-    load_a<HS>(vf, dos, warp * 16, g, tig);
+    tile_async<HS>(ks, kh + pl, k0, t);
+    tile_async<HS>(vs, vh + pl, k0, t);
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
     for (int n = 0; n < HS / 8; n++)
@@ -432,39 +508,56 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         for (int e = 0; e < 4; e++)
             dk[n][e] = dv[n][e] = 0.0f;
 
-    for (int q0 = k0; q0 < t; q0 += kTcRows) {
-        __syncthreads(); /* (the first time: k and v are in registers) */
-        load_tile<HS, false>(qs, base, c3, q0, t, hs, vec);
-        load_tile<HS, true>(qts, base, c3, q0, t, hs, vec);
-        load_tile<HS, false>(dos, dbase, c, q0, t, hs, vec);
-        load_tile<HS, true>(dots, dbase, c, q0, t, hs, vec);
-        for (int i = threadIdx.x; i < kTcRows; i += blockDim.x) {
-            const bool in = q0 + i < t;
-            ls[i] = in ? lse[lbase + q0 + i] * kLog2e : INFINITY; /* p = 0 past t */
-            dd[i] = in ? dsum[lbase + q0 + i] : 0.0f;
+    const int ntiles = (t - k0 + kTcRows - 1) / kTcRows;
+    for (int j = 0; j < ntiles + 1; j++) {
+        /* step j issues query tile j (buffer j & 1) and uses tile j - 1 */
+        if (j < ntiles) {
+            const int q0 = k0 + j * kTcRows, bsel = j & 1;
+            tile_async<HS>(qs + bsel * L::TILE, qh + pl, q0, t);
+            tile_async<HS>(dos + bsel * L::TILE, doh + pl, q0, t);
+            if (threadIdx.x < kTcRows) {
+                const int qi = q0 + threadIdx.x;
+                const bool in = qi < t;
+                cp_async4(ls + bsel * kTcRows + threadIdx.x, lse + lbase + (in ? qi : 0), in);
+                cp_async4(dd + bsel * kTcRows + threadIdx.x, dsum + lbase + (in ? qi : 0), in);
+            }
+            cp_commit();
         }
+        if (j == 0)
+            continue;
+        if (j < ntiles)
+            cp_wait<1>();
+        else
+            cp_wait<0>();
         __syncthreads();
-        if (q0 + kTcRows - 1 < wfirst)
-            continue; /* every query of the tile comes before the warp's keys */
+        const int q0 = k0 + (j - 1) * kTcRows, bsel = (j - 1) & 1;
+        const bf16 *qt = qs + bsel * L::TILE, *dot = dos + bsel * L::TILE;
+        const float *lt = ls + bsel * kTcRows, *dt = dd + bsel * kTcRows;
         float s[kTcRows / 8][4], dp[kTcRows / 8][4];
-        rows_by_tile<HS>(s, kf, qs, g, tig);   /* s^T: keys x queries */
-        rows_by_tile<HS>(dp, vf, dos, g, tig); /* dp^T */
+        {
+            uint32_t af[HS / 16][4];
+            load_a<HS>(af, ks, w0, lane);
+            rows_by_tile<HS>(s, af, qt, lane); /* s^T: keys x queries */
+            load_a<HS>(af, vs, w0, lane);
+            rows_by_tile<HS>(dp, af, dot, lane); /* dp^T */
+        }
 #pragma unroll
         for (int n = 0; n < kTcRows / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int col = n * 8 + 2 * tig + (e & 1);
                 const float p =
-                    (e >> 1 ? kb : ka) <= q0 + col ? exp2f(s[n][e] * sl2 - ls[col]) : 0.0f;
+                    (e >> 1 ? kb : ka) <= q0 + col ? exp2f(s[n][e] * sl2 - lt[col] * kLog2e) : 0.0f;
                 s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - dd[col]);
+                dp[n][e] = p * (dp[n][e] - dt[col]);
             }
-        acc_by_tile<HS>(dv, s, dots, g, tig);
-        acc_by_tile<HS>(dk, dp, qts, g, tig);
+        acc_by_tile<HS>(dv, s, dot, lane);
+        acc_by_tile<HS>(dk, dp, qt, lane);
+        __syncthreads(); /* the buffer is free for step j + 1's tile */
     }
-    float *rows = dqkv + (size_t)bi * t * c3 + (size_t)h * hs;
-    store_acc<HS>(dk, rows + c, c3, ka, t, hs, scale, scale, tig);
-    store_acc<HS>(dv, rows + 2 * (size_t)c, c3, ka, t, hs, 1.0f, 1.0f, tig);
+    float *rows = dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
+    store_acc<HS>(dk, rows + c, 3 * (size_t)c, ka, t, hs, scale, scale, tig);
+    store_acc<HS>(dv, rows + 2 * (size_t)c, 3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
 }
 
 template <class K> int prepare(K kern, size_t smem, mgpu_err_t *err)
@@ -485,22 +578,52 @@ template <class Fn> int with_tc_hs(int hs, Fn fn)
     return fn(std::integral_constant<int, 128>());
 }
 
+/* The bf16 planes of k and v (the forward), or of q, k, v and dout with D into dsum (the
+ * backward, dout not NULL), into the workspace from byte off on, grown first if need be (after
+ * the side streams, which may read a bf16 copy there). */
+template <int HS>
+int to_heads(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv, const float *dout,
+             const float *out, size_t off, bf16 **planes, float **dsum, mgpu_err_t *err)
+{
+    const size_t rows = (size_t)b * t, plane = rows * nh * HS;
+    const int sec0 = dout != nullptr ? 0 : 1, nsec = dout != nullptr ? 4 : 2;
+    const float *base = (const float *)ci->ws;
+    int rc;
+    if ((rc = cuda_join(ci, err)) < 0 ||
+        (rc = ensure_ws(ci, off + nsec * plane * sizeof(bf16), err)) < 0)
+        return rc;
+    if (dsum != nullptr && *dsum == base) /* D in the workspace's first bytes, which moved */
+        *dsum = (float *)ci->ws;
+    *planes = (bf16 *)((char *)ci->ws + off);
+    const bool vec =
+        (c / nh) % 4 == 0 && aligned16(qkv) && (dout == nullptr || aligned16(dout, out));
+    const size_t chunks = rows * nh * (HS / 8);
+    dim3 grid((unsigned)((chunks + kCvtThreads - 1) / kCvtThreads), (unsigned)nsec);
+    att_to_heads_kernel<HS><<<grid, kCvtThreads, 0, ci->stream>>>(
+        t, c, nh, rows, sec0, qkv, dout, out, *planes, dsum != nullptr ? *dsum : nullptr, vec);
+    CUDA_CHECK_LAUNCH(err, "att_to_heads_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
+    return 0;
+}
+
 } /* namespace */
 
 int gpt_attention_forward_tc(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv,
                              float *out, float *lse, float scale, mgpu_err_t *err)
 {
-    const bool vec = (c / nh) % 4 == 0 && aligned16(qkv, out);
     return with_tc_hs(c / nh, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
-        using L = Tc<HS>;
-        const size_t smem = L::TILE + L::TILET;
-        int rc = prepare(att_fwd_tc_kernel<HS>, smem, err);
+        const size_t plane = (size_t)b * t * nh * HS;
+        bf16 *kh;
+        int rc = to_heads<HS>(ci, b, t, c, nh, qkv, nullptr, nullptr, 0, &kh, nullptr, err);
         if (rc < 0)
             return rc;
+        const bool vec = (c / nh) % 4 == 0 && aligned16(qkv);
+        const size_t smem = 5 * Tc<HS>::BYTES;
+        if ((rc = prepare(att_fwd_tc_kernel<HS>, smem, err)) < 0)
+            return rc;
         dim3 grid((unsigned)((t + kTcRows - 1) / kTcRows), (unsigned)nh, (unsigned)b);
-        att_fwd_tc_kernel<HS>
-            <<<grid, kTcWarps * 32, smem, ci->stream>>>(t, c, nh, qkv, out, lse, scale, vec);
+        att_fwd_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(t, c, nh, qkv, kh, kh + plane,
+                                                                      out, lse, scale, vec);
         CUDA_CHECK_LAUNCH(err, "att_fwd_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
         return 0;
     });
@@ -510,24 +633,29 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
                               const float *qkv, const float *out, const float *lse, float *dqkv,
                               float *dsum, float scale, mgpu_err_t *err)
 {
-    const bool vec = (c / nh) % 4 == 0 && aligned16(qkv, out, dout, dqkv);
     return with_tc_hs(c / nh, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         using L = Tc<HS>;
-        const size_t stats = 2 * kTcRows * sizeof(float);
-        const size_t smem_q = 2 * L::TILE + L::TILET + stats;
-        const size_t smem_kv = 2 * L::TILE + 2 * L::TILET + stats;
-        int rc;
-        if ((rc = prepare(att_bwd_q_tc_kernel<HS>, smem_q, err)) < 0 ||
+        const size_t plane = (size_t)b * t * nh * HS;
+        /* D may be in the workspace (the caller's choice for long shapes): the planes follow */
+        const size_t off =
+            (void *)dsum == ci->ws ? ((size_t)b * nh * t * sizeof(float) + 255) / 256 * 256 : 0;
+        bf16 *qh;
+        int rc = to_heads<HS>(ci, b, t, c, nh, qkv, dout, out, off, &qh, &dsum, err);
+        if (rc < 0)
+            return rc;
+        const bf16 *kh = qh + plane, *vh = qh + 2 * plane, *doh = qh + 3 * plane;
+        const size_t smem = 6 * L::BYTES, smem_kv = 6 * L::BYTES + 4 * kTcRows * sizeof(float);
+        if ((rc = prepare(att_bwd_q_tc_kernel<HS>, smem, err)) < 0 ||
             (rc = prepare(att_bwd_kv_tc_kernel<HS>, smem_kv, err)) < 0)
             return rc;
         dim3 grid((unsigned)((t + kTcRows - 1) / kTcRows), (unsigned)nh, (unsigned)b);
-        att_bwd_q_tc_kernel<HS><<<grid, kTcWarps * 32, smem_q, ci->stream>>>(
-            t, c, nh, dout, qkv, out, lse, dqkv, dsum, scale, vec);
-        CUDA_CHECK_LAUNCH(err, "att_bwd_q_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
-        att_bwd_kv_tc_kernel<HS><<<grid, kTcWarps * 32, smem_kv, ci->stream>>>(
-            t, c, nh, dout, qkv, lse, dsum, dqkv, scale, vec);
+        att_bwd_kv_tc_kernel<HS><<<grid, kTcThreads, smem_kv, ci->stream>>>(
+            t, c, nh, qh, kh, vh, doh, lse, dsum, dqkv, scale);
         CUDA_CHECK_LAUNCH(err, "att_bwd_kv_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
+        att_bwd_q_tc_kernel<HS><<<grid, kTcThreads, smem, ci->stream>>>(t, c, nh, qh, kh, vh, doh,
+                                                                        lse, dsum, dqkv, scale);
+        CUDA_CHECK_LAUNCH(err, "att_bwd_q_tc_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
         return 0;
     });
 }

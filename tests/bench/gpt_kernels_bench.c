@@ -9,7 +9,9 @@
  * Beside attention, PyTorch's F.scaled_dot_product_attention (causal) on the same shape,
  * measured in the same run by tests/bench/gpt_sdpa_bench.py when python3 with a CUDA build of
  * torch is there (MGPU_PYTHON names another interpreter), fp32 and bf16 beside ours in the
- * same precisions (the bf16 attention is gpt_attention_tc.cu's, on tensor cores).
+ * same precisions (the bf16 attention is gpt_attention_tc.cu's, on tensor cores; its time
+ * includes the conversion of its fp32 operands to bf16, which PyTorch's, given bf16 tensors,
+ * does not need).
  *
  * Usage: build/tests/gpt_kernels_bench [gpt2|byte|all] (default all), from the repository's
  * root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).

@@ -222,13 +222,14 @@ typedef struct att_shape {
     int b, t, c, nh;
 } att_shape_t;
 
-/* head sizes 32, 32, 64, 64, 24, 128, 10 (scalar loads), 16 (the tiny GPT's), 64; lengths
- * that are and are not multiples of the tiles (32 keys, 64 in bf16) and of a block's rows, and
- * one as long as GPT-2's context (16 tiles of the online softmax's rescaling in bf16) */
-static const att_shape_t att_shapes[] = {{1, 1, 32, 1},    {2, 37, 64, 2},   {1, 257, 768, 12},
-                                         {2, 65, 64, 1},   {2, 19, 48, 2},   {1, 70, 256, 2},
-                                         {1, 20, 40, 4},   {3, 16, 32, 2},   {1, 64, 768, 24},
-                                         {1, 130, 128, 1}, {1, 1024, 128, 2}};
+/* head sizes 32, 32, 64, 64, 24, 128, 10 (scalar loads), 16 (the tiny GPT's), 64, 64, 40;
+ * lengths that are and are not multiples of the tiles (32 keys, 64 in bf16) and of a block's
+ * rows, one as long as GPT-2's context (16 tiles of the online softmax's rescaling in bf16),
+ * and several batch rows and heads over several tiles (each head's bf16 plane in its place) */
+static const att_shape_t att_shapes[] = {
+    {1, 1, 32, 1},     {2, 37, 64, 2},   {1, 257, 768, 12}, {2, 65, 64, 1},   {2, 19, 48, 2},
+    {1, 70, 256, 2},   {1, 20, 40, 4},   {3, 16, 32, 2},    {1, 64, 768, 24}, {1, 130, 128, 1},
+    {1, 1024, 128, 2}, {3, 150, 192, 3}, {2, 129, 120, 3}};
 
 /* Every shape in prec (fp32: the CUDA-core kernels; bf16: the tensor-core ones), out and dqkv
  * to tol of their largest value, lse to tol. */
