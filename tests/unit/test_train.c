@@ -5,12 +5,15 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "sampler.h"
+#include "progress.h"
 #include "train.h"
 
-#include <errno.h>   /* EINVAL */
-#include <math.h>    /* fabs */
-#include <pthread.h> /* pthread_barrier_t */
-#include <time.h>    /* clock_gettime */
+#include <errno.h>    /* EINVAL */
+#include <sys/mman.h> /* memfd_create, mmap */
+#include <unistd.h>   /* ftruncate, getpid */
+#include <math.h>     /* fabs */
+#include <pthread.h>  /* pthread_barrier_t */
+#include <time.h>     /* clock_gettime */
 
 #define MUST(call)                                                                                 \
     do {                                                                                           \
@@ -487,6 +490,55 @@ static void test_resume_matches_uninterrupted(void)
     mgpu_kernels_destroy(k);
 }
 
+/* A step publishes its phases in order: data, forward, backward (after the output layer, whose
+ * forward is fused with its loss and gradient), then the optimizer. The page is a shared file
+ * attached as under mgpu-launch. */
+static void test_step_publishes_its_phases(void)
+{
+    char path[1024], env[64];
+    mgpu_cfg_t cfg;
+    mgpu_err_t err = {0};
+    mgpu_dataset_t tr, ev;
+    mgpu_trainer_t *t;
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_init_opts_t o = {0, 10};
+    mgpu_progress_page_t *page, now;
+    int fd = memfd_create("mgpu-progress-test", MFD_CLOEXEC);
+
+    MUST(fd >= 0 && ftruncate(fd, MGPU_PROGRESS_PAGE) == 0 ? 0 : -1);
+    page = mmap(NULL, MGPU_PROGRESS_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    MUST(page != MAP_FAILED ? 0 : -1);
+    snprintf(env, sizeof env, "/proc/%d/fd/%d", (int)getpid(), fd);
+    setenv(MGPU_PROGRESS_ENV_FILE, env, 1);
+    setenv(MGPU_PROGRESS_ENV_SLOT, "0", 1);
+    MUST(mgpu_init(&o, &ctx, &err));
+    snprintf(path, sizeof path, "%s/configs/train.cfg", root());
+    MUST(mgpu_cfg_load(path, &cfg, &err));
+    mgpu_kernels_t *k = cpu();
+    MUST(mgpu_train_load_data(&cfg, &tr, &ev, &err));
+    MUST(mgpu_trainer_create(k, &cfg, &tr, 8, cfg.seed, &t, &err));
+    t->progress = ctx;
+    size_t idx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CHECK_INT(mgpu_progress_read(page, &now), 0);
+    uint64_t before = now.moves;
+    MUST(mgpu_trainer_grads(t, &tr, idx, 8, &err));
+    CHECK_INT(mgpu_progress_read(page, &now), 0);
+    CHECK_INT((int)now.phase, MGPU_PHASE_BACKWARD);
+    CHECK_INT((int)(now.moves - before), 3); /* data, forward, backward */
+    MUST(mgpu_trainer_step(t, &tr, idx, 8, NULL, NULL, NULL, &err));
+    CHECK_INT(mgpu_progress_read(page, &now), 0);
+    CHECK_INT((int)now.phase, MGPU_PHASE_OPTIMIZER);
+    mgpu_trainer_destroy(t);
+    mgpu_data_free(&tr);
+    mgpu_data_free(&ev);
+    mgpu_kernels_destroy(k);
+    mgpu_finalize(ctx);
+    unsetenv(MGPU_PROGRESS_ENV_FILE);
+    unsetenv(MGPU_PROGRESS_ENV_SLOT);
+    munmap(page, MGPU_PROGRESS_PAGE);
+    close(fd);
+}
+
 int main(void)
 {
     RUN(test_train_cfg_reaches_95_percent);
@@ -494,5 +546,6 @@ int main(void)
     RUN(test_buckets);
     RUN(test_ddp_threads_equal_global_batch);
     RUN(test_resume_matches_uninterrupted);
+    RUN(test_step_publishes_its_phases);
     return check_done();
 }

@@ -367,6 +367,7 @@ int mgpu_model_grads_hooked(mgpu_model_t *m, const float *x, const int32_t *labe
     };
     if ((rc = mgpu_k_linear_loss(m->k, &h, err)) < 0)
         return rc;
+    mgpu_progress_phase(m->progress, MGPU_PHASE_BACKWARD);
     m->last_batch = batch;
     /* MGPU_K_BIAS_LEFT: the layer below's weight-gradient op writes its bias gradient. */
     return backward_layers(m, x, m->dy_top, 1, rc == MGPU_K_BIAS_LEFT, hook, hook_ctx, err);

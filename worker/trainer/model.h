@@ -19,6 +19,7 @@
 
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t, mgpu_act_t, mgpu_loss_t */
+#include "mgpu.h"    /* mgpu_ctx_t: progress */
 
 #define MGPU_MODEL_MAX_LAYERS 17 /* 16 hidden layers and the output layer */
 
@@ -58,6 +59,10 @@ typedef struct mgpu_model {
      * reads it in place): forward does not call mgpu_k_written for it, so a backend may keep
      * what it derived from it (bf16 mode's copy) from one step to the next. NULL: none. */
     const float *x_kept;
+    /* Where the gradient's pass says its backward began (after the output layer, whose forward
+     * is fused with its loss and gradient); NULL: nowhere. The CPU step sets it; the GPU step
+     * leaves it NULL, as its host only queues the work. */
+    mgpu_ctx_t *progress;
 } mgpu_model_t;
 
 const char *mgpu_loss_name(mgpu_loss_t loss);

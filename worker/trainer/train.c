@@ -259,7 +259,9 @@ int mgpu_trainer_grads(mgpu_trainer_t *t, const mgpu_dataset_t *ds, const size_t
     mgpu_progress_phase(t->progress, MGPU_PHASE_DATA);
     if ((rc = load_batch(t, ds, idx, 0, count, err)) < 0)
         return rc;
-    /* One fused call (the loss head joins forward to backward): "forward" covers both. */
+    /* The model says where its backward begins (the output layer's forward is fused with its
+     * loss and gradient, so that is after it). */
+    t->model->progress = t->progress;
     mgpu_progress_phase(t->progress, MGPU_PHASE_FORWARD);
     return mgpu_model_compute_grads(t->model, t->d_x, ds->labels ? t->d_l : NULL,
                                     ds->targets ? t->d_t : NULL, (int)count, err);
