@@ -3,29 +3,20 @@
 #include "ddp.h"
 
 #include <cjson/cJSON.h> /* metrics lines */
-#include <errno.h>       /* ENOENT */
+#include <errno.h>       /* EINVAL, ENOMEM */
 #include <math.h>        /* NAN */
 #include <stdint.h>      /* uint64_t */
 #include <stdlib.h>      /* malloc */
-#include <string.h>      /* memset */
-#include <time.h>        /* clock_gettime */
 
 #include "checkpoint.h" /* mgpu_ckpt_* */
 #include "gpt_run.h"    /* mgpu_gpt_run: model = gpt */
 #include "log.h"        /* mgpu_info */
+#include "run_util.h"   /* mgpu_run_*: what the two loops share */
 #include "sampler.h"    /* mgpu_sampler_* */
 #include "train.h"      /* mgpu_trainer_* */
 #ifdef MGPU_HAVE_CUDA
 #include "gpustep.h" /* mgpu_gpustep_*: the step on a GPU */
 #endif
-
-/* What rank 0 tells everyone about the checkpoint before anything else. */
-typedef struct resume_hdr {
-    int32_t status; /* 1: resume, 0: fresh start, -1: rank 0 failed (message follows) */
-    int32_t pad;
-    uint64_t epoch, batch, step, optim_step;
-    char msg[1024];
-} resume_hdr_t;
 
 typedef struct ddp_state {
     mgpu_kernels_t *k;
@@ -43,20 +34,6 @@ typedef struct ddp_state {
     double samples_this_run;
 } ddp_state_t;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double realtime_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int world(const ddp_state_t *s)
 {
     return s->comm->world_size;
@@ -71,7 +48,7 @@ static int timer_start(ddp_state_t *s, double *t0, mgpu_err_t *err)
         return mgpu_gpustep_timer_start(s->g, err);
 #endif
     int rc = mgpu_k_sync(s->k, err);
-    *t0 = now_s();
+    *t0 = mgpu_run_now_s();
     return rc;
 }
 
@@ -82,62 +59,17 @@ static int timer_stop(ddp_state_t *s, double t0, double *ms, mgpu_err_t *err)
         return mgpu_gpustep_timer_stop(s->g, ms, err);
 #endif
     int rc = mgpu_k_sync(s->k, err);
-    *ms = 1000.0 * (now_s() - t0);
+    *ms = 1000.0 * (mgpu_run_now_s() - t0);
     return rc;
-}
-
-/* Broadcast of host bytes from rank 0 through backend memory. */
-static int bcast_host(ddp_state_t *s, void *host, size_t bytes, mgpu_err_t *err)
-{
-    int rc;
-    if (world(s) == 1)
-        return 0;
-    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, host, bytes, err)) < 0 ||
-        (rc = s->comm->broadcast(s->comm->ctx, s->scratch, bytes, 0, err)) < 0)
-        return rc;
-    return mgpu_k_copy_to_host(s->k, host, s->scratch, bytes, err);
-}
-
-/* Sum (or average) of a few host floats over the ranks, through backend memory. */
-static int reduce_host(ddp_state_t *s, float *v, size_t n, int average, mgpu_err_t *err)
-{
-    int rc;
-    if (world(s) == 1)
-        return 0;
-    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, v, sizeof(float) * n, err)) < 0 ||
-        (rc = (average ? s->comm->allreduce_avg : s->comm->allreduce_sum)(s->comm->ctx, s->scratch,
-                                                                          n, err)) < 0)
-        return rc;
-    return mgpu_k_copy_to_host(s->k, v, s->scratch, sizeof(float) * n, err);
-}
-
-static void metrics_line(ddp_state_t *s, cJSON *obj)
-{
-    if (s->metrics != NULL) {
-        char *line = cJSON_PrintUnformatted(obj);
-        if (line != NULL) {
-            fputs(line, s->metrics);
-            fputc('\n', s->metrics);
-            fflush(s->metrics);
-            cJSON_free(line);
-        }
-    }
-    cJSON_Delete(obj);
 }
 
 static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint64_t step,
                            mgpu_err_t *err)
 {
     mgpu_trainer_t *t = s->t;
-    int rc;
     if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
         return 0;
     mgpu_progress_phase(s->comm->progress, MGPU_PHASE_CHECKPOINT);
-    if ((rc = mgpu_k_copy_to_host(s->k, s->h_params, t->model->params,
-                                  sizeof(float) * t->model->n_params, err)) < 0 ||
-        (rc = mgpu_k_copy_to_host(s->k, s->h_state, t->optim->state,
-                                  sizeof(float) * t->optim->n_state, err)) < 0)
-        return rc;
     mgpu_ckpt_t c = {.model_hash = mgpu_model_shape_hash(t->model),
                      .epoch = epoch,
                      .batch_in_epoch = batch,
@@ -150,70 +82,39 @@ static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint6
                      .params = s->h_params,
                      .n_state = t->optim->n_state,
                      .state = s->h_state};
-    return mgpu_ckpt_write(s->cfg->checkpoint, &c, err);
+    return mgpu_run_checkpoint_write(s->k, s->cfg->checkpoint, &c, t->model->params,
+                                     t->optim->state, err);
+}
+
+/* Rank 0's check that the checkpoint was written by a run like this one. */
+static int ckpt_fits(void *ctx, const mgpu_ckpt_t *c, char *msg, size_t cap)
+{
+    const ddp_state_t *s = ctx;
+    const mgpu_trainer_t *t = s->t;
+    const mgpu_cfg_t *cfg = s->cfg;
+    if (c->model_hash == mgpu_model_shape_hash(t->model) && c->n_params == t->model->n_params &&
+        c->n_state == t->optim->n_state && c->seed == cfg->seed)
+        return 1;
+    snprintf(msg, cap,
+             "checkpoint %.400s was written by another run (%zu params, %zu optimizer "
+             "floats, seed %llu; this run has %zu, %zu, seed %llu): remove it or "
+             "point checkpoint elsewhere",
+             cfg->checkpoint, c->n_params, c->n_state, (unsigned long long)c->seed,
+             t->model->n_params, t->optim->n_state, (unsigned long long)cfg->seed);
+    return 0;
 }
 
 /* Rank 0 reads the checkpoint and checks that it fits this run; everyone learns the outcome,
  * then the parameters and optimizer state (or, on a fresh start, rank 0's initial
  * parameters, as DDP's constructor broadcasts them). */
-static int resume_or_broadcast(ddp_state_t *s, resume_hdr_t *h, mgpu_err_t *err)
+static int resume_or_broadcast(ddp_state_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
 {
     mgpu_trainer_t *t = s->t;
-    const mgpu_cfg_t *cfg = s->cfg;
-    int rc;
-
-    memset(h, 0, sizeof *h);
-    if (s->comm->rank == 0 && cfg->checkpoint[0] != 0) {
-        mgpu_ckpt_t c;
-        mgpu_err_t e = {0};
-        rc = mgpu_ckpt_read(cfg->checkpoint, &c, &e);
-        if (rc == -ENOENT) {
-            h->status = 0;
-        } else if (rc < 0) {
-            h->status = -1;
-            snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
-        } else if (c.model_hash != mgpu_model_shape_hash(t->model) ||
-                   c.n_params != t->model->n_params || c.n_state != t->optim->n_state ||
-                   c.seed != cfg->seed) {
-            h->status = -1;
-            snprintf(h->msg, sizeof h->msg,
-                     "checkpoint %.400s was written by another run (%zu params, %zu optimizer "
-                     "floats, seed %llu; this run has %zu, %zu, seed %llu): remove it or "
-                     "point checkpoint elsewhere",
-                     cfg->checkpoint, c.n_params, c.n_state, (unsigned long long)c.seed,
-                     t->model->n_params, t->optim->n_state, (unsigned long long)cfg->seed);
-        } else {
-            h->status = 1;
-            h->epoch = c.epoch;
-            h->batch = c.batch_in_epoch;
-            h->step = c.step;
-            h->optim_step = c.optim_step;
-            rc = mgpu_k_copy_to_device(s->k, t->model->params, c.params, sizeof(float) * c.n_params,
-                                       &e);
-            if (rc == 0)
-                rc = mgpu_k_copy_to_device(s->k, t->optim->state, c.state,
-                                           sizeof(float) * c.n_state, &e);
-            if (rc < 0) {
-                h->status = -1;
-                snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
-            }
-        }
-        mgpu_ckpt_free(&c); /* zeroed by a failed read: always safe */
-    }
-    if ((rc = bcast_host(s, h, sizeof *h, err)) < 0)
+    int rc = mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits,
+                                          s, t->model->params, t->model->n_params, t->optim->state,
+                                          t->optim->n_state, h, err);
+    if (rc < 0)
         return rc;
-    if (h->status < 0)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s%s",
-                            s->comm->rank == 0 ? "" : "rank 0 cannot resume: ", h->msg);
-    if (world(s) > 1) {
-        if ((rc = s->comm->broadcast(s->comm->ctx, t->model->params,
-                                     sizeof(float) * t->model->n_params, 0, err)) < 0)
-            return rc;
-        if (h->status == 1 && t->optim->n_state > 0 &&
-            (rc = s->comm->broadcast(s->comm->ctx, t->optim->state,
-                                     sizeof(float) * t->optim->n_state, 0, err)) < 0)
-            return rc;
-    }
     if (h->status == 1)
         t->optim->step = (long long)h->optim_step;
     return 0;
@@ -229,7 +130,7 @@ static int evaluate(ddp_state_t *s, const mgpu_dataset_t *ev, double *loss, doub
     if ((rc = mgpu_trainer_evaluate(s->t, ev, lo, hi - lo, &ls, &c, err)) < 0)
         return rc;
     float v[3] = {(float)ls, (float)c, (float)(hi - lo)};
-    if ((rc = reduce_host(s, v, 3, 0, err)) < 0)
+    if ((rc = mgpu_run_reduce_host(s->k, s->comm, s->scratch, v, 3, 0, err)) < 0)
         return rc;
     *loss = v[0] / v[2];
     *acc = s->cfg->loss == MGPU_LOSS_CROSS_ENTROPY ? v[1] / v[2] : NAN;
@@ -263,7 +164,7 @@ static int report_eval(ddp_state_t *s, const mgpu_dataset_t *ev, long long epoch
     cJSON_AddNumberToObject(o, "eval_loss", loss);
     if (!isnan(acc))
         cJSON_AddNumberToObject(o, "eval_accuracy", acc);
-    metrics_line(s, o);
+    mgpu_run_metrics_line(s->metrics, o);
     return 0;
 }
 
@@ -274,7 +175,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     mgpu_ddp_result_t res_local, *res = result ? result : &res_local;
     mgpu_dataset_t tr = {0}, ev = {0};
     mgpu_sampler_t samp;
-    resume_hdr_t h;
+    mgpu_run_resume_t h;
     size_t *idx = NULL;
     int rc, W = comm->world_size, rank = comm->rank;
     size_t B = (size_t)cfg->batch_size;
@@ -282,14 +183,9 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     /* A language model has a loop of its own over the same collectives. */
     if (cfg->model == MGPU_MODEL_GPT)
         return mgpu_gpt_run(k, cfg, comm, out, result, err);
-    memset(res, 0, sizeof *res);
-    res->eval_loss = res->eval_accuracy = NAN;
-    res->resumed_step = -1;
-    if (W < 1 || rank < 0 || rank >= W)
-        return mgpu_err_set(err, -EINVAL, "ddp: rank %d of world size %d", rank, W);
-    if (W > 1 &&
-        (comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
-        return mgpu_err_set(err, -EINVAL, "ddp: world size %d needs all three collectives", W);
+    mgpu_run_result_init(res);
+    if ((rc = mgpu_run_check_comm("ddp", comm, err)) < 0)
+        return rc;
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
         (rc = mgpu_train_load_data(cfg, &tr, &ev, err)) < 0)
         return rc;
@@ -334,15 +230,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
 #endif
     }
-    if (rank == 0 && cfg->metrics_file[0] != 0) {
-        /* A resumed run continues the log of the run it resumes. */
-        s.metrics = fopen(cfg->metrics_file, h.status == 1 ? "a" : "w");
-        if (s.metrics == NULL) {
-            rc =
-                mgpu_err_set(err, -errno, "ddp: fopen(%s): %s", cfg->metrics_file, strerror(errno));
-            goto out;
-        }
-    }
+    if ((rc = mgpu_run_metrics_open("ddp", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
+        goto out;
 
     size_t nb = mgpu_sampler_num_batches(&samp, B, cfg->drop_last_batch);
     long long step = (long long)h.step, epoch = (long long)h.epoch;
@@ -352,17 +241,14 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         planned = cfg->max_steps;
     if (h.status == 1) {
         res->resumed_step = step;
-        if (rank == 0) {
-            fprintf(s.out, "resumed from %s at epoch %lld, step %lld\n", cfg->checkpoint, epoch + 1,
-                    step);
-            fflush(s.out);
-        }
+        if (rank == 0)
+            mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
     }
     long long evaluated_at = -1;
     int stopped = 0;
     double first_step_unix = 0, timer_t0 = 0;
     int last_loss_kept = 0;
-    s.t0 = now_s();
+    s.t0 = mgpu_run_now_s();
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
             goto out;
@@ -415,7 +301,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 /* Start to first step: the step has finished, not merely been queued. */
                 if ((rc = mgpu_k_sync(k, err)) < 0)
                     goto out;
-                first_step_unix = realtime_s();
+                first_step_unix = mgpu_run_realtime_s();
                 if (comm->mark != NULL)
                     comm->mark(comm->mark_ctx, "first_step");
             }
@@ -429,12 +315,13 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 (rc = timer_start(&s, &timer_t0, err)) < 0)
                 goto out;
             if (log) {
-                if ((rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+                if ((rc = mgpu_run_reduce_host(k, comm, s.scratch, &loss, 1, 1, err)) < 0)
                     goto out;
                 res->loss = loss;
                 if (rank == 0) {
-                    double el = now_s() - s.t0, sps = s.samples_this_run / (el > 0 ? el : 1e-9);
-                    double eta = (double)(planned - step) * el / (double)s.steps_this_run;
+                    double el, sps, eta;
+                    mgpu_run_pace(s.t0, s.samples_this_run, planned, step, s.steps_this_run, &el,
+                                  &sps, &eta);
                     fprintf(s.out,
                             "epoch %lld/%lld step %lld/%lld loss %.4f samples/s %.0f eta %.1fs\n",
                             epoch + 1, cfg->epochs, step, planned, loss, sps, eta);
@@ -445,7 +332,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     cJSON_AddNumberToObject(o, "loss", loss);
                     cJSON_AddNumberToObject(o, "samples_per_s", sps);
                     cJSON_AddNumberToObject(o, "elapsed_s", el);
-                    metrics_line(&s, o);
+                    mgpu_run_metrics_line(s.metrics, o);
                 }
             }
             if (cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0 &&
@@ -471,13 +358,13 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         res->timed_steps = s.steps_this_run - cfg->timing_warmup;
         res->step_us = 1000.0 * ms / (double)res->timed_steps;
     }
-    res->seconds = now_s() - s.t0;
+    res->seconds = mgpu_run_now_s() - s.t0;
     if (last_loss_kept) {
         /* The last step's loss, so that the final metrics never report a loss of 0 that no
          * step had (read after the timer stopped: it waits for the device). */
         float loss = 0;
         if ((rc = mgpu_k_copy_to_host(k, &loss, s.last_loss, sizeof loss, err)) < 0 ||
-            (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+            (rc = mgpu_run_reduce_host(k, comm, s.scratch, &loss, 1, 1, err)) < 0)
             goto out;
         res->loss = loss;
     }
@@ -500,7 +387,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         (rc = report_eval(&s, &ev, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
         goto out;
     res->steps = step;
-    res->samples_per_s = s.samples_this_run / (res->seconds > 0 ? res->seconds : 1e-9);
+    res->samples_per_s = mgpu_run_rate(s.samples_this_run, res->seconds);
     if (rank == 0) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "final", 1);
@@ -522,16 +409,9 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
         cJSON_AddBoolToObject(o, "data_in_place", res->in_place);
         cJSON_AddStringToObject(o, "backend", k->ops->name);
-        metrics_line(&s, o);
+        mgpu_run_metrics_line(s.metrics, o);
     }
-    res->n_params = s.t->model->n_params;
-    res->params = malloc(sizeof(float) * res->n_params);
-    if (res->params == NULL) {
-        rc = mgpu_err_set(err, -ENOMEM, "ddp: cannot allocate the result's parameters");
-        goto out;
-    }
-    rc =
-        mgpu_k_copy_to_host(k, res->params, s.t->model->params, sizeof(float) * res->n_params, err);
+    rc = mgpu_run_result_params(k, "ddp", s.t->model->params, s.t->model->n_params, res, err);
     if (rc == 0)
         mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
 out:

@@ -9,29 +9,21 @@
 #include "gpt_run.h"
 
 #include <cjson/cJSON.h> /* metrics lines */
-#include <errno.h>       /* ENOENT, ENOMEM */
+#include <errno.h>       /* ENOMEM */
 #include <math.h>        /* NAN, exp */
 #include <stdint.h>      /* int32_t */
 #include <stdlib.h>      /* malloc, free */
-#include <string.h>      /* memset, memcpy */
-#include <time.h>        /* clock_gettime */
+#include <string.h>      /* memcpy */
 
 #include "checkpoint.h"  /* mgpu_ckpt_* */
 #include "gpt_graph.h"   /* mgpu_gpt_graph_*: the step replayed from CUDA graphs */
 #include "model_gpt.h"   /* mgpu_gpt_* */
 #include "optim.h"       /* MGPU_OPTIM_ADAMW */
 #include "rng.h"         /* mgpu_rng_*: sampling */
+#include "run_util.h"    /* mgpu_run_*: what the two loops share */
 #include "sampler.h"     /* mgpu_sampler_* */
 #include "tokens.h"      /* mgpu_tokens_* */
 #include "transformer.h" /* mgpu_gpt_lr */
-
-/* What rank 0 tells everyone about the checkpoint before anything else. */
-typedef struct resume_hdr {
-    int32_t status; /* 1: resume, 0: fresh start, -1: rank 0 failed (message follows) */
-    int32_t pad;
-    uint64_t epoch, batch, step;
-    char msg[1024];
-} resume_hdr_t;
 
 typedef struct run {
     mgpu_kernels_t *k;
@@ -46,50 +38,6 @@ typedef struct run {
     int32_t *h_tok, *h_tgt; /* one micro-batch, host */
     float *h_params;
 } run_t;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int bcast_host(run_t *s, void *host, size_t bytes, mgpu_err_t *err)
-{
-    int rc;
-    if (s->comm->world_size == 1)
-        return 0;
-    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, host, bytes, err)) < 0 ||
-        (rc = s->comm->broadcast(s->comm->ctx, s->scratch, bytes, 0, err)) < 0)
-        return rc;
-    return mgpu_k_copy_to_host(s->k, host, s->scratch, bytes, err);
-}
-
-static int reduce_host(run_t *s, float *v, size_t n, int average, mgpu_err_t *err)
-{
-    int rc;
-    if (s->comm->world_size == 1)
-        return 0;
-    if ((rc = mgpu_k_copy_to_device(s->k, s->scratch, v, sizeof(float) * n, err)) < 0 ||
-        (rc = (average ? s->comm->allreduce_avg : s->comm->allreduce_sum)(s->comm->ctx, s->scratch,
-                                                                          n, err)) < 0)
-        return rc;
-    return mgpu_k_copy_to_host(s->k, v, s->scratch, sizeof(float) * n, err);
-}
-
-static void metrics_line(run_t *s, cJSON *obj)
-{
-    if (s->metrics != NULL) {
-        char *line = cJSON_PrintUnformatted(obj);
-        if (line != NULL) {
-            fputs(line, s->metrics);
-            fputc('\n', s->metrics);
-            fflush(s->metrics);
-            cJSON_free(line);
-        }
-    }
-    cJSON_Delete(obj);
-}
 
 /* Windows w[0..b) of the split starting at token `base` into the host batch and the model. */
 static int load_windows(run_t *s, size_t base, const size_t *w, size_t first, int b,
@@ -116,91 +64,57 @@ static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t st
     state = malloc(sizeof(float) * 2 * m->n_params);
     if (state == NULL)
         return mgpu_err_set(err, -ENOMEM, "gpt: malloc for the checkpoint's optimizer state");
-    if ((rc = mgpu_k_copy_to_host(s->k, s->h_params, m->params, sizeof(float) * m->n_params,
-                                  err)) == 0 &&
-        (rc = mgpu_k_copy_to_host(s->k, state, m->moments, sizeof(float) * 2 * m->n_params, err)) ==
-            0) {
-        mgpu_ckpt_t c = {.model_hash = mgpu_gpt_shape_hash(&m->spec),
-                         .epoch = epoch,
-                         .batch_in_epoch = batch,
-                         .step = step,
-                         .optim_step = step,
-                         .optim_kind = (uint32_t)MGPU_OPTIM_ADAMW,
-                         .world_size = (uint32_t)s->comm->world_size,
-                         .seed = s->cfg->seed,
-                         .n_params = m->n_params,
-                         .params = s->h_params,
-                         .n_state = 2 * m->n_params,
-                         .state = state};
-        rc = mgpu_ckpt_write(s->cfg->checkpoint, &c, err);
-    }
+    mgpu_ckpt_t c = {.model_hash = mgpu_gpt_shape_hash(&m->spec),
+                     .epoch = epoch,
+                     .batch_in_epoch = batch,
+                     .step = step,
+                     .optim_step = step,
+                     .optim_kind = (uint32_t)MGPU_OPTIM_ADAMW,
+                     .world_size = (uint32_t)s->comm->world_size,
+                     .seed = s->cfg->seed,
+                     .n_params = m->n_params,
+                     .params = s->h_params,
+                     .n_state = 2 * m->n_params,
+                     .state = state};
+    rc = mgpu_run_checkpoint_write(s->k, s->cfg->checkpoint, &c, m->params, m->moments, err);
     free(state);
     return rc;
 }
 
+/* Rank 0's check that the checkpoint holds this model and was written with this seed. */
+static int ckpt_fits(void *ctx, const mgpu_ckpt_t *c, char *msg, size_t cap)
+{
+    const run_t *s = ctx;
+    const mgpu_cfg_t *cfg = s->cfg;
+    const mgpu_gpt_t *m = s->m;
+    if (c->model_hash != mgpu_gpt_shape_hash(&m->spec) || c->n_params != m->n_params ||
+        c->n_state != 2 * m->n_params) {
+        snprintf(msg, cap,
+                 "checkpoint %.400s holds another model (%zu parameters) than this run's gpt "
+                 "with n_layer = %d, n_head = %d, n_embd = %d, context = %d, vocab = %d "
+                 "(%zu parameters): remove it or point checkpoint elsewhere",
+                 cfg->checkpoint, c->n_params, m->spec.n_layer, m->spec.n_head, m->spec.n_embd,
+                 m->spec.context, m->spec.vocab, m->n_params);
+        return 0;
+    }
+    if (c->seed != cfg->seed) {
+        snprintf(msg, cap,
+                 "checkpoint %.400s was written with seed %llu, this run has seed %llu: "
+                 "remove it or point checkpoint elsewhere",
+                 cfg->checkpoint, (unsigned long long)c->seed, (unsigned long long)cfg->seed);
+        return 0;
+    }
+    return 1;
+}
+
 /* Rank 0 reads the checkpoint and checks that it holds this model; everyone learns the
  * outcome, then the parameters and moments (or rank 0's initial parameters). */
-static int resume_or_broadcast(run_t *s, resume_hdr_t *h, mgpu_err_t *err)
+static int resume_or_broadcast(run_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
 {
-    const mgpu_cfg_t *cfg = s->cfg;
     mgpu_gpt_t *m = s->m;
-    int rc;
-
-    memset(h, 0, sizeof *h);
-    if (s->comm->rank == 0 && cfg->checkpoint[0] != 0) {
-        mgpu_ckpt_t c;
-        mgpu_err_t e = {0};
-        rc = mgpu_ckpt_read(cfg->checkpoint, &c, &e);
-        if (rc == -ENOENT) {
-            h->status = 0;
-        } else if (rc < 0) {
-            h->status = -1;
-            snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
-        } else if (c.model_hash != mgpu_gpt_shape_hash(&m->spec) || c.n_params != m->n_params ||
-                   c.n_state != 2 * m->n_params) {
-            h->status = -1;
-            snprintf(h->msg, sizeof h->msg,
-                     "checkpoint %.400s holds another model (%zu parameters) than this run's gpt "
-                     "with n_layer = %d, n_head = %d, n_embd = %d, context = %d, vocab = %d "
-                     "(%zu parameters): remove it or point checkpoint elsewhere",
-                     cfg->checkpoint, c.n_params, m->spec.n_layer, m->spec.n_head, m->spec.n_embd,
-                     m->spec.context, m->spec.vocab, m->n_params);
-        } else if (c.seed != cfg->seed) {
-            h->status = -1;
-            snprintf(h->msg, sizeof h->msg,
-                     "checkpoint %.400s was written with seed %llu, this run has seed %llu: "
-                     "remove it or point checkpoint elsewhere",
-                     cfg->checkpoint, (unsigned long long)c.seed, (unsigned long long)cfg->seed);
-        } else {
-            h->status = 1;
-            h->epoch = c.epoch;
-            h->batch = c.batch_in_epoch;
-            h->step = c.step;
-            if ((rc = mgpu_k_copy_to_device(s->k, m->params, c.params, sizeof(float) * c.n_params,
-                                            &e)) < 0 ||
-                (rc = mgpu_k_copy_to_device(s->k, m->moments, c.state, sizeof(float) * c.n_state,
-                                            &e)) < 0) {
-                h->status = -1;
-                snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
-            }
-        }
-        mgpu_ckpt_free(&c);
-    }
-    if ((rc = bcast_host(s, h, sizeof *h, err)) < 0)
-        return rc;
-    if (h->status < 0)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s%s",
-                            s->comm->rank == 0 ? "" : "rank 0 cannot resume: ", h->msg);
-    if (s->comm->world_size > 1) {
-        if ((rc = s->comm->broadcast(s->comm->ctx, m->params, sizeof(float) * m->n_params, 0,
-                                     err)) < 0)
-            return rc;
-        if (h->status == 1 &&
-            (rc = s->comm->broadcast(s->comm->ctx, m->moments, sizeof(float) * 2 * m->n_params, 0,
-                                     err)) < 0)
-            return rc;
-    }
-    return 0;
+    return mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits, s,
+                                        m->params, m->n_params, m->moments, 2 * m->n_params, h,
+                                        err);
 }
 
 /* The held-out windows, sharded over the ranks: the mean loss per token over all of them. */
@@ -225,7 +139,7 @@ static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
         sum += (double)l * b;
     }
     float v[2] = {(float)sum, (float)(hi - lo)};
-    if ((rc = reduce_host(s, v, 2, 0, err)) < 0)
+    if ((rc = mgpu_run_reduce_host(s->k, s->comm, s->scratch, v, 2, 0, err)) < 0)
         return rc;
     *loss = v[1] > 0 ? v[0] / v[1] : NAN;
     return 0;
@@ -250,7 +164,7 @@ static int report_eval(run_t *s, long long epoch, long long step, mgpu_ddp_resul
     cJSON_AddNumberToObject(o, "step", (double)step);
     cJSON_AddNumberToObject(o, "eval_loss", loss);
     cJSON_AddNumberToObject(o, "eval_perplexity", exp(loss));
-    metrics_line(s, o);
+    mgpu_run_metrics_line(s->metrics, o);
     return 0;
 }
 
@@ -396,20 +310,15 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     run_t s = {.k = k, .cfg = cfg, .comm = comm, .out = out ? out : stdout};
     mgpu_ddp_result_t res_local, *res = result ? result : &res_local;
     mgpu_sampler_t samp;
-    resume_hdr_t h;
+    mgpu_run_resume_t h;
     size_t *idx = NULL;
     const int W = comm->world_size, rank = comm->rank, T = cfg->context;
     const size_t B = (size_t)cfg->batch_size, accum = (size_t)cfg->grad_accum;
     int rc;
 
-    memset(res, 0, sizeof *res);
-    res->eval_loss = res->eval_accuracy = NAN;
-    res->resumed_step = -1;
-    if (W < 1 || rank < 0 || rank >= W)
-        return mgpu_err_set(err, -EINVAL, "gpt: rank %d of world size %d", rank, W);
-    if (W > 1 &&
-        (comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
-        return mgpu_err_set(err, -EINVAL, "gpt: world size %d needs all three collectives", W);
+    mgpu_run_result_init(res);
+    if ((rc = mgpu_run_check_comm("gpt", comm, err)) < 0)
+        return rc;
     mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
                             .n_head = cfg->n_head,
                             .n_embd = cfg->n_embd,
@@ -445,14 +354,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = resume_or_broadcast(&s, &h, err)) < 0)
         goto out;
-    if (rank == 0 && cfg->metrics_file[0] != 0) {
-        s.metrics = fopen(cfg->metrics_file, h.status == 1 ? "a" : "w");
-        if (s.metrics == NULL) {
-            rc =
-                mgpu_err_set(err, -errno, "gpt: fopen(%s): %s", cfg->metrics_file, strerror(errno));
-            goto out;
-        }
-    }
+    if ((rc = mgpu_run_metrics_open("gpt", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
+        goto out;
     size_t nb = mgpu_sampler_num_batches(&samp, B, cfg->drop_last_batch);
     long long per_epoch = (long long)(nb / accum);
     if (per_epoch < 1) {
@@ -473,10 +376,9 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 "training windows, %zu held out; %lld steps of %zu x %zu x %d windows\n",
                 s.m->n_params, spec.n_layer, spec.n_head, spec.n_embd, T, spec.vocab, n_windows,
                 mgpu_tokens_windows(s.n_eval, T), planned, (size_t)W, B, (int)accum);
-        if (h.status == 1)
-            fprintf(s.out, "resumed from %s at epoch %lld, step %lld\n", cfg->checkpoint, epoch + 1,
-                    step);
         fflush(s.out);
+        if (h.status == 1)
+            mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
     }
     if (h.status == 1)
         res->resumed_step = step;
@@ -490,7 +392,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         (rc = mgpu_gpt_graph_create(s.m, 1.0f / ((float)B * T), &hp, (float)cfg->grad_clip,
                                     &s.graph, err)) < 0)
         goto out;
-    double t0 = now_s(), tokens_run = 0, timer_t0 = 0;
+    double t0 = mgpu_run_now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
             goto out;
@@ -545,18 +447,18 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 /* The timed steps start once the warm-up's have finished. */
                 if ((rc = mgpu_k_sync(k, err)) < 0)
                     goto out;
-                timer_t0 = now_s();
+                timer_t0 = mgpu_run_now_s();
             }
             int log = cfg->log_interval > 0 && step % cfg->log_interval == 0;
             if (log || step == planned) {
                 float loss;
                 if ((rc = mgpu_k_copy_to_host(k, &loss, s.m->scalars, sizeof loss, err)) < 0 ||
-                    (rc = reduce_host(&s, &loss, 1, 1, err)) < 0)
+                    (rc = mgpu_run_reduce_host(k, comm, s.scratch, &loss, 1, 1, err)) < 0)
                     goto out;
                 res->loss = loss;
                 if (log && rank == 0) {
-                    double el = now_s() - t0, tps = tokens_run / (el > 0 ? el : 1e-9);
-                    double eta = (double)(planned - step) * el / (double)steps_run;
+                    double el, tps, eta;
+                    mgpu_run_pace(t0, tokens_run, planned, step, steps_run, &el, &tps, &eta);
                     fprintf(s.out,
                             "epoch %lld/%lld step %lld/%lld loss %.4f lr %.3g tokens/s %.0f eta "
                             "%.1fs\n",
@@ -569,7 +471,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     cJSON_AddNumberToObject(o, "lr", hp.lr);
                     cJSON_AddNumberToObject(o, "tokens_per_s", tps);
                     cJSON_AddNumberToObject(o, "elapsed_s", el);
-                    metrics_line(&s, o);
+                    mgpu_run_metrics_line(s.metrics, o);
                 }
             }
             if (cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0 &&
@@ -599,7 +501,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         if ((rc = mgpu_k_sync(k, err)) < 0)
             goto out;
         res->timed_steps = steps_run - cfg->timing_warmup;
-        res->step_us = 1e6 * (now_s() - timer_t0) / (double)res->timed_steps;
+        res->step_us = 1e6 * (mgpu_run_now_s() - timer_t0) / (double)res->timed_steps;
         if (rank == 0) {
             fprintf(s.out,
                     "step time: %.2f us per step over %lld steps (host clock after a sync, "
@@ -609,12 +511,12 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             fflush(s.out);
         }
     }
-    res->seconds = now_s() - t0;
+    res->seconds = mgpu_run_now_s() - t0;
     if (s.n_eval > 0 && evaluated_at != step &&
         (rc = report_eval(&s, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
         goto out;
     res->steps = step;
-    res->samples_per_s = tokens_run / (res->seconds > 0 ? res->seconds : 1e-9);
+    res->samples_per_s = mgpu_run_rate(tokens_run, res->seconds);
     if (rank == 0) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "final", 1);
@@ -633,18 +535,12 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         }
         cJSON_AddStringToObject(o, "backend", k->ops->name);
         cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
-        metrics_line(&s, o);
+        mgpu_run_metrics_line(s.metrics, o);
     }
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
     if (rank == 0 && cfg->generate > 0 && (rc = generate(&s, err)) < 0)
         goto out;
-    res->n_params = s.m->n_params;
-    res->params = malloc(sizeof(float) * res->n_params);
-    if (res->params == NULL) {
-        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the result's parameters");
-        goto out;
-    }
-    rc = mgpu_k_copy_to_host(k, res->params, s.m->params, sizeof(float) * res->n_params, err);
+    rc = mgpu_run_result_params(k, "gpt", s.m->params, s.m->n_params, res, err);
 out:
     mgpu_gpt_graph_destroy(s.graph);
     if (s.metrics != NULL)

@@ -1,0 +1,184 @@
+/* run_util.c - what the MLP's and the GPT's training loops share: clocks, host-side
+ * collectives, metrics lines, the checkpoint's exchange and write, progress rates. */
+#include "run_util.h"
+
+#include <cjson/cJSON.h> /* metrics lines */
+#include <errno.h>       /* ENOENT, EINVAL, ENOMEM */
+#include <math.h>        /* NAN */
+#include <stdlib.h>      /* malloc */
+#include <string.h>      /* memset, strerror */
+#include <time.h>        /* clock_gettime */
+
+double mgpu_run_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+double mgpu_run_realtime_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int mgpu_run_check_comm(const char *who, const mgpu_ddp_comm_t *comm, mgpu_err_t *err)
+{
+    int W = comm->world_size, rank = comm->rank;
+    if (W < 1 || rank < 0 || rank >= W)
+        return mgpu_err_set(err, -EINVAL, "%s: rank %d of world size %d", who, rank, W);
+    if (W > 1 &&
+        (comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
+        return mgpu_err_set(err, -EINVAL, "%s: world size %d needs all three collectives", who, W);
+    return 0;
+}
+
+void mgpu_run_result_init(mgpu_ddp_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    res->eval_loss = res->eval_accuracy = NAN;
+    res->resumed_step = -1;
+}
+
+int mgpu_run_bcast_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch, void *host,
+                        size_t bytes, mgpu_err_t *err)
+{
+    int rc;
+    if (comm->world_size == 1)
+        return 0;
+    if ((rc = mgpu_k_copy_to_device(k, scratch, host, bytes, err)) < 0 ||
+        (rc = comm->broadcast(comm->ctx, scratch, bytes, 0, err)) < 0)
+        return rc;
+    return mgpu_k_copy_to_host(k, host, scratch, bytes, err);
+}
+
+int mgpu_run_reduce_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch, float *v,
+                         size_t n, int average, mgpu_err_t *err)
+{
+    int rc;
+    if (comm->world_size == 1)
+        return 0;
+    if ((rc = mgpu_k_copy_to_device(k, scratch, v, sizeof(float) * n, err)) < 0 ||
+        (rc = (average ? comm->allreduce_avg : comm->allreduce_sum)(comm->ctx, scratch, n, err)) <
+            0)
+        return rc;
+    return mgpu_k_copy_to_host(k, v, scratch, sizeof(float) * n, err);
+}
+
+int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, int append, FILE **f,
+                          mgpu_err_t *err)
+{
+    *f = NULL;
+    if (rank != 0 || cfg->metrics_file[0] == 0)
+        return 0;
+    *f = fopen(cfg->metrics_file, append ? "a" : "w");
+    if (*f == NULL)
+        return mgpu_err_set(err, -errno, "%s: fopen(%s): %s", who, cfg->metrics_file,
+                            strerror(errno));
+    return 0;
+}
+
+void mgpu_run_metrics_line(FILE *f, cJSON *obj)
+{
+    if (f != NULL) {
+        char *line = cJSON_PrintUnformatted(obj);
+        if (line != NULL) {
+            fputs(line, f);
+            fputc('\n', f);
+            fflush(f);
+            cJSON_free(line);
+        }
+    }
+    cJSON_Delete(obj);
+}
+
+int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
+                                 const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
+                                 float *params, size_t n_params, float *state, size_t n_state,
+                                 mgpu_run_resume_t *h, mgpu_err_t *err)
+{
+    int rc;
+
+    memset(h, 0, sizeof *h);
+    if (comm->rank == 0 && checkpoint[0] != 0) {
+        mgpu_ckpt_t c;
+        mgpu_err_t e = {0};
+        rc = mgpu_ckpt_read(checkpoint, &c, &e);
+        if (rc == -ENOENT) {
+            h->status = 0;
+        } else if (rc < 0) {
+            h->status = -1;
+            snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
+        } else if (!fits(fits_ctx, &c, h->msg, sizeof h->msg)) {
+            h->status = -1;
+        } else {
+            h->status = 1;
+            h->epoch = c.epoch;
+            h->batch = c.batch_in_epoch;
+            h->step = c.step;
+            h->optim_step = c.optim_step;
+            if ((rc = mgpu_k_copy_to_device(k, params, c.params, sizeof(float) * c.n_params, &e)) <
+                    0 ||
+                (rc = mgpu_k_copy_to_device(k, state, c.state, sizeof(float) * c.n_state, &e)) <
+                    0) {
+                h->status = -1;
+                snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
+            }
+        }
+        mgpu_ckpt_free(&c); /* zeroed by a failed read: always safe */
+    }
+    if ((rc = mgpu_run_bcast_host(k, comm, scratch, h, sizeof *h, err)) < 0)
+        return rc;
+    if (h->status < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s%s",
+                            comm->rank == 0 ? "" : "rank 0 cannot resume: ", h->msg);
+    if (comm->world_size > 1) {
+        if ((rc = comm->broadcast(comm->ctx, params, sizeof(float) * n_params, 0, err)) < 0)
+            return rc;
+        if (h->status == 1 && n_state > 0 &&
+            (rc = comm->broadcast(comm->ctx, state, sizeof(float) * n_state, 0, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int mgpu_run_checkpoint_write(mgpu_kernels_t *k, const char *path, mgpu_ckpt_t *c,
+                              const float *params, const float *state, mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = mgpu_k_copy_to_host(k, c->params, params, sizeof(float) * c->n_params, err)) < 0 ||
+        (rc = mgpu_k_copy_to_host(k, c->state, state, sizeof(float) * c->n_state, err)) < 0)
+        return rc;
+    return mgpu_ckpt_write(path, c, err);
+}
+
+void mgpu_run_print_resumed(FILE *out, const char *checkpoint, long long epoch, long long step)
+{
+    fprintf(out, "resumed from %s at epoch %lld, step %lld\n", checkpoint, epoch + 1, step);
+    fflush(out);
+}
+
+double mgpu_run_rate(double amount, double seconds)
+{
+    return amount / (seconds > 0 ? seconds : 1e-9);
+}
+
+void mgpu_run_pace(double t0, double amount, long long planned, long long step, long long steps_run,
+                   double *elapsed, double *rate, double *eta)
+{
+    double el = mgpu_run_now_s() - t0;
+    *elapsed = el;
+    *rate = mgpu_run_rate(amount, el);
+    *eta = (double)(planned - step) * el / (double)steps_run;
+}
+
+int mgpu_run_result_params(mgpu_kernels_t *k, const char *who, const float *params, size_t n_params,
+                           mgpu_ddp_result_t *res, mgpu_err_t *err)
+{
+    res->n_params = n_params;
+    res->params = malloc(sizeof(float) * n_params);
+    if (res->params == NULL)
+        return mgpu_err_set(err, -ENOMEM, "%s: cannot allocate the result's parameters", who);
+    return mgpu_k_copy_to_host(k, res->params, params, sizeof(float) * n_params, err);
+}
