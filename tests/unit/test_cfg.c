@@ -565,14 +565,14 @@ static void test_gpt_config_loads_and_writes_back(void)
     CHECK_INT(a.epochs, a.max_steps);
     CHECK_INT(a.n_embd % a.n_head, 0);
     CHECK(a.lr_min < a.lr && a.grad_clip == 1.0 && a.top_k == 40);
-    CHECK_STR(a.prompt, "GNU");
+    CHECK_STR(a.prompt, "The program");
     char *buf = NULL;
     size_t len = 0;
     f = open_memstream(&buf, &len);
     mgpu_cfg_write(&a, f);
     fclose(f);
     CHECK_CONTAINS(buf, "\nmodel = gpt\n");
-    CHECK_CONTAINS(buf, "\nprompt = GNU\n");
+    CHECK_CONTAINS(buf, "\nprompt = The program\n");
     CHECK_CONTAINS(buf, "# grad_accum = 1");
     CHECK_INT(parse(buf, &b, &err), 0);
     memset(a.line, 0, sizeof a.line);
