@@ -255,6 +255,7 @@ EOF
 }
 
 t_stall_none_with_slow_steps() {
+    skip_under_sanitizers "60 s of waiting; the detector's code runs in the other stall tests"
     # 2 s steps for 60 s, S = 5: rank 0 prints a line each step, rank 1 only touches its
     # heartbeat file (the one-line mechanism a program without libmgpu uses)
     cat >slow.sh <<'EOF'
