@@ -6,6 +6,15 @@ TW="$MGPU_BUILD/tests/testworker"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "$*"; exit 77; }
+# The Python with PyTorch the tests use (Debian's python3-torch by default).
+PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
+# need_torch [CODE]: skips unless $PY runs CODE (default: torch.distributed is available).
+need_torch() {
+    local code=${1:-'import torch, torch.distributed as d; assert d.is_available()'}
+    [ -x "$PY" ] || skip "$PY not found"
+    "$PY" -c "$code" >/dev/null 2>&1 ||
+        skip "$PY cannot run '$code' (apt-get install python3-torch)"
+}
 # skip_under_sanitizers WHY: skips in the sanitizer build (make asan), for a test whose time goes
 # to waiting or to arithmetic that other tests already run there; `make test` always runs it.
 skip_under_sanitizers() {

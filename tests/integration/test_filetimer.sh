@@ -11,14 +11,6 @@ export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
 
-PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
-
-need_torch() {
-    [ -x "$PY" ] || skip "$PY not found"
-    "$PY" -c 'import torch.distributed.elastic.timer as t; t.FileTimerClient' >/dev/null 2>&1 ||
-        skip "torch.distributed.elastic.timer.FileTimerClient is not importable from $PY"
-}
-
 # expires.py SLEEP_OF_RANK1 [SIGNAL]: every rank holds a 1 s scope around its sleep (rank 1
 # sleeps SLEEP_OF_RANK1 seconds, the others 0.1 s).
 write_job() {
@@ -36,7 +28,7 @@ EOF
 }
 
 t_filetimer_expired_scope_is_killed_and_named() {
-    need_torch
+    need_torch 'import torch.distributed.elastic.timer as t; t.FileTimerClient'
     write_job
     local t0=$SECONDS
     TMPDIR=$TEST_TMP TORCHELASTIC_ENABLE_FILE_TIMER=1 PYTHON_EXEC=$PY \
@@ -54,7 +46,7 @@ t_filetimer_expired_scope_is_killed_and_named() {
 }
 
 t_filetimer_requested_signal() {
-    need_torch
+    need_torch 'import torch.distributed.elastic.timer as t; t.FileTimerClient'
     write_job
     TORCHELASTIC_ENABLE_FILE_TIMER=1 PYTHON_EXEC=$PY \
         run_launch --nproc_per_node=2 expires.py 30 SIGTERM
@@ -63,7 +55,7 @@ t_filetimer_requested_signal() {
 }
 
 t_filetimer_released_in_time_kills_nothing() {
-    need_torch
+    need_torch 'import torch.distributed.elastic.timer as t; t.FileTimerClient'
     write_job
     TORCHELASTIC_ENABLE_FILE_TIMER=1 PYTHON_EXEC=$PY \
         run_launch --nproc_per_node=2 expires.py 0.1

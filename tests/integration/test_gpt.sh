@@ -11,14 +11,7 @@ unset LOGLEVEL PYTHON_EXEC CUDA_VISIBLE_DEVICES
 export MGPU_SIM_GPUS=0
 export OMP_NUM_THREADS=1
 
-PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
 TEXT=/usr/share/common-licenses/GPL-3
-
-need_torch() {
-    [ -x "$PY" ] || skip "$PY not found"
-    "$PY" -c 'import torch' >/dev/null 2>&1 ||
-        skip "torch is not importable from $PY (apt-get install python3-torch)"
-}
 
 need_text() { [ -r "$TEXT" ] || skip "$TEXT not found (Debian's base-files has it)"; }
 
@@ -95,7 +88,7 @@ EOF
 }
 
 t_gpt_matches_torch_gradients_and_steps() {
-    need_torch
+    need_torch 'import torch'
     "$MGPU_BUILD/tests/test_model_gpt" --dump run.bin >out 2>err
     expect_eq "$?" 0 "exit status of test_model_gpt --dump ($(cat err))"
     "$PY" "$MGPU_ROOT/tests/unit/gpt_torch_ref.py" run.bin >cmp 2>&1
@@ -145,7 +138,7 @@ t_gpt_times_steps_after_timing_warmup() {
 # random numbers, not in their distributions).
 t_gpt_text_four_workers_reach_torchs_loss() {
     skip_under_sanitizers "a loss against PyTorch's; the other GPT tests run the same code on ranks"
-    need_torch
+    need_torch 'import torch'
     need_text
     local steps=200 mine theirs
     "$LAUNCH" --nproc_per_node=4 "$MGPU_ROOT/configs/gpt_text.cfg" data_text="$TEXT" n_layer=2 \

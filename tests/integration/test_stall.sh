@@ -9,13 +9,6 @@ export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
 
-PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
-
-need_torch() {
-    [ -x "$PY" ] || skip "$PY not found"
-    "$PY" -c 'import torch, torch.distributed as d; assert d.is_available()' >/dev/null 2>&1 ||
-        skip "torch.distributed is not importable from $PY (apt-get install python3-torch)"
-}
 
 # The request's job: 4 gloo ranks, a step of 0.3 s of "work" and an all_reduce; rank 3 sleeps
 # an hour before the all_reduce of step 2.

@@ -10,13 +10,6 @@ export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
 
-PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
-
-need_torch() {
-    [ -x "$PY" ] || skip "$PY not found"
-    "$PY" -c 'import torch, torch.distributed as d; assert d.is_available()' >/dev/null 2>&1 ||
-        skip "torch.distributed is not importable from $PY (apt-get install python3-torch)"
-}
 
 write_job() {
     cat >allreduce.py <<'EOF'

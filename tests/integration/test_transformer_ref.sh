@@ -4,7 +4,6 @@
 # and compares to 1e-5 relative. Debian's python3-torch is importable from /usr/bin/python3
 # only (the python3 first on PATH is a separate build).
 
-PY=${MGPU_TEST_TORCH_PYTHON:-/usr/bin/python3}
 
 t_gpt_reference_matches_torch() {
     [ -x "$PY" ] || skip "$PY not found"
