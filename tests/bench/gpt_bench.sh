@@ -18,7 +18,8 @@
 #      at X% of the bare product");
 #   3b. with GEMM_PROFILE=1, 20 steps of mgpu-worker and 10 of PyTorch eager at 124M under
 #      Nsight Systems (nsys, CUDA graphs traced node by node): the time of their GEMM kernels
-#      per step, against the bare products of 3 ("the step's GEMMs at X%");
+#      per step, against the bare products of 3 ("the step's GEMMs at X%"); without nsys,
+#      mgpu's side alone through build/lib/libmgpu_trace.so (CUPTI);
 #   4. the table: tokens/s of each, mgpu over compiled against the targets (1.1x at 124M, 1.5x
 #      for the small model), model FLOP utilisation, peak GPU memory of each process
 #      (nvidia-smi's per-process used memory sampled every 200 ms, or the device's used memory
@@ -207,8 +208,18 @@ if [ "${GEMM_PROFILE:-0}" = 1 ] && case " $SHAPES " in *" 124m "*) true ;; *) fa
             data_tokens="$W/tokens_50304.bin" max_steps=20 timing_warmup=0 log_interval=0 "$@"
         nsys_case torch 10 "$PY" "$bench" run --shapes 124m --modes eager --warmup 0 \
             --steps 10 --windows 1
+    elif [ -f "$BUILD/lib/libmgpu_trace.so" ]; then
+        # mgpu's side through the CUPTI injection library: every kernel of the graph replays
+        # as the GPU ran them; the last 20 of 40 steps, a step ending with AdamW's kernel
+        say "  (no nsys: mgpu's step through build/lib/libmgpu_trace.so, CUPTI)"
+        CUDA_INJECTION64_PATH=$BUILD/lib/libmgpu_trace.so MGPU_TRACE_OUT=$W/trace_mgpu.csv \
+            "$BUILD/bin/mgpu-worker" "$root/configs/bench_gpt_124m.cfg" \
+            data_tokens="$W/tokens_50304.bin" max_steps=40 log_interval=0 "$@" \
+            >"$W/trace_mgpu.out" 2>&1
+        "$PY" "$bench" trace mgpu 124m 20 "$W/trace_mgpu.csv" adamw_multi |
+            tee -a "$W/profile.jsonl" >>"$log"
     else
-        say "  nsys is not on PATH: no GEMM time per step"
+        say "  neither nsys nor build/lib/libmgpu_trace.so: no GEMM time per step"
     fi
 fi
 

@@ -499,6 +499,44 @@ def cmd_kernels(argv):
     return 0
 
 
+def cmd_trace(argv):
+    """One JSON line of the GEMM time per step from a kernel trace (tests/gpu/kernel_trace.c's
+    CSV: start_ns,end_ns,stream,kind,name) of a run: the last STEPS steps, a step ending with
+    the kernel whose name matches END (the optimizer's)."""
+    if len(argv) != 5:
+        print("usage: gpt_torch_bench.py trace IMPL SHAPE STEPS CSV END", file=sys.stderr)
+        return 2
+    import csv
+    import re
+    impl, name, steps, path, end = argv[0], argv[1], int(argv[2]), argv[3], argv[4]
+    rec = {"impl": impl, "shape": name, "mode": "gemm_profile", "steps": steps,
+           "tool": "CUPTI trace"}
+    try:
+        with open(path, errors="replace", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("kind") == "k"]
+    except OSError as e:
+        rows, rec["error"] = [], f"cannot read {path}: {e.strerror}"
+    rows.sort(key=lambda r: int(r["start_ns"]))
+    ends = [i for i, r in enumerate(rows) if re.search(end, r["name"] or "")]
+    if "error" not in rec and len(ends) < steps + 1:
+        rec["error"] = f"{path}: {len(ends)} steps ending in /{end}/, expected {steps + 1}+"
+    if "error" not in rec:
+        window = rows[ends[-steps - 1] + 1:ends[-1] + 1]
+        dur = [(int(r["end_ns"]) - int(r["start_ns"]), r["name"] or "") for r in window]
+        gemm = [(d, n) for d, n in dur if re.search(GEMM_KERNEL, n, re.I)]
+        span = int(window[-1]["end_ns"]) - int(window[0]["start_ns"])
+        by_name = {}
+        for d, n in gemm:
+            by_name[n] = by_name.get(n, 0) + d
+        rec.update({"gemm_us_per_step": sum(d for d, _ in gemm) / 1e3 / steps,
+                    "kernels_us_per_step": sum(d for d, _ in dur) / 1e3 / steps,
+                    "span_us_per_step": span / 1e3 / steps,
+                    "top_gemm_kernels": [n[:80] for n in sorted(by_name, key=by_name.get,
+                                                                 reverse=True)[:5]]})
+    print(json.dumps(rec))
+    return 0
+
+
 def cmd_peak(argv):
     """One JSON line giving a PyTorch run's process peak (MiB) for the table."""
     if len(argv) != 3:
@@ -622,11 +660,12 @@ def table(recs):
             for q in recs:
                 if q.get("mode") == "gemm_profile" and q.get("shape") == n:
                     if "error" in q:
-                        lines.append(f"{n}: {q['impl']} GEMMs under nsys: {q['error']}")
+                        lines.append(f"{n}: {q['impl']} GEMMs under "
+                                     f"{q.get('tool', 'nsys')}: {q['error']}")
                         continue
                     g = q["gemm_us_per_step"]
                     lines.append(f"{n}: {q['impl']}'s GEMM kernels take {g / 1e3:.3f} ms "
-                                 f"a step (nsys, {q['steps']} steps; all kernels "
+                                 f"a step ({q.get('tool', 'nsys')}, {q['steps']} steps; all kernels "
                                  f"{q['kernels_us_per_step'] / 1e3:.3f} ms): at "
                                  f"{100 * r['us_per_step'] / g:.1f}% of the bare products"
                                  if g > 0 else f"{n}: {q['impl']}: no GEMM kernel found")
@@ -648,7 +687,7 @@ def cmd_table(argv):
 
 def main():
     cmds = {"run": cmd_run, "tokens": cmd_tokens, "mgpu": cmd_mgpu, "peak": cmd_peak,
-            "kernels": cmd_kernels, "table": cmd_table}
+            "kernels": cmd_kernels, "trace": cmd_trace, "table": cmd_table}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2

@@ -121,4 +121,23 @@ t_gpt_bench_helpers() {
     expect_grep table "^small: mgpu-worker did not run the GPT on the GPU here \(exit 2: .*'gpt'"
     expect_grep table '^small: torch compile: compile ran past 9 s$'
     expect_grep table "^124m: mgpu's GEMM kernels take 0\.450 ms a step .*: at 90\.0% of the bare products$"
+    # a CUPTI trace (kernel_trace.c's CSV): the last 2 of 3 steps, each ending with AdamW
+    {
+        echo start_ns,end_ns,stream,kind,name
+        t=0
+        for step in 1 2 3; do
+            for k in "nvjet_tst_256x128,$((step * 100))" "ln16_fwd_kernel,50" \
+                "adamw_multi_kernel,10"; do
+                echo "$t,$((t + ${k#*,})),7,k,${k%,*}"
+                t=$((t + ${k#*,} + 5))
+            done
+        done
+        echo "$t,$((t + 1000)),7,c,memcpy"
+    } >trace.csv
+    python3 "$BENCH" trace mgpu 124m 2 trace.csv adamw_multi >q.jsonl
+    expect_grep q.jsonl '"gemm_us_per_step": 0.25, "kernels_us_per_step": 0.31'
+    python3 "$BENCH" trace mgpu 124m 3 trace.csv adamw_multi >q.jsonl
+    expect_grep q.jsonl '"error": "trace.csv: 3 steps ending in /adamw_multi/, expected 4'
+    python3 "$BENCH" table mgpu.jsonl t.jsonl q.jsonl >table 2>&1
+    expect_grep table "^124m: mgpu GEMMs under CUPTI trace: trace.csv: 3 steps"
 }
