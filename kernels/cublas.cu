@@ -120,7 +120,7 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
 {
     for (int i = 0; i < c->n_plans; i++) {
         lt_plan *p = &c->plans[i];
-        if (p->m == m && p->n == n && p->k == k && p->lda == lda && p->ldb == ldb &&
+        if (!p->g16 && p->m == m && p->n == n && p->k == k && p->lda == lda && p->ldb == ldb &&
             p->ldd == ldd && p->aux_ld == aux_ld && p->ta == ta && p->tb == tb && p->epi == epi &&
             p->prec == c->prec && p->d16 == d16)
             return p;

@@ -84,6 +84,7 @@ struct lt_plan {
     cublasLtEpilogue_t epi;
     mgpu_precision_t prec;
     bool d16; /* D (and C) in bf16 rather than fp32 */
+    bool g16; /* a GPT bf16 path's product (gpt_linear.cu): operands always bf16 */
     bool ok;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -116,6 +117,7 @@ struct cuda_impl {
     cublasLtHandle_t lt;
     lt_plan plans[kLtPlans];
     int n_plans;
+    int g16_evict; /* where gpt_linear.cu looks first for a plan of its own to replace */
     const void *lt_aux[kLtAux]; /* masks written by the last fused forward into them */
     int n_aux;
     /* bf16 mode (see "bf16 operands" below): copies of activations and gradients kept from
@@ -158,6 +160,11 @@ struct cuda_impl {
     float *sg_part;                    /* its input gradient's bias partials (kSgPartFloats) */
     unsigned *sg_count;                /* and their counters (kSgCounters, zero between) */
     long long sg_launches;             /* mgpu_kernels_cuda_small_gemms */
+    /* gpt_attention_tc.cu: the attention backward's key pass runs on att_side, beside the
+     * query pass on `stream` (att_fork: `stream` before them; att_join: att_side after its
+     * pass). Created on the first backward outside a graph capture. */
+    cudaStream_t att_side;
+    cudaEvent_t att_fork, att_join;
 };
 
 /* The step's state in device memory: the step number and the two factors that depend on it,

@@ -209,16 +209,26 @@ struct Add {
     }
 };
 
+/* p rounded to bf16 (to nearest even; a NaN stays one, quieted, as mgpu_gpt_to_bf16). */
+__device__ __forceinline__ mgpu_bf16_t bf16_bits(float x)
+{
+    if (isnan(x))
+        return (mgpu_bf16_t)((__float_as_uint(x) >> 16) | 0x40u);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
 /* torch.optim.AdamW (optimizers.c's formula) on g * factor[0]. Every operation rounds on its
  * own, as the CPU reference's (which has no fused multiply-add): left to the compiler, the
  * contractions into FMAs depend on the kernel the update is inlined in, and gpt_adamw and
- * adamw_multi_kernel gave different bits for the same step. */
+ * adamw_multi_kernel gave different bits for the same step. p16, when not NULL (and 8-byte
+ * aligned on the float4 path), receives bf16(new p) in the same pass. */
 struct AdamWF {
     float *p;
     const float *g;
     float *m, *v;
     const float *factor;
     float b1, b2, eps, decay, step_size, bc2_sqrt;
+    mgpu_bf16_t *p16 = nullptr;
     __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi, float f) const
     {
         gi = __fmul_rn(gi, f);
@@ -239,6 +249,9 @@ struct AdamWF {
         st4(p, i, pv);
         st4(m, i, mv);
         st4(v, i, vv);
+        if (p16 != nullptr)
+            reinterpret_cast<ushort4 *>(p16)[i] =
+                make_ushort4(bf16_bits(pv.x), bf16_bits(pv.y), bf16_bits(pv.z), bf16_bits(pv.w));
     }
     __device__ void one(size_t i) const
     {
@@ -247,6 +260,8 @@ struct AdamWF {
         p[i] = pi;
         m[i] = mi;
         v[i] = vi;
+        if (p16 != nullptr)
+            p16[i] = bf16_bits(pi);
     }
 };
 
@@ -265,8 +280,9 @@ struct MultiSeg {
     float *p;
     const float *g;
     float *m, *v;
-    size_t start, n; /* start: in the launch's index space, a multiple of 4 */
-    int decay, vec;  /* vec: the four pointers are 16-byte aligned */
+    mgpu_bf16_t *p16; /* the bf16 copy of p, or NULL */
+    size_t start, n;  /* start: in the launch's index space, a multiple of 4 */
+    int decay, vec;   /* vec: the four pointers are 16-byte aligned, p16 8-byte */
 };
 
 struct MultiArgs {
@@ -303,10 +319,10 @@ __global__ void __launch_bounds__(kThreads) adamw_multi_kernel(const __grid_cons
                 continue;
             const size_t b = (c0 > sg.start ? c0 : sg.start) - sg.start;
             const size_t e = (c1 < end ? c1 : end) - sg.start;
-            const AdamWF f{sg.p,          sg.g,        sg.m,
-                           sg.v,          a.factor,    a.b1,
-                           a.b2,          a.eps,       sg.decay ? now.decay : 1.0f,
-                           now.step_size, now.bc2_sqrt};
+            const AdamWF f{sg.p,          sg.g,         sg.m,
+                           sg.v,          a.factor,     a.b1,
+                           a.b2,          a.eps,        sg.decay ? now.decay : 1.0f,
+                           now.step_size, now.bc2_sqrt, sg.p16};
             if (sg.vec) {
                 for (size_t i = b + 4 * threadIdx.x; i < e; i += 4 * blockDim.x) {
                     if (i + 4 <= e)
@@ -675,7 +691,7 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
     int rc = cuda_join(impl, err);
     if (rc < 0)
         return rc;
-    /* About 9 KB: on the heap rather than the stack. */
+    /* About 10 KB: on the heap rather than the stack. */
     MultiArgs *a = (MultiArgs *)calloc(1, sizeof *a);
     if (a == nullptr)
         return mgpu_err_set(err, -ENOMEM, "gpt adamw_multi: calloc of %zu bytes", sizeof *a);
@@ -688,8 +704,14 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
             continue;
         invalidate(ci, x.p, sizeof(float) * x.n);
         MultiSeg *last = a->n_seg > 0 ? &a->seg[a->n_seg - 1] : nullptr;
+        /* p16 must continue the segment's too: both NULL, or the next bf16s of one array. */
+        const bool p16_next =
+            last != nullptr &&
+            (last->p16 == nullptr ? x.p16 == nullptr
+                                  : x.p16 != nullptr && last->p16 + last->n == x.p16);
         if (last != nullptr && (last->decay != 0) == (x.decay != 0) && last->p + last->n == x.p &&
-            last->g + last->n == x.g && last->m + last->n == x.m && last->v + last->n == x.v) {
+            last->g + last->n == x.g && last->m + last->n == x.m && last->v + last->n == x.v &&
+            p16_next) {
             last->n += x.n; /* the next floats of the same arrays */
             a->total = last->start + last->n;
             continue;
@@ -697,8 +719,8 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
         if (a->n_seg == kMultiSegs && (rc = launch_multi(ci, *a, err)) < 0)
             break;
         const size_t start = (a->total + 3) / 4 * 4;
-        a->seg[a->n_seg++] =
-            MultiSeg{x.p, x.g, x.m, x.v, start, x.n, x.decay != 0, aligned16(x.p, x.g, x.m, x.v)};
+        const bool vec = aligned16(x.p, x.g, x.m, x.v) && ((uintptr_t)x.p16 & 7u) == 0;
+        a->seg[a->n_seg++] = MultiSeg{x.p, x.g, x.m, x.v, x.p16, start, x.n, x.decay != 0, vec};
         a->total = start + x.n;
     }
     if (rc == 0 && a->n_seg > 0)
@@ -710,6 +732,20 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
 } /* namespace mgpu_cuda */
 
 using namespace mgpu_cuda;
+
+/* Positional, in the order of mgpu_gpt_bf16_ops_t. */
+static const mgpu_gpt_bf16_ops_t gpt_bf16_ops = {
+    gpt16_to_bf16,
+    gpt16_layernorm_forward,
+    gpt16_layernorm_backward,
+    gpt16_linear,
+    gpt16_linear_f32,
+    gpt16_linear_back_data,
+    gpt16_linear_back_weight,
+    gpt16_attention_forward,
+    gpt16_attention_backward,
+    gpt16_xent,
+};
 
 /* Positional, in the order of mgpu_gpt_ops_t (C++17 has no designated initialisers). */
 extern "C" const mgpu_gpt_ops_t mgpu_gpt_cuda_ops = {
@@ -727,4 +763,5 @@ extern "C" const mgpu_gpt_ops_t mgpu_gpt_cuda_ops = {
     gpt_clip_factor,
     gpt_adamw,
     gpt_adamw_multi,
+    &gpt_bf16_ops,
 };

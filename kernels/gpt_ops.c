@@ -23,6 +23,14 @@ const mgpu_gpt_ops_t *mgpu_kg_ops(const mgpu_kernels_t *k)
     return NULL;
 }
 
+const mgpu_gpt_bf16_ops_t *mgpu_kg_bf16_ops(const mgpu_kernels_t *k)
+{
+    const mgpu_gpt_ops_t *g = mgpu_kg_ops(k);
+    if (g == NULL || k->precision != MGPU_PREC_BF16)
+        return NULL;
+    return g->bf16;
+}
+
 /* The table of k, or an error naming the op. */
 static int table(mgpu_kernels_t *k, const char *op, const mgpu_gpt_ops_t **out, mgpu_err_t *err)
 {

@@ -31,12 +31,18 @@
 #include "error.h"   /* mgpu_err_t */
 #include "kernels.h" /* mgpu_kernels_t, mgpu_adamw_hparams_t */
 
+/* A bfloat16 in backend memory, as its bits (a float's upper half): the storage of the bf16
+ * path's activations and of the parameters' bf16 copy. */
+typedef uint16_t mgpu_bf16_t;
+
 /* One tensor of an adamw_multi step (every pointer backend memory): p, g, m, v of n floats;
- * weight decay applies when decay is non-zero. */
+ * weight decay applies when decay is non-zero; p16, when not NULL, receives the updated p
+ * rounded to bf16 (to nearest, ties to even): the bf16 path's copy of the weights. */
 typedef struct mgpu_gpt_adamw_tensor {
     float *p;
     const float *g;
     float *m, *v;
+    mgpu_bf16_t *p16;
     size_t n;
     int decay;
 } mgpu_gpt_adamw_tensor_t;
@@ -52,6 +58,63 @@ typedef struct mgpu_gpt_adamw_now {
     float decay;     /* 1 - lr * weight_decay: what a decaying tensor's p is multiplied by */
     long long step;
 } mgpu_gpt_adamw_now_t;
+
+/* The bf16 path of a GPU backend in bf16 precision: activations stored in bf16 between ops
+ * (halving their memory and traffic), every product on bf16 operands with fp32 accumulation
+ * (the weights from their bf16 copy, which adamw_multi's p16 keeps), LayerNorm's statistics,
+ * the softmax and every gradient sum in fp32, the residual stream and the parameters'
+ * gradients in fp32. Bias, GELU and residual add run in the products' epilogues. This is
+ * what torch.autocast(bfloat16) computes: a product's output is rounded to bf16 once, and
+ * GELU is applied to the rounded pre-activation.
+ *
+ * Row-major as above; a linear layer's w is (oc, c). mgpu_kg_bf16_ops(k) is NULL when k's
+ * backend has no such path (the CPU, a GPU in fp32 or tf32). */
+typedef struct mgpu_gpt_bf16_ops {
+    /* y[i] = bf16(x[i]) for n elements. */
+    int (*to_bf16)(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err);
+    /* LayerNorm as the fp32 op, y written in bf16. */
+    int (*layernorm_forward)(void *impl, int n, int c, const float *x, const float *w,
+                             const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
+                             mgpu_err_t *err);
+    /* LayerNorm's backward from a bf16 dy: dx (fp32) += ..., dw += ..., db += ..., and when
+     * dx16 is not NULL, dx16 = bf16 of the updated dx (what the products below read); when
+     * dsum (c floats) is not NULL, dsum += the column sums of dx16 as stored (the bias
+     * gradient of the linear layer that reads dx16 next, in the same pass; needs dx16). */
+    int (*layernorm_backward)(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
+                              const float *w, const float *mean, const float *rstd, float *dx,
+                              mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                              mgpu_err_t *err);
+    /* out (n, oc) = inp (n, c) @ w^T + bias (bf16, oc; NULL: none). With pre not NULL: pre =
+     * that sum and out = gelu(pre) (tanh approximation). */
+    int (*linear)(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,
+                  const mgpu_bf16_t *bias, mgpu_bf16_t *out, mgpu_bf16_t *pre, mgpu_err_t *err);
+    /* out (n, oc, fp32) = inp @ w^T + bias (fp32, NULL: none) + res (fp32 (n, oc), NULL:
+     * none); out may be res. */
+    int (*linear_f32)(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp,
+                      const mgpu_bf16_t *w, const float *bias, const float *res, float *out,
+                      mgpu_err_t *err);
+    /* din (n, c) = dout (n, oc) @ w (oc, c), times gelu'(pre) (pre: (n, c)) when pre is not
+     * NULL; overwritten. */
+    int (*linear_back_data)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                            const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
+                            mgpu_err_t *err);
+    /* dw (oc, c, fp32) += dout^T @ inp; dbias (oc, fp32; NULL: none) += the column sums of
+     * dout, in a fixed order. */
+    int (*linear_back_weight)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                              const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err);
+    /* Causal attention as the fp32 op's, over bf16 qkv (b, t, 3c), out (b, t, c) in bf16,
+     * lse fp32; the backward's dqkv (bf16) overwritten. */
+    int (*attention_forward)(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,
+                             mgpu_bf16_t *out, float *lse, mgpu_err_t *err);
+    int (*attention_backward)(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *dout,
+                              const mgpu_bf16_t *qkv, const mgpu_bf16_t *out, const float *lse,
+                              mgpu_bf16_t *dqkv, mgpu_err_t *err);
+    /* Softmax cross-entropy of rows of bf16 logits (rows, vocab), in fp32: loss[0] += scale *
+     * the sum of -log p[target]; with grad, each row's logits are overwritten with
+     * bf16(scale * (p - onehot(target))). */
+    int (*xent)(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
+                float scale, int grad, float *loss, mgpu_err_t *err);
+} mgpu_gpt_bf16_ops_t;
 
 typedef struct mgpu_gpt_ops {
     /* y = (x - mean) * rstd * w + b over each of n rows of c (eps 1e-5); mean and rstd (n
@@ -115,12 +178,18 @@ typedef struct mgpu_gpt_ops {
     int (*adamw_multi)(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
                        const mgpu_adamw_hparams_t *hp, const mgpu_gpt_adamw_now_t *now,
                        const float *factor, mgpu_err_t *err);
+    /* The bf16 path (above), NULL where the backend has none. */
+    const mgpu_gpt_bf16_ops_t *bf16;
 } mgpu_gpt_ops_t;
 
 extern const mgpu_gpt_ops_t mgpu_gpt_cpu_ops;
 
 /* The table of k's backend (the CUDA one when this build has it and k is CUDA). */
 const mgpu_gpt_ops_t *mgpu_kg_ops(const mgpu_kernels_t *k);
+
+/* k's bf16 path when its backend has one and k's precision is bf16, else NULL. Its ops are
+ * called directly (the model checks its shapes once, at creation). */
+const mgpu_gpt_bf16_ops_t *mgpu_kg_bf16_ops(const mgpu_kernels_t *k);
 
 /* The launchers, one per op, with the table's arguments after k (see above). */
 int mgpu_kg_layernorm_forward(mgpu_kernels_t *k, int n, int c, const float *x, const float *w,

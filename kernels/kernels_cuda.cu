@@ -81,6 +81,14 @@ void cuda_impl_destroy(void *impl)
         (void)cudaFree(sd.nw_part);
         (void)cudaFree(sd.nw_count);
     }
+    if (c->att_side != NULL) {
+        (void)cudaStreamSynchronize(c->att_side);
+        (void)cudaStreamDestroy(c->att_side);
+    }
+    if (c->att_fork != NULL)
+        (void)cudaEventDestroy(c->att_fork);
+    if (c->att_join != NULL)
+        (void)cudaEventDestroy(c->att_join);
     (void)cudaFree(c->adam);
     (void)cudaFree(c->sg_part);
     (void)cudaFree(c->sg_count);

@@ -7,7 +7,7 @@
 #include "cpu_ref.h" /* mgpu_cpu_softmax_xent, mgpu_cpu_adamw_step */
 
 #include <math.h>   /* sqrt, tanh, cosh, cos */
-#include <string.h> /* memset */
+#include <string.h> /* memset, memcpy */
 
 #define LN_EPS 1e-5               /* torch.nn.LayerNorm's default */
 #define GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
@@ -317,4 +317,22 @@ float mgpu_gpt_lr(long long step, long long warmup, long long total, float lr_ma
     double ratio = (double)(step - warmup) / (double)(total - warmup);
     double coeff = 0.5 * (1.0 + cos(M_PI * ratio));
     return (float)(lr_min + coeff * ((double)lr_max - lr_min));
+}
+
+uint16_t mgpu_gpt_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it one (quiet) */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float mgpu_gpt_from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
 }

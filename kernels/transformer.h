@@ -17,7 +17,7 @@
 #include "kernels.h" /* mgpu_err_t, mgpu_adamw_hparams_t */
 
 #include <stddef.h> /* size_t */
-#include <stdint.h> /* int32_t */
+#include <stdint.h> /* int32_t, uint16_t */
 
 /* LayerNorm over the last dimension (eps 1e-5, as torch.nn.LayerNorm): y = (x - mean) * rstd
  * * w + b for each of n rows of c; saves mean and rstd (n each) for the backward. */
@@ -93,6 +93,11 @@ double mgpu_gpt_grad_norm(int ntensors, float *const *g, const size_t *n);
  * max_norm / (norm + 1e-6); returns the scale applied (1 when none). */
 float mgpu_gpt_clip_grads(int ntensors, float *const *g, const size_t *n, double norm,
                           float max_norm);
+
+/* x rounded to bfloat16 (to nearest, ties to even; NaN stays NaN), as its bits, and back:
+ * the bf16 path's storage, for references and tests on the host. */
+uint16_t mgpu_gpt_to_bf16(float x);
+float mgpu_gpt_from_bf16(uint16_t h);
 
 /* The learning rate at step (counting from 0): linear warm-up from lr_max/warmup to lr_max
  * over warmup steps, then cosine decay to lr_min at total steps, lr_min after. */

@@ -11,7 +11,8 @@
  * torch is there (MGPU_PYTHON names another interpreter), fp32 and bf16 beside ours in the
  * same precisions (the bf16 attention is gpt_attention_tc.cu's, on tensor cores; its time
  * includes the conversion of its fp32 operands to bf16, which PyTorch's, given bf16 tensors,
- * does not need).
+ * does not need). The bf16 path's attention (the table's bf16 ops: bf16 qkv, out, dout and
+ * dqkv, as PyTorch's) follows as "attention16" rows, in prec bf16.
  *
  * Usage: build/tests/gpt_kernels_bench [gpt2|byte|all] (default all), from the repository's
  * root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).
@@ -34,6 +35,7 @@ int main(void)
 #else
 
 #include "gpt_cuda.h"     /* mgpu_gpt_cuda_ops */
+#include "transformer.h"  /* mgpu_gpt_to_bf16 */
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_stream, _device_count */
 
 #include <cuda_runtime_api.h> /* events, device properties */
@@ -63,6 +65,9 @@ typedef struct bench {
     float *qkv, *att, *lse, *dqkv, *h4, *dh4;
     float *wte, *wpe, *dwte, *dwpe, *logits, *scalar, *m, *v;
     int32_t *tokens;
+    /* the bf16 attention's: qkv, out, dout, dqkv in bf16, its own lse */
+    mgpu_bf16_t *qkv16, *att16, *dout16, *dqkv16;
+    float *lse16;
 } bench_t;
 
 typedef int (*op_fn)(bench_t *b);
@@ -139,6 +144,16 @@ static int op_att_bwd(bench_t *b)
 {
     return OPS->attention_backward(b->impl, b->s->b, b->s->t, b->s->c, b->s->nh, b->y, b->qkv,
                                    b->att, b->lse, b->dqkv, &b->err);
+}
+static int op_att16_fwd(bench_t *b)
+{
+    return OPS->bf16->attention_forward(b->impl, b->s->b, b->s->t, b->s->c, b->s->nh, b->qkv16,
+                                        b->att16, b->lse16, &b->err);
+}
+static int op_att16_bwd(bench_t *b)
+{
+    return OPS->bf16->attention_backward(b->impl, b->s->b, b->s->t, b->s->c, b->s->nh, b->dout16,
+                                         b->qkv16, b->att16, b->lse16, b->dqkv16, &b->err);
 }
 static int op_embed_fwd(bench_t *b)
 {
@@ -225,6 +240,22 @@ static int fill(bench_t *b, float *d, size_t n, float a)
     return 0;
 }
 
+/* n bf16 of d uniform in [-a, a), written from the host once. */
+static int fill16(bench_t *b, mgpu_bf16_t *d, size_t n, float a)
+{
+    mgpu_bf16_t *h = malloc((n ? n : 1) * sizeof *h);
+    unsigned long long st = 0x9e3779b97f4a7c15ULL ^ n;
+    if (h == NULL)
+        return mgpu_err_set(&b->err, MGPU_E_RANGE, "malloc(%zu bf16) failed", n);
+    for (size_t j = 0; j < n; j++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        h[j] = mgpu_gpt_to_bf16(((float)((st >> 40) / (double)(1ULL << 24)) * 2.0f - 1.0f) * a);
+    }
+    int rc = mgpu_k_copy_to_device(b->k, d, h, n * sizeof *h, &b->err);
+    free(h);
+    return rc;
+}
+
 static int setup(bench_t *b, const shape_t *s)
 {
     b->s = s;
@@ -254,6 +285,13 @@ static int setup(bench_t *b, const shape_t *s)
     BALLOC(b, b->logits, n * s->vocab);
     BALLOC(b, b->scalar, 1);
     BALLOC(b, b->tokens, n);
+    BALLOC(b, b->qkv16, n * 3 * c);
+    BALLOC(b, b->att16, n * c);
+    BALLOC(b, b->dout16, n * c);
+    BALLOC(b, b->dqkv16, n * 3 * c);
+    BALLOC(b, b->lse16, n * s->nh);
+    if (fill16(b, b->qkv16, n * 3 * c, 1.0f) != 0 || fill16(b, b->dout16, n * c, 1.0f) != 0)
+        return -1;
     float *fs[] = {b->x, b->y, b->dx, b->w, b->bias, b->qkv, b->h4, b->wte, b->dwte, b->wpe};
     size_t ns[] = {n * c, n * c, n * c, c, c, n * 3 * c, n * 4 * c, np, np, (size_t)s->t * c};
     for (size_t i = 0; i < sizeof fs / sizeof *fs; i++)
@@ -275,14 +313,19 @@ static int setup(bench_t *b, const shape_t *s)
     free(tok);
     if (rc != 0)
         return rc;
-    return op_att_fwd(b); /* the backward's lse */
+    if (OPS->bf16 == NULL)
+        return mgpu_err_set(&b->err, MGPU_E_USAGE, "the CUDA table has no bf16 path");
+    /* the backwards' out and lse */
+    return op_att_fwd(b) != 0 || op_att16_fwd(b) != 0 ? -1 : 0;
 }
 
 static void teardown(bench_t *b)
 {
-    void *ps[] = {b->x,    b->y,   b->dx,   b->w,   b->bias, b->dw,     b->db,     b->mean,
-                  b->rstd, b->qkv, b->dqkv, b->att, b->lse,  b->h4,     b->dh4,    b->wte,
-                  b->dwte, b->m,   b->v,    b->wpe, b->dwpe, b->logits, b->scalar, b->tokens};
+    void *ps[] = {b->x,     b->y,     b->dx,     b->w,      b->bias,   b->dw,
+                  b->db,    b->mean,  b->rstd,   b->qkv,    b->dqkv,   b->att,
+                  b->lse,   b->h4,    b->dh4,    b->wte,    b->dwte,   b->m,
+                  b->v,     b->wpe,   b->dwpe,   b->logits, b->scalar, b->tokens,
+                  b->qkv16, b->att16, b->dout16, b->dqkv16, b->lse16};
     for (size_t i = 0; i < sizeof ps / sizeof *ps; i++)
         mgpu_k_free(b->k, ps[i]);
 }
@@ -328,6 +371,8 @@ static int run_shape(bench_t *b, const shape_t *s)
         {"sumsq (all params)", op_sumsq, f4 * np, 0},
         {"adamw (all params)", op_adamw, f4 * 7 * np, 0},
     };
+    const row_t att16[] = {{"attention16_forward", op_att16_fwd, 0, att_f},
+                           {"attention16_backward", op_att16_bwd, 0, 2.5 * att_f}};
     const row_t head[] = {{"tied_head (loss)", op_head_fwd, 0, 2.0 * n * c * v},
                           {"tied_head (loss+grad)", op_head, 0, 6.0 * n * c * v}};
     char sdpa[200];
@@ -357,10 +402,14 @@ static int run_shape(bench_t *b, const shape_t *s)
         for (size_t i = 0; i < sizeof head / sizeof *head; i++)
             if (print_row(b, &head[i], pn) != 0)
                 return -1;
-        if (p == MGPU_PREC_BF16)
+        if (p == MGPU_PREC_BF16) {
             for (size_t i = 5; i <= 6; i++) /* rows[5], rows[6]: the attention */
                 if (print_row(b, &rows[i], pn) != 0)
                     return -1;
+            for (size_t i = 0; i < sizeof att16 / sizeof *att16; i++)
+                if (print_row(b, &att16[i], pn) != 0)
+                    return -1;
+        }
     }
     if (mgpu_kernels_set_precision(b->k, MGPU_PREC_FP32, &b->err) != 0)
         return -1;

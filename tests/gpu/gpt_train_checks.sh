@@ -12,7 +12,9 @@
 #     wide, 6 heads, context 256), batch 16, 500 steps on Debian's licence texts, bf16 against
 #     fp32 on the GPU. Both runs see the same batches in the same order (same seed), so their
 #     curves differ by precision alone; each curve is smoothed by averaging its losses over 20
-#     blocks of 25 steps, and every block's mean must be within 2% of fp32's.
+#     blocks of 25 steps, and every block's mean must be within 2% of fp32's. The bf16 run
+#     must have taken the bf16 path (its first line says "bf16 activations"): activations
+#     stored in bf16, the products' epilogues fused.
 #   gpt_graph_matches_eager: the step replayed from CUDA graphs (cuda_graph = true, the
 #     default, which the two checks above use) against the same step run eagerly
 #     (cuda_graph = false): the tiny GPT of the first check in fp32 (every step's loss within
@@ -204,8 +206,14 @@ seed = 1
 EOF
 run small_fp32 "$out/small.cfg" precision=fp32 || why small_fp32
 run small_bf16 "$out/small.cfg" precision=bf16 || why small_bf16
-compare gpt_bf16_tracks_fp32 bf16_fp32 "$out/small_bf16.jsonl" "$out/small_fp32.jsonl" \
-    0.02 25 500 || rc=1
+if grep -q 'bf16 activations' "$out/small_bf16.out"; then
+    compare gpt_bf16_tracks_fp32 bf16_fp32 "$out/small_bf16.jsonl" "$out/small_fp32.jsonl" \
+        0.02 25 500 || rc=1
+else
+    echo "not ok - gpt_bf16_tracks_fp32: the bf16 run did not take the bf16 path:"
+    why small_bf16
+    rc=1
+fi
 tail -n 1 "$out/small_bf16.jsonl" 2>/dev/null
 
 # --- (c) the step replayed from CUDA graphs against the eager step ----------------------------

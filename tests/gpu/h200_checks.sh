@@ -3,7 +3,8 @@
 # H200, say), after `make` and with build/bin, build/lib and build/tests in the checkout:
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
-#   - the GPT's CUDA kernels against the C reference (build/tests/test_gpt_cuda), and short
+#   - the GPT's CUDA kernels against the C reference (build/tests/test_gpt_cuda, and the bf16
+#     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16), and short
 #     GPT trainings: fp32 on the GPU against the CPU, bf16 against fp32
 #     (tests/gpu/gpt_train_checks.sh);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
@@ -41,11 +42,16 @@ unit() {
 }
 part unit_gpu unit
 gpt_kernels() {
-    [ -x build/tests/test_gpt_cuda ] || {
-        echo "build/tests/test_gpt_cuda is missing: the GPT's CUDA kernels were not built"
-        return 1
-    }
-    build/tests/test_gpt_cuda
+    local t rc=0
+    for t in test_gpt_cuda test_gpt_linear16 test_gpt_ops16 test_gpt_attn16; do
+        [ -x "build/tests/$t" ] || {
+            echo "build/tests/$t is missing: the GPT's CUDA kernels were not built"
+            rc=1
+            continue
+        }
+        "build/tests/$t" || rc=1
+    done
+    return $rc
 }
 part gpt_kernels_gpu gpt_kernels
 part gpt_train bash tests/gpu/gpt_train_checks.sh "$out/gpt_train"

@@ -24,6 +24,9 @@ done
 b=cuda
 [ "${CUDA_VISIBLE_DEVICES-x}" = "" ] && b=cpu && g=false
 [ -n "${NOGRAPH:-}" ] && g=
+# the first line says which path bf16 took (NOBF16PATH: the fp32 activations' one)
+[ "$p" = bf16 ] && [ -z "${NOBF16PATH:-}" ] && a="; bf16 activations"
+echo "gpt: 10 parameters (6 layers, 6 heads, 384 wide, context 256, vocab 256${a:-}); ..."
 awk -v n=$n -v p=$p -v b=$b -v g="$g" -v d="${DRIFT:-0}" -v gd="${GDRIFT:-0}" 'BEGIN {
     for (i = 1; i <= n; i++) {
         l = 5.5 * exp(-i / 200) + 1
@@ -77,6 +80,11 @@ t_gpt_train_checks_judge_the_curves() {
     NOGRAPH=1 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >nograph 2>&1
     expect_eq "$?" 1 "exit status when no run says cuda_graph"
     expect_grep nograph '^not ok - gpt_graph_matches_eager: cuda_graph None in .* expected true'
+    # a bf16 run that kept its activations in fp32 fails the bf16 check
+    NOBF16PATH=1 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >nopath 2>&1
+    expect_eq "$?" 1 "exit status when the bf16 run did not take the bf16 path"
+    expect_grep nopath '^not ok - gpt_bf16_tracks_fp32: the bf16 run did not take the bf16 path'
+    expect_grep nopath '^ok - gpt_gpu_matches_cpu$'
     # a worker that cannot train a GPT fails both checks by name
     printf '#!/bin/sh\necho "mgpu-worker: error: model = gpt" >&2\nexit 2\n' >fake/bin/mgpu-worker
     MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >refused 2>&1

@@ -352,7 +352,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the index and host buffers");
         goto out;
     }
-    if ((rc = resume_or_broadcast(&s, &h, err)) < 0)
+    if ((rc = resume_or_broadcast(&s, &h, err)) < 0 || (rc = mgpu_gpt_params_changed(s.m, err)) < 0)
         goto out;
     if ((rc = mgpu_run_metrics_open("gpt", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
         goto out;
@@ -372,9 +372,10 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     long long step = (long long)h.step, epoch = (long long)h.epoch, batch = (long long)h.batch;
     if (rank == 0) {
         fprintf(s.out,
-                "gpt: %zu parameters (%d layers, %d heads, %d wide, context %d, vocab %d); %zu "
+                "gpt: %zu parameters (%d layers, %d heads, %d wide, context %d, vocab %d%s); %zu "
                 "training windows, %zu held out; %lld steps of %zu x %zu x %d windows\n",
-                s.m->n_params, spec.n_layer, spec.n_head, spec.n_embd, T, spec.vocab, n_windows,
+                s.m->n_params, spec.n_layer, spec.n_head, spec.n_embd, T, spec.vocab,
+                s.m->b16 != NULL ? "; bf16 activations" : "", n_windows,
                 mgpu_tokens_windows(s.n_eval, T), planned, (size_t)W, B, (int)accum);
         fflush(s.out);
         if (h.status == 1)

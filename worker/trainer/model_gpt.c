@@ -12,8 +12,11 @@
 #include "transformer.h" /* mgpu_gpt_decays */
 
 /* Rows of the output layer per call: its logits scratch is head_rows x vocab, so a large
- * vocabulary never needs (B T) x vocab floats at once. */
+ * vocabulary never needs (B T) x vocab floats at once. The bf16 path takes up to
+ * HEAD16_BYTES of bf16 logits a call, in equal chunks: the weight gradient's product reads
+ * and writes all of dwte (fp32) once a chunk, so fewer, larger chunks save that traffic. */
 #define HEAD_ROWS 1024
+#define HEAD16_BYTES ((size_t)512 << 20)
 
 static int alloc_f(mgpu_gpt_t *m, size_t n, float **out, mgpu_err_t *err)
 {
@@ -23,10 +26,23 @@ static int alloc_f(mgpu_gpt_t *m, size_t n, float **out, mgpu_err_t *err)
     return rc;
 }
 
+static int alloc_h(mgpu_gpt_t *m, size_t n, mgpu_bf16_t **out, mgpu_err_t *err)
+{
+    void *p = NULL;
+    int rc = mgpu_k_alloc(m->k, sizeof(mgpu_bf16_t) * (n ? n : 1), &p, err);
+    *out = p;
+    return rc;
+}
+
 void mgpu_gpt_destroy(mgpu_gpt_t *m)
 {
     if (m == NULL)
         return;
+    mgpu_bf16_t **hb[] = {&m->params16, &m->lnf16, &m->logits16, &m->dres16,
+                          &m->dln16,    &m->d4_16, &m->dqkv16};
+    for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++)
+        if (*hb[i] != NULL)
+            mgpu_k_free(m->k, *hb[i]);
     float **bufs[] = {&m->params,   &m->grads,    &m->moments, &m->xout, &m->lnf,
                       &m->lnf_mean, &m->lnf_rstd, &m->logits,  &m->dres, &m->dln,
                       &m->d4,       &m->dqkv,     &m->scalars};
@@ -47,6 +63,10 @@ void mgpu_gpt_destroy(mgpu_gpt_t *m)
         for (size_t i = 0; i < sizeof ab / sizeof ab[0]; i++)
             if (ab[i] != NULL)
                 mgpu_k_free(m->k, ab[i]);
+        mgpu_bf16_t *ah[] = {a->ln1_16, a->qkv16, a->atty16, a->ln2_16, a->fch16, a->gelu16};
+        for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
+            if (ah[i] != NULL)
+                mgpu_k_free(m->k, ah[i]);
     }
     free(m->acts);
     free(m->blocks);
@@ -114,30 +134,57 @@ int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, m
     m->lnf_b = place(m, C, 1);
 
     size_t N = (size_t)max_b * s->context, NC = N * C, NH = (size_t)max_b * s->n_head * s->context;
-    m->head_rows = N < HEAD_ROWS ? (int)N : HEAD_ROWS;
+    if (s->n_embd % 8 == 0 && s->vocab % 8 == 0)
+        m->b16 = mgpu_kg_bf16_ops(k);
     if ((rc = alloc_f(m, m->n_params, &m->params, err)) < 0 ||
         (rc = alloc_f(m, m->n_params, &m->grads, err)) < 0 ||
         (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0 ||
-        (rc = alloc_f(m, NC, &m->xout, err)) < 0 || (rc = alloc_f(m, NC, &m->lnf, err)) < 0 ||
-        (rc = alloc_f(m, N, &m->lnf_mean, err)) < 0 ||
-        (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 ||
-        (rc = alloc_f(m, (size_t)m->head_rows * V, &m->logits, err)) < 0 ||
-        (rc = alloc_f(m, NC, &m->dres, err)) < 0 || (rc = alloc_f(m, NC, &m->dln, err)) < 0 ||
-        (rc = alloc_f(m, 4 * NC, &m->d4, err)) < 0 ||
-        (rc = alloc_f(m, 3 * NC, &m->dqkv, err)) < 0 || (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
+        (rc = alloc_f(m, NC, &m->xout, err)) < 0 || (rc = alloc_f(m, N, &m->lnf_mean, err)) < 0 ||
+        (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 || (rc = alloc_f(m, NC, &m->dres, err)) < 0 ||
+        (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
         goto fail;
+    if (m->b16 != NULL) {
+        size_t cap = HEAD16_BYTES / (sizeof(mgpu_bf16_t) * V), chunks;
+        cap = cap < 1 ? 1 : cap;
+        chunks = (N + cap - 1) / cap;
+        m->head_rows = (int)((N + chunks - 1) / chunks);
+        if ((rc = alloc_h(m, m->n_params, &m->params16, err)) < 0 ||
+            (rc = alloc_h(m, NC, &m->lnf16, err)) < 0 ||
+            (rc = alloc_h(m, (size_t)m->head_rows * V, &m->logits16, err)) < 0 ||
+            (rc = alloc_f(m, V, &m->logits, err)) < 0 ||
+            (rc = alloc_h(m, NC, &m->dres16, err)) < 0 ||
+            (rc = alloc_h(m, NC, &m->dln16, err)) < 0 ||
+            (rc = alloc_h(m, 4 * NC, &m->d4_16, err)) < 0 ||
+            (rc = alloc_h(m, 3 * NC, &m->dqkv16, err)) < 0)
+            goto fail;
+    } else {
+        m->head_rows = N < HEAD_ROWS ? (int)N : HEAD_ROWS;
+        if ((rc = alloc_f(m, NC, &m->lnf, err)) < 0 ||
+            (rc = alloc_f(m, (size_t)m->head_rows * V, &m->logits, err)) < 0 ||
+            (rc = alloc_f(m, NC, &m->dln, err)) < 0 || (rc = alloc_f(m, 4 * NC, &m->d4, err)) < 0 ||
+            (rc = alloc_f(m, 3 * NC, &m->dqkv, err)) < 0)
+            goto fail;
+    }
     for (int l = 0; l < s->n_layer; l++) {
         mgpu_gpt_acts_t *a = &m->acts[l];
-        if ((rc = alloc_f(m, NC, &a->x, err)) < 0 || (rc = alloc_f(m, NC, &a->ln1, err)) < 0 ||
-            (rc = alloc_f(m, N, &a->ln1_mean, err)) < 0 ||
+        if ((rc = alloc_f(m, NC, &a->x, err)) < 0 || (rc = alloc_f(m, N, &a->ln1_mean, err)) < 0 ||
             (rc = alloc_f(m, N, &a->ln1_rstd, err)) < 0 ||
-            (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
-            (rc = alloc_f(m, NC, &a->atty, err)) < 0 || (rc = alloc_f(m, NH, &a->lse, err)) < 0 ||
-            (rc = alloc_f(m, NC, &a->res2, err)) < 0 || (rc = alloc_f(m, NC, &a->ln2, err)) < 0 ||
+            (rc = alloc_f(m, NH, &a->lse, err)) < 0 || (rc = alloc_f(m, NC, &a->res2, err)) < 0 ||
             (rc = alloc_f(m, N, &a->ln2_mean, err)) < 0 ||
-            (rc = alloc_f(m, N, &a->ln2_rstd, err)) < 0 ||
-            (rc = alloc_f(m, 4 * NC, &a->fch, err)) < 0 ||
-            (rc = alloc_f(m, 4 * NC, &a->fch_gelu, err)) < 0)
+            (rc = alloc_f(m, N, &a->ln2_rstd, err)) < 0)
+            goto fail;
+        if (m->b16 != NULL ? (rc = alloc_h(m, NC, &a->ln1_16, err)) < 0 ||
+                                 (rc = alloc_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
+                                 (rc = alloc_h(m, NC, &a->atty16, err)) < 0 ||
+                                 (rc = alloc_h(m, NC, &a->ln2_16, err)) < 0 ||
+                                 (rc = alloc_h(m, 4 * NC, &a->fch16, err)) < 0 ||
+                                 (rc = alloc_h(m, 4 * NC, &a->gelu16, err)) < 0
+                           : (rc = alloc_f(m, NC, &a->ln1, err)) < 0 ||
+                                 (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
+                                 (rc = alloc_f(m, NC, &a->atty, err)) < 0 ||
+                                 (rc = alloc_f(m, NC, &a->ln2, err)) < 0 ||
+                                 (rc = alloc_f(m, 4 * NC, &a->fch, err)) < 0 ||
+                                 (rc = alloc_f(m, 4 * NC, &a->fch_gelu, err)) < 0)
             goto fail;
     }
     void *p = NULL;
@@ -157,12 +204,14 @@ int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, m
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const mgpu_gpt_tensor_t *t = &m->tensors[i];
-        m->adam[i] = (mgpu_gpt_adamw_tensor_t){.p = m->params + t->off,
-                                               .g = m->grads + t->off,
-                                               .m = m->moments + t->off,
-                                               .v = m->moments + m->n_params + t->off,
-                                               .n = t->n,
-                                               .decay = mgpu_gpt_decays(t->ndim)};
+        m->adam[i] =
+            (mgpu_gpt_adamw_tensor_t){.p = m->params + t->off,
+                                      .g = m->grads + t->off,
+                                      .m = m->moments + t->off,
+                                      .v = m->moments + m->n_params + t->off,
+                                      .p16 = m->params16 != NULL ? m->params16 + t->off : NULL,
+                                      .n = t->n,
+                                      .decay = mgpu_gpt_decays(t->ndim)};
     }
     if ((rc = mgpu_k_zero(k, m->params, sizeof(float) * m->n_params, err)) < 0 ||
         (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0 ||
@@ -202,7 +251,7 @@ int mgpu_gpt_init(mgpu_gpt_t *m, uint64_t seed, mgpu_err_t *err)
     }
     int rc = mgpu_k_copy_to_device(m->k, m->params, h, sizeof(float) * m->n_params, err);
     free(h);
-    return rc;
+    return rc < 0 ? rc : mgpu_gpt_params_changed(m, err);
 }
 
 int mgpu_gpt_load(mgpu_gpt_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
@@ -255,7 +304,129 @@ static int linear_back(mgpu_gpt_t *m, int n, int c, int oc, const float *dout, c
     return mgpu_k_sum_rows(m->k, n, oc, dout, 1.0f, m->grads + bias, err);
 }
 
-int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
+/* --- the bf16 path -------------------------------------------------------------------------- */
+
+/* Forward to m->lnf16: each product's bias, GELU and residual add in its epilogue. */
+static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    const mgpu_gpt_bf16_ops_t *o = m->b16;
+    void *ki = m->k->impl;
+    const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
+    const float *P = m->params;
+    const mgpu_bf16_t *W = m->params16;
+    int rc;
+
+    if ((rc = mgpu_kg_embed_forward(m->k, B, T, C, m->tokens, P + m->wte, P + m->wpe, m->acts[0].x,
+                                    err)) < 0)
+        return rc;
+    for (int l = 0; l < m->spec.n_layer; l++) {
+        const mgpu_gpt_block_t *w = &m->blocks[l];
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
+        if ((rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
+                                       a->ln1_mean, a->ln1_rstd, err)) < 0 ||
+            (rc = o->linear(ki, N, C, 3 * C, a->ln1_16, W + w->qkv_w, W + w->qkv_b, a->qkv16, NULL,
+                            err)) < 0 ||
+            (rc = o->attention_forward(ki, B, T, C, NH, a->qkv16, a->atty16, a->lse, err)) < 0 ||
+            (rc = o->linear_f32(ki, N, C, C, a->atty16, W + w->proj_w, P + w->proj_b, a->x, a->res2,
+                                err)) < 0 ||
+            (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
+                                       a->ln2_mean, a->ln2_rstd, err)) < 0 ||
+            (rc = o->linear(ki, N, C, 4 * C, a->ln2_16, W + w->fc_w, W + w->fc_b, a->gelu16,
+                            a->fch16, err)) < 0 ||
+            (rc = o->linear_f32(ki, N, 4 * C, C, a->gelu16, W + w->fcp_w, P + w->fcp_b, a->res2,
+                                next, err)) < 0)
+            return rc;
+    }
+    return o->layernorm_forward(ki, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf16,
+                                m->lnf_mean, m->lnf_rstd, err);
+}
+
+/* The output layer over the rows in chunks of head_rows: logits, loss and, with backward,
+ * dlogits written over the logits, then dln16 (the rows' d lnf) and dwte. */
+static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
+{
+    const mgpu_gpt_bf16_ops_t *o = m->b16;
+    void *ki = m->k->impl;
+    const int N = m->b * m->t, C = m->spec.n_embd, V = m->spec.vocab;
+    const mgpu_bf16_t *wte = m->params16 + m->wte;
+    int rc;
+
+    for (int r = 0; r < N; r += m->head_rows) {
+        const int n = N - r < m->head_rows ? N - r : m->head_rows;
+        const mgpu_bf16_t *x = m->lnf16 + (size_t)r * C;
+        if ((rc = o->linear(ki, n, C, V, x, wte, NULL, m->logits16, NULL, err)) < 0 ||
+            (rc = o->xent(ki, n, V, m->logits16, m->targets + r, scale, backward, m->scalars,
+                          err)) < 0)
+            return rc;
+        if (backward && ((rc = o->linear_back_data(ki, n, C, V, m->logits16, wte, NULL,
+                                                   m->dln16 + (size_t)r * C, err)) < 0 ||
+                         (rc = o->linear_back_weight(ki, n, C, V, m->logits16, x, m->grads + m->wte,
+                                                     NULL, err)) < 0))
+            return rc;
+    }
+    return 0;
+}
+
+/* The blocks' backward from dln16 (d lnf): dres (fp32) is the residual stream's gradient and
+ * dres16 its bf16 copy, which the products read. The LayerNorm backward that writes dres16
+ * also sums its columns into the bias gradient of the projection that reads it next
+ * (mlp.c_proj of the block below, or attn.c_proj of the same block). */
+static int backward16(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    const mgpu_gpt_bf16_ops_t *o = m->b16;
+    void *ki = m->k->impl;
+    const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
+    const float *P = m->params;
+    const mgpu_bf16_t *W = m->params16;
+    float *G = m->grads;
+    int rc;
+
+    if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
+        (rc = o->layernorm_backward(ki, N, C, m->dln16, m->xout, P + m->lnf_w, m->lnf_mean,
+                                    m->lnf_rstd, m->dres, m->dres16, G + m->lnf_w, G + m->lnf_b,
+                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, err)) < 0)
+        return rc;
+    for (int l = m->spec.n_layer - 1; l >= 0; l--) {
+        const mgpu_gpt_block_t *w = &m->blocks[l];
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        /* x_{l+1} = res2 + fcp(gelu(fc(ln2(res2)))): GELU's derivative in the epilogue. */
+        if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, a->fch16, m->d4_16,
+                                      err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, G + w->fcp_w, NULL,
+                                        err)) < 0 ||
+            (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, W + w->fc_w, NULL, m->dln16,
+                                      err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, G + w->fc_w,
+                                        G + w->fc_b, err)) < 0 ||
+            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, a->ln2_mean,
+                                        a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w, G + w->ln2_b,
+                                        G + w->proj_b, err)) < 0)
+            return rc;
+        /* res2 = x + proj(attention(qkv(ln1(x)))) */
+        if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, W + w->proj_w, NULL, m->dln16, err)) <
+                0 ||
+            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, G + w->proj_w, NULL,
+                                        err)) < 0 ||
+            (rc = o->attention_backward(ki, B, T, C, NH, m->dln16, a->qkv16, a->atty16, a->lse,
+                                        m->dqkv16, err)) < 0 ||
+            (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, W + w->qkv_w, NULL, m->dln16,
+                                      err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, G + w->qkv_w,
+                                        G + w->qkv_b, err)) < 0 ||
+            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
+                                        a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
+                                        G + w->ln1_w, G + w->ln1_b,
+                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, err)) < 0)
+            return rc;
+    }
+    return mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
+                                  G + m->wpe, err);
+}
+
+/* --- the fp32 path -------------------------------------------------------------------------- */
+
+static int forward32(mgpu_gpt_t *m, mgpu_err_t *err)
 {
     const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
     const size_t NC = (size_t)N * C;
@@ -291,6 +462,13 @@ int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
                                         m->lnf_mean, m->lnf_rstd, err)) < 0)
         return rc;
     return fresh(m, m->lnf, NC, err);
+}
+
+int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    if (m->b16 != NULL)
+        return forward16(m, err);
+    return forward32(m, err);
 }
 
 static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
@@ -347,6 +525,12 @@ int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
         mgpu_progress_phase(m->progress, MGPU_PHASE_FORWARD);
     if ((rc = mgpu_gpt_forward(m, err)) < 0)
         return rc;
+    if (m->b16 != NULL) {
+        if ((rc = head16(m, scale, do_backward, err)) < 0 || !do_backward)
+            return rc;
+        mgpu_progress_phase(m->progress, MGPU_PHASE_BACKWARD);
+        return backward16(m, err);
+    }
     if (do_backward && (rc = mgpu_k_zero(m->k, m->dln, sizeof(float) * (size_t)N * C, err)) < 0)
         return rc;
     for (int r = 0; r < N; r += m->head_rows) {
@@ -406,6 +590,8 @@ int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_cl
 
 int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err)
 {
+    if (m->b16 != NULL)
+        return m->b16->to_bf16(m->k->impl, m->n_params, m->params, m->params16, err);
     return fresh(m, m->params, m->n_params, err);
 }
 
@@ -428,6 +614,11 @@ int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step,
 int mgpu_gpt_last_logits(mgpu_gpt_t *m, float *host, mgpu_err_t *err)
 {
     const int C = m->spec.n_embd, V = m->spec.vocab;
+    if (m->b16 != NULL) {
+        int rc = m->b16->linear_f32(m->k->impl, 1, C, V, m->lnf16 + (size_t)(m->t - 1) * C,
+                                    m->params16 + m->wte, NULL, NULL, m->logits, err);
+        return rc < 0 ? rc : mgpu_k_copy_to_host(m->k, host, m->logits, sizeof(float) * V, err);
+    }
     const float *x = m->lnf + (size_t)(m->t - 1) * C;
     int rc = mgpu_k_gemm(m->k, 0, 1, 1, V, C, 1.0f, x, C, m->params + m->wte, C, 0.0f, m->logits, V,
                          err);

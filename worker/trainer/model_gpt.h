@@ -42,7 +42,9 @@ typedef struct mgpu_gpt_tensor {
     int ndim;
 } mgpu_gpt_tensor_t;
 
-/* A block's activations, kept from forward for backward. */
+/* A block's activations, kept from forward for backward. The residual stream (x, res2),
+ * LayerNorm's statistics and lse are fp32 on every path; the others are fp32 on the fp32 path
+ * and bf16 (the *16 ones, the fp32 ones then NULL) on the bf16 path. */
 typedef struct mgpu_gpt_acts {
     float *x; /* the block's input (the residual stream) (B, T, C) */
     float *ln1, *ln1_mean, *ln1_rstd;
@@ -50,7 +52,8 @@ typedef struct mgpu_gpt_acts {
     float *atty, *lse; /* attention's output (B, T, C) and lse (B, nh, T) */
     float *res2;       /* x + attention's projection (B, T, C) */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu; /* (B, T, 4C) */
+    float *fch, *fch_gelu; /* (B, T, 4C): the MLP's pre-activation and its GELU */
+    mgpu_bf16_t *ln1_16, *qkv16, *atty16, *ln2_16, *fch16, *gelu16;
 } mgpu_gpt_acts_t;
 
 typedef struct mgpu_gpt {
@@ -69,7 +72,13 @@ typedef struct mgpu_gpt {
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits; /* head_rows x vocab: the output layer's scratch */
     int head_rows;
-    float *dres, *dln, *d4, *dqkv; /* backward scratch */
+    float *dres, *dln, *d4, *dqkv; /* backward scratch (dres only, on the bf16 path) */
+    /* The bf16 path (see gpt_ops.h; NULL: the fp32 path, every activation fp32): its ops,
+     * the parameters' bf16 copy (AdamW writes it with the parameters), and its bf16 buffers
+     * in place of lnf, logits, dln, d4 and dqkv (logits then holds one row's fp32 logits for
+     * mgpu_gpt_last_logits). */
+    const mgpu_gpt_bf16_ops_t *b16;
+    mgpu_bf16_t *params16, *lnf16, *logits16, *dres16, *dln16, *d4_16, *dqkv16;
     int32_t *tokens, *targets;     /* the batch (B, T) each */
     float *scalars;                /* [0] loss, [1] sum of squared gradients, [2] the clip factor */
     mgpu_gpt_adamw_now_t *now;     /* backend memory: the next AdamW step's lr and step */
@@ -79,7 +88,8 @@ typedef struct mgpu_gpt {
 
 /* Checks the spec (every size >= 1, n_embd a multiple of n_head), lays out the parameters and
  * allocates everything for batches of up to max_b sequences. Parameters start at zero: call
- * mgpu_gpt_init. */
+ * mgpu_gpt_init. The bf16 path is taken when k's backend has one and is in bf16 precision,
+ * and n_embd and vocab are multiples of 8 (its products' alignment); else the fp32 one. */
 int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
                     mgpu_err_t *err);
 void mgpu_gpt_destroy(mgpu_gpt_t *m);
@@ -94,7 +104,8 @@ int mgpu_gpt_init(mgpu_gpt_t *m, uint64_t seed, mgpu_err_t *err);
 int mgpu_gpt_load(mgpu_gpt_t *m, const int32_t *tokens, const int32_t *targets, int b, int t,
                   mgpu_err_t *err);
 
-/* Forward of the loaded batch up to the final LayerNorm (m->lnf). */
+/* Forward of the loaded batch up to the final LayerNorm (m->lnf, or m->lnf16 on the bf16
+ * path). */
 int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err);
 
 /* The loaded batch's loss times scale (a mean over rows when scale is 1 / rows) added to
@@ -123,7 +134,9 @@ int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_cl
                     mgpu_err_t *err);
 
 /* The parameters changed (or will, in each replay of a graph about to be captured): the
- * backend drops what it derived from them (bf16 copies), so the next product converts them. */
+ * backend drops what it derived from them (bf16 copies), so the next product converts them;
+ * on the bf16 path the parameters' bf16 copy is made again from them. Call it after writing
+ * m->params other than through mgpu_gpt_init and the AdamW step (a checkpoint, a broadcast). */
 int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err);
 
 /* The logits (vocab floats, host) of position t - 1 of row 0 of the last forward. */

@@ -1,0 +1,389 @@
+/* gpt_attention_tc_bwd.cu - the backward of the tensor-core attention (gpt_attention_tc.h):
+ * the backend's bf16 precision's (fp32 dout, qkv, out and dqkv) and the bf16 path's (bf16). */
+#include "gpt_attention_tc.h" /* the tiles, fragments, views and planes; cuda_impl */
+
+namespace mgpu_cuda
+{
+namespace
+{
+
+/* D = rowsum(dout * out) of bf16 dout (row stride ldd) and out (row stride c) whose head rows
+ * are 16-byte chunks (hs = HS), a float a (batch row, head, query), before the backward's two
+ * passes (which then run side by side and both read it): a thread a chunk of a row and head,
+ * the HS / 8 consecutive lanes of a row's chunks adding their parts in a fixed order. */
+template <int HS>
+__global__ void __launch_bounds__(kCvtThreads)
+    att_dsum16_kernel(int t, int c, int nh, size_t rows, const bf16 *dout, size_t ldd,
+                      const bf16 *out, float *dsum)
+{
+    constexpr int CPR = HS / 8;
+    const size_t i = (size_t)blockIdx.x * kCvtThreads + threadIdx.x;
+    const size_t rh = i / CPR, row = rh / nh;
+    const int ch = (int)(i % CPR), h = (int)(rh % nh);
+    const bool in = row < rows;
+    float dot = 0.0f;
+    if (in) {
+        const size_t col = (size_t)h * HS + ch * 8;
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout + row * ldd + col);
+        const uint4 o = *reinterpret_cast<const uint4 *>(out + row * (size_t)c + col);
+        const __nv_bfloat162 *pa = reinterpret_cast<const __nv_bfloat162 *>(&a);
+        const __nv_bfloat162 *po = reinterpret_cast<const __nv_bfloat162 *>(&o);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 fa = __bfloat1622float2(pa[k]), fo = __bfloat1622float2(po[k]);
+            dot += fa.x * fo.x + fa.y * fo.y;
+        }
+    }
+#pragma unroll
+    for (int m = 1; m < CPR; m <<= 1) /* every lane of the warp is here: no early return */
+        dot += __shfl_xor_sync(0xffffffffu, dot, m);
+    if (in && ch == 0)
+        dsum[(row / t * nh + h) * t + row % t] = dot;
+}
+
+/* Backward, query pass: dq = scale * ds . k over the key tiles, ds = p * (dp - D), p =
+ * exp(scale * s - lse), s = q . k^T and dp = dout . v^T. A block of W warps owns 16 W queries;
+ * blocks are launched last queries first (they have the most keys). */
+template <int HS, class OutT, int W>
+__global__ void __launch_bounds__(W * 32)
+    att_bwd_q_tc_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov, const float *lse,
+                        const float *dsum, OutT *dqkv, float scale)
+{
+    static_assert(W % kTcWarps == 0, "a block's queries are whole tiles");
+    using L = Tc<HS>;
+    constexpr int NT = W * 32, ROWS = 16 * W;
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    bf16 *qs = (bf16 *)tc_smem, *dos = qs + ROWS / kTcRows * L::TILE;
+    bf16 *ks = dos + ROWS / kTcRows * L::TILE, *vs = ks + 2 * L::TILE; /* k, v: 2 each */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
+    const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
+    const size_t lbase = ((size_t)bi * nh + h) * t;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
+    const int qa = q0 + warp * 16 + g, qb = qa + 8;
+    const int wlast = q0 + warp * 16 + 15;
+    const float sl2 = scale * kLog2e;
+
+#pragma unroll
+    for (int r = 0; r < ROWS; r += kTcRows) {
+        tile_async<HS, NT>(qs + r * L::LD, qv.at(bi, h), qv.ld, q0 + r, t);
+        tile_async<HS, NT>(dos + r * L::LD, dov.at(bi, h), dov.ld, q0 + r, t);
+    }
+    tile_async<HS, NT>(ks, kh, kv.ld, 0, t);
+    tile_async<HS, NT>(vs, vh, vv.ld, 0, t);
+    cp_commit();
+    /* rows past t: p and ds are not stored; any finite value does */
+    const float lsa = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
+    const float lsb = qb < t ? lse[lbase + qb] * kLog2e : 0.0f;
+    const float da = qa < t ? dsum[lbase + qa] : 0.0f;
+    const float db = qb < t ? dsum[lbase + qb] : 0.0f;
+    uint32_t qf[HS / 16][4], df[HS / 16][4];
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+        dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+    const int ntiles = (min(t, q0 + ROWS) + kTcRows - 1) / kTcRows;
+    for (int j = 0; j < ntiles; j++) {
+        const int k0 = j * kTcRows;
+        const bf16 *kt = ks + (j & 1) * L::TILE, *vt = vs + (j & 1) * L::TILE;
+        if (j + 1 < ntiles) {
+            tile_async<HS, NT>(ks + ((j + 1) & 1) * L::TILE, kh, kv.ld, k0 + kTcRows, t);
+            tile_async<HS, NT>(vs + ((j + 1) & 1) * L::TILE, vh, vv.ld, k0 + kTcRows, t);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+            load_a<HS>(qf, qs, warp * 16, lane);
+            load_a<HS>(df, dos, warp * 16, lane);
+        }
+        if (k0 <= wlast) {
+            float s[kTcRows / 8][4], dp[kTcRows / 8][4];
+            rows_by_tile<HS>(s, qf, kt, lane);
+            rows_by_tile<HS>(dp, df, vt, lane);
+            auto grads = [&](auto masked) {
+#pragma unroll
+                for (int n = 0; n < kTcRows / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + n * 8 + 2 * tig + (e & 1);
+                        const bool b2 = e >> 1;
+                        const float p = !decltype(masked)::value || key <= (b2 ? qb : qa)
+                                            ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa))
+                                            : 0.0f;
+                        s[n][e] = p * (dp[n][e] - (b2 ? db : da));
+                    }
+            };
+            /* the mask only on tiles with keys past the warp's first query */
+            if (k0 + kTcRows - 1 <= wlast - 15)
+                grads(std::false_type());
+            else
+                grads(std::true_type());
+            acc_by_tile<HS>(dq, s, kt, lane);
+        }
+        __syncthreads();
+    }
+    store_acc<HS>(dq, dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs,
+                  scale, scale, tig);
+}
+
+/* Backward, key pass: a warp owns 16 keys; over the query tiles from the block's first key
+ * on, dv += p^T . dout and dk += ds^T . q, with s^T = k . q^T and dp^T = v . dout^T computed
+ * keys by queries, so that p^T and ds^T are accumulators ready to be A operands; dk is scaled
+ * at the end. k's and v's fragments are read from their tiles where they are used rather
+ * than held (registers go to dk and dv). A block of W warps owns 16 W keys. Blocks are
+ * launched first keys first (they have the most queries). Queries past t read zeros (q, dout, lse,
+ * D), so their p is 1 and their terms are 0. */
+template <int HS, class OutT, int W>
+__global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W>)
+    att_bwd_kv_tc_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov,
+                         const float *lse, const float *dsum, OutT *dqkv, float scale)
+{
+    static_assert(W % kTcWarps == 0, "a block's keys are whole tiles");
+    using L = Tc<HS>;
+    constexpr int NT = W * 32, ROWS = 16 * W;
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    bf16 *ks = (bf16 *)tc_smem, *vs = ks + ROWS / kTcRows * L::TILE;
+    bf16 *qs = vs + ROWS / kTcRows * L::TILE, *dos = qs + 2 * L::TILE; /* q, dout: 2 each */
+    float *ls = (float *)(dos + 2 * L::TILE), *dd = ls + 2 * kTcRows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
+    const bf16 *qh = qv.at(bi, h), *doh = dov.at(bi, h);
+    const size_t lbase = ((size_t)bi * nh + h) * t;
+    const int k0 = blockIdx.x * ROWS, w0 = warp * 16;
+    const int ka = k0 + w0 + g, kb = ka + 8;
+    const float sl2 = scale * kLog2e;
+
+#pragma unroll
+    for (int r = 0; r < ROWS; r += kTcRows) {
+        tile_async<HS, NT>(ks + r * L::LD, kv.at(bi, h), kv.ld, k0 + r, t);
+        tile_async<HS, NT>(vs + r * L::LD, vv.at(bi, h), vv.ld, k0 + r, t);
+    }
+    float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dk[n][e] = dv[n][e] = 0.0f;
+
+    const int ntiles = (t - k0 + kTcRows - 1) / kTcRows;
+    for (int j = 0; j < ntiles + 1; j++) {
+        /* step j issues query tile j (buffer j & 1) and uses tile j - 1 */
+        if (j < ntiles) {
+            const int q0 = k0 + j * kTcRows, bsel = j & 1;
+            tile_async<HS, NT>(qs + bsel * L::TILE, qh, qv.ld, q0, t);
+            tile_async<HS, NT>(dos + bsel * L::TILE, doh, dov.ld, q0, t);
+            if (threadIdx.x < kTcRows) {
+                const int qi = q0 + threadIdx.x;
+                const bool in = qi < t;
+                cp_async4(ls + bsel * kTcRows + threadIdx.x, lse + lbase + (in ? qi : 0), in);
+                cp_async4(dd + bsel * kTcRows + threadIdx.x, dsum + lbase + (in ? qi : 0), in);
+            }
+            cp_commit();
+        }
+        if (j == 0)
+            continue;
+        if (j < ntiles)
+            cp_wait<1>();
+        else
+            cp_wait<0>();
+        __syncthreads();
+        const int q0 = k0 + (j - 1) * kTcRows, bsel = (j - 1) & 1;
+        const bf16 *qt = qs + bsel * L::TILE, *dot = dos + bsel * L::TILE;
+        const float *lt = ls + bsel * kTcRows, *dt = dd + bsel * kTcRows;
+        /* else every query of the tile comes before the warp's keys (with more than four warps) */
+        if (q0 + kTcRows - 1 >= k0 + w0) {
+            float s[kTcRows / 8][4], dp[kTcRows / 8][4];
+            {
+                uint32_t af[HS / 16][4];
+                load_a<HS>(af, ks, w0, lane);
+                rows_by_tile<HS>(s, af, qt, lane); /* s^T: keys x queries */
+                load_a<HS>(af, vs, w0, lane);
+                rows_by_tile<HS>(dp, af, dot, lane); /* dp^T */
+            }
+            auto grads = [&](auto masked) {
+#pragma unroll
+                for (int n = 0; n < kTcRows / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int col = n * 8 + 2 * tig + (e & 1);
+                        const float p = !decltype(masked)::value || (e >> 1 ? kb : ka) <= q0 + col
+                                            ? exp2f(s[n][e] * sl2 - lt[col] * kLog2e)
+                                            : 0.0f;
+                        s[n][e] = p;
+                        dp[n][e] = p * (dp[n][e] - dt[col]);
+                    }
+            };
+            /* the mask only on tiles with queries before the warp's last key */
+            if (q0 >= k0 + w0 + 15)
+                grads(std::false_type());
+            else
+                grads(std::true_type());
+            acc_by_tile<HS>(dv, s, dot, lane);
+            acc_by_tile<HS>(dk, dp, qt, lane);
+        }
+        __syncthreads(); /* the buffer is free for step j + 1's tile */
+    }
+    OutT *rows = dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
+    store_acc<HS>(dk, rows + c, 3 * (size_t)c, ka, t, hs, scale, scale, tig);
+    store_acc<HS>(dv, rows + 2 * (size_t)c, 3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
+}
+
+/* The key pass's stream and its two events (cuda_impl's att_*), created on the first call
+ * outside a graph capture, which cannot hold their creation; *ready: they exist (else the
+ * passes run one after the other on ci->stream). */
+int att_side_ready(cuda_impl *ci, bool *ready, mgpu_err_t *err)
+{
+    *ready = false;
+    if (ci->att_join == nullptr) {
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(err, cudaStreamIsCapturing(ci->stream, &st));
+        if (st != cudaStreamCaptureStatusNone)
+            return 0;
+        if (ci->att_side == nullptr)
+            CUDA_CHECK(err, cudaStreamCreateWithFlags(&ci->att_side, cudaStreamNonBlocking));
+        if (ci->att_fork == nullptr)
+            CUDA_CHECK(err, cudaEventCreateWithFlags(&ci->att_fork, cudaEventDisableTiming));
+        CUDA_CHECK(err, cudaEventCreateWithFlags(&ci->att_join, cudaEventDisableTiming));
+    }
+    *ready = true;
+    return 0;
+}
+
+/* The backward: D first where out is given (bf16 out, dout a row view; else D is in dsum
+ * already), then the query pass in blocks of WQ warps on ci->stream and the key pass in
+ * blocks of WKV beside it on att_side, forked from ci->stream after D and joined back, so
+ * that the next op on ci->stream waits for both. The passes read the same inputs and write
+ * disjoint columns of dqkv (dq; dk, dv), each in its fixed order, and each leaves SMs idle in
+ * its tail and at its low occupancy that the other fills. Each holds its own rows' tiles (two
+ * of q and dout; or of k and v) and two buffers each of the other two. */
+template <int HS, class OutT, int WQ, int WKV>
+int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, View vv, View dov,
+               const float *lse, float *dsum, const bf16 *out, OutT *dqkv, float scale,
+               mgpu_err_t *err)
+{
+    using L = Tc<HS>;
+    constexpr int RQ = 16 * WQ, RKV = 16 * WKV;
+    const size_t smem = (2 * RQ / kTcRows + 4) * L::BYTES;
+    const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
+    bool side = false;
+    int rc;
+    if ((rc = prepare(att_bwd_q_tc_kernel<HS, OutT, WQ>, smem, err)) < 0 ||
+        (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV>, smem_kv, err)) < 0 ||
+        (rc = att_side_ready(ci, &side, err)) < 0)
+        return rc;
+    const char *tn = std::is_same<OutT, float>::value ? "fp32" : "bf16";
+    if (out != nullptr) {
+        const size_t rows = (size_t)b * t, chunks = rows * nh * (HS / 8);
+        att_dsum16_kernel<HS>
+            <<<(unsigned)((chunks + kCvtThreads - 1) / kCvtThreads), kCvtThreads, 0, ci->stream>>>(
+                t, c, nh, rows, dov.p, dov.ld, out, dsum);
+        CUDA_CHECK_LAUNCH(err, "att_dsum16_kernel<%d> (b=%d t=%d c=%d nh=%d)", HS, b, t, c, nh);
+    }
+    cudaStream_t kv_stream = ci->stream;
+    if (side) {
+        CUDA_CHECK(err, cudaEventRecord(ci->att_fork, ci->stream));
+        CUDA_CHECK(err, cudaStreamWaitEvent(ci->att_side, ci->att_fork, 0));
+        kv_stream = ci->att_side;
+    }
+    /* The key pass first: it is the longer. The launches' statuses are reported after the
+     * join, which is made whatever they were, so that ci->stream never runs ahead of
+     * att_side. */
+    dim3 grid_kv((unsigned)((t + RKV - 1) / RKV), (unsigned)nh, (unsigned)b);
+    att_bwd_kv_tc_kernel<HS, OutT, WKV><<<grid_kv, WKV * 32, smem_kv, kv_stream>>>(
+        t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
+    const cudaError_t kv_rc = cudaGetLastError();
+    dim3 grid_q((unsigned)((t + RQ - 1) / RQ), (unsigned)nh, (unsigned)b);
+    att_bwd_q_tc_kernel<HS, OutT, WQ>
+        <<<grid_q, WQ * 32, smem, ci->stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
+    const cudaError_t q_rc = cudaGetLastError();
+    if (side) {
+        CUDA_CHECK(err, cudaEventRecord(ci->att_join, ci->att_side));
+        CUDA_CHECK(err, cudaStreamWaitEvent(ci->stream, ci->att_join, 0));
+    }
+    const bool kv_bad = kv_rc != cudaSuccess;
+    if (kv_bad || q_rc != cudaSuccess)
+        return mgpu_err_set(
+            err, MGPU_E_CUDA,
+            "%s:%d: launch of %s<%d, %s, %d warps> (b=%d t=%d c=%d nh=%d): %s "
+            "(%s)",
+            __FILE__, __LINE__, kv_bad ? "att_bwd_kv_tc_kernel" : "att_bwd_q_tc_kernel", HS, tn,
+            kv_bad ? WKV : WQ, b, t, c, nh, cudaGetErrorString(kv_bad ? kv_rc : q_rc),
+            cudaGetErrorName(kv_bad ? kv_rc : q_rc));
+    return 0;
+}
+} /* namespace */
+
+int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const float *dout,
+                              const float *qkv, const float *out, const float *lse, float *dqkv,
+                              float *dsum, float scale, mgpu_err_t *err)
+{
+    return with_tc_hs(c / nh, [&](auto hc) {
+        constexpr int HS = decltype(hc)::value;
+        const size_t plane = (size_t)b * t * nh * HS;
+        /* D may be in the workspace (the caller's choice for long shapes): the planes follow */
+        const size_t off =
+            (void *)dsum == ci->ws ? ((size_t)b * nh * t * sizeof(float) + 255) / 256 * 256 : 0;
+        bf16 *qh;
+        int rc = to_heads<HS, float>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
+        if (rc < 0)
+            return rc;
+        return launch_bwd<HS, float, kTcWarps, kTcWarps>(
+            ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
+            plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
+            nullptr, dqkv, scale, err);
+    });
+}
+
+int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *dout16,
+                             const mgpu_bf16_t *qkv16, const mgpu_bf16_t *out16, const float *lse,
+                             mgpu_bf16_t *dqkv16, mgpu_err_t *err)
+{
+    cuda_impl *ci = (cuda_impl *)impl;
+    int rc = check16("attention_backward", b, t, c, nh, err);
+    if (rc < 0)
+        return rc;
+    const bf16 *dout = reinterpret_cast<const bf16 *>(dout16);
+    const bf16 *qkv = reinterpret_cast<const bf16 *>(qkv16);
+    const bf16 *out = reinterpret_cast<const bf16 *>(out16);
+    bf16 *dqkv = reinterpret_cast<bf16 *>(dqkv16);
+    invalidate(ci, dqkv, sizeof(bf16) * b * (size_t)t * 3 * c);
+    if (b == 0 || t == 0)
+        return 0;
+    /* D = rowsum(dout * out) in fp32, a float a (batch row, head, query): in the backend's
+     * scratch when it fits below the reductions' counter (the GPT-2 shapes), else in the
+     * workspace's first bytes, grown on a first eager call. */
+    const size_t nd = (size_t)b * nh * t;
+    float *dsum = ci->scratch;
+    if (nd > kScratchFloats - 1) {
+        if ((rc = cuda_join(impl, err)) < 0 || (rc = ensure_ws(ci, nd * sizeof(float), err)) < 0)
+            return rc;
+        dsum = (float *)ci->ws;
+    }
+    const int hs = c / nh;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    return with_tc_hs(hs, [&](auto hc) {
+        constexpr int HS = decltype(hc)::value;
+        if (hs == HS && aligned16(qkv, dout, out)) {
+            const size_t ld = 3 * (size_t)c;
+            return launch_bwd<HS, bf16, kBwd16QWarps, kBwd16KvWarps>(
+                ci, b, t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
+                row_view(qkv + 2 * (size_t)c, t, ld, hs), row_view(dout, t, (size_t)c, hs), lse,
+                dsum, out, dqkv, scale, err);
+        }
+        const size_t plane = (size_t)b * t * nh * HS;
+        const size_t off = (void *)dsum == ci->ws ? (nd * sizeof(float) + 255) / 256 * 256 : 0;
+        bf16 *qh;
+        int rc2 = to_heads<HS, bf16>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
+        if (rc2 < 0)
+            return rc2;
+        return launch_bwd<HS, bf16, kBwd16QWarps, kBwd16KvWarps>(
+            ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
+            plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
+            nullptr, dqkv, scale, err);
+    });
+}
+} /* namespace mgpu_cuda */
