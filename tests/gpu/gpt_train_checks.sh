@@ -21,6 +21,10 @@
 #     1e-6 relative over 20 steps) and the small model in bf16 (20 steps of batch 16, within
 #     1e-3: bf16 noise); the graph runs' metrics must say cuda_graph = true, the eager ones
 #     false.
+#   gpt_bf16_resume_matches: the tiny GPT in bf16 (the bf16 path, whose weights' bf16 copy must
+#     be made again from a checkpoint's parameters) at a constant learning rate, 40 steps
+#     straight against 20 steps with a checkpoint then resumed to 40: steps 21-40 give the
+#     same losses (MGPU_LT_TUNE=0: no timing decides an algorithm in either process).
 #
 # The texts are cut to a whole number of batches of windows (eval_fraction = 0), so every
 # batch is full and the step can be replayed from a CUDA graph. Every run's output and metrics
@@ -36,7 +40,7 @@ WORKER=$BUILD/bin/mgpu-worker
 source "$here/lib.sh" # gpu_present
 PY=python3
 command -v python3 >/dev/null || PY=/usr/bin/python3
-checks="gpt_gpu_matches_cpu gpt_bf16_tracks_fp32 gpt_graph_matches_eager"
+checks="gpt_gpu_matches_cpu gpt_bf16_tracks_fp32 gpt_graph_matches_eager gpt_bf16_resume_matches"
 
 if ! gpu_present; then
     echo "  skip: no CUDA device"
@@ -99,7 +103,7 @@ def read(path):
     return [rows[k] for k in sorted(rows)], final
 (a, fa_), (b, fb_) = read(fa), read(fb)
 want = {"gpu_cpu": ("cuda", "cpu"), "bf16_fp32": ("cuda", "cuda"),
-        "graph_eager": ("cuda", "cuda")}[kind]
+        "graph_eager": ("cuda", "cuda"), "resume": ("cuda", "cuda")}[kind]
 for path, fin, w in ((fa, fa_, want[0]), (fb, fb_, want[1])):
     if not fin:
         print(f"not ok - {name}: {path} has no final metrics line (the run failed)")
@@ -112,12 +116,20 @@ if kind == "graph_eager" and (fa_.get("cuda_graph") is not True or fb_.get("cuda
     print(f"not ok - {name}: cuda_graph {fa_.get('cuda_graph')} in {fa} and "
           f"{fb_.get('cuda_graph')} in {fb}, expected true and false")
     sys.exit(1)
+if kind == "resume":  # the resumed run's steps are the straight run's last ones
+    b = b[len(b) - len(a):] if len(a) <= len(b) else b
 for path, rows in ((fa, a), (fb, b)):
     if len(rows) != steps:
         print(f"not ok - {name}: {path} has {len(rows)} losses of steps, expected {steps} "
               "(one a step with log_interval = 1)")
         sys.exit(1)
-if kind == "graph_eager":
+if kind == "resume":
+    rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
+    worst = max(range(steps), key=lambda i: rel[i])
+    print(f"  losses, resumed / straight: first {a[0]:.7f} / {b[0]:.7f}, last "
+          f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
+          f"(tolerance {tol:g})")
+elif kind == "graph_eager":
     rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
     worst = max(range(steps), key=lambda i: rel[i])
     print(f"  losses, graph / eager: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
@@ -229,6 +241,24 @@ if compare gpt_graph_matches_eager graph_eager "$out/tiny_gpu.jsonl" "$out/tiny_
         "$out/small_eager20.jsonl" 1e-3 1 20 || rc=1
 else
     cat "$out/graph_fp32.txt"
+    rc=1
+fi
+
+# --- (d) the bf16 path resumed from a checkpoint against the same run straight ----------------
+rm -f "$out/resume.ckpt"
+resume=(precision=bf16 lr_min=0.001 warmup_steps=0)
+MGPU_LT_TUNE=0 run bf16_straight "$out/tiny.cfg" "${resume[@]}" max_steps=40 ||
+    why bf16_straight
+MGPU_LT_TUNE=0 run bf16_first "$out/tiny.cfg" "${resume[@]}" max_steps=20 \
+    checkpoint="$out/resume.ckpt" || why bf16_first
+MGPU_LT_TUNE=0 run bf16_resumed "$out/tiny.cfg" "${resume[@]}" max_steps=40 \
+    checkpoint="$out/resume.ckpt" || why bf16_resumed
+if grep -q 'bf16 activations' "$out/bf16_resumed.out"; then
+    compare gpt_bf16_resume_matches resume "$out/bf16_resumed.jsonl" "$out/bf16_straight.jsonl" \
+        0 1 20 || rc=1
+else
+    echo "not ok - gpt_bf16_resume_matches: the bf16 run did not take the bf16 path:"
+    why bf16_resumed
     rc=1
 fi
 exit $rc

@@ -15,27 +15,35 @@ fake_worker() {
 #!/usr/bin/env bash
 m= p=tf32 n=20 g=true
 grep -q 'max_steps = 500' "$1" && n=500
+ck=
 for a in "$@"; do
     case $a in
     metrics_file=*) m=${a#*=} ;; precision=*) p=${a#*=} ;; max_steps=*) n=${a#*=} ;;
-    cuda_graph=*) g=${a#*=} ;;
+    cuda_graph=*) g=${a#*=} ;; checkpoint=*) ck=${a#*=} ;;
     esac
 done
+# a checkpoint holds the last step; a run that finds one goes on from it (RDRIFT: its losses
+# drift, as a resume that lost the weights' bf16 copy would)
+s=0
+[ -n "$ck" ] && [ -f "$ck" ] && s=$(cat "$ck")
 b=cuda
 [ "${CUDA_VISIBLE_DEVICES-x}" = "" ] && b=cpu && g=false
 [ -n "${NOGRAPH:-}" ] && g=
 # the first line says which path bf16 took (NOBF16PATH: the fp32 activations' one)
 [ "$p" = bf16 ] && [ -z "${NOBF16PATH:-}" ] && a="; bf16 activations"
 echo "gpt: 10 parameters (6 layers, 6 heads, 384 wide, context 256, vocab 256${a:-}); ..."
-awk -v n=$n -v p=$p -v b=$b -v g="$g" -v d="${DRIFT:-0}" -v gd="${GDRIFT:-0}" 'BEGIN {
-    for (i = 1; i <= n; i++) {
+awk -v n=$n -v p=$p -v b=$b -v g="$g" -v d="${DRIFT:-0}" -v gd="${GDRIFT:-0}" -v s=$s \
+    -v rd="${RDRIFT:-0}" 'BEGIN {
+    for (i = s + 1; i <= n; i++) {
         l = 5.5 * exp(-i / 200) + 1
         if (p == "bf16" || b == "cpu") l *= 1 + d
         if (g == "false") l *= 1 + gd
+        if (s > 0) l *= 1 + rd
         printf "{\"epoch\":1,\"step\":%d,\"loss\":%.7f}\n", i, l
     }
     printf "{\"final\":true,\"loss\":1,\"backend\":\"%s\"%s}\n", b,
         g == "" ? "" : ",\"cuda_graph\":" g }' >"$m"
+[ -n "$ck" ] && echo "$n" >"$ck"
 EOF
     chmod +x fake/bin/mgpu-worker
 }
@@ -59,6 +67,7 @@ t_gpt_train_checks_judge_the_curves() {
     expect_grep same '^ok - gpt_gpu_matches_cpu$'
     expect_grep same '^ok - gpt_bf16_tracks_fp32$'
     expect_grep same '^ok - gpt_graph_matches_eager$'
+    expect_grep same '^ok - gpt_bf16_resume_matches$'
     expect_eq "$(grep -c 'gpt_graph_matches_eager' same)" 1 "one verdict for both precisions"
     # the CPU run's metrics stay in its file: on a GPU machine the part passes
     out=$PWD
@@ -80,6 +89,11 @@ t_gpt_train_checks_judge_the_curves() {
     NOGRAPH=1 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >nograph 2>&1
     expect_eq "$?" 1 "exit status when no run says cuda_graph"
     expect_grep nograph '^not ok - gpt_graph_matches_eager: cuda_graph None in .* expected true'
+    # a resumed run whose losses leave the straight run's fails the resume check
+    RDRIFT=0.00001 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >rapart 2>&1
+    expect_eq "$?" 1 "exit status with resumed losses 1e-5 apart"
+    expect_grep rapart '^not ok - gpt_bf16_resume_matches: relative difference [0-9.e-]* > 0$'
+    expect_grep rapart '^ok - gpt_graph_matches_eager$'
     # a bf16 run that kept its activations in fp32 fails the bf16 check
     NOBF16PATH=1 MGPU_GPU_PRESENT=1 MGPU_BUILD=$PWD/fake bash "$CHECKS" o >nopath 2>&1
     expect_eq "$?" 1 "exit status when the bf16 run did not take the bf16 path"
