@@ -130,45 +130,11 @@ lt_plan *lt_get(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m,
     lt_plan *p = &c->plans[c->n_plans++];
     *p = lt_plan{};
     p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd, p->aux_ld = aux_ld;
-    p->ta = ta, p->tb = tb, p->epi = epi, p->prec = c->prec, p->d16 = d16, p->ok = false;
+    p->ta = ta, p->tb = tb, p->epi = epi, p->prec = c->prec, p->d16 = d16;
     cublasComputeType_t ct =
         c->prec == MGPU_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cudaDataType_t ab = c->prec == MGPU_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    cublasLtMatmulPreference_t pref = NULL;
-    uint64_t wsb = kBlasWorkspace;
-    int nres = 0;
-    cublasLtMatmulHeuristicResult_t res[kLtCand];
-    bool ok =
-        B.p_cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                           sizeof epi) == CUBLAS_STATUS_SUCCESS &&
-        (aux_ld == 0 ||
-         B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                            sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
-        B.p_cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
-                                       ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
-                                       tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatrixLayoutCreate(&p->ld, d16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldd) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &wsb, sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref,
-                                           kLtCand, res, &nres) == CUBLAS_STATUS_SUCCESS &&
-        nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
-    if (pref != NULL)
-        (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 0; ok && i < nres; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS)
-            p->cand[p->n_cand++] = res[i].algo;
-    if (ok)
-        p->algo = p->cand[0];
-    p->ok = ok;
+    bool ok = lt_plan_make(c, p, ct, ab, d16 ? CUDA_R_16BF : CUDA_R_32F);
     if (c->opt.lt_verbose)
         fprintf(stderr, "kernels(cuda): cuBLASLt %s epilogue %d, m=%d n=%d k=%d, %s\n",
                 ok ? "fused" : "DECLINED", (int)epi, m, n, k, mgpu_precision_name(c->prec));
@@ -297,6 +263,63 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
 } /* namespace */
 
 blas_api B;
+
+bool lt_plan_make(cuda_impl *c, lt_plan *p, cublasComputeType_t ct, cudaDataType_t ab,
+                  cudaDataType_t dt)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    uint64_t wsb = kBlasWorkspace;
+    int nres = 0;
+    cublasLtMatmulHeuristicResult_t res[kLtCand];
+    const cublasOperation_t ta = p->ta, tb = p->tb;
+    const int m = p->m, n = p->n, k = p->k;
+    bool ok =
+        B.p_cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+            CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+            CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p->epi,
+                                           sizeof p->epi) == CUBLAS_STATUS_SUCCESS &&
+        (p->aux_ld == 0 || B.p_cublasLtMatmulDescSetAttribute(
+                               p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p->aux_ld,
+                               sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
+        B.p_cublasLtMatrixLayoutCreate(&p->la, ab, ta == CUBLAS_OP_N ? m : k,
+                                       ta == CUBLAS_OP_N ? k : m,
+                                       p->lda) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatrixLayoutCreate(&p->lb, ab, tb == CUBLAS_OP_N ? k : n,
+                                       tb == CUBLAS_OP_N ? n : k,
+                                       p->ldb) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatrixLayoutCreate(&p->ld, dt, m, n, p->ldd) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &wsb, sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
+        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+                                           kLtCand, res, &nres) == CUBLAS_STATUS_SUCCESS &&
+        nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
+    if (pref != NULL)
+        (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
+    for (int i = 0; ok && i < nres; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS)
+            p->cand[p->n_cand++] = res[i].algo;
+    if (ok)
+        p->algo = p->cand[0];
+    p->ok = ok;
+    return ok;
+}
+
+void lt_plan_release(lt_plan *p)
+{
+    if (p->la != NULL)
+        (void)B.p_cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb != NULL)
+        (void)B.p_cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->ld != NULL)
+        (void)B.p_cublasLtMatrixLayoutDestroy(p->ld);
+    if (p->desc != NULL)
+        (void)B.p_cublasLtMatmulDescDestroy(p->desc);
+    *p = lt_plan{};
+}
 
 /* Opens cuBLAS once per process (the handles stay open: cuBLAS never unloads cleanly). */
 int blas_load(mgpu_err_t *err)

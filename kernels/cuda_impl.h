@@ -216,6 +216,12 @@ void aux_mark(cuda_impl *c, const void *aux, bool written);
 cuda_impl::shadow *fresh_copy(cuda_impl *c, const float *src, int rows_cm, int cols_cm, int ld);
 cuda_impl::shadow *shadow_slot(cuda_impl *c, const float *src, int rows_cm, int cols_cm, int ld,
                                mgpu_err_t *err, int *rc);
+/* Makes p's descriptor and layouts (its shape, transposes, epilogue and aux_ld set; A and B
+ * of type ab, C and D of type dt, compute type ct) and keeps the heuristic's candidates, the
+ * first in use; sets and returns p->ok. lt_plan_release destroys what it made and clears p. */
+bool lt_plan_make(cuda_impl *c, lt_plan *p, cublasComputeType_t ct, cudaDataType_t ab,
+                  cudaDataType_t dt);
+void lt_plan_release(lt_plan *p);
 int lt_matmul(cuda_impl *c, cudaStream_t st, void *ws, cublasOperation_t ta, cublasOperation_t tb,
               int m, int n, int k, const float *a, int lda, const float *b, int ldb, void *d,
               int ldd, cublasLtEpilogue_t epi, const void *bias, const void *aux, long long aux_ld,

@@ -1,7 +1,7 @@
 /* gpt_bf16.cu - the bf16 path's ops that are not products or attention (gpt_ops.h's
- * mgpu_gpt_bf16_ops_t): fp32 to bf16, LayerNorm forward (bf16 y) and backward (bf16 dy, fp32
- * dx with an optional bf16 copy), and the softmax cross-entropy over bf16 logits (a row
- * read once into shared memory where it fits).
+ * mgpu_gpt_bf16_ops_t): fp32 to bf16, LayerNorm's backward (bf16 dy, fp32 dx with an
+ * optional bf16 copy; its forward is gpt_cuda.cu's kernel with a bf16 y), and the softmax
+ * cross-entropy over bf16 logits (a row read once into shared memory where it fits).
  *
  * Every statistic and sum is fp32 (the loss's in double); bf16 is storage only, each value
  * rounded once (to nearest, ties to even). The reductions run in a fixed order, as
@@ -17,7 +17,6 @@ namespace mgpu_cuda
 namespace
 {
 
-constexpr float kLnEps = 1e-5f;        /* torch.nn.LayerNorm's default, as gpt_cuda.cu */
 constexpr int kLnWarps = 8;            /* rows of a LayerNorm block, a warp each */
 constexpr int kLnRegChunks = 4;        /* the register backward: up to 4 * 256 channels */
 constexpr int kXentRowChunk = 1 << 19; /* rows whose losses the scratch holds at once */
@@ -38,56 +37,6 @@ inline bool is_aligned8(const void *p)
     return ((uintptr_t)p & 7u) == 0;
 }
 
-/* --- bf16 storage -------------------------------------------------------------------------- */
-
-/* v rounded to bf16, as its bits: the hardware's round to nearest even, except that a NaN
- * keeps its sign and upper payload (quieted), as mgpu_gpt_to_bf16 on the host does, where
- * the conversion instruction would give the canonical NaN. */
-__device__ __forceinline__ unsigned bf_bits(float v)
-{
-    if (isnan(v))
-        return (__float_as_uint(v) >> 16) | 0x40u;
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
-__device__ __forceinline__ unsigned bf_pack(float lo, float hi)
-{
-    return bf_bits(lo) | (bf_bits(hi) << 16);
-}
-
-__device__ __forceinline__ float bf_lo(unsigned u)
-{
-    return __uint_as_float(u << 16);
-}
-
-__device__ __forceinline__ float bf_hi(unsigned u)
-{
-    return __uint_as_float(u & 0xffff0000u);
-}
-
-/* Four bf16 at p + 4i (8 bytes, aligned) as floats, and back. */
-__device__ __forceinline__ float4 ld_bf4(const mgpu_bf16_t *p, size_t i)
-{
-    uint2 u = reinterpret_cast<const uint2 *>(p)[i];
-    return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y));
-}
-
-__device__ __forceinline__ void st_bf4(mgpu_bf16_t *p, size_t i, float4 v)
-{
-    reinterpret_cast<uint2 *>(p)[i] = make_uint2(bf_pack(v.x, v.y), bf_pack(v.z, v.w));
-}
-
-/* v as the bf16 it is stored as, back in fp32. */
-__device__ __forceinline__ float bf_round(float v)
-{
-    return __uint_as_float(bf_bits(v) << 16);
-}
-
-__device__ __forceinline__ float bf_f(mgpu_bf16_t h)
-{
-    return __uint_as_float((unsigned)h << 16);
-}
-
 struct ToBf16 {
     const float *x;
     mgpu_bf16_t *y;
@@ -102,57 +51,6 @@ struct ToBf16 {
 };
 
 /* --- LayerNorm ----------------------------------------------------------------------------- */
-
-/* gpt_cuda.cu's ln_fwd_kernel with y stored in bf16: a warp a row, the mean, then the
- * variance around it (two passes in fp32, the row staying in L1), y computed in fp32 and
- * rounded once. VEC: float4 loads of x, w, b and 8-byte stores of y. */
-template <bool VEC>
-__global__ void __launch_bounds__(kLnWarps * 32)
-    ln16_fwd_kernel(int n, int c, const float *x, const float *w, const float *b, mgpu_bf16_t *y,
-                    float *mean, float *rstd)
-{
-    const int lane = threadIdx.x & 31;
-    for (int row = blockIdx.x * kLnWarps + (threadIdx.x >> 5); row < n;
-         row += gridDim.x * kLnWarps) {
-        const float *xr = x + (size_t)row * c;
-        mgpu_bf16_t *yr = y + (size_t)row * c;
-        float s = 0.0f;
-        if (VEC)
-            for (int j = lane; j < c / 4; j += 32) {
-                float4 v = ld4(xr, j);
-                s += (v.x + v.y) + (v.z + v.w);
-            }
-        else
-            for (int j = lane; j < c; j += 32)
-                s += xr[j];
-        const float m = warp_sum(s) / c;
-        float q = 0.0f;
-        if (VEC)
-            for (int j = lane; j < c / 4; j += 32) {
-                float4 v = ld4(xr, j);
-                float a = v.x - m, bb = v.y - m, cc = v.z - m, d = v.w - m;
-                q += (a * a + bb * bb) + (cc * cc + d * d);
-            }
-        else
-            for (int j = lane; j < c; j += 32)
-                q += (xr[j] - m) * (xr[j] - m);
-        const float rs = 1.0f / sqrtf(warp_sum(q) / c + kLnEps);
-        if (VEC)
-            for (int j = lane; j < c / 4; j += 32) {
-                float4 v = ld4(xr, j), wv = ld4(w, j), bv = ld4(b, j);
-                st_bf4(yr, j,
-                       make_float4((v.x - m) * rs * wv.x + bv.x, (v.y - m) * rs * wv.y + bv.y,
-                                   (v.z - m) * rs * wv.z + bv.z, (v.w - m) * rs * wv.w + bv.w));
-            }
-        else
-            for (int j = lane; j < c; j += 32)
-                yr[j] = (mgpu_bf16_t)bf_bits((xr[j] - m) * rs * w[j] + b[j]);
-        if (lane == 0) {
-            mean[row] = m;
-            rstd[row] = rs;
-        }
-    }
-}
 
 /* gpt_cuda.cu's ln_bwd_kernel on a bf16 dy: dx += rstd * (dnorm - mean(dnorm) - norm *
  * mean(dnorm * norm)), dnorm = w * dy, a warp a row, and dx16 = bf16(dx) after the add when
@@ -649,28 +547,6 @@ int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err
         return 0;
     return launch_ew((cuda_impl *)impl, ToBf16{x, y}, n, aligned16(x) && is_aligned8(y),
                      "gpt16_to_bf16", err);
-}
-
-int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const float *w,
-                            const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
-                            mgpu_err_t *err)
-{
-    cuda_impl *ci = (cuda_impl *)impl;
-    invalidate(ci, mean, sizeof(float) * n);
-    invalidate(ci, rstd, sizeof(float) * n);
-    if (n == 0 || c == 0)
-        return 0;
-    bool vec = c % 4 == 0 && aligned16(x, w, b) && is_aligned8(y);
-    long need = (n + kLnWarps - 1) / kLnWarps, cap = (long)ci->sms * 16;
-    unsigned blocks = (unsigned)(need < cap ? need : cap);
-    if (vec)
-        ln16_fwd_kernel<true>
-            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
-    else
-        ln16_fwd_kernel<false>
-            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
-    CUDA_CHECK_LAUNCH(err, "ln16_fwd_kernel (n=%d c=%d)", n, c);
-    return 0;
 }
 
 /* The block opt-in shared memory of ci's device, granted to every form of the LayerNorm

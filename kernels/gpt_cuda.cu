@@ -26,18 +26,37 @@ constexpr int kHeadWarpCols = 1024;    /* up to this vocabulary a warp a row, el
 
 /* --- LayerNorm ----------------------------------------------------------------------------- */
 
+/* Where LayerNorm's y goes: fp32, or bf16 rounded once from the fp32 value (the bf16 path). */
+__device__ __forceinline__ void st_y4(float *y, size_t j, float4 v)
+{
+    st4(y, j, v);
+}
+__device__ __forceinline__ void st_y4(mgpu_bf16_t *y, size_t j, float4 v)
+{
+    st_bf4(y, j, v);
+}
+__device__ __forceinline__ void st_y(float *y, size_t j, float v)
+{
+    y[j] = v;
+}
+__device__ __forceinline__ void st_y(mgpu_bf16_t *y, size_t j, float v)
+{
+    y[j] = (mgpu_bf16_t)bf_bits(v);
+}
+
 /* A warp a row: the mean, then the variance around it (two passes over the row, which stays
- * in L1), both in fp32; lane 0 saves mean and rstd. */
-template <bool VEC>
+ * in L1), both in fp32; y computed in fp32 and stored as Y (fp32, or bf16 rounded once);
+ * lane 0 saves mean and rstd. VEC: float4 loads of x, w, b. */
+template <bool VEC, class Y>
 __global__ void __launch_bounds__(kLnWarps * 32)
-    ln_fwd_kernel(int n, int c, const float *x, const float *w, const float *b, float *y,
-                  float *mean, float *rstd)
+    ln_fwd_kernel(int n, int c, const float *x, const float *w, const float *b, Y *y, float *mean,
+                  float *rstd)
 {
     const int lane = threadIdx.x & 31;
     for (int row = blockIdx.x * kLnWarps + (threadIdx.x >> 5); row < n;
          row += gridDim.x * kLnWarps) {
         const float *xr = x + (size_t)row * c;
-        float *yr = y + (size_t)row * c;
+        Y *yr = y + (size_t)row * c;
         float s = 0.0f;
         if (VEC)
             for (int j = lane; j < c / 4; j += 32) {
@@ -62,13 +81,13 @@ __global__ void __launch_bounds__(kLnWarps * 32)
         if (VEC)
             for (int j = lane; j < c / 4; j += 32) {
                 float4 v = ld4(xr, j), wv = ld4(w, j), bv = ld4(b, j);
-                st4(yr, j,
-                    make_float4((v.x - m) * rs * wv.x + bv.x, (v.y - m) * rs * wv.y + bv.y,
-                                (v.z - m) * rs * wv.z + bv.z, (v.w - m) * rs * wv.w + bv.w));
+                st_y4(yr, j,
+                      make_float4((v.x - m) * rs * wv.x + bv.x, (v.y - m) * rs * wv.y + bv.y,
+                                  (v.z - m) * rs * wv.z + bv.z, (v.w - m) * rs * wv.w + bv.w));
             }
         else
             for (int j = lane; j < c; j += 32)
-                yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+                st_y(yr, j, (xr[j] - m) * rs * w[j] + b[j]);
         if (lane == 0) {
             mean[row] = m;
             rstd[row] = rs;
@@ -209,14 +228,6 @@ struct Add {
     }
 };
 
-/* p rounded to bf16 (to nearest even; a NaN stays one, quieted, as mgpu_gpt_to_bf16). */
-__device__ __forceinline__ mgpu_bf16_t bf16_bits(float x)
-{
-    if (isnan(x))
-        return (mgpu_bf16_t)((__float_as_uint(x) >> 16) | 0x40u);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-
 /* torch.optim.AdamW (optimizers.c's formula) on g * factor[0]. Every operation rounds on its
  * own, as the CPU reference's (which has no fused multiply-add): left to the compiler, the
  * contractions into FMAs depend on the kernel the update is inlined in, and gpt_adamw and
@@ -251,7 +262,8 @@ struct AdamWF {
         st4(v, i, vv);
         if (p16 != nullptr)
             reinterpret_cast<ushort4 *>(p16)[i] =
-                make_ushort4(bf16_bits(pv.x), bf16_bits(pv.y), bf16_bits(pv.z), bf16_bits(pv.w));
+                make_ushort4((mgpu_bf16_t)bf_bits(pv.x), (mgpu_bf16_t)bf_bits(pv.y),
+                             (mgpu_bf16_t)bf_bits(pv.z), (mgpu_bf16_t)bf_bits(pv.w));
     }
     __device__ void one(size_t i) const
     {
@@ -261,7 +273,7 @@ struct AdamWF {
         m[i] = mi;
         v[i] = vi;
         if (p16 != nullptr)
-            p16[i] = bf16_bits(pi);
+            p16[i] = (mgpu_bf16_t)bf_bits(pi);
     }
 };
 
@@ -497,25 +509,42 @@ __global__ void __launch_bounds__(kThreads)
 
 /* --- the ops ------------------------------------------------------------------------------- */
 
-int gpt_layernorm_forward(void *impl, int n, int c, const float *x, const float *w, const float *b,
-                          float *y, float *mean, float *rstd, mgpu_err_t *err)
+/* The LayerNorm forward of both paths: y of n rows of c as Y (float4 stores of an fp32 y,
+ * 8-byte ones of a bf16 y, when c % 4 == 0 and the rows are aligned). */
+template <class Y>
+static int layernorm_forward(cuda_impl *ci, int n, int c, const float *x, const float *w,
+                             const float *b, Y *y, float *mean, float *rstd, mgpu_err_t *err)
 {
-    cuda_impl *ci = (cuda_impl *)impl;
-    invalidate(ci, y, sizeof(float) * n * (size_t)c);
+    invalidate(ci, y, sizeof(Y) * n * (size_t)c);
     invalidate(ci, mean, sizeof(float) * n);
     invalidate(ci, rstd, sizeof(float) * n);
     if (n == 0 || c == 0)
         return 0;
-    bool vec = c % 4 == 0 && aligned16(x, w, b, y);
+    bool vec = c % 4 == 0 && aligned16(x, w, b) && (uintptr_t)y % (4 * sizeof(Y)) == 0;
     long need = (n + kLnWarps - 1) / kLnWarps, cap = (long)ci->sms * 16;
     unsigned blocks = (unsigned)(need < cap ? need : cap);
     if (vec)
-        ln_fwd_kernel<true><<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
-    else
-        ln_fwd_kernel<false>
+        ln_fwd_kernel<true, Y>
             <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
-    CUDA_CHECK_LAUNCH(err, "ln_fwd_kernel (n=%d c=%d)", n, c);
+    else
+        ln_fwd_kernel<false, Y>
+            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
+    CUDA_CHECK_LAUNCH(err, "ln_fwd_kernel (n=%d c=%d, %s y)", n, c,
+                      sizeof(Y) == 2 ? "bf16" : "fp32");
     return 0;
+}
+
+int gpt_layernorm_forward(void *impl, int n, int c, const float *x, const float *w, const float *b,
+                          float *y, float *mean, float *rstd, mgpu_err_t *err)
+{
+    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, mean, rstd, err);
+}
+
+int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const float *w,
+                            const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
+                            mgpu_err_t *err)
+{
+    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, mean, rstd, err);
 }
 
 int gpt_layernorm_backward(void *impl, int n, int c, const float *dy, const float *x,

@@ -32,10 +32,60 @@ int gpt_embed_forward(void *impl, int b, int t, int c, const int32_t *tokens, co
 int gpt_embed_backward(void *impl, int b, int t, int c, int vocab, const int32_t *tokens,
                        const float *dout, float *dwte, float *dwpe, mgpu_err_t *err);
 
+/* --- bf16 storage, for the GPT kernels' files ------------------------------------------------ */
+
+/* v rounded to bf16, as its bits: the hardware's round to nearest even, except that a NaN
+ * keeps its sign and upper payload (quieted), as mgpu_gpt_to_bf16 on the host does, where
+ * the conversion instruction would give the canonical NaN. */
+__device__ __forceinline__ unsigned bf_bits(float v)
+{
+    if (isnan(v))
+        return (__float_as_uint(v) >> 16) | 0x40u;
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ unsigned bf_pack(float lo, float hi)
+{
+    return bf_bits(lo) | (bf_bits(hi) << 16);
+}
+
+__device__ __forceinline__ float bf_lo(unsigned u)
+{
+    return __uint_as_float(u << 16);
+}
+
+__device__ __forceinline__ float bf_hi(unsigned u)
+{
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+/* Four bf16 at p + 4i (8 bytes, aligned) as floats, and back. */
+__device__ __forceinline__ float4 ld_bf4(const mgpu_bf16_t *p, size_t i)
+{
+    uint2 u = reinterpret_cast<const uint2 *>(p)[i];
+    return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y));
+}
+
+__device__ __forceinline__ void st_bf4(mgpu_bf16_t *p, size_t i, float4 v)
+{
+    reinterpret_cast<uint2 *>(p)[i] = make_uint2(bf_pack(v.x, v.y), bf_pack(v.z, v.w));
+}
+
+/* v as the bf16 it is stored as, back in fp32. */
+__device__ __forceinline__ float bf_round(float v)
+{
+    return __uint_as_float(bf_bits(v) << 16);
+}
+
+__device__ __forceinline__ float bf_f(mgpu_bf16_t h)
+{
+    return __uint_as_float((unsigned)h << 16);
+}
+
 /* The bf16 path (gpt_ops.h's mgpu_gpt_bf16_ops_t), a family file each: */
 typedef __nv_bfloat16 bf16_t;
 
-/* gpt_bf16.cu */
+/* gpt_bf16.cu (layernorm_forward: gpt_cuda.cu, beside the fp32 one) */
 int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err);
 int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const float *w,
                             const float *b, mgpu_bf16_t *y, float *mean, float *rstd,

@@ -137,58 +137,17 @@ lt_plan *plan(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
                                kLtPlans);
             return nullptr;
         }
-        if (p->la != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->la);
-        if (p->lb != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->lb);
-        if (p->ld != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->ld);
-        if (p->desc != NULL)
-            (void)B.p_cublasLtMatmulDescDestroy(p->desc);
+        lt_plan_release(p);
     }
     *p = lt_plan{};
     p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd, p->aux_ld = aux_ld;
     p->ta = ta, p->tb = tb, p->epi = epi, p->prec = MGPU_PREC_BF16, p->d16 = dt == kD16;
     p->g16 = true;
-    cublasLtMatmulPreference_t pref = NULL;
-    uint64_t wsb = kBlasWorkspace;
-    int nres = 0;
-    cublasLtMatmulHeuristicResult_t res[kLtCand];
-    const cudaDataType_t dtype = dt == kD16 ? CUDA_R_16BF : CUDA_R_32F;
-    bool ok =
-        B.p_cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
-            CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                           sizeof epi) == CUBLAS_STATUS_SUCCESS &&
-        (aux_ld == 0 ||
-         B.p_cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                            sizeof(int64_t)) == CUBLAS_STATUS_SUCCESS) &&
-        B.p_cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, ta == CUBLAS_OP_N ? m : k,
-                                       ta == CUBLAS_OP_N ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, tb == CUBLAS_OP_N ? k : n,
-                                       tb == CUBLAS_OP_N ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatrixLayoutCreate(&p->ld, dtype, m, n, ldd) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &wsb, sizeof wsb) == CUBLAS_STATUS_SUCCESS &&
-        B.p_cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref,
-                                           kLtCand, res, &nres) == CUBLAS_STATUS_SUCCESS &&
-        nres > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
-    if (pref != NULL)
-        (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 0; ok && i < nres; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS)
-            p->cand[p->n_cand++] = res[i].algo;
-    if (ok)
-        p->algo = p->cand[0];
+    const bool ok =
+        lt_plan_make(c, p, CUBLAS_COMPUTE_32F, CUDA_R_16BF, dt == kD16 ? CUDA_R_16BF : CUDA_R_32F);
     /* Products under kTuneMinFlops keep the first choice: the heuristic is close for them,
      * and sampling (a forward at every length) would pay a tuning per length. */
     p->tuned = c->opt.tune_off || p->n_cand < 2 || 2.0 * m * n * k < kTuneMinFlops;
-    p->ok = ok;
     return ok ? p : no_algorithm(m, n, k, epi, dt, err, rc);
 }
 

@@ -101,17 +101,8 @@ void cuda_impl_destroy(void *impl)
     for (int i = 0; i < c->n_shadows; i++)
         (void)cudaFree(c->shadows[i].bf);
     (void)cudaFree(c->mir);
-    for (int i = 0; i < c->n_plans; i++) {
-        lt_plan *p = &c->plans[i];
-        if (p->la != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->la);
-        if (p->lb != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->lb);
-        if (p->ld != NULL)
-            (void)B.p_cublasLtMatrixLayoutDestroy(p->ld);
-        if (p->desc != NULL)
-            (void)B.p_cublasLtMatmulDescDestroy(p->desc);
-    }
+    for (int i = 0; i < c->n_plans; i++)
+        lt_plan_release(&c->plans[i]);
     if (c->lt != NULL)
         (void)B.p_cublasLtDestroy(c->lt);
     (void)cudaFree(c->ws);
