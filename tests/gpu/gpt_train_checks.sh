@@ -161,6 +161,15 @@ EOF
 # tail of a failed run, without its JSON (a CPU run's metrics would read as a GPU check on the CPU)
 why() { grep -v '^{' "$out/$1.out" | tail -n 5 | sed 's/^/    /'; }
 
+# CHECK NAME: true when run NAME took the bf16 path (its first line says so), else CHECK's
+# verdict and the run's tail
+on_bf16_path() {
+    grep -q 'bf16 activations' "$out/$2.out" && return 0
+    echo "not ok - $1: the bf16 run did not take the bf16 path:"
+    why "$2"
+    return 1
+}
+
 rc=0
 # --- (a) fp32 on the GPU against the CPU -------------------------------------------------------
 # shellcheck disable=SC2086 # one file, or the list of the repository's sources
@@ -218,14 +227,9 @@ seed = 1
 EOF
 run small_fp32 "$out/small.cfg" precision=fp32 || why small_fp32
 run small_bf16 "$out/small.cfg" precision=bf16 || why small_bf16
-if grep -q 'bf16 activations' "$out/small_bf16.out"; then
+on_bf16_path gpt_bf16_tracks_fp32 small_bf16 &&
     compare gpt_bf16_tracks_fp32 bf16_fp32 "$out/small_bf16.jsonl" "$out/small_fp32.jsonl" \
         0.02 25 500 || rc=1
-else
-    echo "not ok - gpt_bf16_tracks_fp32: the bf16 run did not take the bf16 path:"
-    why small_bf16
-    rc=1
-fi
 tail -n 1 "$out/small_bf16.jsonl" 2>/dev/null
 
 # --- (c) the step replayed from CUDA graphs against the eager step ----------------------------
@@ -253,12 +257,7 @@ MGPU_LT_TUNE=0 run bf16_first "$out/tiny.cfg" "${resume[@]}" max_steps=20 \
     checkpoint="$out/resume.ckpt" || why bf16_first
 MGPU_LT_TUNE=0 run bf16_resumed "$out/tiny.cfg" "${resume[@]}" max_steps=40 \
     checkpoint="$out/resume.ckpt" || why bf16_resumed
-if grep -q 'bf16 activations' "$out/bf16_resumed.out"; then
+on_bf16_path gpt_bf16_resume_matches bf16_resumed &&
     compare gpt_bf16_resume_matches resume "$out/bf16_resumed.jsonl" "$out/bf16_straight.jsonl" \
         0 1 20 || rc=1
-else
-    echo "not ok - gpt_bf16_resume_matches: the bf16 run did not take the bf16 path:"
-    why bf16_resumed
-    rc=1
-fi
 exit $rc
