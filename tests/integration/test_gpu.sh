@@ -115,3 +115,18 @@ t_gpu_none_visible_runs_on_cpu() {
     expect_eq "$(drv_count c.1)" 0 "devices the driver shows the worker"
     expect_grep err 'CPU'
 }
+
+# One rank has nothing to exchange: with backend = auto the worker makes no NCCL communicator
+# (which would hold about 0.6 GiB of the GPU for nothing), while backend = nccl still makes one.
+# NCCL_DEBUG=INFO makes NCCL say so when it initialises.
+t_gpu_one_rank_makes_no_nccl_communicator() {
+    need_gpus
+    NCCL_DEBUG=INFO run_launch --nproc_per_node=1 "$WORKER" "$MGPU_ROOT/configs/train.cfg" \
+        epochs=1 metrics_file= log_interval=0
+    expect_eq "$rc" 0 "world size 1, backend = auto ($(tail -n 3 err))"
+    ! grep -q 'NCCL INFO' out err || fail "backend = auto at world size 1 initialised NCCL: $(grep -m2 'NCCL INFO' out err)"
+    NCCL_DEBUG=INFO run_launch --nproc_per_node=1 "$WORKER" "$MGPU_ROOT/configs/train.cfg" \
+        epochs=1 metrics_file= log_interval=0 backend=nccl
+    expect_eq "$rc" 0 "world size 1, backend = nccl ($(tail -n 3 err))"
+    grep -q 'NCCL INFO' out err || fail "backend = nccl made no NCCL communicator (no 'NCCL INFO' line)"
+}

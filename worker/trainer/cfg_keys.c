@@ -33,7 +33,7 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "ddp: one process per device, gradients all-reduced (DistributedDataParallel); dp: one "
      "process drives all devices (DataParallel)"},
     {"backend", MGPU_CFG_T_ENUM, F(backend), backend_names, 0, 0,
-     "collectives: auto picks nccl when the worker has a GPU, cpu otherwise"},
+     "collectives: auto picks nccl when the worker has a GPU and other ranks, cpu otherwise"},
     {"dp_devices", MGPU_CFG_T_INT, F(dp_devices), NULL, 0, MGPU_DP_MAX_DEVICES,
      "mode = dp: devices to use (threads stand in for them on a CPU); 0 = all visible, 2 on a "
      "CPU"},
