@@ -140,7 +140,9 @@ struct cuda_impl {
      * when the model defers the join (the fused output layer); cuda_join waits for the `done`
      * event of each pending one. Four of them, taken in turn (a step's output layer, the
      * layer below with its bias gradient, and the first layer all run beside each other),
-     * each with its own cuBLASLt workspace and narrow_dw_kernel's partial sums and counters. */
+     * each with its own cuBLASLt workspace and narrow_dw_kernel's partial sums and counters.
+     * The workspaces (kBlasWorkspace each) are allocated by the first product that runs on a
+     * side stream (side_ws): a model whose products are all large (the GPT) never needs them. */
     struct side_stream {
         cudaStream_t s;
         void *ws;
@@ -202,6 +204,10 @@ constexpr double kSideMaxFlops = 2.0 * (1 << 26);
 constexpr int kSideBiasRows = 4096;
 
 /* --- what one family calls in another ------------------------------------------------------ */
+
+/* schedule.cu: side stream i's cuBLASLt workspace, allocating every side stream's on the first
+ * call (which must not be inside a capture: the trainers run a step eagerly first). */
+int side_ws(cuda_impl *c, int i, void **ws, mgpu_err_t *err);
 
 /* cublas.cu: the loader, the cuBLASLt planner and the bf16 operand copies. */
 int blas_load(mgpu_err_t *err);

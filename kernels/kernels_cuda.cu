@@ -35,7 +35,6 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUBLAS_CHECK(err, B.p_cublasLtCreate(&c->lt));
     for (cuda_impl::side_stream &sd : c->side) {
         CUDA_CHECK(err, cudaStreamCreateWithFlags(&sd.s, cudaStreamNonBlocking));
-        CUDA_CHECK(err, cudaMalloc(&sd.ws, kBlasWorkspace));
         CUDA_CHECK(err, cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming));
         CUDA_CHECK(err, cudaMalloc((void **)&sd.nw_part, kNarrowPartFloats * sizeof(float)));
         CUDA_CHECK(err, cudaMalloc((void **)&sd.nw_count, kNarrowCounters * sizeof(unsigned)));

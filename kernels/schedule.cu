@@ -88,6 +88,16 @@ int side_fork(cuda_impl *c, int *i, mgpu_err_t *err)
     return 0;
 }
 
+int side_ws(cuda_impl *c, int i, void **ws, mgpu_err_t *err)
+{
+    if (c->side[i].ws == nullptr)
+        for (cuda_impl::side_stream &sd : c->side)
+            if (sd.ws == nullptr)
+                CUDA_CHECK(err, cudaMalloc(&sd.ws, kBlasWorkspace));
+    *ws = c->side[i].ws;
+    return 0;
+}
+
 /* What side stream i was given is for cuda_join to wait for (also after a failed launch: a
  * side stream that joined a capture must leave it). */
 int side_queued(cuda_impl *c, int i, mgpu_err_t *err)
@@ -131,10 +141,13 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     const bool side_bias = !narrow && dbias != nullptr && rows <= kSideBiasRows;
     if (side_bias)
         epi = CUBLASLT_EPILOGUE_DEFAULT;
+    void *ws = nullptr;
     rc = narrow ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
-                : lt_matmul(c, c->side[i].s, c->side[i].ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows,
-                            x, in, dz, out, dw, in, epi, side_bias ? nullptr : dbias, nullptr, 0,
-                            kReuse, kFresh, err);
+                : side_ws(c, i, &ws, err);
+    if (!narrow && rc == 0)
+        rc = lt_matmul(c, c->side[i].s, ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz,
+                       out, dw, in, epi, side_bias ? nullptr : dbias, nullptr, 0, kReuse, kFresh,
+                       err);
     const int qc = side_queued(c, i, err); /* even when declined */
     if (qc < 0)
         return qc;
