@@ -7,36 +7,36 @@ namespace mgpu_cuda
 namespace
 {
 
-/* Forward: a block of W warps owns 16 W queries, 16 a warp; the warp's rows g and g + 8 keep
- * their running maximum (log2 units) and sum in the four lanes of a row (a row's columns are
- * spread over them: shuffles 1 and 2). Blocks are launched last queries first (they have the
- * most keys). q is an fp32 qkv's (q32, which a block of four warps converts) or a bf16 view's
- * (qv, read as k and v are: Q16); out is fp32 or bf16.
+/* Forward: a block of W warps owns 16 MT W queries, MT tiles of 16 a warp; each tile's rows g
+ * and g + 8 keep their running maximum (log2 units) and sum in the four lanes of a row (a
+ * row's columns are spread over them: shuffles 1 and 2). Blocks are launched last queries
+ * first (they have the most keys). q is an fp32 qkv's (q32, which a block of four warps
+ * converts) or a bf16 view's (qv, read as k and v are: Q16); out is fp32 or bf16.
  *
- * k and v tiles come in kFwdStages<W> buffers each: tile j is used while tiles up to j +
+ * k and v tiles come in kFwdStages<W * MT> buffers each: tile j is used while tiles up to j +
  * stages - 2 arrive. One barrier a tile: once every warp has passed it, tile j is in and
  * every warp is done with tile j - 1, whose buffer then takes tile j + stages - 1. */
-template <int W> constexpr int kFwdStages = W == kTcWarps ? 2 : 3;
+template <int R> constexpr int kFwdStages = R == kTcWarps ? 2 : 3; /* R: 16-row tiles a block */
 
-template <int HS, bool Q16, class OutT, int W>
-__global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W>)
+template <int HS, bool Q16, class OutT, int W, int MT>
+__global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W, MT>)
     att_fwd_tc_kernel(int t, int c, int nh, const float *q32, View qv, View kv, View vv, OutT *out,
                       float *lse, float scale, bool vec)
 {
-    static_assert(Q16 || W == kTcWarps, "q_tile converts a tile with four warps");
-    static_assert(W % kTcWarps == 0, "a block's queries are whole tiles");
+    static_assert(Q16 || (W == kTcWarps && MT == 1), "q_tile converts a tile with four warps");
+    static_assert(W * MT % kTcWarps == 0, "a block's queries are whole tiles");
     using L = Tc<HS>;
-    constexpr int NT = W * 32, ROWS = 16 * W;
+    constexpr int NT = W * 32, WR = 16 * MT, ROWS = WR * W;
     extern __shared__ __align__(128) unsigned char tc_smem[];
     bf16 *qs = (bf16 *)tc_smem, *ks = qs + ROWS / kTcRows * L::TILE;
-    constexpr int ST = kFwdStages<W>;
+    constexpr int ST = kFwdStages<W * MT>;
     bf16 *vs = ks + ST * L::TILE; /* k, v: ST each */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
     const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
-    const int qa = q0 + warp * 16 + g, qb = qa + 8; /* the lane's two rows */
-    const int wlast = q0 + warp * 16 + 15;
+    const int wfirst = q0 + warp * WR, wlast = wfirst + WR - 1; /* the warp's queries */
+    const int qa = wfirst + g; /* the lane's rows: qa + 16 m (a) and qa + 16 m + 8 (b) */
     const float sl2 = scale * kLog2e;
 
     if constexpr (Q16) {
@@ -58,12 +58,17 @@ __global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W>)
     if constexpr (!Q16)
         q_tile<HS>(qs, q32 + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, q0, t, hs,
                    vec);
-    uint32_t qf[HS / 16][4];
-    float o[HS / 8][4];
+    uint32_t qf[MT][HS / 16][4];
+    float o[MT][HS / 8][4];
+    float mx[MT][2], l[MT][2]; /* rows a and b of each tile */
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+            o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+        mx[m][0] = mx[m][1] = -INFINITY;
+        l[m][0] = l[m][1] = 0.0f;
+    }
 
     int cur = 0; /* tile j's buffer */
     for (int j = 0; j < ntiles; j++) {
@@ -78,90 +83,109 @@ __global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W>)
         }
         cp_commit();
         cur = cur + 1 == ST ? 0 : cur + 1;
-        if (j == 0)
-            load_a<HS>(qf, qs, warp * 16, lane);
-        if (k0 <= wlast) { /* else every key of the tile comes after the warp's queries */
-            float s[kTcRows / 8][4];
+        if (j == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                load_a<HS>(qf[m], qs, warp * WR + m * 16, lane);
+        }
+        /* Else every key of the tile comes after the warp's queries. Key 0 is in the first
+         * tile of every row: the maxima are finite from then on. */
+        if (k0 <= wlast) {
+            float s[MT][kTcRows / 8][4];
             rows_by_tile<HS>(s, qf, kt, lane);
-            float mxa = ma, mxb = mb;
+            float nx[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                nx[m][0] = mx[m][0], nx[m][1] = mx[m][1];
             auto scores = [&](auto masked) {
 #pragma unroll
-                for (int n = 0; n < kTcRows / 8; n++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + n * 8 + 2 * tig + (e & 1);
-                        /* causal mask; keys past t come after every query below t */
-                        float v = !decltype(masked)::value || key <= (e >> 1 ? qb : qa)
-                                      ? s[n][e] * sl2
-                                      : -INFINITY;
-                        s[n][e] = v;
-                        if (e >> 1)
-                            mxb = fmaxf(mxb, v);
-                        else
-                            mxa = fmaxf(mxa, v);
-                    }
+                    for (int n = 0; n < kTcRows / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + n * 8 + 2 * tig + (e & 1);
+                            const int q = qa + m * 16 + (e >> 1) * 8;
+                            /* causal mask; keys past t come after every query below t */
+                            const float v =
+                                !decltype(masked)::value || key <= q ? s[m][n][e] * sl2 : -INFINITY;
+                            s[m][n][e] = v;
+                            nx[m][e >> 1] = fmaxf(nx[m][e >> 1], v);
+                        }
             };
             /* the mask only on tiles with keys past the warp's first query */
-            if (k0 + kTcRows - 1 <= wlast - 15)
+            if (k0 + kTcRows - 1 <= wfirst)
                 scores(std::false_type());
             else
                 scores(std::true_type());
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-            /* Key 0 is in the first tile of every row: the maxima are finite from then on. */
-            const float ca = exp2f(ma - mxa), cb = exp2f(mb - mxb);
-            float sa = 0.0f, sb = 0.0f;
 #pragma unroll
-            for (int n = 0; n < kTcRows / 8; n++) {
-                s[n][0] = exp2f(s[n][0] - mxa);
-                s[n][1] = exp2f(s[n][1] - mxa);
-                s[n][2] = exp2f(s[n][2] - mxb);
-                s[n][3] = exp2f(s[n][3] - mxb);
-                sa += s[n][0] + s[n][1];
-                sb += s[n][2] + s[n][3];
-            }
-            la = la * ca + sa; /* the lane's part of the sum; the row's is summed at the end */
-            lb = lb * cb + sb;
-            ma = mxa, mb = mxb;
+            for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int n = 0; n < HS / 8; n++) {
-                o[n][0] *= ca, o[n][1] *= ca;
-                o[n][2] *= cb, o[n][3] *= cb;
+                for (int r = 0; r < 2; r++) {
+                    nx[m][r] = fmaxf(nx[m][r], __shfl_xor_sync(0xffffffffu, nx[m][r], 1));
+                    nx[m][r] = fmaxf(nx[m][r], __shfl_xor_sync(0xffffffffu, nx[m][r], 2));
+                }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const float ca = exp2f(mx[m][0] - nx[m][0]), cb = exp2f(mx[m][1] - nx[m][1]);
+                float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+                for (int n = 0; n < kTcRows / 8; n++) {
+                    s[m][n][0] = exp2f(s[m][n][0] - nx[m][0]);
+                    s[m][n][1] = exp2f(s[m][n][1] - nx[m][0]);
+                    s[m][n][2] = exp2f(s[m][n][2] - nx[m][1]);
+                    s[m][n][3] = exp2f(s[m][n][3] - nx[m][1]);
+                    sa += s[m][n][0] + s[m][n][1];
+                    sb += s[m][n][2] + s[m][n][3];
+                }
+                /* the lane's part of the sum; the row's is summed at the end */
+                l[m][0] = l[m][0] * ca + sa;
+                l[m][1] = l[m][1] * cb + sb;
+                mx[m][0] = nx[m][0], mx[m][1] = nx[m][1];
+#pragma unroll
+                for (int n = 0; n < HS / 8; n++) {
+                    o[m][n][0] *= ca, o[m][n][1] *= ca;
+                    o[m][n][2] *= cb, o[m][n][3] *= cb;
+                }
             }
             acc_by_tile<HS>(o, s, vt, lane);
         }
     }
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    store_acc<HS>(o, out + (size_t)bi * t * c + (size_t)h * hs, c, qa, t, hs, 1.0f / la, 1.0f / lb,
-                  tig);
     float *lrow = lse + ((size_t)bi * nh + h) * t;
-    if (tig == 0 && qa < t)
-        lrow[qa] = (ma + log2f(la)) / kLog2e;
-    if (tig == 0 && qb < t)
-        lrow[qb] = (mb + log2f(lb)) / kLog2e;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        const int ra = qa + m * 16, rb = ra + 8;
+        float la = l[m][0], lb = l[m][1];
+        la += __shfl_xor_sync(0xffffffffu, la, 1);
+        la += __shfl_xor_sync(0xffffffffu, la, 2);
+        lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+        lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+        store_acc<HS>(o[m], out + (size_t)bi * t * c + (size_t)h * hs, c, ra, t, hs, 1.0f / la,
+                      1.0f / lb, tig);
+        if (tig == 0 && ra < t)
+            lrow[ra] = (mx[m][0] + log2f(la)) / kLog2e;
+        if (tig == 0 && rb < t)
+            lrow[rb] = (mx[m][1] + log2f(lb)) / kLog2e;
+    }
 }
 
-/* The forward in blocks of W warps: q's tiles, and kFwdStages<W> buffers each of k and v. */
-template <int HS, bool Q16, class OutT, int W>
+/* The forward in blocks of W warps of MT tiles: q's tiles, and kFwdStages<W * MT> buffers each
+ * of k and v. */
+template <int HS, bool Q16, class OutT, int W, int MT>
 int launch_fwd(cuda_impl *ci, int b, int t, int c, int nh, const float *q32, View qv, View kv,
                View vv, OutT *out, float *lse, float scale, bool vec, mgpu_err_t *err)
 {
-    constexpr int ROWS = 16 * W;
-    constexpr int TILES = ROWS / kTcRows + 2 * kFwdStages<W>;
+    constexpr int ROWS = 16 * MT * W;
+    constexpr int TILES = ROWS / kTcRows + 2 * kFwdStages<W * MT>;
     const size_t smem = TILES * Tc<HS>::BYTES;
-    int rc = prepare(att_fwd_tc_kernel<HS, Q16, OutT, W>, smem, err);
+    int rc = prepare(att_fwd_tc_kernel<HS, Q16, OutT, W, MT>, smem, err);
     if (rc < 0)
         return rc;
     dim3 grid((unsigned)((t + ROWS - 1) / ROWS), (unsigned)nh, (unsigned)b);
-    att_fwd_tc_kernel<HS, Q16, OutT, W>
+    att_fwd_tc_kernel<HS, Q16, OutT, W, MT>
         <<<grid, W * 32, smem, ci->stream>>>(t, c, nh, q32, qv, kv, vv, out, lse, scale, vec);
-    CUDA_CHECK_LAUNCH(err, "att_fwd_tc_kernel<%d, %s, %d warps> (b=%d t=%d c=%d nh=%d)", HS,
-                      Q16 ? "bf16" : "fp32", W, b, t, c, nh);
+    CUDA_CHECK_LAUNCH(err, "att_fwd_tc_kernel<%d, %s, %d warps of %d rows> (b=%d t=%d c=%d nh=%d)",
+                      HS, Q16 ? "bf16" : "fp32", W, 16 * MT, b, t, c, nh);
     return 0;
 }
 } /* namespace */
@@ -178,7 +202,7 @@ int gpt_attention_forward_tc(cuda_impl *ci, int b, int t, int c, int nh, const f
         if (rc < 0)
             return rc;
         const bool vec = (c / nh) % 4 == 0 && aligned16(qkv);
-        return launch_fwd<HS, false, float, kTcWarps>(
+        return launch_fwd<HS, false, float, kTcWarps, 1>(
             ci, b, t, c, nh, qkv, View{}, plane_view(kh, t, nh, HS),
             plane_view(kh + plane, t, nh, HS), out, lse, scale, vec, err);
     });
@@ -207,7 +231,7 @@ int gpt16_attention_forward(void *impl, int b, int t, int c, int nh, const mgpu_
         constexpr int HS = decltype(hc)::value;
         if (hs == HS && aligned16(qkv)) {
             const size_t ld = 3 * (size_t)c;
-            return launch_fwd<HS, true, bf16, kFwd16Warps>(
+            return launch_fwd<HS, true, bf16, kFwd16W<HS>, kFwd16MT<HS>>(
                 ci, b, t, c, nh, nullptr, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
                 row_view(qkv + 2 * (size_t)c, t, ld, hs), out, lse, scale, false, err);
         }
@@ -217,7 +241,7 @@ int gpt16_attention_forward(void *impl, int b, int t, int c, int nh, const mgpu_
             to_heads<HS, bf16>(ci, b, t, c, nh, 0, 3, qkv, nullptr, nullptr, 0, &qh, nullptr, err);
         if (rc2 < 0)
             return rc2;
-        return launch_fwd<HS, true, bf16, kFwd16Warps>(
+        return launch_fwd<HS, true, bf16, kFwd16W<HS>, kFwd16MT<HS>>(
             ci, b, t, c, nh, nullptr, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
             plane_view(qh + 2 * plane, t, nh, HS), out, lse, scale, false, err);
     });

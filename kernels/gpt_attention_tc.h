@@ -21,8 +21,10 @@
  * backward's sums over queries), so no tile is stored twice. Results are written straight
  * into their rows of out and dqkv, in fp32 or rounded to bf16.
  *
- * A block is four warps and owns 64 rows (queries, or keys in the key pass), 16 a warp; the
- * bf16 path's kernels have eight (128 rows) over the same tiles of 64 rows.
+ * A block is four warps and owns 64 rows (queries, or keys in the key pass), 16 a warp. The
+ * bf16 path's forward gives a warp 32 queries, two tiles of 16 rows, so that each
+ * fragment of k and v read from shared memory serves both (blocks of four warps, 128 queries,
+ * over the same tiles of 64 rows; at a head size of 128, eight warps of 16).
  * The backward is two kernels that run side by side on two streams: the query pass (dq over
  * the key tiles) and the key pass (dk, dv over the query tiles), each recomputing the
  * probabilities from lse; D = rowsum(dout * out) is in fp32, computed before them by the
@@ -61,12 +63,23 @@ constexpr int kCvtThreads = 256;
  * gains. */
 template <int HS> constexpr int kFwdBlocks = HS <= 64 ? 4 : 1;
 template <int HS> constexpr int kKvBlocks = HS <= 64 ? 3 : 1;
-/* The bf16 forward's blocks are eight warps (128 queries) over the same 64-key tiles: each
- * tile read into shared memory serves twice the queries, and a block waits at half as many
- * barriers per query. The same register budget a thread as four warps (half the blocks). */
-constexpr int kFwd16Warps = 8;
-template <int HS, int W>
-constexpr int kFwdBlocksW = kFwdBlocks<HS> *kTcWarps / W > 0 ? kFwdBlocks<HS> *kTcWarps / W : 1;
+/* The bf16 forward's warps own kFwd16Tiles tiles of 16 queries each (MT): at 2, each k and v
+ * fragment read from shared memory serves 32 queries, half the bytes a product of one of 16
+ * needs, which otherwise bounds the kernel before its tensor cores do. Its blocks are
+ * kFwd16Warps warps over the same 64-key tiles (16 MT W queries). At a head size of 128 the
+ * fragments of 32 rows (q, out and the scores) exceed a thread's registers: one tile a warp,
+ * eight warps. (1 and 8 give 16 rows a warp at every head size.) */
+constexpr int kFwd16Tiles = 2;
+constexpr int kFwd16Warps = 4;
+template <int HS> constexpr int kFwd16MT = HS <= 64 ? kFwd16Tiles : 1;
+template <int HS> constexpr int kFwd16W = HS <= 64 ? kFwd16Warps : 8;
+/* Warps an SM the forward's register budget is for: with one tile a warp, kFwdBlocks<HS>
+ * blocks of four warps' (16 warps up to a head size of 64: 128 registers a thread); with two,
+ * eight warps (up to 255 registers), which the scores, q's fragments and out of 32 rows need:
+ * at 168 (twelve warps) they spill. Blocks of W warps: as many as make them. */
+template <int HS, int MT> constexpr int kFwdWarpsSM = MT > 1 ? 8 : kFwdBlocks<HS> *kTcWarps;
+template <int HS, int W, int MT = 1>
+constexpr int kFwdBlocksW = kFwdWarpsSM<HS, MT> / W > 0 ? kFwdWarpsSM<HS, MT> / W : 1;
 /* The bf16 path's backward passes likewise: the query pass's blocks own 16 W queries over the
  * same 64-key tiles, the key pass's 16 W keys over the same 64-query tiles, so that each tile
  * read serves twice the rows. The key pass keeps four warps: measured on the H200 in the
@@ -240,46 +253,83 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const bf16 *ti
         ldsm4(a[k], tile + w0 * Tc<HS>::LD + k * 16 + off_a(lane, Tc<HS>::LD));
 }
 
-/* s (16 x 64) = a . tile^T, the tile's rows the columns of s. */
+/* s (16 MT x 8 NB) = a . tile^T: the warp's MT tiles of 16 rows by the NB * 8 rows of the tile
+ * from tile on, which are the columns of s. Each B fragment read from shared memory serves the
+ * MT row tiles: a warp of 32 rows reads half the bytes a product of one of 16 rows does. Each
+ * accumulator sums over the head in the same order whatever MT is. */
+template <int HS, int MT, int NB>
+__device__ __forceinline__ void
+rows_by_tile(float (&s)[MT][NB][4], const uint32_t (&a)[MT][HS / 16][4], const bf16 *tile, int lane)
+{
+    static_assert(NB % 2 == 0, "columns in blocks of 16");
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+            s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HS / 16; k++)
+#pragma unroll
+        for (int n = 0; n < NB / 2; n++) {
+            uint32_t b[4];
+            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma16816(s[m][2 * n], a[m][k], b[0], b[1]);
+                mma16816(s[m][2 * n + 1], a[m][k], b[2], b[3]);
+            }
+        }
+}
+
+/* acc (16 MT x HS) += p . tile, p 16 MT x 8 NB as accumulators (bf16 A operands), the NB * 8
+ * rows of the tile from tile on the rows of the sum; each B fragment serves the MT row tiles,
+ * and each accumulator sums over the rows in their order whatever MT is. */
+template <int HS, int MT, int NB>
+__device__ __forceinline__ void acc_by_tile(float (&acc)[MT][HS / 8][4],
+                                            const float (&p)[MT][NB][4], const bf16 *tile, int lane)
+{
+    static_assert(NB % 2 == 0, "rows in blocks of 16");
+#pragma unroll
+    for (int k = 0; k < NB / 2; k++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            a[m][0] = pack_bf16(p[m][2 * k][0], p[m][2 * k][1]);
+            a[m][1] = pack_bf16(p[m][2 * k][2], p[m][2 * k][3]);
+            a[m][2] = pack_bf16(p[m][2 * k + 1][0], p[m][2 * k + 1][1]);
+            a[m][3] = pack_bf16(p[m][2 * k + 1][2], p[m][2 * k + 1][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < HS / 16; n++) {
+            uint32_t b[4];
+            ldsm4t(b, tile + k * 16 * Tc<HS>::LD + n * 16 + off_a(lane, Tc<HS>::LD));
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma16816(acc[m][2 * n], a[m], b[0], b[1]);
+                mma16816(acc[m][2 * n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* The same for one row tile (16 rows) and a whole tile of columns or rows. */
 template <int HS>
 __device__ __forceinline__ void rows_by_tile(float (&s)[kTcRows / 8][4],
                                              const uint32_t (&a)[HS / 16][4], const bf16 *tile,
                                              int lane)
 {
-#pragma unroll
-    for (int n = 0; n < kTcRows / 8; n++)
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < HS / 16; k++)
-#pragma unroll
-        for (int n = 0; n < kTcRows / 16; n++) {
-            uint32_t b[4];
-            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
-            mma16816(s[2 * n], a[k], b[0], b[1]);
-            mma16816(s[2 * n + 1], a[k], b[2], b[3]);
-        }
+    rows_by_tile<HS, 1, kTcRows / 8>(reinterpret_cast<float(&)[1][kTcRows / 8][4]>(s),
+                                     reinterpret_cast<const uint32_t(&)[1][HS / 16][4]>(a), tile,
+                                     lane);
 }
 
-/* acc (16 x HS) += p . tile, p 16 x 64 as accumulators (bf16 A operands), the tile's rows
- * the rows of the sum. */
 template <int HS>
 __device__ __forceinline__ void
 acc_by_tile(float (&acc)[HS / 8][4], const float (&p)[kTcRows / 8][4], const bf16 *tile, int lane)
 {
-#pragma unroll
-    for (int k = 0; k < kTcRows / 16; k++) {
-        const uint32_t a[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]),
-                               pack_bf16(p[2 * k][2], p[2 * k][3]),
-                               pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
-                               pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
-#pragma unroll
-        for (int n = 0; n < HS / 16; n++) {
-            uint32_t b[4];
-            ldsm4t(b, tile + k * 16 * Tc<HS>::LD + n * 16 + off_a(lane, Tc<HS>::LD));
-            mma16816(acc[2 * n], a, b[0], b[1]);
-            mma16816(acc[2 * n + 1], a, b[2], b[3]);
-        }
-    }
+    acc_by_tile<HS, 1, kTcRows / 8>(reinterpret_cast<float(&)[1][HS / 8][4]>(acc),
+                                    reinterpret_cast<const float(&)[1][kTcRows / 8][4]>(p), tile,
+                                    lane);
 }
 
 /* base[r * ld + d], d and d + 1 (each below hs) = v0, v1: fp32 as they are, bf16 rounded to
