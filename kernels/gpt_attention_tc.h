@@ -22,7 +22,7 @@
  * into their rows of out and dqkv, in fp32 or rounded to bf16.
  *
  * A block is four warps and owns 64 rows (queries, or keys in the key pass), 16 a warp. The
- * bf16 path's forward gives a warp 32 queries, two tiles of 16 rows, so that each
+ * bf16 path's forward and query pass give a warp 32 queries, two tiles of 16 rows, so that each
  * fragment of k and v read from shared memory serves both (blocks of four warps, 128 queries,
  * over the same tiles of 64 rows; at a head size of 128, eight warps of 16).
  * The backward is two kernels that run side by side on two streams: the query pass (dq over
@@ -80,12 +80,23 @@ template <int HS> constexpr int kFwd16W = HS <= 64 ? kFwd16Warps : 8;
 template <int HS, int MT> constexpr int kFwdWarpsSM = MT > 1 ? 8 : kFwdBlocks<HS> *kTcWarps;
 template <int HS, int W, int MT = 1>
 constexpr int kFwdBlocksW = kFwdWarpsSM<HS, MT> / W > 0 ? kFwdWarpsSM<HS, MT> / W : 1;
-/* The bf16 path's backward passes likewise: the query pass's blocks own 16 W queries over the
- * same 64-key tiles, the key pass's 16 W keys over the same 64-query tiles, so that each tile
- * read serves twice the rows. The key pass keeps four warps: measured on the H200 in the
- * GPT-2 124M step, eight (one block an SM at its 233 registers a thread) made the step 0.5 ms
- * slower, and the byte model's 2% slower. */
-constexpr int kBwd16QWarps = 8;
+/* The bf16 path's backward passes likewise. The query pass's warps own kBwd16QTiles tiles of
+ * 16 queries (MT) and take a key tile kBwd16QKeys keys at a time; its blocks are kBwd16QWarps
+ * warps (16 MT W queries) over the same 64-key tiles. Two tiles a warp halve the bytes of k
+ * and v fragments read a product, as in the forward; 32 keys a step then keep s and dp of 32
+ * rows in registers beside q's and dout's fragments and dq (at 255 registers two words
+ * spill, reloaded once a key tile; 64 keys spill hundreds of bytes; 16 fit in 234). At a head size
+ * of 128 those alone fill a thread's registers: one tile a warp, eight warps, whole tiles of keys.
+ * (1, 8 and 64 give 16 rows a warp at every head size.) The key pass's blocks own 16 W keys over
+ * the same 64-query tiles and keep four warps: measured on the H200 in the GPT-2 124M step, eight
+ * (one block an SM at its 233 registers a thread) made the step 0.5 ms slower, and the byte model's
+ * 2% slower. */
+constexpr int kBwd16QTiles = 2;
+constexpr int kBwd16QWarps = 4;
+constexpr int kBwd16QKeys = 32;
+template <int HS> constexpr int kBwd16QMT = HS <= 64 ? kBwd16QTiles : 1;
+template <int HS> constexpr int kBwd16QW = HS <= 64 ? kBwd16QWarps : 8;
+template <int HS> constexpr int kBwd16QKC = HS <= 64 ? kBwd16QKeys : kTcRows;
 constexpr int kBwd16KvWarps = 4;
 template <int HS, int W>
 constexpr int kKvBlocksW = kKvBlocks<HS> *kTcWarps / W > 0 ? kKvBlocks<HS> *kTcWarps / W : 1;

@@ -42,16 +42,20 @@ __global__ void __launch_bounds__(kCvtThreads)
 }
 
 /* Backward, query pass: dq = scale * ds . k over the key tiles, ds = p * (dp - D), p =
- * exp(scale * s - lse), s = q . k^T and dp = dout . v^T. A block of W warps owns 16 W queries;
- * blocks are launched last queries first (they have the most keys). */
-template <int HS, class OutT, int W>
+ * exp(scale * s - lse), s = q . k^T and dp = dout . v^T. A block of W warps owns 16 MT W
+ * queries, MT tiles of 16 a warp (q's and dout's fragments and dq in registers), and takes a
+ * key tile KC keys at a time (s and dp of 16 MT x KC: with two row tiles, 32 keys keep them in
+ * registers beside the rest), skipping those past the warp's last query. Blocks are launched
+ * last queries first (they have the most keys). */
+template <int HS, class OutT, int W, int MT, int KC>
 __global__ void __launch_bounds__(W * 32)
     att_bwd_q_tc_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov, const float *lse,
                         const float *dsum, OutT *dqkv, float scale)
 {
-    static_assert(W % kTcWarps == 0, "a block's queries are whole tiles");
+    static_assert(W * MT % kTcWarps == 0, "a block's queries are whole tiles");
+    static_assert(kTcRows % KC == 0 && KC % 16 == 0, "a tile is whole steps of 16 keys");
     using L = Tc<HS>;
-    constexpr int NT = W * 32, ROWS = 16 * W;
+    constexpr int NT = W * 32, WR = 16 * MT, ROWS = WR * W;
     extern __shared__ __align__(128) unsigned char tc_smem[];
     bf16 *qs = (bf16 *)tc_smem, *dos = qs + ROWS / kTcRows * L::TILE;
     bf16 *ks = dos + ROWS / kTcRows * L::TILE, *vs = ks + 2 * L::TILE; /* k, v: 2 each */
@@ -60,8 +64,8 @@ __global__ void __launch_bounds__(W * 32)
     const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
     const size_t lbase = ((size_t)bi * nh + h) * t;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
-    const int qa = q0 + warp * 16 + g, qb = qa + 8;
-    const int wlast = q0 + warp * 16 + 15;
+    const int wfirst = q0 + warp * WR, wlast = wfirst + WR - 1; /* the warp's queries */
+    const int qa = wfirst + g; /* the lane's rows: qa + 16 m + 8 r */
     const float sl2 = scale * kLog2e;
 
 #pragma unroll
@@ -73,15 +77,22 @@ __global__ void __launch_bounds__(W * 32)
     tile_async<HS, NT>(vs, vh, vv.ld, 0, t);
     cp_commit();
     /* rows past t: p and ds are not stored; any finite value does */
-    const float lsa = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
-    const float lsb = qb < t ? lse[lbase + qb] * kLog2e : 0.0f;
-    const float da = qa < t ? dsum[lbase + qa] : 0.0f;
-    const float db = qb < t ? dsum[lbase + qb] : 0.0f;
-    uint32_t qf[HS / 16][4], df[HS / 16][4];
-    float dq[HS / 8][4];
+    float ls[MT][2], dd[MT][2];
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++)
-        dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int q = qa + m * 16 + r * 8;
+            ls[m][r] = q < t ? lse[lbase + q] * kLog2e : 0.0f;
+            dd[m][r] = q < t ? dsum[lbase + q] : 0.0f;
+        }
+    uint32_t qf[MT][HS / 16][4], df[MT][HS / 16][4];
+    float dq[MT][HS / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+            dq[m][n][0] = dq[m][n][1] = dq[m][n][2] = dq[m][n][3] = 0.0f;
 
     const int ntiles = (min(t, q0 + ROWS) + kTcRows - 1) / kTcRows;
     for (int j = 0; j < ntiles; j++) {
@@ -97,37 +108,47 @@ __global__ void __launch_bounds__(W * 32)
         }
         __syncthreads();
         if (j == 0) {
-            load_a<HS>(qf, qs, warp * 16, lane);
-            load_a<HS>(df, dos, warp * 16, lane);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                load_a<HS>(qf[m], qs, warp * WR + m * 16, lane);
+                load_a<HS>(df[m], dos, warp * WR + m * 16, lane);
+            }
         }
-        if (k0 <= wlast) {
-            float s[kTcRows / 8][4], dp[kTcRows / 8][4];
-            rows_by_tile<HS>(s, qf, kt, lane);
-            rows_by_tile<HS>(dp, df, vt, lane);
+#pragma unroll
+        for (int c0 = 0; c0 < kTcRows; c0 += KC) {
+            if (k0 + c0 > wlast) /* every key from here on comes after the warp's queries */
+                break;
+            const bf16 *kc = kt + c0 * L::LD, *vc = vt + c0 * L::LD;
+            float s[MT][KC / 8][4], dp[MT][KC / 8][4];
+            rows_by_tile<HS>(s, qf, kc, lane);
+            rows_by_tile<HS>(dp, df, vc, lane);
             auto grads = [&](auto masked) {
 #pragma unroll
-                for (int n = 0; n < kTcRows / 8; n++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + n * 8 + 2 * tig + (e & 1);
-                        const bool b2 = e >> 1;
-                        const float p = !decltype(masked)::value || key <= (b2 ? qb : qa)
-                                            ? exp2f(s[n][e] * sl2 - (b2 ? lsb : lsa))
-                                            : 0.0f;
-                        s[n][e] = p * (dp[n][e] - (b2 ? db : da));
-                    }
+                    for (int n = 0; n < KC / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + c0 + n * 8 + 2 * tig + (e & 1), r = e >> 1;
+                            const float p = !decltype(masked)::value || key <= qa + m * 16 + r * 8
+                                                ? exp2f(s[m][n][e] * sl2 - ls[m][r])
+                                                : 0.0f;
+                            s[m][n][e] = p * (dp[m][n][e] - dd[m][r]);
+                        }
             };
-            /* the mask only on tiles with keys past the warp's first query */
-            if (k0 + kTcRows - 1 <= wlast - 15)
+            /* the mask only on keys past the warp's first query */
+            if (k0 + c0 + KC - 1 <= wfirst)
                 grads(std::false_type());
             else
                 grads(std::true_type());
-            acc_by_tile<HS>(dq, s, kt, lane);
+            acc_by_tile<HS>(dq, s, kc, lane);
         }
         __syncthreads();
     }
-    store_acc<HS>(dq, dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs,
-                  scale, scale, tig);
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        store_acc<HS>(dq[m], dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c,
+                      qa + m * 16, t, hs, scale, scale, tig);
 }
 
 /* Backward, key pass: a warp owns 16 keys; over the query tiles from the block's first key
@@ -254,24 +275,25 @@ int att_side_ready(cuda_impl *ci, bool *ready, mgpu_err_t *err)
 }
 
 /* The backward: D first where out is given (bf16 out, dout a row view; else D is in dsum
- * already), then the query pass in blocks of WQ warps on ci->stream and the key pass in
+ * already), then the query pass in blocks of WQ warps of MQ row tiles, KQ keys a step
+ * (att_bwd_q_tc_kernel's W, MT, KC), on ci->stream and the key pass in
  * blocks of WKV beside it on att_side, forked from ci->stream after D and joined back, so
  * that the next op on ci->stream waits for both. The passes read the same inputs and write
  * disjoint columns of dqkv (dq; dk, dv), each in its fixed order, and each leaves SMs idle in
  * its tail and at its low occupancy that the other fills. Each holds its own rows' tiles (two
  * of q and dout; or of k and v) and two buffers each of the other two. */
-template <int HS, class OutT, int WQ, int WKV>
+template <int HS, class OutT, int WQ, int MQ, int KQ, int WKV>
 int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, View vv, View dov,
                const float *lse, float *dsum, const bf16 *out, OutT *dqkv, float scale,
                mgpu_err_t *err)
 {
     using L = Tc<HS>;
-    constexpr int RQ = 16 * WQ, RKV = 16 * WKV;
+    constexpr int RQ = 16 * MQ * WQ, RKV = 16 * WKV;
     const size_t smem = (2 * RQ / kTcRows + 4) * L::BYTES;
     const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
     bool side = false;
     int rc;
-    if ((rc = prepare(att_bwd_q_tc_kernel<HS, OutT, WQ>, smem, err)) < 0 ||
+    if ((rc = prepare(att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>, smem, err)) < 0 ||
         (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV>, smem_kv, err)) < 0 ||
         (rc = att_side_ready(ci, &side, err)) < 0)
         return rc;
@@ -297,7 +319,7 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
         t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
     const cudaError_t kv_rc = cudaGetLastError();
     dim3 grid_q((unsigned)((t + RQ - 1) / RQ), (unsigned)nh, (unsigned)b);
-    att_bwd_q_tc_kernel<HS, OutT, WQ>
+    att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>
         <<<grid_q, WQ * 32, smem, ci->stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
     const cudaError_t q_rc = cudaGetLastError();
     if (side) {
@@ -308,11 +330,11 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     if (kv_bad || q_rc != cudaSuccess)
         return mgpu_err_set(
             err, MGPU_E_CUDA,
-            "%s:%d: launch of %s<%d, %s, %d warps> (b=%d t=%d c=%d nh=%d): %s "
+            "%s:%d: launch of %s<%d, %s, %d warps of %d rows> (b=%d t=%d c=%d nh=%d): %s "
             "(%s)",
             __FILE__, __LINE__, kv_bad ? "att_bwd_kv_tc_kernel" : "att_bwd_q_tc_kernel", HS, tn,
-            kv_bad ? WKV : WQ, b, t, c, nh, cudaGetErrorString(kv_bad ? kv_rc : q_rc),
-            cudaGetErrorName(kv_bad ? kv_rc : q_rc));
+            kv_bad ? WKV : WQ, kv_bad ? 16 : 16 * MQ, b, t, c, nh,
+            cudaGetErrorString(kv_bad ? kv_rc : q_rc), cudaGetErrorName(kv_bad ? kv_rc : q_rc));
     return 0;
 }
 } /* namespace */
@@ -331,7 +353,7 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
         int rc = to_heads<HS, float>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
         if (rc < 0)
             return rc;
-        return launch_bwd<HS, float, kTcWarps, kTcWarps>(
+        return launch_bwd<HS, float, kTcWarps, 1, kTcRows, kTcWarps>(
             ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
             plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
             nullptr, dqkv, scale, err);
@@ -369,7 +391,7 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
         constexpr int HS = decltype(hc)::value;
         if (hs == HS && aligned16(qkv, dout, out)) {
             const size_t ld = 3 * (size_t)c;
-            return launch_bwd<HS, bf16, kBwd16QWarps, kBwd16KvWarps>(
+            return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvWarps>(
                 ci, b, t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
                 row_view(qkv + 2 * (size_t)c, t, ld, hs), row_view(dout, t, (size_t)c, hs), lse,
                 dsum, out, dqkv, scale, err);
@@ -380,7 +402,7 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
         int rc2 = to_heads<HS, bf16>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
         if (rc2 < 0)
             return rc2;
-        return launch_bwd<HS, bf16, kBwd16QWarps, kBwd16KvWarps>(
+        return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvWarps>(
             ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
             plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
             nullptr, dqkv, scale, err);
