@@ -87,19 +87,32 @@ constexpr int kFwdBlocksW = kFwdWarpsSM<HS, MT> / W > 0 ? kFwdWarpsSM<HS, MT> / 
  * rows in registers beside q's and dout's fragments and dq (at 255 registers two words
  * spill, reloaded once a key tile; 64 keys spill hundreds of bytes; 16 fit in 234). At a head size
  * of 128 those alone fill a thread's registers: one tile a warp, eight warps, whole tiles of keys.
- * (1, 8 and 64 give 16 rows a warp at every head size.) The key pass's blocks own 16 W keys over
- * the same 64-query tiles and keep four warps: measured on the H200 in the GPT-2 124M step, eight
- * (one block an SM at its 233 registers a thread) made the step 0.5 ms slower, and the byte model's
- * 2% slower. */
+ * (1, 8 and 64 give 16 rows a warp at every head size.) The key pass's warps own kBwd16KvTiles
+ * tiles of 16 keys and take a query tile kBwd16KvQueries queries at a time, in blocks of
+ * kBwd16KvWarps warps over the same 64-query tiles: at 2 tiles, each q and dout fragment read
+ * serves 32 keys; k's and v's fragments are read where they are used, as with one tile, and
+ * at 255 registers four words spill, reloaded once a query tile (16 queries a step fit in 240
+ * registers but read k and v four times a tile). (1, 4 and 64: 16 keys a warp and held k
+ * and v fragments, as at a head size of 128.) Eight warps of 16 keys,
+ * one block an SM at its 233 registers a thread, measured on the H200 in the GPT-2 124M step,
+ * made the step 0.5 ms slower, and the byte model's 2% slower. */
 constexpr int kBwd16QTiles = 2;
 constexpr int kBwd16QWarps = 4;
 constexpr int kBwd16QKeys = 32;
 template <int HS> constexpr int kBwd16QMT = HS <= 64 ? kBwd16QTiles : 1;
 template <int HS> constexpr int kBwd16QW = HS <= 64 ? kBwd16QWarps : 8;
 template <int HS> constexpr int kBwd16QKC = HS <= 64 ? kBwd16QKeys : kTcRows;
+constexpr int kBwd16KvTiles = 2;
 constexpr int kBwd16KvWarps = 4;
-template <int HS, int W>
-constexpr int kKvBlocksW = kKvBlocks<HS> *kTcWarps / W > 0 ? kKvBlocks<HS> *kTcWarps / W : 1;
+constexpr int kBwd16KvQueries = 32;
+template <int HS> constexpr int kBwd16KvMT = HS <= 64 ? kBwd16KvTiles : 1;
+template <int HS> constexpr int kBwd16KvW = HS <= 64 ? kBwd16KvWarps : 4;
+template <int HS> constexpr int kBwd16KvQC = HS <= 64 ? kBwd16KvQueries : kTcRows;
+/* Warps an SM the key pass's register budget is for: kKvBlocks<HS> blocks of four warps' with
+ * one tile a warp; eight warps (up to 255 registers) with two. */
+template <int HS, int MT> constexpr int kKvWarpsSM = MT > 1 ? 8 : kKvBlocks<HS> *kTcWarps;
+template <int HS, int W, int MT = 1>
+constexpr int kKvBlocksW = kKvWarpsSM<HS, MT> / W > 0 ? kKvWarpsSM<HS, MT> / W : 1;
 
 /* A tile in shared memory: kTcRows rows of HS, row stride LD elements (HS + 8: 16 bytes past
  * the row, which moves each row by 4 banks, so the 8 rows of an 8x8 ldmatrix never collide). */

@@ -151,21 +151,53 @@ __global__ void __launch_bounds__(W * 32)
                       qa + m * 16, t, hs, scale, scale, tig);
 }
 
-/* Backward, key pass: a warp owns 16 keys; over the query tiles from the block's first key
- * on, dv += p^T . dout and dk += ds^T . q, with s^T = k . q^T and dp^T = v . dout^T computed
- * keys by queries, so that p^T and ds^T are accumulators ready to be A operands; dk is scaled
- * at the end. k's and v's fragments are read from their tiles where they are used rather
- * than held (registers go to dk and dv). A block of W warps owns 16 W keys. Blocks are
- * launched first keys first (they have the most queries). Queries past t read zeros (q, dout, lse,
- * D), so their p is 1 and their terms are 0. */
-template <int HS, class OutT, int W>
-__global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W>)
+/* s (16 MT x 8 NB) = a . tile^T as rows_by_tile, a's fragments read from shared memory (MT
+ * tiles of 16 rows from arows on) step by step rather than held. */
+template <int HS, int MT, int NB>
+__device__ __forceinline__ void rows_by_tile_s(float (&s)[MT][NB][4], const bf16 *arows,
+                                               const bf16 *tile, int lane)
+{
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+            s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HS / 16; k++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            ldsm4(a[m], arows + m * 16 * Tc<HS>::LD + k * 16 + off_a(lane, Tc<HS>::LD));
+#pragma unroll
+        for (int n = 0; n < NB / 2; n++) {
+            uint32_t b[4];
+            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma16816(s[m][2 * n], a[m], b[0], b[1]);
+                mma16816(s[m][2 * n + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* Backward, key pass: a warp owns 16 MT keys, MT tiles of 16; over the query tiles from the
+ * block's first key on, QC queries at a time, dv += p^T . dout and dk += ds^T . q, with s^T =
+ * k . q^T and dp^T = v . dout^T computed keys by queries, so that p^T and ds^T are
+ * accumulators ready to be A operands; dk is scaled at the end. k's and v's fragments are
+ * read from their tiles where they are used rather than held (registers go to dk and dv). A
+ * block of W warps owns 16 MT W keys. Blocks are launched first keys first (they have the
+ * most queries). Queries past t read zeros (q, dout, lse, D), so their p is 1 and their terms
+ * are 0. */
+template <int HS, class OutT, int W, int MT, int QC>
+__global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W, MT>)
     att_bwd_kv_tc_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov,
                          const float *lse, const float *dsum, OutT *dqkv, float scale)
 {
-    static_assert(W % kTcWarps == 0, "a block's keys are whole tiles");
+    static_assert(W * MT % kTcWarps == 0, "a block's keys are whole tiles");
+    static_assert(kTcRows % QC == 0 && QC % 16 == 0, "a tile is whole steps of 16 queries");
     using L = Tc<HS>;
-    constexpr int NT = W * 32, ROWS = 16 * W;
+    constexpr int NT = W * 32, WR = 16 * MT, ROWS = WR * W;
     extern __shared__ __align__(128) unsigned char tc_smem[];
     bf16 *ks = (bf16 *)tc_smem, *vs = ks + ROWS / kTcRows * L::TILE;
     bf16 *qs = vs + ROWS / kTcRows * L::TILE, *dos = qs + 2 * L::TILE; /* q, dout: 2 each */
@@ -174,8 +206,9 @@ __global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W>)
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
     const bf16 *qh = qv.at(bi, h), *doh = dov.at(bi, h);
     const size_t lbase = ((size_t)bi * nh + h) * t;
-    const int k0 = blockIdx.x * ROWS, w0 = warp * 16;
-    const int ka = k0 + w0 + g, kb = ka + 8;
+    const int k0 = blockIdx.x * ROWS, w0 = warp * WR;
+    const int wfirst = k0 + w0, wlast = wfirst + WR - 1; /* the warp's keys */
+    const int ka = wfirst + g;                           /* the lane's rows: ka + 16 m + 8 r */
     const float sl2 = scale * kLog2e;
 
 #pragma unroll
@@ -183,12 +216,14 @@ __global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W>)
         tile_async<HS, NT>(ks + r * L::LD, kv.at(bi, h), kv.ld, k0 + r, t);
         tile_async<HS, NT>(vs + r * L::LD, vv.at(bi, h), vv.ld, k0 + r, t);
     }
-    float dk[HS / 8][4], dv[HS / 8][4];
+    float dk[MT][HS / 8][4], dv[MT][HS / 8][4];
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[n][e] = dv[n][e] = 0.0f;
+        for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dk[m][n][e] = dv[m][n][e] = 0.0f;
 
     const int ntiles = (t - k0 + kTcRows - 1) / kTcRows;
     for (int j = 0; j < ntiles + 1; j++) {
@@ -215,42 +250,55 @@ __global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W>)
         const int q0 = k0 + (j - 1) * kTcRows, bsel = (j - 1) & 1;
         const bf16 *qt = qs + bsel * L::TILE, *dot = dos + bsel * L::TILE;
         const float *lt = ls + bsel * kTcRows, *dt = dd + bsel * kTcRows;
-        /* else every query of the tile comes before the warp's keys (with more than four warps) */
-        if (q0 + kTcRows - 1 >= k0 + w0) {
-            float s[kTcRows / 8][4], dp[kTcRows / 8][4];
-            {
-                uint32_t af[HS / 16][4];
-                load_a<HS>(af, ks, w0, lane);
-                rows_by_tile<HS>(s, af, qt, lane); /* s^T: keys x queries */
-                load_a<HS>(af, vs, w0, lane);
-                rows_by_tile<HS>(dp, af, dot, lane); /* dp^T */
+#pragma unroll
+        for (int c0 = 0; c0 < kTcRows; c0 += QC) {
+            /* else every query of the step comes before the warp's keys */
+            if (q0 + c0 + QC - 1 < wfirst)
+                continue;
+            float s[MT][QC / 8][4], dp[MT][QC / 8][4];
+            if constexpr (MT == 1) { /* one tile's fragments held for the step */
+                uint32_t af[1][HS / 16][4];
+                load_a<HS>(af[0], ks, w0, lane);
+                rows_by_tile<HS>(s, af, qt + c0 * L::LD, lane); /* s^T: keys x queries */
+                load_a<HS>(af[0], vs, w0, lane);
+                rows_by_tile<HS>(dp, af, dot + c0 * L::LD, lane); /* dp^T */
+            } else {
+                rows_by_tile_s<HS>(s, ks + w0 * L::LD, qt + c0 * L::LD, lane);
+                rows_by_tile_s<HS>(dp, vs + w0 * L::LD, dot + c0 * L::LD, lane);
             }
             auto grads = [&](auto masked) {
 #pragma unroll
-                for (int n = 0; n < kTcRows / 8; n++)
+                for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int col = n * 8 + 2 * tig + (e & 1);
-                        const float p = !decltype(masked)::value || (e >> 1 ? kb : ka) <= q0 + col
-                                            ? exp2f(s[n][e] * sl2 - lt[col] * kLog2e)
-                                            : 0.0f;
-                        s[n][e] = p;
-                        dp[n][e] = p * (dp[n][e] - dt[col]);
-                    }
+                    for (int n = 0; n < QC / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int col = c0 + n * 8 + 2 * tig + (e & 1);
+                            const int key = ka + m * 16 + (e >> 1) * 8;
+                            const float p = !decltype(masked)::value || key <= q0 + col
+                                                ? exp2f(s[m][n][e] * sl2 - lt[col] * kLog2e)
+                                                : 0.0f;
+                            s[m][n][e] = p;
+                            dp[m][n][e] = p * (dp[m][n][e] - dt[col]);
+                        }
             };
-            /* the mask only on tiles with queries before the warp's last key */
-            if (q0 >= k0 + w0 + 15)
+            /* the mask only on steps with queries before the warp's last key */
+            if (q0 + c0 >= wlast)
                 grads(std::false_type());
             else
                 grads(std::true_type());
-            acc_by_tile<HS>(dv, s, dot, lane);
-            acc_by_tile<HS>(dk, dp, qt, lane);
+            acc_by_tile<HS>(dv, s, dot + c0 * L::LD, lane);
+            acc_by_tile<HS>(dk, dp, qt + c0 * L::LD, lane);
         }
         __syncthreads(); /* the buffer is free for step j + 1's tile */
     }
     OutT *rows = dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
-    store_acc<HS>(dk, rows + c, 3 * (size_t)c, ka, t, hs, scale, scale, tig);
-    store_acc<HS>(dv, rows + 2 * (size_t)c, 3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        store_acc<HS>(dk[m], rows + c, 3 * (size_t)c, ka + m * 16, t, hs, scale, scale, tig);
+        store_acc<HS>(dv[m], rows + 2 * (size_t)c, 3 * (size_t)c, ka + m * 16, t, hs, 1.0f, 1.0f,
+                      tig);
+    }
 }
 
 /* The key pass's stream and its two events (cuda_impl's att_*), created on the first call
@@ -276,25 +324,25 @@ int att_side_ready(cuda_impl *ci, bool *ready, mgpu_err_t *err)
 
 /* The backward: D first where out is given (bf16 out, dout a row view; else D is in dsum
  * already), then the query pass in blocks of WQ warps of MQ row tiles, KQ keys a step
- * (att_bwd_q_tc_kernel's W, MT, KC), on ci->stream and the key pass in
- * blocks of WKV beside it on att_side, forked from ci->stream after D and joined back, so
- * that the next op on ci->stream waits for both. The passes read the same inputs and write
- * disjoint columns of dqkv (dq; dk, dv), each in its fixed order, and each leaves SMs idle in
- * its tail and at its low occupancy that the other fills. Each holds its own rows' tiles (two
- * of q and dout; or of k and v) and two buffers each of the other two. */
-template <int HS, class OutT, int WQ, int MQ, int KQ, int WKV>
+ * (att_bwd_q_tc_kernel's W, MT, KC), on ci->stream and the key pass in blocks of WKV warps of
+ * MKV row tiles, QKV queries a step, beside it on att_side, forked from ci->stream after D and
+ * joined back, so that the next op on ci->stream waits for both. The passes read the same
+ * inputs and write disjoint columns of dqkv (dq; dk, dv), each in its fixed order, and each
+ * leaves SMs idle in its tail and at its low occupancy that the other fills. Each holds its
+ * own rows' tiles (two of q and dout; or of k and v) and two buffers each of the other two. */
+template <int HS, class OutT, int WQ, int MQ, int KQ, int WKV, int MKV, int QKV>
 int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, View vv, View dov,
                const float *lse, float *dsum, const bf16 *out, OutT *dqkv, float scale,
                mgpu_err_t *err)
 {
     using L = Tc<HS>;
-    constexpr int RQ = 16 * MQ * WQ, RKV = 16 * WKV;
+    constexpr int RQ = 16 * MQ * WQ, RKV = 16 * MKV * WKV;
     const size_t smem = (2 * RQ / kTcRows + 4) * L::BYTES;
     const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
     bool side = false;
     int rc;
     if ((rc = prepare(att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>, smem, err)) < 0 ||
-        (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV>, smem_kv, err)) < 0 ||
+        (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV>, smem_kv, err)) < 0 ||
         (rc = att_side_ready(ci, &side, err)) < 0)
         return rc;
     const char *tn = std::is_same<OutT, float>::value ? "fp32" : "bf16";
@@ -315,7 +363,7 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
      * join, which is made whatever they were, so that ci->stream never runs ahead of
      * att_side. */
     dim3 grid_kv((unsigned)((t + RKV - 1) / RKV), (unsigned)nh, (unsigned)b);
-    att_bwd_kv_tc_kernel<HS, OutT, WKV><<<grid_kv, WKV * 32, smem_kv, kv_stream>>>(
+    att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV><<<grid_kv, WKV * 32, smem_kv, kv_stream>>>(
         t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
     const cudaError_t kv_rc = cudaGetLastError();
     dim3 grid_q((unsigned)((t + RQ - 1) / RQ), (unsigned)nh, (unsigned)b);
@@ -333,7 +381,7 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
             "%s:%d: launch of %s<%d, %s, %d warps of %d rows> (b=%d t=%d c=%d nh=%d): %s "
             "(%s)",
             __FILE__, __LINE__, kv_bad ? "att_bwd_kv_tc_kernel" : "att_bwd_q_tc_kernel", HS, tn,
-            kv_bad ? WKV : WQ, kv_bad ? 16 : 16 * MQ, b, t, c, nh,
+            kv_bad ? WKV : WQ, 16 * (kv_bad ? MKV : MQ), b, t, c, nh,
             cudaGetErrorString(kv_bad ? kv_rc : q_rc), cudaGetErrorName(kv_bad ? kv_rc : q_rc));
     return 0;
 }
@@ -353,7 +401,7 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
         int rc = to_heads<HS, float>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
         if (rc < 0)
             return rc;
-        return launch_bwd<HS, float, kTcWarps, 1, kTcRows, kTcWarps>(
+        return launch_bwd<HS, float, kTcWarps, 1, kTcRows, kTcWarps, 1, kTcRows>(
             ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
             plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
             nullptr, dqkv, scale, err);
@@ -391,7 +439,8 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
         constexpr int HS = decltype(hc)::value;
         if (hs == HS && aligned16(qkv, dout, out)) {
             const size_t ld = 3 * (size_t)c;
-            return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvWarps>(
+            return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvW<HS>,
+                              kBwd16KvMT<HS>, kBwd16KvQC<HS>>(
                 ci, b, t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
                 row_view(qkv + 2 * (size_t)c, t, ld, hs), row_view(dout, t, (size_t)c, hs), lse,
                 dsum, out, dqkv, scale, err);
@@ -402,7 +451,8 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
         int rc2 = to_heads<HS, bf16>(ci, b, t, c, nh, 0, 4, qkv, dout, out, off, &qh, &dsum, err);
         if (rc2 < 0)
             return rc2;
-        return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvWarps>(
+        return launch_bwd<HS, bf16, kBwd16QW<HS>, kBwd16QMT<HS>, kBwd16QKC<HS>, kBwd16KvW<HS>,
+                          kBwd16KvMT<HS>, kBwd16KvQC<HS>>(
             ci, b, t, c, nh, plane_view(qh, t, nh, HS), plane_view(qh + plane, t, nh, HS),
             plane_view(qh + 2 * plane, t, nh, HS), plane_view(qh + 3 * plane, t, nh, HS), lse, dsum,
             nullptr, dqkv, scale, err);

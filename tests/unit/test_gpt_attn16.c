@@ -5,9 +5,10 @@
  *
  * Shapes: GPT-2 124M's heads (12 of 64, t = 1024) for one batch row; head sizes 32 and 128;
  * lengths that are not a multiple of the 64-row tiles (100, 1) or of the 128-row blocks (130,
- * 192); several batch rows; head sizes outside 32/64/128 (48, 10) and buffers one element off
- * 16 bytes, which take the fallback through padded planes. Outputs are poisoned with bf16
- * NaNs first, so an element the op forgot fails.
+ * 192), and one inside the second 16 rows of a warp's 32 (150); several batch rows; head
+ * sizes outside 32/64/128 (48, 10) and buffers one element off 16 bytes, which take the
+ * fallback through padded planes. Outputs are poisoned with bf16 NaNs first, so an element the
+ * op forgot fails.
  *
  * Tolerances, relative to the largest expected magnitude: q, k, v and dout are exact in both
  * (bf16-rounded inputs; the tensor cores multiply them exactly and add in fp32), so what is
@@ -57,6 +58,7 @@ static const shape_t shapes[] = {
     {3, 1, 64, 2, 0},      /* hs 32, one query */
     {3, 130, 384, 6, 0},   /* the small model's heads (64), three batch rows */
     {1, 192, 128, 2, 0},   /* hs 64, half a block of 128 rows past t, whole tiles */
+    {2, 150, 128, 2, 0},   /* hs 64: t inside a warp's second tile of 16 rows */
     {2, 77, 96, 2, 0},     /* hs 48: the fallback */
     {1, 33, 40, 4, 0},     /* hs 10: the fallback, odd pairs of columns */
     {2, 70, 128, 2, 1},    /* hs 64 on buffers 2 bytes off: the fallback, scalar stores */
