@@ -1,11 +1,12 @@
 /* test_model_gpt.c - the trainer's GPT (worker/trainer/model_gpt.c) on the CPU backend: its
- * layout, initialisation, gradients against finite differences, gradient accumulation and the
- * checks of its spec. With --dump FILE it instead runs a tiny GPT (2 layers, 32 wide, 2 heads,
- * context 16, vocab 64): the loss and every gradient of one batch, then 20 AdamW steps with
- * clipping, warm-up and cosine decay over fixed batches (no shuffle: the batches are in the
- * file), and writes weights, tokens, loss, gradients and the 20 losses to FILE for
- * tests/unit/gpt_torch_ref.py, which recomputes them with PyTorch
- * (tests/integration/test_gpt.sh runs the pair). */
+ * layout, initialisation, gradients against finite differences, gradient accumulation, the
+ * checks of its spec, and DDP's gradient buckets: each launched from the backward's hook only
+ * once its gradients are final, on the fp32 path and in the bf16 path's order of work. With --dump
+ * FILE it instead runs a tiny GPT (2 layers, 32 wide, 2 heads, context 16, vocab 64): the loss and
+ * every gradient of one batch, then 20 AdamW steps with clipping, warm-up and cosine decay over
+ * fixed batches (no shuffle: the batches are in the file), and writes weights, tokens, loss,
+ * gradients and the 20 losses to FILE for tests/unit/gpt_torch_ref.py, which recomputes them with
+ * PyTorch (tests/integration/test_gpt.sh runs the pair). */
 #include "check.h"
 #include "model_gpt.h"
 #include "transformer.h" /* mgpu_gpt_lr */
@@ -213,6 +214,255 @@ static void test_bad_spec_and_batch_refused(void)
     mgpu_kernels_destroy(k);
 }
 
+/* --- DDP's buckets and the backward's hook ------------------------------------------------- */
+
+/* A stand-in for the bf16 path's ops on the CPU (it has none): products and attention do
+ * nothing, and every op that adds into a gradient adds 1 to each float it touches (the
+ * LayerNorm backward also to dx, so the embeddings' backward, the CPU's own, adds something
+ * too). Enough to run backward16's order of writes: any write after a bucket's launch
+ * changes the bucket's values. */
+static int f_none(void)
+{
+    return 0;
+}
+
+static void add1(float *p, size_t n)
+{
+    for (size_t i = 0; p != NULL && i < n; i++)
+        p[i] += 1.0f;
+}
+
+static int f_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_ln_fwd(void *impl, int n, int c, const float *x, const float *w, const float *b,
+                    mgpu_bf16_t *y, float *mean, float *rstd, mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_ln_back(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
+                     const float *w, const float *mean, const float *rstd, float *dx,
+                     mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, mgpu_err_t *err)
+{
+    add1(dx, (size_t)n * c);
+    add1(dw, (size_t)c);
+    add1(db, (size_t)c);
+    add1(dsum, (size_t)c);
+    return 0;
+}
+
+static int f_linear(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,
+                    const mgpu_bf16_t *bias, mgpu_bf16_t *out, mgpu_bf16_t *pre, mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_linear_f32(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp,
+                        const mgpu_bf16_t *w, const float *bias, const float *res, float *out,
+                        mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                       const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
+                       mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                         const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err)
+{
+    add1(dw, (size_t)oc * c);
+    add1(dbias, (size_t)oc);
+    return 0;
+}
+
+static int f_attn_fwd(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,
+                      mgpu_bf16_t *out, float *lse, mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_attn_back(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *dout,
+                       const mgpu_bf16_t *qkv, const mgpu_bf16_t *out, const float *lse,
+                       mgpu_bf16_t *dqkv, mgpu_err_t *err)
+{
+    return f_none();
+}
+
+static int f_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
+                  float scale, int grad, float *loss, mgpu_err_t *err)
+{
+    loss[0] += 1.0f;
+    return 0;
+}
+
+static const mgpu_gpt_bf16_ops_t writes16 = {
+    .to_bf16 = f_to_bf16,
+    .layernorm_forward = f_ln_fwd,
+    .layernorm_backward = f_ln_back,
+    .linear = f_linear,
+    .linear_f32 = f_linear_f32,
+    .linear_back_data = f_back_data,
+    .linear_back_weight = f_back_weight,
+    .attention_forward = f_attn_fwd,
+    .attention_backward = f_attn_back,
+    .xent = f_xent,
+};
+
+/* The hook of a DDP step on a synchronous backend: launches every bucket whose layer this is,
+ * in the plan's order, recording each and comparing its slice, as it is at the launch, with
+ * the final gradients (want). */
+typedef struct launcher {
+    const mgpu_gpt_t *m;
+    const mgpu_gpt_bucket_t *b;
+    int nb, next, calls, last_layer;
+    const float *want;
+    size_t early;            /* floats that a launch saw before their final value */
+    mgpu_gpt_bucket_t *sent; /* what was launched, in order */
+} launcher_t;
+
+static int launch(void *ctx, int layer, mgpu_err_t *err)
+{
+    launcher_t *h = ctx;
+    /* Called once per layer, top down, the embeddings last. */
+    if (layer != h->last_layer - 1)
+        printf("  hook for layer %d after layer %d\n", layer, h->last_layer);
+    CHECK_INT(layer, h->last_layer - 1);
+    h->last_layer = layer;
+    h->calls++;
+    while (h->next < h->nb && h->b[h->next].layer == layer) {
+        const mgpu_gpt_bucket_t *b = &h->b[h->next];
+        for (size_t i = b->off; i < b->off + b->n; i++)
+            h->early += memcmp(&h->m->grads[i], &h->want[i], sizeof(float)) != 0;
+        h->sent[h->next++] = *b;
+    }
+    return 0;
+}
+
+/* One backward of m's loaded batch with the plan's buckets launched from its hook: returns
+ * the floats seen before their final value; *launched the buckets launched. */
+static size_t run_plan(mgpu_gpt_t *m, int b, const mgpu_gpt_bucket_t *plan, int nb,
+                       const float *want, mgpu_gpt_bucket_t *sent, int *launched)
+{
+    mgpu_err_t err = {0};
+    launcher_t h = {
+        .m = m, .b = plan, .nb = nb, .want = want, .sent = sent, .last_layer = m->spec.n_layer + 1};
+    CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
+    CHECK_INT(mgpu_gpt_loss_hooked(m, 1.0f / ((float)b * m->spec.context), 1, launch, &h, &err), 0);
+    CHECK_INT(h.calls, m->spec.n_layer + 2);
+    CHECK_INT(h.last_layer, MGPU_GPT_EMBEDDINGS);
+    *launched = h.next;
+    return h.early;
+}
+
+/* The bucket plan on both paths (fp32, and the bf16 path's order of writes through writes16),
+ * at bucket sizes from one float (a bucket per layer) through a few layers to the whole
+ * model: the buckets tile the parameters top down, close at the hooks' boundaries once full,
+ * and each one's launch from the backward's hook sees its final gradients (those of a run
+ * without the hook). A plan launched one layer early is caught. */
+static void test_buckets_follow_backward(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    mgpu_gpt_spec_t s = {.n_layer = 3, .n_head = 2, .n_embd = 32, .context = 16, .vocab = 64};
+    const int b = 2, t = 16;
+    int32_t tok[32], tgt[32];
+    batch(b, t, s.vocab, tok, tgt);
+    for (int path = 0; path < 2; path++) {
+        mgpu_gpt_t *m = NULL;
+        CHECK_INT(mgpu_gpt_create_with(k, &s, b, path ? &writes16 : NULL, &m, &err), 0);
+        if (m == NULL) {
+            printf("  %s\n", err.msg);
+            continue;
+        }
+        CHECK(path ? m->b16 == &writes16 : m->b16 == NULL);
+        CHECK_INT(mgpu_gpt_init(m, 11, &err), 0);
+        CHECK_INT(mgpu_gpt_load(m, tok, tgt, b, t, &err), 0);
+        float *want = malloc(sizeof(float) * m->n_params);
+        CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
+        CHECK_INT(mgpu_gpt_loss(m, 1.0f / ((float)b * t), 1, &err), 0);
+        memcpy(want, m->grads, sizeof(float) * m->n_params);
+        size_t nz = 0;
+        for (size_t i = 0; i < m->n_params; i++)
+            nz += want[i] != 0.0f;
+        /* Every float written: a launch too early sees a difference. */
+        CHECK(nz > m->n_params * 9 / 10);
+        const size_t block = m->blocks[1].ln1_w - m->blocks[0].ln1_w;
+        const double mib = 1024.0 * 1024.0 / sizeof(float);
+        const double sizes[] = {1.0 / mib, (block + 1) / mib, 25.0};
+        const int counts[] = {s.n_layer + 2, 3, 1};
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            mgpu_gpt_bucket_t *plan = NULL, sent[8];
+            int nb = 0, launched = 0;
+            const size_t cap = (size_t)(sizes[si] * mib);
+            CHECK_INT(mgpu_gpt_buckets(m, sizes[si], &plan, &nb, &err), 0);
+            CHECK_INT(nb, counts[si]);
+            size_t top = m->n_params;
+            for (int i = 0; i < nb; i++) {
+                const mgpu_gpt_bucket_t *p = &plan[i];
+                /* Contiguous, top down, the embeddings' last. */
+                CHECK(p->n > 0 && p->off + p->n == top);
+                top = p->off;
+                CHECK(i == 0 || p->layer < plan[i - 1].layer);
+                CHECK(i == nb - 1 ? p->layer == MGPU_GPT_EMBEDDINGS : p->n >= cap);
+                /* Its lower end is where its layer starts. */
+                size_t lo = p->layer == s.n_layer ? m->lnf_w
+                            : p->layer >= 0       ? m->blocks[p->layer].ln1_w
+                                                  : 0;
+                CHECK_INT(p->off, lo);
+            }
+            CHECK_INT(top, 0);
+            size_t early = run_plan(m, b, plan, nb, want, sent, &launched);
+            if (early > 0)
+                printf("  %s path, bucket_mb %g: %zu floats launched before they were final\n",
+                       path ? "bf16" : "fp32", sizes[si], early);
+            CHECK_INT(early, 0);
+            CHECK_INT(launched, nb);
+            CHECK(memcmp(sent, plan, sizeof(mgpu_gpt_bucket_t) * (size_t)nb) == 0);
+            CHECK(memcmp(m->grads, want, sizeof(float) * m->n_params) == 0);
+            if (si == 0) {
+                /* The plan one layer early (block l's bucket at block l + 1's hook, the
+                 * embeddings' at block 0's): the check must see it. */
+                for (int i = 1; i < nb; i++)
+                    plan[i].layer = plan[i].layer + 1;
+                early = run_plan(m, b, plan, nb, want, sent, &launched);
+                CHECK(early > 0);
+                CHECK_INT(launched, nb);
+            }
+            free(plan);
+        }
+        free(want);
+        mgpu_gpt_destroy(m);
+    }
+    mgpu_kernels_destroy(k);
+}
+
+static void test_bucket_size_refused(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_gpt_bucket_t *b = NULL;
+    mgpu_err_t err = {0};
+    int n = -1;
+    CHECK_INT(mgpu_gpt_create(k, &tiny, 1, &m, &err), 0);
+    CHECK(mgpu_gpt_buckets(m, 0.0, &b, &n, &err) < 0);
+    CHECK_CONTAINS(err.msg, "bucket_mb 0, expected > 0");
+    CHECK(b == NULL && n == 0);
+    mgpu_gpt_spec_t s = tiny;
+    s.n_embd = 36;
+    s.n_head = 2;
+    CHECK(mgpu_gpt_create_with(k, &s, 1, &writes16, &m, &err) < 0);
+    CHECK_CONTAINS(err.msg, "expected multiples of 8");
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
 /* The file gpt_torch_ref.py reads (native little-endian order): "GPTRUN1\0"; int32 B, T, C,
  * heads, vocab, layers, steps, warmup, total; float32 lr, lr_min, beta1, beta2, eps,
  * weight_decay, grad_clip; the initial parameters; the gradient batch's tokens and targets
@@ -276,5 +526,7 @@ int main(int argc, char **argv)
     RUN(test_gradients_match_finite_differences);
     RUN(test_accumulation_equals_larger_batch);
     RUN(test_bad_spec_and_batch_refused);
+    RUN(test_buckets_follow_backward);
+    RUN(test_bucket_size_refused);
     return check_done();
 }

@@ -86,6 +86,15 @@ static size_t place(mgpu_gpt_t *m, size_t n, int ndim)
 int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
                     mgpu_err_t *err)
 {
+    const mgpu_gpt_bf16_ops_t *b16 = NULL;
+    if (spec->n_embd % 8 == 0 && spec->vocab % 8 == 0)
+        b16 = mgpu_kg_bf16_ops(k);
+    return mgpu_gpt_create_with(k, spec, max_b, b16, out, err);
+}
+
+int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b,
+                         const mgpu_gpt_bf16_ops_t *b16, mgpu_gpt_t **out, mgpu_err_t *err)
+{
     const mgpu_gpt_spec_t *s = spec;
     int rc;
 
@@ -99,6 +108,10 @@ int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, m
     if (s->n_embd % s->n_head != 0)
         return mgpu_err_set(err, -EINVAL, "gpt: n_embd %d is not a multiple of n_head %d",
                             s->n_embd, s->n_head);
+    if (b16 != NULL && (s->n_embd % 8 != 0 || s->vocab % 8 != 0))
+        return mgpu_err_set(err, -EINVAL,
+                            "gpt: n_embd %d and vocab %d on the bf16 path, expected multiples of 8",
+                            s->n_embd, s->vocab);
     mgpu_gpt_t *m = calloc(1, sizeof *m);
     if (m == NULL)
         return mgpu_err_set(err, -ENOMEM, "gpt: calloc failed");
@@ -134,8 +147,7 @@ int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, m
     m->lnf_b = place(m, C, 1);
 
     size_t N = (size_t)max_b * s->context, NC = N * C, NH = (size_t)max_b * s->n_head * s->context;
-    if (s->n_embd % 8 == 0 && s->vocab % 8 == 0)
-        m->b16 = mgpu_kg_bf16_ops(k);
+    m->b16 = b16;
     if ((rc = alloc_f(m, m->n_params, &m->params, err)) < 0 ||
         (rc = alloc_f(m, m->n_params, &m->grads, err)) < 0 ||
         (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0 ||
@@ -304,6 +316,12 @@ static int linear_back(mgpu_gpt_t *m, int n, int c, int oc, const float *dout, c
     return mgpu_k_sum_rows(m->k, n, oc, dout, 1.0f, m->grads + bias, err);
 }
 
+/* Tells hook (may be NULL) that backward has made layer's gradients final (mgpu_gpt_hook_fn). */
+static int reached(mgpu_gpt_hook_fn hook, void *ctx, int layer, mgpu_err_t *err)
+{
+    return hook != NULL ? hook(ctx, layer, err) : 0;
+}
+
 /* --- the bf16 path -------------------------------------------------------------------------- */
 
 /* Forward to m->lnf16: each product's bias, GELU and residual add in its epilogue. */
@@ -372,7 +390,7 @@ static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
  * dres16 its bf16 copy, which the products read. The LayerNorm backward that writes dres16
  * also sums its columns into the bias gradient of the projection that reads it next
  * (mlp.c_proj of the block below, or attn.c_proj of the same block). */
-static int backward16(mgpu_gpt_t *m, mgpu_err_t *err)
+static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_err_t *err)
 {
     const mgpu_gpt_bf16_ops_t *o = m->b16;
     void *ki = m->k->impl;
@@ -385,7 +403,8 @@ static int backward16(mgpu_gpt_t *m, mgpu_err_t *err)
     if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
         (rc = o->layernorm_backward(ki, N, C, m->dln16, m->xout, P + m->lnf_w, m->lnf_mean,
                                     m->lnf_rstd, m->dres, m->dres16, G + m->lnf_w, G + m->lnf_b,
-                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, err)) < 0)
+                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, err)) < 0 ||
+        (rc = reached(hook, hook_ctx, m->spec.n_layer, err)) < 0)
         return rc;
     for (int l = m->spec.n_layer - 1; l >= 0; l--) {
         const mgpu_gpt_block_t *w = &m->blocks[l];
@@ -417,11 +436,14 @@ static int backward16(mgpu_gpt_t *m, mgpu_err_t *err)
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
                                         a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
                                         G + w->ln1_w, G + w->ln1_b,
-                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, err)) < 0)
+                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, err)) < 0 ||
+            (rc = reached(hook, hook_ctx, l, err)) < 0)
             return rc;
     }
-    return mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
-                                  G + m->wpe, err);
+    if ((rc = mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
+                                     G + m->wpe, err)) < 0)
+        return rc;
+    return reached(hook, hook_ctx, MGPU_GPT_EMBEDDINGS, err);
 }
 
 /* --- the fp32 path -------------------------------------------------------------------------- */
@@ -471,7 +493,7 @@ int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
     return forward32(m, err);
 }
 
-static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
+static int backward(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_err_t *err)
 {
     const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
     float *P = m->params, *G = m->grads;
@@ -481,7 +503,8 @@ static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
     if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
         (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, m->xout, P + m->lnf_w, m->lnf_mean,
                                          m->lnf_rstd, m->dres, G + m->lnf_w, G + m->lnf_b, err)) <
-            0)
+            0 ||
+        (rc = reached(hook, hook_ctx, m->spec.n_layer, err)) < 0)
         return rc;
     const size_t NC = (size_t)N * C;
     for (int l = m->spec.n_layer - 1; l >= 0; l--) {
@@ -509,14 +532,23 @@ static int backward(mgpu_gpt_t *m, mgpu_err_t *err)
                 0 ||
             (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->x, P + w->ln1_w, a->ln1_mean,
                                              a->ln1_rstd, m->dres, G + w->ln1_w, G + w->ln1_b,
-                                             err)) < 0)
+                                             err)) < 0 ||
+            (rc = reached(hook, hook_ctx, l, err)) < 0)
             return rc;
     }
-    return mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
-                                  G + m->wpe, err);
+    if ((rc = mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
+                                     G + m->wpe, err)) < 0)
+        return rc;
+    return reached(hook, hook_ctx, MGPU_GPT_EMBEDDINGS, err);
 }
 
 int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
+{
+    return mgpu_gpt_loss_hooked(m, scale, do_backward, NULL, NULL, err);
+}
+
+int mgpu_gpt_loss_hooked(mgpu_gpt_t *m, float scale, int do_backward, mgpu_gpt_hook_fn hook,
+                         void *hook_ctx, mgpu_err_t *err)
 {
     const int N = m->b * m->t, C = m->spec.n_embd, V = m->spec.vocab;
     int rc;
@@ -529,7 +561,7 @@ int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
         if ((rc = head16(m, scale, do_backward, err)) < 0 || !do_backward)
             return rc;
         mgpu_progress_phase(m->progress, MGPU_PHASE_BACKWARD);
-        return backward16(m, err);
+        return backward16(m, hook, hook_ctx, err);
     }
     if (do_backward && (rc = mgpu_k_zero(m->k, m->dln, sizeof(float) * (size_t)N * C, err)) < 0)
         return rc;
@@ -545,7 +577,35 @@ int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int do_backward, mgpu_err_t *err)
         return 0;
     /* The output layer's backward ran with its forward; the blocks' is what follows. */
     mgpu_progress_phase(m->progress, MGPU_PHASE_BACKWARD);
-    return backward(m, err);
+    return backward(m, hook, hook_ctx, err);
+}
+
+int mgpu_gpt_buckets(const mgpu_gpt_t *m, double bucket_mb, mgpu_gpt_bucket_t **out, int *n,
+                     mgpu_err_t *err)
+{
+    const int L = m->spec.n_layer;
+    *out = NULL;
+    *n = 0;
+    if (!(bucket_mb > 0))
+        return mgpu_err_set(err, -EINVAL, "gpt: bucket_mb %g, expected > 0", bucket_mb);
+    mgpu_gpt_bucket_t *b = calloc((size_t)L + 2, sizeof *b);
+    if (b == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: calloc for %d buckets failed", L + 2);
+    size_t cap = (size_t)(bucket_mb * 1024 * 1024 / sizeof(float)), top = m->n_params;
+    int nb = 0;
+    cap = cap < 1 ? 1 : cap;
+    /* The units backward finishes, in its order, each [lo, the start of the one before it);
+     * top is where the open bucket ends (the start of the last one closed). */
+    for (int u = L; u >= MGPU_GPT_EMBEDDINGS; u--) {
+        size_t lo = u == L ? m->lnf_w : u >= 0 ? m->blocks[u].ln1_w : 0;
+        if (top - lo >= cap || u == MGPU_GPT_EMBEDDINGS) {
+            b[nb++] = (mgpu_gpt_bucket_t){.off = lo, .n = top - lo, .layer = u};
+            top = lo;
+        }
+    }
+    *out = b;
+    *n = nb;
+    return 0;
 }
 
 int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err)

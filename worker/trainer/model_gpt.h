@@ -92,6 +92,11 @@ typedef struct mgpu_gpt {
  * and n_embd and vocab are multiples of 8 (its products' alignment); else the fp32 one. */
 int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
                     mgpu_err_t *err);
+/* mgpu_gpt_create with the bf16 path's ops given (borrowed; NULL: the fp32 path) whatever k's
+ * backend and precision, n_embd and vocab still multiples of 8: a test runs the bf16 path's
+ * order of work on the CPU with a table of its own. */
+int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b,
+                         const mgpu_gpt_bf16_ops_t *b16, mgpu_gpt_t **out, mgpu_err_t *err);
 void mgpu_gpt_destroy(mgpu_gpt_t *m);
 
 /* GPT-2's initialisation from seed: weights and both embeddings normal(0, 0.02), the two
@@ -112,6 +117,37 @@ int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err);
  * m->scalars[0], and with backward set its gradient added to m->grads: forward, output layer,
  * backward. Zero m->grads and m->scalars[0] before the first micro-batch of a step. */
 int mgpu_gpt_loss(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err);
+
+/* Where backward has got to, for DDP's buckets: called with layer = n_layer once the final
+ * LayerNorm's gradients are final, with layer = l (n_layer - 1 down to 0) once block l's are,
+ * and with layer = MGPU_GPT_EMBEDDINGS once the embeddings' are (all of them). "Final" means
+ * that nothing later in this backward writes them; the work that wrote them is queued on the
+ * backend's stream (on a GPU it may not have run yet). A negative return ends the backward
+ * with it. On the bf16 path the LayerNorm backward of block l also adds into block l - 1's
+ * mlp.c_proj bias gradient, so block l - 1 is final only after its own layer, as here. */
+#define MGPU_GPT_EMBEDDINGS (-1)
+typedef int (*mgpu_gpt_hook_fn)(void *ctx, int layer, mgpu_err_t *err);
+
+/* mgpu_gpt_loss with hook (NULL: none) called from the backward as above. */
+int mgpu_gpt_loss_hooked(mgpu_gpt_t *m, float scale, int backward, mgpu_gpt_hook_fn hook,
+                         void *hook_ctx, mgpu_err_t *err);
+
+/* A slice of the gradients that DDP all-reduces as one message, and the hook's layer after
+ * which it is final (n_layer, ..., 0, MGPU_GPT_EMBEDDINGS). */
+typedef struct mgpu_gpt_bucket {
+    size_t off, n; /* grads[off, off + n), in floats */
+    int layer;
+} mgpu_gpt_bucket_t;
+
+/* DDP's gradient buckets in backward's order, as PyTorch's bucket_cap_mb makes them: from the
+ * end of the parameters down, the final LayerNorm, then block n_layer - 1 down to block 0,
+ * then the embeddings (last: the output layer tied to wte adds into it first, the embedding's
+ * backward last); a bucket closes at the first of these boundaries where it holds at least
+ * bucket_mb MiB, and the embeddings close the last one whatever its size. So each bucket is
+ * one contiguous slice, the buckets cover the parameters once, and bucket i + 1 lies below
+ * bucket i. *out (malloc'd, the caller frees) receives *n of them, at most n_layer + 2. */
+int mgpu_gpt_buckets(const mgpu_gpt_t *m, double bucket_mb, mgpu_gpt_bucket_t **out, int *n,
+                     mgpu_err_t *err);
 
 /* Zeroes the gradients and the loss (the start of an optimizer step). */
 int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err);
