@@ -1,15 +1,19 @@
 /* test_ddp.c - mgpu_ddp_run, the worker's training loop, with threads as ranks over a
  * shared-memory communicator: the article's demo batches per rank, configs/train.cfg on 4
- * ranks to >= 95% with its metrics file, 4 ranks == 1 rank with the global batch, a run
+ * ranks to >= 95% with its metrics file, 4 ranks == 1 rank with the global batch (and a GPT's
+ * 2 ranks, their gradient buckets in backward's order), a run
  * killed and resumed from its checkpoint == an uninterrupted one (bit for bit), and a
  * checkpoint of another run refused on every rank. */
 #include "check.h"
 #include "ddp.h"
+#include "model_gpt.h" /* mgpu_gpt_buckets: the averages' plan */
 
 #include <math.h>    /* fabs */
 #include <pthread.h> /* pthread_barrier_t */
 
 #define MAXW 8
+
+#define MAX_AVGS 4096
 
 typedef struct tworld {
     int W;
@@ -17,6 +21,11 @@ typedef struct tworld {
     void *bufs[MAXW];
     float *tmp;
     int calls;
+    /* Rank 0's averages in order: where in its buffer and how many floats (base: the
+     * gradients of its GPT, found by the first average's address). */
+    int n_avgs;
+    const float *avg_buf[MAX_AVGS];
+    size_t avg_count[MAX_AVGS];
 } tworld_t;
 
 typedef struct trank {
@@ -39,6 +48,10 @@ static int t_reduce(void *ctx, float *buf, size_t count, int average)
             w->tmp[i] = (float)(average ? s / w->W : s);
         }
         w->calls++;
+        if (average && w->n_avgs < MAX_AVGS) {
+            w->avg_buf[w->n_avgs] = buf;
+            w->avg_count[w->n_avgs++] = count;
+        }
     }
     pthread_barrier_wait(&w->barrier);
     memcpy(buf, w->tmp, sizeof(float) * count);
@@ -257,6 +270,103 @@ static void test_4_ranks_equal_1_rank_global_batch(void)
     free_jobs(j1, 1);
 }
 
+/* A little text for model = gpt (bytes as tokens): one sentence over and over with a counter,
+ * so the windows differ. */
+static void write_text(char *path)
+{
+    FILE *f = fdopen(mkstemp(path), "w");
+    for (int i = 0; f != NULL && i < 200; i++)
+        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
+    if (f != NULL)
+        fclose(f);
+}
+
+/* model = gpt on thread-ranks: 2 ranks x batch 2 equal 1 rank x batch 4, with buckets small
+ * enough that every block is one (bucket_mb = 0.001: 262 floats) (averaged after each step's
+ * backward on the CPU, in the order of mgpu_gpt_buckets), and with gradient accumulation (averaged
+ * once a step, on the last micro-batch). */
+static void test_gpt_2_ranks_equal_1_rank_global_batch(void)
+{
+    char path[] = "/tmp/mgpu_test_gpt_text.XXXXXX", text[1024];
+    write_text(path);
+    snprintf(text, sizeof text,
+             "model = gpt\ndataset = text\ndata_text = %s\neval_fraction = 0.1\n"
+             "n_layer = 3\nn_head = 2\nn_embd = 32\ncontext = 16\nbatch_size = 2\n"
+             "max_steps = 6\nlr = 0.003\nlr_min = 0.0003\nwarmup_steps = 2\n"
+             "grad_clip = 1.0\nweight_decay = 0.1\nseed = 5\nlog_interval = 0\n"
+             "eval_interval = 0\nbucket_mb = 0.001\n",
+             path);
+    mgpu_cfg_t c2, c1, acc2;
+    job_t j2[MAXW], j1[1], ja[MAXW];
+    tworld_t w2, w1, wa;
+    cfg_from(&c2, NULL, text);
+    c1 = c2;
+    c1.batch_size = 4;
+    acc2 = c2;
+    acc2.batch_size = 1;
+    acc2.grad_accum = 2;
+    run_world(&c2, 2, j2, &w2);
+    run_world(&c1, 1, j1, &w1);
+    run_world(&acc2, 2, ja, &wa);
+    CHECK_INT(j2[0].rc, 0);
+    CHECK_INT(j1[0].rc, 0);
+    CHECK_INT(ja[0].rc, 0);
+    if (j2[0].rc || j1[0].rc || ja[0].rc) {
+        printf("  %s / %s / %s\n", j2[0].err.msg, j1[0].err.msg, ja[0].err.msg);
+        goto out;
+    }
+    CHECK_INT(j2[0].res.steps, 6);
+    CHECK_INT(ja[0].res.steps, 6);
+    double d = 0, da = 0;
+    for (size_t i = 0; i < j1[0].res.n_params; i++) {
+        d = fmax(d, fabs(j2[0].res.params[i] - j1[0].res.params[i]));
+        da = fmax(da, fabs(ja[0].res.params[i] - j1[0].res.params[i]));
+    }
+    CHECK(memcmp(j2[0].res.params, j2[1].res.params, sizeof(float) * j2[0].res.n_params) == 0);
+    printf("  gpt, 2 x 2 and 2 x 1 x grad_accum 2 vs 1 x 4: largest parameter differences %.3g, "
+           "%.3g; loss %.5f, %.5f vs %.5f\n",
+           d, da, j2[0].res.loss, ja[0].res.loss, j1[0].res.loss);
+    CHECK(d < 1e-5);
+    CHECK(da < 1e-5);
+    CHECK(fabs(j2[0].res.loss - j1[0].res.loss) < 1e-5);
+
+    /* The averages: per step, the buckets of mgpu_gpt_buckets in their order (the embeddings'
+     * last), once a step also with grad_accum = 2; then the loss and the evaluation's. */
+    mgpu_kernels_t *k = NULL;
+    mgpu_gpt_t *m = NULL;
+    mgpu_gpt_bucket_t *plan = NULL;
+    mgpu_err_t err = {0};
+    int nb = 0;
+    mgpu_gpt_spec_t spec = {.n_layer = 3, .n_head = 2, .n_embd = 32, .context = 16, .vocab = 256};
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), 0);
+    CHECK_INT(mgpu_gpt_create(k, &spec, 1, &m, &err), 0);
+    CHECK_INT(mgpu_gpt_buckets(m, c2.bucket_mb, &plan, &nb, &err), 0);
+    CHECK_INT(nb, spec.n_layer + 1); /* the final LayerNorm's 64 floats go with the top block */
+    const tworld_t *ws[2] = {&w2, &wa};
+    for (int wi = 0; wi < 2 && nb > 0; wi++) {
+        const tworld_t *w = ws[wi];
+        /* The last bucket starts at the gradients' first float. */
+        const float *grads = w->avg_buf[nb - 1];
+        int bad = 0;
+        CHECK(w->n_avgs >= 6 * nb);
+        for (int i = 0; i < 6 * nb && i < w->n_avgs; i++) {
+            const mgpu_gpt_bucket_t *b = &plan[i % nb];
+            bad += w->avg_buf[i] != grads + b->off || w->avg_count[i] != b->n;
+        }
+        CHECK_INT(bad, 0);
+        for (int i = 6 * nb; i < w->n_avgs; i++)
+            CHECK(w->avg_count[i] <= 2);
+    }
+    free(plan);
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+out:
+    free_jobs(j2, 2);
+    free_jobs(j1, 1);
+    free_jobs(ja, 2);
+    unlink(path);
+}
+
 static void test_resume_after_kill(void)
 {
     const char *text = "dataset = synthetic\nsamples = 600\nfeatures = 8\nclasses = 3\n"
@@ -320,6 +430,7 @@ int main(void)
     RUN(test_demo_batches);
     RUN(test_train_cfg_on_4_ranks);
     RUN(test_4_ranks_equal_1_rank_global_batch);
+    RUN(test_gpt_2_ranks_equal_1_rank_global_batch);
     RUN(test_resume_after_kill);
     return check_done();
 }

@@ -5,7 +5,13 @@
  * With cuda_graph on a CUDA backend and grad_accum = 1, a step of a full batch after the first
  * such eager one is replayed from CUDA graphs (gpt_graph.h); a batch that is not full, and
  * grad_accum > 1 (whose micro-steps differ: only the first zeroes the gradients), run eagerly,
- * and anything eager between two replays makes the graphs be captured again. */
+ * and anything eager between two replays makes the graphs be captured again.
+ *
+ * The gradients' average over the ranks goes by the buckets of mgpu_gpt_buckets (bucket_mb,
+ * backward's order) in every step. A replayed step of a world size above 1 holds it in its
+ * graph, each bucket's all-reduce overlapping the rest of the backward, where the comm can
+ * queue it on a stream (allreduce_avg_stream); an eager step (or a replay without that)
+ * all-reduces the same buckets in the same order after its backward. */
 #include "gpt_run.h"
 
 #include <cjson/cJSON.h> /* metrics lines */
@@ -32,6 +38,8 @@ typedef struct run {
     FILE *out, *metrics;
     mgpu_gpt_t *m;
     mgpu_gpt_graph_t *graph; /* NULL: every step eager (cuda_graph off, not CUDA, grad_accum > 1) */
+    mgpu_gpt_bucket_t *buckets; /* the gradients' all-reduce, in backward's order */
+    int n_buckets;
     mgpu_tokens_t data;
     size_t n_train, n_eval; /* tokens of each split: train is data.ids[0..), eval the tail */
     void *scratch;          /* backend memory for small collectives */
@@ -256,23 +264,20 @@ out:
     return rc;
 }
 
-/* The gradient's average over the ranks in buckets of bucket_mb, last parameters first (the
- * order a backward makes them, as DDP's buckets). */
+/* The gradient's average over the ranks after the backward, bucket by bucket in the order a
+ * replayed step queues them during its backward. */
 static int allreduce_grads(run_t *s, mgpu_err_t *err)
 {
-    size_t cap = (size_t)(s->cfg->bucket_mb * 1024 * 1024 / sizeof(float));
-    size_t end = s->m->n_params;
     int rc;
     if (s->comm->world_size == 1)
         return 0;
-    if (cap < 1)
-        cap = 1;
-    while (end > 0) {
-        size_t n = end < cap ? end : cap;
-        if ((rc = s->comm->allreduce_avg(s->comm->ctx, s->m->grads + end - n, n, err)) < 0)
+    for (int b = 0; b < s->n_buckets; b++) {
+        mgpu_progress_bucket(s->comm->progress, b);
+        if ((rc = s->comm->allreduce_avg(s->comm->ctx, s->m->grads + s->buckets[b].off,
+                                         s->buckets[b].n, err)) < 0)
             return rc;
-        end -= n;
     }
+    mgpu_progress_bucket(s->comm->progress, -1);
     return 0;
 }
 
@@ -292,9 +297,9 @@ static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, s
         (rc = mgpu_gpt_set_step(s->m, hp, step, err)) < 0)
         return rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_FORWARD);
-    if (comm->world_size == 1)
+    if (comm->world_size == 1 || mgpu_gpt_graph_reduces(s->graph))
         return mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_STEP, err);
-    /* The gradients' average runs eagerly between the two halves. */
+    /* No all-reduce that a graph can hold: the average runs eagerly between the two halves. */
     if ((rc = mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_GRADS, err)) < 0)
         return rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
@@ -339,6 +344,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = mgpu_gpt_create(k, &spec, (int)B, &s.m, err)) < 0 ||
         (rc = mgpu_gpt_init(s.m, cfg->seed, err)) < 0 ||
+        (rc = mgpu_gpt_buckets(s.m, cfg->bucket_mb, &s.buckets, &s.n_buckets, err)) < 0 ||
         (rc = mgpu_sampler_init(&samp, n_windows, W, rank, cfg->shuffle, cfg->seed, cfg->drop_last,
                                 err)) < 0 ||
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
@@ -389,9 +395,16 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                .weight_decay = (float)cfg->weight_decay};
     long long evaluated_at = -1, steps_run = 0;
     int stopped = 0, grown = 0; /* grown: an eager step of a full batch has run */
+    /* The average inside the replayed step where the comm can queue it on a stream. */
+    mgpu_gpt_graph_reduce_t in_graph = {.fn = comm->allreduce_avg_stream,
+                                        .ctx = comm->ctx,
+                                        .buckets = s.buckets,
+                                        .n_buckets = s.n_buckets,
+                                        .overlap = cfg->bucket_overlap};
     if (cfg->cuda_graph && accum == 1 &&
         (rc = mgpu_gpt_graph_create(s.m, 1.0f / ((float)B * T), &hp, (float)cfg->grad_clip,
-                                    &s.graph, err)) < 0)
+                                    W > 1 && in_graph.fn != NULL ? &in_graph : NULL, &s.graph,
+                                    err)) < 0)
         goto out;
     double t0 = mgpu_run_now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
@@ -552,6 +565,7 @@ out:
     free(s.h_tok);
     free(s.h_tgt);
     free(s.h_params);
+    free(s.buckets);
     mgpu_gpt_destroy(s.m);
     mgpu_tokens_free(&s.data);
     if (rc < 0 && result != NULL) {
