@@ -1,0 +1,272 @@
+/* test_gpt_graph.c - model = gpt's step replayed from one CUDA graph with the gradients'
+ * average inside it (worker/trainer/gpt_graph.c, STEP with a reduce), at world size 1: a
+ * stand-in for the all-reduce, called from the backward's hook as each bucket is made, queues
+ * on the stream it is given a copy of the bucket into a snapshot buffer (and, in place, back
+ * into the gradients, as NCCL's all-reduce writes them).
+ *
+ * Checked, in fp32 and on the bf16 path (whose LayerNorm backward adds into the bias gradient
+ * of the block below): the stand-in is called once per bucket of mgpu_gpt_buckets, in its
+ * order, during the one capture, with the schedule's all-reduce stream (not the backend's);
+ * after every replay each bucket's snapshot equals the step's final gradients bit for bit (a
+ * bucket forked off before its last write would copy an earlier value); and the losses and the
+ * final parameters equal those of the plain STEP graph of world size 1 bit for bit (the copies
+ * change nothing, and nothing in the step may read or write differently because the backward
+ * is hooked), with the buckets during the backward, after it (bucket_overlap = false) and
+ * written back in place. The plain run is repeated last: if the step itself is not
+ * reproducible here, that is said apart.
+ *
+ * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
+#include "check.h"
+#include "gpt_graph.h" /* mgpu_gpt_graph_* */
+#include "model_gpt.h" /* mgpu_gpt_*, mgpu_gpt_buckets */
+
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+#include "kernels_cuda.h"     /* mgpu_kernels_cuda_device_count, _stream */
+#include <cuda_runtime_api.h> /* cudaMemcpyAsync: the stand-in all-reduce */
+#endif
+
+#include <stdint.h> /* int32_t */
+#include <stdlib.h> /* setenv, malloc, free */
+#include <string.h> /* memcmp */
+
+#define STEPS 6
+#define B 4
+#define MAX_BUCKETS 16
+
+static const mgpu_gpt_spec_t spec = {
+    .n_layer = 3, .n_head = 4, .n_embd = 64, .context = 32, .vocab = 256};
+
+/* 0.1 MiB: a block (49984 floats) is a bucket, the final LayerNorm goes with the top one. */
+static const double bucket_mb = 0.1;
+
+typedef enum mode { PLAIN, SNAPSHOT, AFTER_BACKWARD, IN_PLACE } run_mode_t;
+static const char *const mode_names[] = {"plain", "snapshot", "after backward", "in place"};
+
+typedef struct standin {
+    mgpu_gpt_t *m;
+    float *snap; /* backend memory, n_params */
+    int in_place;
+    int calls, wrong_stream;
+    mgpu_gpt_bucket_t seen[MAX_BUCKETS];
+} standin_t;
+
+/* The all-reduce's stand-in (mgpu_gpt_graph_reduce_t's fn): the bucket into the snapshot,
+ * and back in place, on stream. */
+static int standin_reduce(void *ctx, float *buf, size_t count, void *stream, mgpu_err_t *err)
+{
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    standin_t *s = ctx;
+    const size_t off = (size_t)(buf - s->m->grads), bytes = sizeof(float) * count;
+    if (s->calls < MAX_BUCKETS)
+        s->seen[s->calls] = (mgpu_gpt_bucket_t){.off = off, .n = count};
+    s->calls++;
+    s->wrong_stream += stream == NULL || stream == mgpu_kernels_cuda_stream(s->m->k);
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t ce = cudaMemcpyAsync(s->snap + off, buf, bytes, cudaMemcpyDeviceToDevice, st);
+    if (ce == cudaSuccess && s->in_place)
+        ce = cudaMemcpyAsync(buf, s->snap + off, bytes, cudaMemcpyDeviceToDevice, st);
+    if (ce != cudaSuccess)
+        return mgpu_err_set(err, MGPU_E_CUDA, "stand-in all-reduce of %zu floats: %s", count,
+                            cudaGetErrorString(ce));
+    return 0;
+#else
+    return mgpu_err_set(err, MGPU_E_USAGE, "stand-in all-reduce: a build without CUDA");
+#endif
+}
+
+typedef struct run {
+    float loss[STEPS];
+    float *params; /* host, malloc'd */
+    size_t n_params;
+    size_t snap_differ; /* floats of the snapshots that differ from the final gradients */
+    int ok;             /* the run got to its end */
+} run_t;
+
+#define RUN_OK(call)                                                                               \
+    do {                                                                                           \
+        if ((call) < 0) {                                                                          \
+            printf("  %s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);                       \
+            check_failed++;                                                                        \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* STEPS steps of the model from seed 3 over the batches tok / tgt (STEPS x B x context): the
+ * first eager (it sizes the backend's workspaces), the others replayed from STEP, with the
+ * stand-in inside it unless mode is PLAIN. */
+static void train(mgpu_kernels_t *k, run_mode_t mode, const int32_t *tok, const int32_t *tgt,
+                  run_t *r)
+{
+    mgpu_err_t err = {0};
+    mgpu_gpt_t *m = NULL;
+    mgpu_gpt_graph_t *g = NULL;
+    mgpu_gpt_bucket_t *plan = NULL;
+    float *grads = NULL, *snap = NULL;
+    int nb = 0;
+    const int T = spec.context;
+    const float scale = 1.0f / ((float)B * T), clip = 1.0f;
+    mgpu_adamw_hparams_t hp = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    standin_t s = {.in_place = mode == IN_PLACE};
+    memset(r, 0, sizeof *r);
+
+    RUN_OK(mgpu_gpt_create(k, &spec, B, &m, &err));
+    if ((k->precision == MGPU_PREC_BF16) != (m->b16 != NULL)) {
+        printf("  precision %d but the %s path\n", (int)k->precision, m->b16 ? "bf16" : "fp32");
+        check_failed++;
+        goto out;
+    }
+    s.m = m;
+    RUN_OK(mgpu_gpt_init(m, 3, &err));
+    RUN_OK(mgpu_gpt_buckets(m, bucket_mb, &plan, &nb, &err));
+    CHECK_INT(nb, spec.n_layer + 1);
+    RUN_OK(mgpu_k_alloc(k, sizeof(float) * m->n_params, (void **)&s.snap, &err));
+    RUN_OK(mgpu_k_zero(k, s.snap, sizeof(float) * m->n_params, &err));
+    grads = malloc(sizeof(float) * m->n_params);
+    snap = malloc(sizeof(float) * m->n_params);
+    r->params = malloc(sizeof(float) * m->n_params);
+    r->n_params = m->n_params;
+    mgpu_gpt_graph_reduce_t reduce = {.fn = standin_reduce,
+                                      .ctx = &s,
+                                      .buckets = plan,
+                                      .n_buckets = nb,
+                                      .overlap = mode != AFTER_BACKWARD};
+    RUN_OK(mgpu_gpt_graph_create(m, scale, &hp, clip, mode == PLAIN ? NULL : &reduce, &g, &err));
+    if (g == NULL) {
+        printf("  mgpu_gpt_graph_create: no graph on a CUDA backend\n");
+        check_failed++;
+        goto out;
+    }
+    CHECK_INT(mgpu_gpt_graph_reduces(g), mode != PLAIN);
+    for (int step = 1; step <= STEPS; step++) {
+        const size_t at = (size_t)(step - 1) * B * T;
+        RUN_OK(mgpu_gpt_load(m, tok + at, tgt + at, B, T, &err));
+        if (step == 1) {
+            RUN_OK(mgpu_gpt_zero_grads(m, &err));
+            RUN_OK(mgpu_gpt_loss(m, scale, 1, &err));
+            RUN_OK(mgpu_gpt_step(m, &hp, step, clip, NULL, &err));
+        } else {
+            RUN_OK(mgpu_gpt_set_step(m, &hp, step, &err));
+            RUN_OK(mgpu_gpt_graph_run(g, MGPU_GPT_GRAPH_STEP, &err));
+        }
+        /* A copy on the backend's stream: after the replay, whose update waited for the
+         * all-reduce stream. */
+        RUN_OK(mgpu_k_copy_to_host(k, &r->loss[step - 1], m->scalars, sizeof(float), &err));
+        if (mode != PLAIN && step > 1) {
+            RUN_OK(mgpu_k_copy_to_host(k, grads, m->grads, sizeof(float) * m->n_params, &err));
+            RUN_OK(mgpu_k_copy_to_host(k, snap, s.snap, sizeof(float) * m->n_params, &err));
+            for (size_t i = 0; i < m->n_params; i++)
+                r->snap_differ += memcmp(&grads[i], &snap[i], sizeof(float)) != 0;
+        }
+    }
+    RUN_OK(mgpu_k_copy_to_host(k, r->params, m->params, sizeof(float) * m->n_params, &err));
+    CHECK_INT(mgpu_gpt_graph_captures(g), 1);
+    if (mode != PLAIN) {
+        /* One capture: each bucket once, in the plan's order, on the all-reduce stream. */
+        CHECK_INT(s.calls, nb);
+        CHECK_INT(s.wrong_stream, 0);
+        for (int i = 0; i < nb && i < s.calls && i < MAX_BUCKETS; i++)
+            CHECK(s.seen[i].off == plan[i].off && s.seen[i].n == plan[i].n);
+    }
+    r->ok = 1;
+out:
+    mgpu_gpt_graph_destroy(g);
+    if (s.snap != NULL)
+        mgpu_k_free(k, s.snap);
+    mgpu_gpt_destroy(m);
+    free(plan);
+    free(grads);
+    free(snap);
+}
+
+/* Whether a and b are the same bits; prints the first difference. */
+static int same_run(const char *what, const run_t *a, const run_t *b)
+{
+    for (int i = 0; i < STEPS; i++)
+        if (memcmp(&a->loss[i], &b->loss[i], sizeof(float)) != 0) {
+            printf("  %s: step %d's loss %.9g vs %.9g\n", what, i + 1, a->loss[i], b->loss[i]);
+            return 0;
+        }
+    for (size_t i = 0; i < a->n_params; i++)
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0) {
+            printf("  %s: parameter %zu %.9g vs %.9g\n", what, i, a->params[i], b->params[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static void need_gpu(void)
+{
+#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
+    SKIP("built without CUDA (CUDA=0 or no nvcc)");
+#else
+    mgpu_err_t err = {0};
+    if (mgpu_kernels_cuda_device_count(&err) <= 0)
+        SKIP("no CUDA device%s%s", err.msg[0] ? ": " : "", err.msg);
+#endif
+}
+
+static void average_in_step(mgpu_precision_t prec)
+{
+    need_gpu();
+    mgpu_kernels_t *k = NULL;
+    mgpu_err_t err = {0};
+    const size_t n = (size_t)STEPS * B * spec.context;
+    int32_t *tok = malloc(sizeof(int32_t) * n), *tgt = malloc(sizeof(int32_t) * n);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        tok[i] = (int32_t)(x >> 24);
+        tgt[i] = (int32_t)((x >> 16) & 0xff);
+    }
+    /* The heuristic's first algorithm everywhere: no timing decides a product's bits. */
+    setenv("MGPU_LT_TUNE", "0", 1);
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
+    if (k == NULL || mgpu_kernels_set_precision(k, prec, &err) < 0) {
+        printf("  %s\n", err.msg);
+        check_failed++;
+        goto out;
+    }
+    run_t plain, again, r;
+    train(k, PLAIN, tok, tgt, &plain);
+    for (int mode = SNAPSHOT; mode <= IN_PLACE && plain.ok; mode++) {
+        train(k, (run_mode_t)mode, tok, tgt, &r);
+        if (r.ok) {
+            printf("  %s, %s: losses %.6f .. %.6f; %zu floats of the snapshots differ from "
+                   "the final gradients\n",
+                   prec == MGPU_PREC_BF16 ? "bf16" : "fp32", mode_names[mode], r.loss[0],
+                   r.loss[STEPS - 1], r.snap_differ);
+            CHECK(r.snap_differ == 0);
+            CHECK(same_run(mode_names[mode], &r, &plain));
+        }
+        free(r.params);
+    }
+    train(k, PLAIN, tok, tgt, &again);
+    if (plain.ok && again.ok && !same_run("plain, run again", &again, &plain))
+        printf("  the plain step is not reproducible on this GPU: the comparisons above "
+               "cannot be bit for bit\n");
+    free(plain.params);
+    free(again.params);
+out:
+    unsetenv("MGPU_LT_TUNE");
+    mgpu_kernels_destroy(k);
+    free(tok);
+    free(tgt);
+}
+
+static void test_average_in_step_fp32(void)
+{
+    average_in_step(MGPU_PREC_FP32);
+}
+
+static void test_average_in_step_bf16(void)
+{
+    average_in_step(MGPU_PREC_BF16);
+}
+
+int main(void)
+{
+    RUN(test_average_in_step_fp32);
+    RUN(test_average_in_step_bf16);
+    return check_done();
+}
