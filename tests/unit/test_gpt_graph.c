@@ -120,7 +120,9 @@ static void train(mgpu_kernels_t *k, run_mode_t mode, const int32_t *tok, const 
     RUN_OK(mgpu_gpt_init(m, 3, &err));
     RUN_OK(mgpu_gpt_buckets(m, bucket_mb, &plan, &nb, &err));
     CHECK_INT(nb, spec.n_layer + 1);
-    RUN_OK(mgpu_k_alloc(k, sizeof(float) * m->n_params, (void **)&s.snap, &err));
+    void *p = NULL;
+    RUN_OK(mgpu_k_alloc(k, sizeof(float) * m->n_params, &p, &err));
+    s.snap = p;
     RUN_OK(mgpu_k_zero(k, s.snap, sizeof(float) * m->n_params, &err));
     grads = malloc(sizeof(float) * m->n_params);
     snap = malloc(sizeof(float) * m->n_params);
