@@ -65,12 +65,14 @@ template <int HS> constexpr int kFwdBlocks = HS <= 64 ? 4 : 1;
 template <int HS> constexpr int kKvBlocks = HS <= 64 ? 3 : 1;
 /* The bf16 forward's warps own kFwd16Tiles tiles of 16 queries each (MT): at 2, each k and v
  * fragment read from shared memory serves 32 queries, half the bytes a product of one of 16
- * needs, which otherwise bounds the kernel before its tensor cores do. Its blocks are
- * kFwd16Warps warps over the same 64-key tiles (16 MT W queries). At a head size of 128 the
- * fragments of 32 rows (q, out and the scores) exceed a thread's registers: one tile a warp,
- * eight warps. (1 and 8 give 16 rows a warp at every head size.) */
-constexpr int kFwd16Tiles = 2;
-constexpr int kFwd16Warps = 4;
+ * needs. Its blocks are kFwd16Warps warps over the same 64-key tiles (16 MT W queries). At a
+ * head size of 128 the fragments of 32 rows (q, out and the scores) exceed a thread's
+ * registers: one tile a warp, eight warps. Measured alone on the H200, two tiles of four
+ * warps gained nothing at GPT-2 124M's shape (0.141 ms against 0.142) and lost at the byte
+ * model's (0.039 against 0.035): the forward keeps one tile a warp, eight warps, while both
+ * backward passes gain from two (below). */
+constexpr int kFwd16Tiles = 1;
+constexpr int kFwd16Warps = 8;
 template <int HS> constexpr int kFwd16MT = HS <= 64 ? kFwd16Tiles : 1;
 template <int HS> constexpr int kFwd16W = HS <= 64 ? kFwd16Warps : 8;
 /* Warps an SM the forward's register budget is for: with one tile a warp, kFwdBlocks<HS>
@@ -95,7 +97,11 @@ constexpr int kFwdBlocksW = kFwdWarpsSM<HS, MT> / W > 0 ? kFwdWarpsSM<HS, MT> / 
  * registers but read k and v four times a tile). (1, 4 and 64: 16 keys a warp and held k
  * and v fragments, as at a head size of 128.) Eight warps of 16 keys,
  * one block an SM at its 233 registers a thread, measured on the H200 in the GPT-2 124M step,
- * made the step 0.5 ms slower, and the byte model's 2% slower. */
+ * made the step 0.5 ms slower, and the byte model's 2% slower. Measured alone on the H200 at
+ * GPT-2 124M's shape, the backward took 0.402 ms with both passes at two tiles, 0.419 with the
+ * key pass at one (0.413 with 16 keys a step in the query pass) and 0.468 with both at one;
+ * at the byte model's, 0.107, 0.102, 0.110 and 0.112. The 124M step went from 507k to 520k
+ * tokens/s. */
 constexpr int kBwd16QTiles = 2;
 constexpr int kBwd16QWarps = 4;
 constexpr int kBwd16QKeys = 32;
