@@ -4,7 +4,8 @@
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
 #   - the GPT's CUDA kernels against the C reference (build/tests/test_gpt_cuda, and the bf16
-#     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16), and short
+#     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16), the gradients' average
+#     inside the GPT's CUDA graph step (test_gpt_graph, a stand-in all-reduce), and short
 #     GPT trainings: fp32 on the GPU against the CPU, bf16 against fp32
 #     (tests/gpu/gpt_train_checks.sh);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
@@ -43,7 +44,7 @@ unit() {
 part unit_gpu unit
 gpt_kernels() {
     local t rc=0
-    for t in test_gpt_cuda test_gpt_linear16 test_gpt_ops16 test_gpt_attn16; do
+    for t in test_gpt_cuda test_gpt_linear16 test_gpt_ops16 test_gpt_attn16 test_gpt_graph; do
         [ -x "build/tests/$t" ] || {
             echo "build/tests/$t is missing: the GPT's CUDA kernels were not built"
             rc=1

@@ -44,7 +44,8 @@ typedef struct mgpu_ddp_comm {
     int (*allreduce_sum)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, mgpu_err_t *err);
     /* A CUDA kernels backend with world size > 1: the gradient average queued on stream (a
-     * cudaStream_t) without waiting, so buckets overlap backward (gpustep.h). */
+     * cudaStream_t) without waiting, so buckets overlap backward (gpustep.h for the MLP,
+     * gpt_graph.h for the GPT), also inside a CUDA graph's capture. */
     int (*allreduce_avg_stream)(void *ctx, float *buf, size_t count, void *stream, mgpu_err_t *err);
     /* May be NULL: called with "first_step" once the first step has finished (libmgpu's
      * startup timeline, mgpu_timeline_mark). */
