@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W, MT>)
         if (k0 <= wlast) {
             float s[MT][kTcRows / 8][4];
             rows_by_tile<HS>(s, qf, kt, lane);
-            float nx[MT][2];
+            float rx[MT][2], nx[MT][2]; /* the tile's unscaled maxima; the new running ones */
 #pragma unroll
             for (int m = 0; m < MT; m++)
-                nx[m][0] = mx[m][0], nx[m][1] = mx[m][1];
+                rx[m][0] = rx[m][1] = -INFINITY;
             auto scores = [&](auto masked) {
 #pragma unroll
                 for (int m = 0; m < MT; m++)
@@ -106,11 +106,14 @@ __global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W, MT>)
                         for (int e = 0; e < 4; e++) {
                             const int key = k0 + n * 8 + 2 * tig + (e & 1);
                             const int q = qa + m * 16 + (e >> 1) * 8;
-                            /* causal mask; keys past t come after every query below t */
+                            /* causal mask; keys past t come after every query below t. The
+                             * scores stay unscaled: the scale is a positive factor, so their
+                             * maximum scales to the scaled scores' maximum, and the scale
+                             * joins the subtraction in one fma below. */
                             const float v =
-                                !decltype(masked)::value || key <= q ? s[m][n][e] * sl2 : -INFINITY;
+                                !decltype(masked)::value || key <= q ? s[m][n][e] : -INFINITY;
                             s[m][n][e] = v;
-                            nx[m][e >> 1] = fmaxf(nx[m][e >> 1], v);
+                            rx[m][e >> 1] = fmaxf(rx[m][e >> 1], v);
                         }
             };
             /* the mask only on tiles with keys past the warp's first query */
@@ -122,19 +125,20 @@ __global__ void __launch_bounds__(W * 32, kFwdBlocksW<HS, W, MT>)
             for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    nx[m][r] = fmaxf(nx[m][r], __shfl_xor_sync(0xffffffffu, nx[m][r], 1));
-                    nx[m][r] = fmaxf(nx[m][r], __shfl_xor_sync(0xffffffffu, nx[m][r], 2));
+                    rx[m][r] = fmaxf(rx[m][r], __shfl_xor_sync(0xffffffffu, rx[m][r], 1));
+                    rx[m][r] = fmaxf(rx[m][r], __shfl_xor_sync(0xffffffffu, rx[m][r], 2));
+                    nx[m][r] = fmaxf(mx[m][r], rx[m][r] * sl2);
                 }
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                const float ca = exp2f(mx[m][0] - nx[m][0]), cb = exp2f(mx[m][1] - nx[m][1]);
+                const float ca = ex2(mx[m][0] - nx[m][0]), cb = ex2(mx[m][1] - nx[m][1]);
                 float sa = 0.0f, sb = 0.0f;
 #pragma unroll
                 for (int n = 0; n < kTcRows / 8; n++) {
-                    s[m][n][0] = exp2f(s[m][n][0] - nx[m][0]);
-                    s[m][n][1] = exp2f(s[m][n][1] - nx[m][0]);
-                    s[m][n][2] = exp2f(s[m][n][2] - nx[m][1]);
-                    s[m][n][3] = exp2f(s[m][n][3] - nx[m][1]);
+                    s[m][n][0] = ex2(fmaf(s[m][n][0], sl2, -nx[m][0]));
+                    s[m][n][1] = ex2(fmaf(s[m][n][1], sl2, -nx[m][0]));
+                    s[m][n][2] = ex2(fmaf(s[m][n][2], sl2, -nx[m][1]));
+                    s[m][n][3] = ex2(fmaf(s[m][n][3], sl2, -nx[m][1]));
                     sa += s[m][n][0] + s[m][n][1];
                     sb += s[m][n][2] + s[m][n][3];
                 }

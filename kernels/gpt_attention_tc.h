@@ -4,8 +4,8 @@
  * is an mma.sync.m16n8k16 of bf16 operands with fp32 accumulation whose fragments stay in
  * registers (a product's accumulator becomes the next product's A operand without leaving the
  * warp), while the softmax (scores, running maximum and sum, probabilities, D) stays fp32, as
- * bf16 mode keeps every statistic in fp32. Exponentials are exp2f with log2(e) folded into the
- * scale.
+ * bf16 mode keeps every statistic in fp32. Exponentials are ex2 (below) with log2(e) folded into
+ * the scale.
  *
  * The kernels read tiles of 64 rows of a head with cp.async (16 bytes a thread, rows past t
  * filled with zeros), double-buffered: the next tile arrives while this one is used. Where
@@ -127,6 +127,18 @@ template <int HS> struct Tc {
     static constexpr int TILE = kTcRows * LD; /* elements */
     static constexpr size_t BYTES = (size_t)TILE * sizeof(bf16);
 };
+
+/* 2^x, one instruction of the special-function unit (ex2.approx.ftz). exp2f without fast math
+ * wraps the same instruction in a range test and two multiplies, to return results below
+ * 2^-126 unflushed; a softmax's probabilities and rescaling factors never need those (they
+ * are added to sums of at least 1, or scale such sums), and the three instructions were a
+ * third of the work a score costs besides the products. 2^-inf is 0. */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {

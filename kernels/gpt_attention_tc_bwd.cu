@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(W * 32)
                         for (int e = 0; e < 4; e++) {
                             const int key = k0 + c0 + n * 8 + 2 * tig + (e & 1), r = e >> 1;
                             const float p = !decltype(masked)::value || key <= qa + m * 16 + r * 8
-                                                ? exp2f(s[m][n][e] * sl2 - ls[m][r])
+                                                ? ex2(fmaf(s[m][n][e], sl2, -ls[m][r]))
                                                 : 0.0f;
                             s[m][n][e] = p * (dp[m][n][e] - dd[m][r]);
                         }
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(W * 32, kKvBlocksW<HS, W, MT>)
                             const int col = c0 + n * 8 + 2 * tig + (e & 1);
                             const int key = ka + m * 16 + (e >> 1) * 8;
                             const float p = !decltype(masked)::value || key <= q0 + col
-                                                ? exp2f(s[m][n][e] * sl2 - lt[col] * kLog2e)
+                                                ? ex2(fmaf(s[m][n][e], sl2, -lt[col] * kLog2e))
                                                 : 0.0f;
                             s[m][n][e] = p;
                             dp[m][n][e] = p * (dp[m][n][e] - dt[col]);
