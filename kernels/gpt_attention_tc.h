@@ -128,23 +128,6 @@ template <int HS> struct Tc {
     static constexpr size_t BYTES = (size_t)TILE * sizeof(bf16);
 };
 
-/* 2^x, one instruction of the special-function unit (ex2.approx.ftz). exp2f without fast math
- * wraps the same instruction in a range test and two multiplies, to return results below
- * 2^-126 unflushed; a softmax's probabilities and rescaling factors never need those (they
- * are added to sums of at least 1, or scale such sums), and the three instructions were a
- * third of the work a score costs besides the products. 2^-inf is 0. */
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo in the low half */
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 /* d += a . b, a 16x16 (row-major fragment), b 16x8 (column-major fragment b0, b1). */
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

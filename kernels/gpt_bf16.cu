@@ -325,8 +325,11 @@ __device__ __forceinline__ void ms_warp(float &m, float &s)
     }
 }
 
+constexpr float kXentLog2e = 1.4426950408889634f;
+
 /* Adds the eight logits of u to (m, s): their maximum first, so that the running sum is
- * rescaled once per eight rather than once per new maximum. */
+ * rescaled once per eight rather than once per new maximum. e^(f - m) is 2^(f log2(e) -
+ * m log2(e)): one fma and one ex2 a logit. */
 __device__ __forceinline__ void ms_add8(float &m, float &s, uint4 u)
 {
     const float f[8] = {bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y),
@@ -338,8 +341,33 @@ __device__ __forceinline__ void ms_add8(float &m, float &s, uint4 u)
         return; /* every logit so far is -inf (or NaN, which the sum below would carry) */
     s = m == -INFINITY ? 0.0f : s * __expf(m - mx);
     m = mx;
+    const float ml = mx * kXentLog2e;
     for (int k = 0; k < 8; k++)
-        s += __expf(f[k] - m);
+        s += ex2(fmaf(f[k], kXentLog2e, -ml));
+}
+
+/* The gradient of eight logits u (columns 8 j ..), rounded to bf16: p scale = 2^(x log2(e) -
+ * ml) k each, k = scale / s (NaN for a row whose target is out of range), less scale at the
+ * target when it is one of them (tw == j: at t7). The target's test is once a word, so a
+ * logit costs an fma, an ex2, a multiply and half a conversion. */
+__device__ __forceinline__ uint4 xent_grad8(uint4 u, int j, float ml, float k, int tw, int t7,
+                                            float scale)
+{
+    const unsigned in[4] = {u.x, u.y, u.z, u.w};
+    float g[8];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        g[2 * e] = ex2(fmaf(bf_lo(in[e]), kXentLog2e, -ml)) * k;
+        g[2 * e + 1] = ex2(fmaf(bf_hi(in[e]), kXentLog2e, -ml)) * k;
+    }
+    if (j == tw) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (e == t7)
+                g[e] -= scale;
+    }
+    return make_uint4(pack_bf16(g[0], g[1]), pack_bf16(g[2], g[3]), pack_bf16(g[4], g[5]),
+                      pack_bf16(g[6], g[7]));
 }
 
 /* One row of the softmax cross-entropy over bf16 logits with LANES threads (a warp, or the
@@ -393,20 +421,11 @@ __device__ __forceinline__ void xent16_row(int vocab, mgpu_bf16_t *lr, int32_t t
     const float inv = 1.0f / s;
     if (VEC) {
         uint4 *l4 = reinterpret_cast<uint4 *>(lr);
+        const float ml = m * kXentLog2e, k = ok ? scale * inv : NAN;
+        const int tw = ok ? target >> 3 : -1, t7 = target & 7;
 #pragma unroll 4
-        for (int j = tid; j < vocab / 8; j += lanes) {
-            const uint4 u = l4[j];
-            const unsigned in[4] = {u.x, u.y, u.z, u.w};
-            unsigned out[4];
-            for (int k = 0; k < 4; k++) {
-                const int col = 8 * j + 2 * k;
-                float p0 = __expf(bf_lo(in[k]) - m) * inv, p1 = __expf(bf_hi(in[k]) - m) * inv;
-                float g0 = ok ? scale * (p0 - (col == target ? 1.0f : 0.0f)) : NAN;
-                float g1 = ok ? scale * (p1 - (col + 1 == target ? 1.0f : 0.0f)) : NAN;
-                out[k] = bf_pack(g0, g1);
-            }
-            l4[j] = make_uint4(out[0], out[1], out[2], out[3]);
-        }
+        for (int j = tid; j < vocab / 8; j += lanes)
+            l4[j] = xent_grad8(l4[j], j, ml, k, tw, t7, scale);
     } else {
         for (int j = tid; j < vocab; j += lanes) {
             float p = __expf(bf_f(lr[j]) - m) * inv;
@@ -502,20 +521,11 @@ __global__ void __launch_bounds__(kXentSmemThreads, 2)
         const float inv = 1.0f / s;
         if (VEC) {
             uint4 *l4 = reinterpret_cast<uint4 *>(lr);
+            const float ml = m * kXentLog2e, k = ok ? scale * inv : NAN;
+            const int tw = ok ? target >> 3 : -1, t7 = target & 7;
 #pragma unroll 4
-            for (int j = tid; j < words; j += lanes) {
-                const uint4 u = xent16_row_smem[j];
-                const unsigned in[4] = {u.x, u.y, u.z, u.w};
-                unsigned out[4];
-                for (int k = 0; k < 4; k++) {
-                    const int col = 8 * j + 2 * k;
-                    float p0 = __expf(bf_lo(in[k]) - m) * inv, p1 = __expf(bf_hi(in[k]) - m) * inv;
-                    float g0 = ok ? scale * (p0 - (col == target ? 1.0f : 0.0f)) : NAN;
-                    float g1 = ok ? scale * (p1 - (col + 1 == target ? 1.0f : 0.0f)) : NAN;
-                    out[k] = bf_pack(g0, g1);
-                }
-                l4[j] = make_uint4(out[0], out[1], out[2], out[3]);
-            }
+            for (int j = tid; j < words; j += lanes)
+                l4[j] = xent_grad8(xent16_row_smem[j], j, ml, k, tw, t7, scale);
         } else {
             for (int j = tid; j < vocab; j += lanes) {
                 float p = __expf(bf_f(sh[j]) - m) * inv;

@@ -59,6 +59,25 @@ __device__ __forceinline__ float bf_hi(unsigned u)
     return __uint_as_float(u & 0xffff0000u);
 }
 
+/* 2^x, one instruction of the special-function unit (ex2.approx.ftz). exp2f without fast math
+ * wraps the same instruction in a range test and two multiplies, to return results below
+ * 2^-126 unflushed; a softmax's probabilities and rescaling factors never need those (they
+ * are added to sums of at least 1, or scale such sums); in the attention the three
+ * instructions were a third of the work a score costs besides the products. 2^-inf is 0. */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* lo and hi rounded to bf16 in one instruction (lo in the low half; NaN stays NaN). */
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned *>(&v);
+}
+
 /* Four bf16 at p + 4i (8 bytes, aligned) as floats, and back. */
 __device__ __forceinline__ float4 ld_bf4(const mgpu_bf16_t *p, size_t i)
 {
