@@ -123,24 +123,18 @@ for path, rows in ((fa, a), (fb, b)):
         print(f"not ok - {name}: {path} has {len(rows)} losses of steps, expected {steps} "
               "(one a step with log_interval = 1)")
         sys.exit(1)
-if kind == "resume":
+labels = {"resume": "resumed / straight", "graph_eager": "graph / eager", "gpu_cpu": "GPU / CPU"}
+if kind in labels:  # step by step
     rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
     worst = max(range(steps), key=lambda i: rel[i])
-    print(f"  losses, resumed / straight: first {a[0]:.7f} / {b[0]:.7f}, last "
-          f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
-          f"(tolerance {tol:g})")
-elif kind == "graph_eager":
-    rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
-    worst = max(range(steps), key=lambda i: rel[i])
-    print(f"  losses, graph / eager: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
-          f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
-          f"at step {worst + 1} (tolerance {tol:g})")
-elif kind == "gpu_cpu":
-    rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
-    worst = max(range(steps), key=lambda i: rel[i])
-    print(f"  losses, GPU / CPU: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
-          f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
-          f"at step {worst + 1} (tolerance {tol:g})")
+    if kind == "resume":
+        print(f"  losses, {labels[kind]}: first {a[0]:.7f} / {b[0]:.7f}, last "
+              f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
+              f"(tolerance {tol:g})")
+    else:
+        print(f"  losses, {labels[kind]}: step 1 {a[0]:.7f} / {b[0]:.7f}, step {steps} "
+              f"{a[-1]:.7f} / {b[-1]:.7f}; largest relative difference {rel[worst]:.2e} "
+              f"at step {worst + 1} (tolerance {tol:g})")
 else:
     ma = [sum(a[i:i + block]) / block for i in range(0, steps, block)]
     mb = [sum(b[i:i + block]) / block for i in range(0, steps, block)]
