@@ -278,6 +278,36 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const bf16 *ti
         ldsm4(a[k], tile + w0 * Tc<HS>::LD + k * 16 + off_a(lane, Tc<HS>::LD));
 }
 
+/* s (16 MT x 8 NB) = 0, as the products below start. */
+template <int MT, int NB> __device__ __forceinline__ void zero_acc(float (&s)[MT][NB][4])
+{
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+            s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+}
+
+/* One step of rows_by_tile over the head: s += a . the tile's columns 16 k .. 16 k + 15, a the
+ * MT row tiles' A fragments of those columns. */
+template <int HS, int MT, int NB>
+__device__ __forceinline__ void rows_by_tile_step(float (&s)[MT][NB][4],
+                                                  const uint32_t (&a)[MT][4], const bf16 *tile,
+                                                  int k, int lane)
+{
+    static_assert(NB % 2 == 0, "columns in blocks of 16");
+#pragma unroll
+    for (int n = 0; n < NB / 2; n++) {
+        uint32_t b[4];
+        ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            mma16816(s[m][2 * n], a[m], b[0], b[1]);
+            mma16816(s[m][2 * n + 1], a[m], b[2], b[3]);
+        }
+    }
+}
+
 /* s (16 MT x 8 NB) = a . tile^T: the warp's MT tiles of 16 rows by the NB * 8 rows of the tile
  * from tile on, which are the columns of s. Each B fragment read from shared memory serves the
  * MT row tiles: a warp of 32 rows reads half the bytes a product of one of 16 rows does. Each
@@ -286,24 +316,16 @@ template <int HS, int MT, int NB>
 __device__ __forceinline__ void
 rows_by_tile(float (&s)[MT][NB][4], const uint32_t (&a)[MT][HS / 16][4], const bf16 *tile, int lane)
 {
-    static_assert(NB % 2 == 0, "columns in blocks of 16");
+    zero_acc(s);
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int k = 0; k < HS / 16; k++) {
+        uint32_t ak[MT][4];
 #pragma unroll
-        for (int n = 0; n < NB; n++)
-            s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < HS / 16; k++)
-#pragma unroll
-        for (int n = 0; n < NB / 2; n++) {
-            uint32_t b[4];
-            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                mma16816(s[m][2 * n], a[m][k], b[0], b[1]);
-                mma16816(s[m][2 * n + 1], a[m][k], b[2], b[3]);
-            }
-        }
+        for (int m = 0; m < MT; m++)
+            ak[m][0] = a[m][k][0], ak[m][1] = a[m][k][1], ak[m][2] = a[m][k][2],
+            ak[m][3] = a[m][k][3];
+        rows_by_tile_step<HS>(s, ak, tile, k, lane);
+    }
 }
 
 /* acc (16 MT x HS) += p . tile, p 16 MT x 8 NB as accumulators (bf16 A operands), the NB * 8

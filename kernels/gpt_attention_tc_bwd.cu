@@ -157,27 +157,14 @@ template <int HS, int MT, int NB>
 __device__ __forceinline__ void rows_by_tile_s(float (&s)[MT][NB][4], const bf16 *arows,
                                                const bf16 *tile, int lane)
 {
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int n = 0; n < NB; n++)
-            s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+    zero_acc(s);
 #pragma unroll
     for (int k = 0; k < HS / 16; k++) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; m++)
             ldsm4(a[m], arows + m * 16 * Tc<HS>::LD + k * 16 + off_a(lane, Tc<HS>::LD));
-#pragma unroll
-        for (int n = 0; n < NB / 2; n++) {
-            uint32_t b[4];
-            ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                mma16816(s[m][2 * n], a[m], b[0], b[1]);
-                mma16816(s[m][2 * n + 1], a[m], b[2], b[3]);
-            }
-        }
+        rows_by_tile_step<HS>(s, a, tile, k, lane);
     }
 }
 
