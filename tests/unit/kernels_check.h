@@ -1,4 +1,5 @@
-/* kernels_check.h - what the tests of the CUDA backend share (test_kernels_cuda*.c): the two
+/* kernels_check.h - what the tests of the CUDA backend share (test_kernels_cuda*.c): the skip
+ * without a CUDA device (need_gpu, which the GPU training tests use too), the two
  * backends side by side (env_t), random and poisoned buffers at 16-byte aligned and one-float-off
  * offsets, and close_to / close_to_dev, which print the first mismatches and the largest
  * difference. Each test file includes it once; its functions are static. */
@@ -43,16 +44,25 @@ typedef struct env {
         }                                                                                          \
     } while (0)
 
+/* Skips the test in a build without CUDA or on a machine without a CUDA device. Initialises
+ * CUDA here, in the test's own forked process, never in the parent. */
+static inline void need_gpu(void)
+{
+#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
+    SKIP("built without CUDA (CUDA=0 or no nvcc)");
+#else
+    mgpu_err_t err = {0};
+    if (mgpu_kernels_cuda_device_count(&err) <= 0)
+        SKIP("no CUDA device%s%s", err.msg[0] ? ": " : "", err.msg);
+#endif
+}
+
 static inline void env_open(env_t *e)
 {
     e->cpu = e->gpu = NULL;
     e->err.msg[0] = '\0';
-#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
-    SKIP("built without CUDA (CUDA=0 or no nvcc)");
-#else
-    /* Initialises CUDA here, in the test's own forked process, never in the parent. */
-    if (mgpu_kernels_cuda_device_count(&e->err) <= 0)
-        SKIP("no CUDA device%s%s", e->err.msg[0] ? ": " : "", e->err.msg);
+    need_gpu();
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
     if (mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &e->cpu, &e->err) != 0 ||
         mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &e->gpu, &e->err) != 0) {
         printf("  mgpu_kernels_create: %s\n", e->err.msg);

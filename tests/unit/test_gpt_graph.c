@@ -17,11 +17,12 @@
  *
  * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
 #include "check.h"
-#include "gpt_graph.h" /* mgpu_gpt_graph_* */
-#include "model_gpt.h" /* mgpu_gpt_*, mgpu_gpt_buckets */
+#include "kernels_check.h" /* need_gpu */
+#include "gpt_graph.h"     /* mgpu_gpt_graph_* */
+#include "model_gpt.h"     /* mgpu_gpt_*, mgpu_gpt_buckets */
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-#include "kernels_cuda.h"     /* mgpu_kernels_cuda_device_count, _stream */
+#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream */
 #include <cuda_runtime_api.h> /* cudaMemcpyAsync: the stand-in all-reduce */
 #endif
 
@@ -195,17 +196,6 @@ static int same_run(const char *what, const run_t *a, const run_t *b)
             return 0;
         }
     return 1;
-}
-
-static void need_gpu(void)
-{
-#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
-    SKIP("built without CUDA (CUDA=0 or no nvcc)");
-#else
-    mgpu_err_t err = {0};
-    if (mgpu_kernels_cuda_device_count(&err) <= 0)
-        SKIP("no CUDA device%s%s", err.msg[0] ? ": " : "", err.msg);
-#endif
 }
 
 static void average_in_step(mgpu_precision_t prec)

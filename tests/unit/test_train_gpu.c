@@ -9,11 +9,12 @@
  * GPU, their buckets all-reduced on the all-reduce stream, match two CPU ranks.
  * Run it on a GPU machine: build/tests/test_train_gpu. */
 #include "check.h"
+#include "kernels_check.h" /* need_gpu */
 #include "ddp.h"
 #include "train.h"
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-#include "kernels_cuda.h"     /* mgpu_kernels_cuda_device_count */
+#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream */
 #include <cuda_runtime_api.h> /* cudaStreamSynchronize, cudaMemcpy: the test's all-reduce */
 #endif
 
@@ -322,17 +323,6 @@ static double compare(const char *what, const float *a, const float *b, size_t n
     }
     printf("  %s: %zu params, largest difference %.3g (tolerance %.3g)\n", what, n, worst, tol);
     return worst;
-}
-
-static void need_gpu(void)
-{
-#if !(defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA)
-    SKIP("built without CUDA (CUDA=0 or no nvcc)");
-#else
-    mgpu_err_t err = {0};
-    if (mgpu_kernels_cuda_device_count(&err) <= 0)
-        SKIP("no CUDA device%s%s", err.msg[0] ? ": " : "", err.msg);
-#endif
 }
 
 /* A small MLP on Gaussian clusters: 512 training samples, shuffled, batch 64 (8 full
