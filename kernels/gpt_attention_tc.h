@@ -128,7 +128,6 @@ template <int HS> struct Tc {
     static constexpr size_t BYTES = (size_t)TILE * sizeof(bf16);
 };
 
-
 /* d += a . b, a 16x16 (row-major fragment), b 16x8 (column-major fragment b0, b1). */
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1)
@@ -291,9 +290,8 @@ template <int MT, int NB> __device__ __forceinline__ void zero_acc(float (&s)[MT
 /* One step of rows_by_tile over the head: s += a . the tile's columns 16 k .. 16 k + 15, a the
  * MT row tiles' A fragments of those columns. */
 template <int HS, int MT, int NB>
-__device__ __forceinline__ void rows_by_tile_step(float (&s)[MT][NB][4],
-                                                  const uint32_t (&a)[MT][4], const bf16 *tile,
-                                                  int k, int lane)
+__device__ __forceinline__ void rows_by_tile_step(float (&s)[MT][NB][4], const uint32_t (&a)[MT][4],
+                                                  const bf16 *tile, int k, int lane)
 {
     static_assert(NB % 2 == 0, "columns in blocks of 16");
 #pragma unroll

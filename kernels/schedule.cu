@@ -145,9 +145,8 @@ int cuda_linear_backward_weight(void *impl, int rows, int out, int in, const flo
     rc = narrow ? launch_narrow_dw(c, i, rows, out, in, dz, x, dw, dbias, err)
                 : side_ws(c, i, &ws, err);
     if (!narrow && rc == 0)
-        rc = lt_matmul(c, c->side[i].s, ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz,
-                       out, dw, in, epi, side_bias ? nullptr : dbias, nullptr, 0, kReuse, kFresh,
-                       err);
+        rc = lt_matmul(c, c->side[i].s, ws, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dz, out,
+                       dw, in, epi, side_bias ? nullptr : dbias, nullptr, 0, kReuse, kFresh, err);
     const int qc = side_queued(c, i, err); /* even when declined */
     if (qc < 0)
         return qc;
