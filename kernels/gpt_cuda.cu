@@ -95,6 +95,57 @@ __global__ void __launch_bounds__(kLnWarps * 32)
     }
 }
 
+/* ln_fwd_kernel's VEC form with the row held in registers: lane l loads the float4s l, l + 32,
+ * ... of its row (NCH of them, all in flight at once) and the three passes read registers, so
+ * x is read from memory once and no pass waits on another's loads. Each lane adds its values
+ * in the same order as ln_fwd_kernel, so both give the same bits. */
+template <int NCH, class Y>
+__global__ void __launch_bounds__(kLnWarps * 32)
+    ln_fwd_reg_kernel(int n, int c, const float *x, const float *w, const float *b, Y *y,
+                      float *mean, float *rstd)
+{
+    const int lane = threadIdx.x & 31, c4 = c / 4;
+    for (int row = blockIdx.x * kLnWarps + (threadIdx.x >> 5); row < n;
+         row += gridDim.x * kLnWarps) {
+        const float *xr = x + (size_t)row * c;
+        float4 v[NCH];
+#pragma unroll
+        for (int k = 0; k < NCH; k++)
+            if (lane + 32 * k < c4)
+                v[k] = ld4(xr, lane + 32 * k);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NCH; k++)
+            if (lane + 32 * k < c4)
+                s += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+        const float m = warp_sum(s) / c;
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NCH; k++)
+            if (lane + 32 * k < c4) {
+                float a = v[k].x - m, bb = v[k].y - m, cc = v[k].z - m, d = v[k].w - m;
+                q += (a * a + bb * bb) + (cc * cc + d * d);
+            }
+        const float rs = 1.0f / sqrtf(warp_sum(q) / c + kLnEps);
+        Y *yr = y + (size_t)row * c;
+#pragma unroll
+        for (int k = 0; k < NCH; k++) {
+            const int j = lane + 32 * k;
+            if (j < c4) {
+                const float4 wv = ld4(w, j), bv = ld4(b, j);
+                st_y4(yr, j,
+                      make_float4((v[k].x - m) * rs * wv.x + bv.x, (v[k].y - m) * rs * wv.y + bv.y,
+                                  (v[k].z - m) * rs * wv.z + bv.z,
+                                  (v[k].w - m) * rs * wv.w + bv.w));
+            }
+        }
+        if (lane == 0) {
+            mean[row] = m;
+            rstd[row] = rs;
+        }
+    }
+}
+
 /* dx += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = w * dy, a warp a
  * row; dw and db are summed per warp in shared memory (acc: 2c floats a warp, the lane's own
  * columns only), then the block adds its warps in order into part[block] (2c floats), which
@@ -523,7 +574,20 @@ static int layernorm_forward(cuda_impl *ci, int n, int c, const float *x, const 
     bool vec = c % 4 == 0 && aligned16(x, w, b) && (uintptr_t)y % (4 * sizeof(Y)) == 0;
     long need = (n + kLnWarps - 1) / kLnWarps, cap = (long)ci->sms * 16;
     unsigned blocks = (unsigned)(need < cap ? need : cap);
-    if (vec)
+    /* Rows of up to 1024 channels are held in registers (GPT-2's 768: 6 float4s a lane). */
+    const int nch = vec ? (c / 4 + 31) / 32 : 0;
+    void (*reg)(int, int, const float *, const float *, const float *, Y *, float *, float *) =
+        nch < 1    ? nullptr
+        : nch == 1 ? ln_fwd_reg_kernel<1, Y>
+        : nch == 2 ? ln_fwd_reg_kernel<2, Y>
+        : nch == 3 ? ln_fwd_reg_kernel<3, Y>
+        : nch == 4 ? ln_fwd_reg_kernel<4, Y>
+        : nch <= 6 ? ln_fwd_reg_kernel<6, Y>
+        : nch <= 8 ? ln_fwd_reg_kernel<8, Y>
+                   : nullptr;
+    if (reg != nullptr)
+        reg<<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
+    else if (vec)
         ln_fwd_kernel<true, Y>
             <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
     else
