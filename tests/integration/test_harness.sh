@@ -133,3 +133,34 @@ echo "ok - a"'
     expect_result "2 passed, 0 failed" 0
     expect_grep h.out '^expecting 2 tests$'
 }
+
+t_harness_tests_run_together_printed_in_order() {
+    # t_a can pass only while t_b runs beside it; t_b ends first, yet t_a's lines come first,
+    # and the failure is t_c's own
+    mkdir -p integration
+    printf '%s\n' "t_a() { wait_until 20 test -e $TEST_TMP/b.started || fail 't_b never ran beside t_a'; }" \
+        "t_b() { touch $TEST_TMP/b.started; }" 't_c() { fail planted; }' >integration/test_pool.sh
+    MGPU_TEST_JOBS=3 harness integration
+    expect_result "2 passed, 1 failed" nonzero
+    expect_eq "$(grep -E '^(ok|not ok) - ' h.out | sed 's/ (.*//' | tr '\n' '|')" \
+        "ok - test_pool:t_a|ok - test_pool:t_b|not ok - test_pool:t_c|" "order of the results"
+    expect_grep h.out '^failed: test_pool:t_c$'
+    expect_grep "$(sed -n '/^not ok - test_pool:t_c/,$p' h.out)" 'FAIL: planted'
+    MGPU_TEST_JOBS=x harness integration
+    expect_eq "$rc" 2 "exit status with MGPU_TEST_JOBS=x"
+    expect_grep h.out "MGPU_TEST_JOBS='x': expected a number"
+}
+
+t_harness_alone_runs_with_no_other_test() {
+    # each test says it runs while it does; t_b (alone) fails if another runs during its time
+    mkdir -p integration
+    local t body
+    for t in a b c d; do
+        body="touch $TEST_TMP/running.$t; sleep 0.5; rm $TEST_TMP/running.$t"
+        [ $t = b ] && body="ls $TEST_TMP/running.[acd] 2>/dev/null && fail 'others ran'; $body; ls $TEST_TMP/running.[acd] 2>/dev/null && fail 'others ran'; true"
+        printf 't_%s() { %s; }\n' "$t" "$body"
+    done >integration/test_alone.sh
+    echo "# alone: t_b" >>integration/test_alone.sh
+    MGPU_TEST_JOBS=4 harness integration
+    expect_result "4 passed, 0 failed" 0
+}

@@ -2,6 +2,12 @@
 # through pkg-config and run under the installed mgpu-launch; the installed man pages, and the
 # programs' --help and --version they are made from.
 
+# make install writes the man pages into the build folder, and checks the build the other tests
+# run: two at once would write the same files.
+# alone: t_install_and_link_with_pkg_config t_install_cpu_program_links_no_cuda
+# alone: t_install_general_collectives_and_store t_install_man_pages
+# alone: t_install_system_error_h_is_glibcs t_install_without_man_tools_fails_clearly
+
 install_here() {
     command -v pkg-config >/dev/null || skip "no pkg-config"
     for t in help2man go-md2man; do

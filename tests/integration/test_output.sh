@@ -14,6 +14,12 @@ export OMP_NUM_THREADS=1
 NLINES=20000
 PREFIX='[rank${rank}]:'
 
+# A line whose writer pauses for 100 ms in its middle is shown in part at once, and another
+# rank's line then ends it there (live partial lines, launcher/output.h). On a busy CPU a writer
+# may pause that long: the checks of whole lines want the CPU to themselves.
+# alone: t_output_integrity_4_workers_20000_lines t_output_integrity_with_tee_files_and_template
+# alone: t_output_slow_reader_console t_output_all_output_before_exit_delivered
+
 # verify FILE STREAM RANKS [TEMPLATE] [ROLE] [SEED]
 verify() {
     "$TW" verify "$1" "$2" "$3" "$NLINES" "${6:-1234}" "${4-$PREFIX}" "${5:-default}" >verify.out 2>&1 ||

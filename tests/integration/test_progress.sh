@@ -65,6 +65,9 @@ t_progress_bad_variables_warn() {
     expect_grep out '^peek final slot=0 not attached$'
 }
 
+# make install writes the man pages into the build folder: not beside test_install's tests.
+# alone: t_progress_api_through_installed_headers
+
 # A program of the user's own, built against the installed headers (<mgpu/mgpu.h> brings
 # <mgpu/progress.h>): its steps, phase and label reach the page.
 t_progress_api_through_installed_headers() {

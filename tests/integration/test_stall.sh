@@ -9,6 +9,9 @@ export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE
 export OMP_NUM_THREADS=1
 
+# Four ranks start PyTorch within the 5 s stall timeout; beside another test's ranks on a small
+# machine they may not (4 ranks take about 3 s alone, two such jobs at once over 5 s).
+# alone: t_stall_gloo_rank_named t_stall_gloo_action_fail
 
 # The request's job: 4 gloo ranks, a step of 0.3 s of "work" and an all_reduce; rank 3 sleeps
 # an hour before the all_reduce of step 2.
