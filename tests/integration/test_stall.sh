@@ -251,12 +251,13 @@ EOF
 }
 
 t_stall_none_with_slow_steps() {
-    skip_under_sanitizers "60 s of waiting; the detector's code runs in the other stall tests"
-    # 2 s steps for 60 s, S = 5: rank 0 prints a line each step, rank 1 only touches its
-    # heartbeat file (the one-line mechanism a program without libmgpu uses)
+    skip_under_sanitizers "20 s of waiting; the detector's code runs in the other stall tests"
+    # 2 s steps for 20 s, S = 5: rank 0 prints a line each step, rank 1 only touches its
+    # heartbeat file (the one-line mechanism a program without libmgpu uses). The detector
+    # looks every second, so 20 looks see each rank quiet for up to 2 s, never 5.
     cat >slow.sh <<'EOF'
 #!/bin/bash
-for i in $(seq 30); do
+for i in $(seq 10); do
     if [ "$RANK" = 0 ]; then echo "step $i"; else touch "$MGPU_HEARTBEAT_FILE"; fi
     sleep 2
 done
