@@ -16,30 +16,61 @@ PREFIX='[rank${rank}]:'
 
 # A line whose writer pauses for 100 ms in its middle is shown in part at once, and another
 # rank's line then ends it there (live partial lines, launcher/output.h). On a busy CPU a writer
-# may pause that long: the checks of whole lines want the CPU to themselves.
+# may pause that long: the console's checks take a line that arrived in pieces (verify's
+# "pieces", a bounded number of them), and they run alone so that pieces stay rare.
 # alone: t_output_integrity_4_workers_20000_lines t_output_integrity_with_tee_files_and_template
 # alone: t_output_slow_reader_console t_output_all_output_before_exit_delivered
 
-# verify FILE STREAM RANKS [TEMPLATE] [ROLE] [SEED]
+# verify FILE STREAM RANKS [TEMPLATE] [ROLE] [SEED] [pieces]
 verify() {
-    "$TW" verify "$1" "$2" "$3" "$NLINES" "${6:-1234}" "${4-$PREFIX}" "${5:-default}" >verify.out 2>&1 ||
-        fail "$(cat verify.out)"
+    "$TW" verify "$1" "$2" "$3" "$NLINES" "${6:-1234}" "${4-$PREFIX}" "${5:-default}" ${7:+"$7"} \
+        >verify.out 2>&1 || fail "$(cat verify.out)"
+}
+
+# the launcher's console: lines may arrive in pieces where a writer paused (see above)
+# verify_console FILE STREAM RANKS [TEMPLATE] [ROLE] [SEED]
+verify_console() {
+    verify "$1" "$2" "$3" "${4-$PREFIX}" "${5:-default}" "${6:-1234}" pieces
+}
+
+t_output_verify_pieces_rules() {
+    # the checker itself: a line split in two passes only with pieces; a piece with a byte
+    # lost, or lines in pieces past the bound (1% + 1), fail
+    local n=200
+    RANK=0 "$TW" output $n 5 2>/dev/null >raw
+    echo >>raw # the tail line without a newline, as the launcher ends it
+    "$TW" verify raw 1 0 $n 5 "" default >v.out 2>&1 || fail "whole lines refused: $(cat v.out)"
+    "$TW" verify raw 1 0 $n 5 "" default pieces >v.out 2>&1 || fail "pieces refused: $(cat v.out)"
+    expect_grep v.out ', 0 line[(]s[)] in pieces'
+    # the first line of 10 bytes or more, split after its 5th byte
+    awk '!d && length($0) >= 10 { print substr($0, 1, 5); print substr($0, 6); d = 1; next } 1' \
+        raw >split1
+    "$TW" verify split1 1 0 $n 5 "" default >v.out 2>&1 && fail "a split line passed without pieces"
+    "$TW" verify split1 1 0 $n 5 "" default pieces >v.out 2>&1 ||
+        fail "a split line refused with pieces: $(cat v.out)"
+    expect_grep v.out ', 1 line[(]s[)] in pieces'
+    awk '!d && length($0) >= 10 { print substr($0, 1, 5); print substr($0, 7); d = 1; next } 1' \
+        raw >lost1
+    "$TW" verify lost1 1 0 $n 5 "" default pieces >v.out 2>&1 && fail "a lost byte passed"
+    awk 'length($0) >= 10 { print substr($0, 1, 5); print substr($0, 6); next } 1' raw >many
+    "$TW" verify many 1 0 $n 5 "" default pieces >v.out 2>&1 && fail "every line in pieces passed"
+    expect_grep v.out 'arrived in pieces, expected at most 3'
 }
 
 t_output_integrity_4_workers_20000_lines() {
     # 4 workers x 20,000 lines to stdout and to stderr, 0 B..100 KB, written in random pieces
     run_launch --nproc_per_node=4 "$TW" output $NLINES 1234
     expect_eq "$rc" 0 "exit status ($(tail -n 3 err))"
-    verify out 1 0,1,2,3
-    verify err 2 0,1,2,3
+    verify_console out 1 0,1,2,3
+    verify_console err 2 0,1,2,3
 }
 
 t_output_integrity_with_tee_files_and_template() {
     run_launch --nproc_per_node=4 --role trainer --log_dir logs --rdzv_id run7 --tee 3 \
         --log_line_prefix_template '${role_name}-${local_rank}|${rank}> ' "$TW" output $NLINES 99
     expect_eq "$rc" 0 "exit status ($(tail -n 3 err))"
-    verify out 1 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
-    verify err 2 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
+    verify_console out 1 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
+    verify_console err 2 0,1,2,3 '${role_name}-${local_rank}|${rank}> ' trainer 99
     local d; d=$(echo logs/run7_*)
     for k in 0 1 2 3; do
         verify "$d/attempt_0/$k/stdout.log" 1 $k "" trainer 99
@@ -60,7 +91,7 @@ while True:
     out.write(b); time.sleep(0.0005)'
     rc=${PIPESTATUS[0]}
     expect_eq "$rc" 0
-    verify out 1 0,1,2 "$PREFIX" default 5
+    verify_console out 1 0,1,2 "$PREFIX" default 5
 }
 
 t_output_partial_line_at_exit_delivered() {
@@ -89,17 +120,17 @@ t_output_all_output_before_exit_delivered() {
     NLINES=5000
     run_launch --nproc_per_node=1 "$TW" output $NLINES 77 exit 3
     expect_eq "$rc" 3
-    verify out 1 0 "$PREFIX" default 77
+    verify_console out 1 0 "$PREFIX" default 77
     # stderr ends with the launcher's report: keep the workers' lines
     grep -a '^\[rank' err >err.workers
-    verify err.workers 2 0 "$PREFIX" default 77
+    verify_console err.workers 2 0 "$PREFIX" default 77
     # two workers: both write everything; rank 1 then fails, rank 0 is stopped; what rank 0
     # wrote before it was stopped still arrives whole
     run_launch --nproc_per_node=2 "$TW" output $NLINES 78 touch done.%l waitall done. 2 only 1 exit 3 pause
     expect_eq "$rc" 3
-    verify out 1 0,1 "$PREFIX" default 78
+    verify_console out 1 0,1 "$PREFIX" default 78
     grep -a '^\[rank' err >err.workers
-    verify err.workers 2 0,1 "$PREFIX" default 78
+    verify_console err.workers 2 0,1 "$PREFIX" default 78
 }
 
 t_output_stopped_worker_output_delivered() {
