@@ -44,6 +44,9 @@ __device__ __forceinline__ unsigned bf_bits(float v)
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
+/* lo and hi as bf_bits gives them (lo in the low half): the host's bits, NaN included, for
+ * what is checked bit for bit against it (a tensor's bf16 copy). pack_bf16 below is one
+ * instruction where a NaN need not keep its payload. */
 __device__ __forceinline__ unsigned bf_pack(float lo, float hi)
 {
     return bf_bits(lo) | (bf_bits(hi) << 16);
@@ -71,7 +74,8 @@ __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-/* lo and hi rounded to bf16 in one instruction (lo in the low half; NaN stays NaN). */
+/* lo and hi rounded to bf16 in one instruction (lo in the low half; a NaN becomes the
+ * canonical NaN): the attention's operands and the cross-entropy's gradient. */
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
