@@ -287,6 +287,20 @@ template <int MT, int NB> __device__ __forceinline__ void zero_acc(float (&s)[MT
             s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
 }
 
+/* s[m][n] and s[m][n + 1] += a[m] . b for each of the MT row tiles, b a 16x16 B fragment (b0,
+ * b1 its first 8 columns, b2, b3 the next 8): what both products below do with each B fragment
+ * they read, so that it serves every row tile. */
+template <int MT, int NB>
+__device__ __forceinline__ void mma_rows(float (&s)[MT][NB][4], int n, const uint32_t (&a)[MT][4],
+                                         const uint32_t (&b)[4])
+{
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        mma16816(s[m][n], a[m], b[0], b[1]);
+        mma16816(s[m][n + 1], a[m], b[2], b[3]);
+    }
+}
+
 /* One step of rows_by_tile over the head: s += a . the tile's columns 16 k .. 16 k + 15, a the
  * MT row tiles' A fragments of those columns. */
 template <int HS, int MT, int NB>
@@ -298,11 +312,7 @@ __device__ __forceinline__ void rows_by_tile_step(float (&s)[MT][NB][4], const u
     for (int n = 0; n < NB / 2; n++) {
         uint32_t b[4];
         ldsm4(b, tile + n * 16 * Tc<HS>::LD + k * 16 + off_b(lane, Tc<HS>::LD));
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            mma16816(s[m][2 * n], a[m], b[0], b[1]);
-            mma16816(s[m][2 * n + 1], a[m], b[2], b[3]);
-        }
+        mma_rows(s, 2 * n, a, b);
     }
 }
 
@@ -348,11 +358,7 @@ __device__ __forceinline__ void acc_by_tile(float (&acc)[MT][HS / 8][4],
         for (int n = 0; n < HS / 16; n++) {
             uint32_t b[4];
             ldsm4t(b, tile + k * 16 * Tc<HS>::LD + n * 16 + off_a(lane, Tc<HS>::LD));
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                mma16816(acc[m][2 * n], a[m], b[0], b[1]);
-                mma16816(acc[m][2 * n + 1], a[m], b[2], b[3]);
-            }
+            mma_rows(acc, 2 * n, a, b);
         }
     }
 }
