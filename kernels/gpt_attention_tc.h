@@ -55,7 +55,6 @@ typedef __nv_bfloat16 bf16;
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 16 * kTcWarps; /* rows a block owns, and rows of a tile */
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kCvtThreads = 256;
 /* Blocks an SM is asked to hold (a register budget for ptxas: 128 a thread for 4, 168 for 3):
  * up to a head size of 64 the forward and the key pass fit them with at most a few spilled

@@ -325,8 +325,6 @@ __device__ __forceinline__ void ms_warp(float &m, float &s)
     }
 }
 
-constexpr float kXentLog2e = 1.4426950408889634f;
-
 /* Adds the eight logits of u to (m, s): their maximum first, so that the running sum is
  * rescaled once per eight rather than once per new maximum. e^(f - m) is 2^(f log2(e) -
  * m log2(e)): one fma and one ex2 a logit. */
@@ -341,9 +339,9 @@ __device__ __forceinline__ void ms_add8(float &m, float &s, uint4 u)
         return; /* every logit so far is -inf (or NaN, which the sum below would carry) */
     s = m == -INFINITY ? 0.0f : s * __expf(m - mx);
     m = mx;
-    const float ml = mx * kXentLog2e;
+    const float ml = mx * kLog2e;
     for (int k = 0; k < 8; k++)
-        s += ex2(fmaf(f[k], kXentLog2e, -ml));
+        s += ex2(fmaf(f[k], kLog2e, -ml));
 }
 
 /* The gradient of eight logits u (columns 8 j ..), rounded to bf16: p scale = 2^(x log2(e) -
@@ -357,8 +355,8 @@ __device__ __forceinline__ uint4 xent_grad8(uint4 u, int j, float ml, float k, i
     float g[8];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        g[2 * e] = ex2(fmaf(bf_lo(in[e]), kXentLog2e, -ml)) * k;
-        g[2 * e + 1] = ex2(fmaf(bf_hi(in[e]), kXentLog2e, -ml)) * k;
+        g[2 * e] = ex2(fmaf(bf_lo(in[e]), kLog2e, -ml)) * k;
+        g[2 * e + 1] = ex2(fmaf(bf_hi(in[e]), kLog2e, -ml)) * k;
     }
     if (j == tw) {
 #pragma unroll
@@ -421,7 +419,7 @@ __device__ __forceinline__ void xent16_row(int vocab, mgpu_bf16_t *lr, int32_t t
     const float inv = 1.0f / s;
     if (VEC) {
         uint4 *l4 = reinterpret_cast<uint4 *>(lr);
-        const float ml = m * kXentLog2e, k = ok ? scale * inv : NAN;
+        const float ml = m * kLog2e, k = ok ? scale * inv : NAN;
         const int tw = ok ? target >> 3 : -1, t7 = target & 7;
 #pragma unroll 4
         for (int j = tid; j < vocab / 8; j += lanes)
@@ -521,7 +519,7 @@ __global__ void __launch_bounds__(kXentSmemThreads, 2)
         const float inv = 1.0f / s;
         if (VEC) {
             uint4 *l4 = reinterpret_cast<uint4 *>(lr);
-            const float ml = m * kXentLog2e, k = ok ? scale * inv : NAN;
+            const float ml = m * kLog2e, k = ok ? scale * inv : NAN;
             const int tw = ok ? target >> 3 : -1, t7 = target & 7;
 #pragma unroll 4
             for (int j = tid; j < words; j += lanes)

@@ -62,6 +62,9 @@ __device__ __forceinline__ float bf_hi(unsigned u)
     return __uint_as_float(u & 0xffff0000u);
 }
 
+/* log2(e): e^x is 2^(x log2(e)), as ex2 below takes it. */
+constexpr float kLog2e = 1.4426950408889634f;
+
 /* 2^x, one instruction of the special-function unit (ex2.approx.ftz). exp2f without fast math
  * wraps the same instruction in a range test and two multiplies, to return results below
  * 2^-126 unflushed; a softmax's probabilities and rescaling factors never need those (they
