@@ -191,6 +191,7 @@ n_embd = 16
 context = 16
 batch_size = 4
 max_steps = 5
+log_interval = 1
 generate = 6
 prompt = 1 2 3
 backend = cpu
@@ -199,6 +200,12 @@ EOF
     expect_grep out 'vocab 50\); 168 training windows, 18 held out'
     expect_grep out '^eval epoch 1 step 5: loss [0-9.]+ perplexity [0-9.]+ on 18 windows'
     expect_grep out '^([0-9]+ ){5}[0-9]+$'
+    # max_steps sets the length: progress counts the epochs the run reaches, not a bound
+    expect_grep out '^epoch 1/1 step 5/5 loss '
+    "$WORKER" t.cfg batch_size=100 max_steps=3 log_interval=1 generate=0 >out2 2>err2 ||
+        { cat out2 err2 >&2; fail "tokens, two epochs: exit $?"; }
+    expect_grep out2 '^epoch 1/2 step 2/3 loss '
+    expect_grep out2 '^epoch 2/2 step 3/3 loss '
 }
 
 t_gpt_resume_continues_and_refuses_another_shape() {

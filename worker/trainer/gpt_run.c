@@ -375,6 +375,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     if (cfg->max_steps > 0 && cfg->max_steps < planned)
         planned = cfg->max_steps;
     long long total = cfg->max_steps > 0 ? cfg->max_steps : planned; /* the schedule's length */
+    /* The epochs the run reaches: epochs is only a bound where max_steps sets the length. */
+    long long epochs_run = (planned + per_epoch - 1) / per_epoch;
     long long step = (long long)h.step, epoch = (long long)h.epoch, batch = (long long)h.batch;
     if (rank == 0) {
         fprintf(s.out,
@@ -476,7 +478,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     fprintf(s.out,
                             "epoch %lld/%lld step %lld/%lld loss %.4f lr %.3g tokens/s %.0f eta "
                             "%.1fs\n",
-                            epoch + 1, cfg->epochs, step, planned, loss, hp.lr, tps, eta);
+                            epoch + 1, epochs_run, step, planned, loss, hp.lr, tps, eta);
                     fflush(s.out);
                     cJSON *o = cJSON_CreateObject();
                     cJSON_AddNumberToObject(o, "epoch", (double)epoch + 1);
