@@ -163,7 +163,9 @@ t_gpt_generate_prints_reproducible_samples() {
     "$WORKER" g.cfg generate=40 'prompt=GNU\n' temperature=0.9 top_k=20 >out1 2>err ||
         { cat out1 err >&2; fail "generate: exit $?"; }
     "$WORKER" g.cfg generate=40 'prompt=GNU\n' temperature=0.9 top_k=20 >out2 2>err
-    expect_grep out1 '^generate: 40 tokens \(temperature 0.9, top_k 20, seed 5\):'
+    expect_grep out1 '^generate: 40 tokens after a prompt of 4 \(temperature 0.9, top_k 20, seed 5\):'
+    # the sample goes on from the prompt, printed first
+    expect_eq "$(sed -n '/^generate:/{n;p;q}' out1)" GNU "the line after the header"
     sed -n '/^generate:/,$p' out1 >s1
     sed -n '/^generate:/,$p' out2 >s2
     cmp -s s1 s2 || fail "two runs with one seed sampled differently: $(cat s1 s2)"
@@ -199,7 +201,8 @@ EOF
     "$WORKER" t.cfg >out 2>err || { cat out err >&2; fail "tokens: exit $?"; }
     expect_grep out 'vocab 50\); 168 training windows, 18 held out'
     expect_grep out '^eval epoch 1 step 5: loss [0-9.]+ perplexity [0-9.]+ on 18 windows'
-    expect_grep out '^([0-9]+ ){5}[0-9]+$'
+    expect_grep out '^generate: 6 tokens after a prompt of 3 '
+    expect_grep out '^1 2 3( [0-9]+){6}$'
     # max_steps sets the length: progress counts the epochs the run reaches, not a bound
     expect_grep out '^epoch 1/1 step 5/5 loss '
     "$WORKER" t.cfg batch_size=100 max_steps=3 log_interval=1 generate=0 >out2 2>err2 ||

@@ -243,12 +243,14 @@ static int generate(run_t *s, mgpu_err_t *err)
             goto out;
         seq[n++] = sample(logits, V, cfg->temperature, cfg->top_k, &r);
     }
-    fprintf(s->out, "generate: %lld tokens (temperature %g, top_k %d, seed %llu):\n", cfg->generate,
-            cfg->temperature, cfg->top_k, (unsigned long long)cfg->seed);
-    for (int i = start; i < n; i++) {
+    /* The prompt and what followed it, as one text (as nanoGPT's sample.py prints it). */
+    fprintf(s->out,
+            "generate: %lld tokens after a prompt of %d (temperature %g, top_k %d, seed %llu):\n",
+            cfg->generate, start, cfg->temperature, cfg->top_k, (unsigned long long)cfg->seed);
+    for (int i = 0; i < n; i++) {
         int c = seq[i];
         if (!text)
-            fprintf(s->out, "%s%d", i > start ? " " : "", c);
+            fprintf(s->out, "%s%d", i > 0 ? " " : "", c);
         else if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f))
             fputc(c, s->out);
         else if (c == '\\')
