@@ -3,8 +3,13 @@
  * says so, the loss accumulated with a scale), with the backend's GEMM for the output layer's
  * products, which dominate a small model's step.
  *
- * Attention keeps only lse between forward and backward: the backward recomputes one batch
- * row's probabilities at a time from qkv, in scratch that the backend's state owns
+ * GELU and attention are this file's own, in fp32 with loops the compiler vectorises, as
+ * PyTorch's CPU kernels compute them: the reference's double-precision libm calls and dot
+ * products took over half of a small model's step. They are checked against the reference
+ * (tests/unit/test_gpt_ops.c).
+ *
+ * Attention keeps only lse between forward and backward: the backward recomputes one head's
+ * probabilities at a time from qkv, in scratch that the backend's state owns
  * (cpu_impl_t.gpt_scratch: grown when a larger shape comes, freed with the backend). The
  * recomputation runs the same code on the same inputs, so it gives the forward's
  * probabilities bit for bit. */
@@ -14,7 +19,7 @@
 
 #include <errno.h>  /* ENOMEM */
 #include <math.h>   /* sqrt, log */
-#include <stdint.h> /* INT32_MAX */
+#include <stdint.h> /* INT32_MAX, int32_t, uint32_t */
 #include <stdlib.h> /* realloc */
 #include <string.h> /* memset, memcpy */
 
@@ -53,70 +58,275 @@ static int ln_backward(void *impl, int n, int c, const float *dy, const float *x
     return 0;
 }
 
-static int gelu_forward(void *impl, size_t n, const float *x, float *y, mgpu_err_t *err)
+/* e^x in fp32 for x <= 0 (below -80 as at -80: 2e-35), within 2 ulp: Cody-Waite reduction to
+ * r in [-ln2/2, ln2/2], Cephes' degree-6 polynomial of e^r, then 2^n put in the exponent.
+ * Written without calls so that a loop of it vectorises (libmvec's vector expf is declared
+ * to GCC only under -ffast-math, which would also reorder the sums here). Only x <= 0 is
+ * needed, so there is one clamp and nothing overflows: GCC evaluates a clamp's constant case
+ * for every lane, and a case near e^88 made denormals, each a slow microcode assist. */
+static inline __attribute__((always_inline)) float exp_neg(float x)
 {
-    mgpu_gpt_gelu_forward(n, x, y);
+    const float xc = x >= -80.0f ? x : -80.0f; /* a NaN too: n must be a number */
+    /* n = round(xc / ln2): adding 1.5 * 2^23 leaves no fraction bits */
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693359375f; /* ln2's leading bits: n * it is exact */
+    r = r + n * 2.12194440e-4f;      /* ln2's rest */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-116, 0] */
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return x != x ? x : p * two_n; /* a NaN stays one */
+}
+
+/* VECTORIZE for loops of exp_neg: its clamp becomes a vector select only when the compiler
+ * may assume that comparisons raise no floating-point exception that anyone reads (nothing
+ * here reads them). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORIZE_EXP                                                                              \
+    __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")))
+#else
+#define VECTORIZE_EXP
+#endif
+
+/* tanh-GELU as x s(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh u) is the sigmoid
+ * s(2u), which loses nothing where tanh u is near -1. With e = exp(-2|u|) <= 1, s(2u) is
+ * 1 / (1 + e) for u >= 0 and e / (1 + e) below, and s (1 - s) is e / (1 + e)^2 for both. */
+#define GELU_K 0.7978845608028654f
+#define GELU_C 0.044715f
+
+VECTORIZE_EXP static int gelu_forward(void *impl, size_t n, const float *x, float *y,
+                                      mgpu_err_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float xi = x[i], u = GELU_K * (xi + GELU_C * xi * xi * xi);
+        const float e = exp_neg(-2.0f * (u < 0.0f ? -u : u));
+        y[i] = xi * ((u < 0.0f ? e : 1.0f) / (1.0f + e));
+    }
     return 0;
 }
 
-static int gelu_backward(void *impl, size_t n, const float *x, const float *dy, float *dx,
-                         mgpu_err_t *err)
+/* d/dx x s(2u) = s + 2 x u' s (1 - s). dx may be dy: each element is read before it is
+ * written. */
+VECTORIZE_EXP static int gelu_backward(void *impl, size_t n, const float *x, const float *dy,
+                                       float *dx, mgpu_err_t *err)
 {
-    float tmp[CHUNK];
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
-        memset(tmp, 0, sizeof(float) * m);
-        mgpu_gpt_gelu_backward(m, x + i, dy + i, tmp);
-        memcpy(dx + i, tmp, sizeof(float) * m);
+    for (size_t i = 0; i < n; i++) {
+        const float xi = x[i], u = GELU_K * (xi + GELU_C * xi * xi * xi);
+        const float e = exp_neg(-2.0f * (u < 0.0f ? -u : u)), inv = 1.0f / (1.0f + e);
+        const float sg = (u < 0.0f ? e : 1.0f) * inv;
+        const float du = GELU_K * (1.0f + 3.0f * GELU_C * xi * xi);
+        dx[i] = (sg + 2.0f * xi * du * (e * inv * inv)) * dy[i];
     }
     return 0;
+}
+
+/* One head of one sequence, gathered out of qkv's rows (3c wide) into contiguous blocks, so
+ * that every inner loop below runs over consecutive floats: over keys for the scores and
+ * the probabilities' gradients, over the head's width for the products with values, keys
+ * and queries. */
+typedef struct {
+    int t, hs;
+    float *q, *k, *v;    /* t x hs */
+    float *kt, *vt;      /* hs x t: keys and values transposed */
+    float *p;            /* t x t: row i's first i + 1 are query i's probabilities */
+    float *dq, *dk, *dv; /* t x hs, backward only */
+    float *dp;           /* t, backward only: one row's gradient of the probabilities */
+} head_t;
+
+/* Floats of scratch a head needs: forward (q, kt, v, p) or backward (all of head_t). */
+static size_t head_floats(int t, int hs, int backward)
+{
+    size_t th = (size_t)t * hs;
+    return (size_t)t * t + (backward ? 8 * th + (size_t)t : 3 * th);
+}
+
+static void head_init(head_t *hd, float *s, int t, int hs, int backward)
+{
+    size_t th = (size_t)t * hs;
+    hd->t = t;
+    hd->hs = hs;
+    hd->p = s;
+    s += (size_t)t * t;
+    hd->q = s;
+    hd->kt = s + th;
+    hd->v = s + 2 * th;
+    hd->k = hd->vt = hd->dq = hd->dk = hd->dv = hd->dp = NULL;
+    if (backward) {
+        hd->k = s + 3 * th;
+        hd->vt = s + 4 * th;
+        hd->dq = s + 5 * th;
+        hd->dk = s + 6 * th;
+        hd->dv = s + 7 * th;
+        hd->dp = s + 8 * th;
+    }
+}
+
+/* Head h of the sequence whose qkv rows start at rows (t rows of 3c). */
+static void head_gather(head_t *hd, const float *rows, int c, int h)
+{
+    const int t = hd->t, hs = hd->hs;
+    for (int j = 0; j < t; j++) {
+        const float *r = rows + (size_t)j * 3 * c + (size_t)h * hs;
+        for (int i = 0; i < hs; i++) {
+            hd->q[(size_t)j * hs + i] = r[i];
+            hd->kt[(size_t)i * t + j] = r[c + i];
+            hd->v[(size_t)j * hs + i] = r[2 * c + i];
+            if (hd->k != NULL) {
+                hd->k[(size_t)j * hs + i] = r[c + i];
+                hd->vt[(size_t)i * t + j] = r[2 * c + i];
+            }
+        }
+    }
+}
+
+/* The causal probabilities softmax(q k^T / sqrt(hs)) into p, and each row's log-sum-exp of
+ * the scaled scores into lse (when not NULL). */
+VECTORIZE_EXP static void head_probs(const head_t *hd, float *lse)
+{
+    const int t = hd->t, hs = hd->hs;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    for (int qi = 0; qi < t; qi++) {
+        float *s = hd->p + (size_t)qi * t;
+        const int n = qi + 1;
+        for (int j = 0; j < n; j++)
+            s[j] = 0.0f;
+        for (int i = 0; i < hs; i++) {
+            const float a = hd->q[(size_t)qi * hs + i], *kr = hd->kt + (size_t)i * t;
+            for (int j = 0; j < n; j++)
+                s[j] += a * kr[j];
+        }
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            s[j] *= scale;
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        for (int j = 0; j < n; j++)
+            s[j] = exp_neg(s[j] - mx);
+        double sum = 0.0;
+        for (int j = 0; j < n; j++)
+            sum += s[j];
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < n; j++)
+            s[j] *= inv;
+        if (lse != NULL)
+            lse[qi] = (float)((double)mx + log(sum));
+    }
+}
+
+/* out's rows (c wide) for head h: each query's probabilities times the values. */
+VECTORIZE static void head_out(const head_t *hd, float *out, int c, int h)
+{
+    const int t = hd->t, hs = hd->hs;
+    for (int qi = 0; qi < t; qi++) {
+        float *o = out + (size_t)qi * c + (size_t)h * hs;
+        const float *pr = hd->p + (size_t)qi * t;
+        for (int i = 0; i < hs; i++)
+            o[i] = 0.0f;
+        for (int j = 0; j <= qi; j++) {
+            const float a = pr[j], *vr = hd->v + (size_t)j * hs;
+            for (int i = 0; i < hs; i++)
+                o[i] += a * vr[i];
+        }
+    }
 }
 
 static int attention_forward(void *impl, int b, int t, int c, int nh, const float *qkv, float *out,
                              float *lse, mgpu_err_t *err)
 {
-    size_t tt = (size_t)nh * t * t;
-    float *pre = NULL;
-    int rc = scratch(impl, 2 * tt, &pre, err);
+    const int hs = c / nh;
+    float *s = NULL;
+    int rc = scratch(impl, head_floats(t, hs, 0), &s, err);
     if (rc < 0)
         return rc;
-    for (int bi = 0; bi < b; bi++) {
-        mgpu_gpt_attention_forward(1, t, c, nh, qkv + (size_t)bi * t * 3 * c, pre, pre + tt,
-                                   out + (size_t)bi * t * c);
-        /* lse of each query's causal row of scaled scores, as the backward of a fused kernel
-         * needs it. */
-        for (int h = 0; h < nh; h++)
-            for (int q = 0; q < t; q++) {
-                const float *row = pre + ((size_t)h * t + q) * t;
-                double mx = row[0], s = 0.0;
-                for (int k = 1; k <= q; k++)
-                    mx = row[k] > mx ? row[k] : mx;
-                for (int k = 0; k <= q; k++)
-                    s += exp((double)row[k] - mx);
-                lse[((size_t)bi * nh + h) * t + q] = (float)(mx + log(s));
-            }
-    }
+    head_t hd;
+    head_init(&hd, s, t, hs, 0);
+    for (int bi = 0; bi < b; bi++)
+        for (int h = 0; h < nh; h++) {
+            head_gather(&hd, qkv + (size_t)bi * t * 3 * c, c, h);
+            head_probs(&hd, lse + ((size_t)bi * nh + h) * t);
+            head_out(&hd, out + (size_t)bi * t * c, c, h);
+        }
     return 0;
+}
+
+/* The backward of one head from its recomputed probabilities: per query, the probabilities'
+ * gradient (dout . v), dv, the softmax's backward, then dq and dk; the three into dqkv's
+ * rows (overwritten). */
+VECTORIZE static void head_backward(head_t *hd, const float *dout, float *dqkv, int c, int h)
+{
+    const int t = hd->t, hs = hd->hs;
+    const size_t th = (size_t)t * hs;
+    const float scale = (float)(1.0 / sqrt((double)hs));
+    for (size_t i = 0; i < th; i++)
+        hd->dq[i] = hd->dk[i] = hd->dv[i] = 0.0f;
+    for (int qi = 0; qi < t; qi++) {
+        const int n = qi + 1;
+        const float *pr = hd->p + (size_t)qi * t, *g = dout + (size_t)qi * c + (size_t)h * hs;
+        float *dp = hd->dp;
+        for (int j = 0; j < n; j++)
+            dp[j] = 0.0f;
+        for (int i = 0; i < hs; i++) {
+            const float a = g[i], *vr = hd->vt + (size_t)i * t;
+            for (int j = 0; j < n; j++)
+                dp[j] += a * vr[j];
+        }
+        for (int j = 0; j < n; j++) {
+            const float a = pr[j];
+            float *dvr = hd->dv + (size_t)j * hs;
+            for (int i = 0; i < hs; i++)
+                dvr[i] += a * g[i];
+        }
+        /* softmax: ds = p (dp - sum(p dp)), times the scores' scale */
+        double dot = 0.0;
+        for (int j = 0; j < n; j++)
+            dot += (double)pr[j] * dp[j];
+        const float d = (float)dot;
+        for (int j = 0; j < n; j++)
+            dp[j] = pr[j] * (dp[j] - d) * scale;
+        const float *qr = hd->q + (size_t)qi * hs;
+        float *dqr = hd->dq + (size_t)qi * hs;
+        for (int j = 0; j < n; j++) {
+            const float a = dp[j], *kr = hd->k + (size_t)j * hs;
+            float *dkr = hd->dk + (size_t)j * hs;
+            for (int i = 0; i < hs; i++) {
+                dqr[i] += a * kr[i];
+                dkr[i] += a * qr[i];
+            }
+        }
+    }
+    for (int j = 0; j < t; j++) {
+        float *r = dqkv + (size_t)j * 3 * c + (size_t)h * hs;
+        for (int i = 0; i < hs; i++) {
+            r[i] = hd->dq[(size_t)j * hs + i];
+            r[c + i] = hd->dk[(size_t)j * hs + i];
+            r[2 * c + i] = hd->dv[(size_t)j * hs + i];
+        }
+    }
 }
 
 static int attention_backward(void *impl, int b, int t, int c, int nh, const float *dout,
                               const float *qkv, const float *out, const float *lse, float *dqkv,
                               mgpu_err_t *err)
 {
-    size_t tt = (size_t)nh * t * t;
+    const int hs = c / nh;
     float *s = NULL;
-    int rc = scratch(impl, 4 * tt + (size_t)t * c, &s, err);
+    int rc = scratch(impl, head_floats(t, hs, 1), &s, err);
     if (rc < 0)
         return rc;
-    memset(dqkv, 0, sizeof(float) * (size_t)b * t * 3 * c);
-    for (int bi = 0; bi < b; bi++) {
-        const float *q = qkv + (size_t)bi * t * 3 * c;
-        /* The probabilities again (pre, att), then their gradients (datt, dpre); the
-         * recomputed output goes to the scratch's tail, out itself is the caller's. */
-        mgpu_gpt_attention_forward(1, t, c, nh, q, s, s + tt, s + 4 * tt);
-        mgpu_gpt_attention_backward(1, t, c, nh, dout + (size_t)bi * t * c, q, s + tt, s + 2 * tt,
-                                    s + 3 * tt, dqkv + (size_t)bi * t * 3 * c);
-    }
+    head_t hd;
+    head_init(&hd, s, t, hs, 1);
+    for (int bi = 0; bi < b; bi++)
+        for (int h = 0; h < nh; h++) {
+            head_gather(&hd, qkv + (size_t)bi * t * 3 * c, c, h);
+            head_probs(&hd, NULL);
+            head_backward(&hd, dout + (size_t)bi * t * c, dqkv + (size_t)bi * t * 3 * c, c, h);
+        }
     return 0;
 }
 
