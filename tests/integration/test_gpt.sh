@@ -209,6 +209,10 @@ EOF
         { cat out2 err2 >&2; fail "tokens, two epochs: exit $?"; }
     expect_grep out2 '^epoch 1/2 step 2/3 loss '
     expect_grep out2 '^epoch 2/2 step 3/3 loss '
+    # the final evaluation names the last step's epoch, also where max_steps ends one
+    "$WORKER" t.cfg batch_size=100 max_steps=4 eval_interval=3 generate=0 >out3 2>err3 ||
+        { cat out3 err3 >&2; fail "tokens, two whole epochs: exit $?"; }
+    expect_grep out3 '^eval epoch 2 step 4:'
 }
 
 t_gpt_resume_continues_and_refuses_another_shape() {

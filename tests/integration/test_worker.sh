@@ -20,6 +20,22 @@ t_main_job_trains_to_95_percent() {
     expect_no_grep out '^\[rank[123]\]:epoch'
 }
 
+# The final evaluation names the epoch of the last step: where max_steps ends mid-epoch, and
+# where it falls on an epoch's end (250 steps an epoch here) without an evaluation there.
+t_final_eval_names_the_last_steps_epoch() {
+    local mode steps want
+    for mode in ddp dp; do
+        for steps in 500:2 510:3 260:2; do
+            want=${steps#*:}
+            steps=${steps%:*}
+            MGPU_SIM_GPUS=0 CUDA_VISIBLE_DEVICES= "$WORKER" "$MGPU_ROOT/configs/train.cfg" \
+                mode=$mode max_steps=$steps eval_interval=3 >out 2>err ||
+                { cat err >&2; fail "$mode, max_steps=$steps: exit $?"; }
+            expect_grep out "^eval epoch $want step $steps:"
+        done
+    done
+}
+
 t_bad_cfg_exits_2_with_file_line() {
     printf 'model = mlp\nhidden = 8\nlearning_rate = 0.1\n' >bad.cfg
     # checked by the launcher before anything starts: one message, exit 2, no worker output

@@ -381,10 +381,10 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 res->in_place ? ", the data set read in place" : "");
         fflush(s.out);
     }
-    /* The final evaluation, unless the last epoch's already saw these parameters; a run
-     * stopped by max_steps reports the epoch it stopped in. */
+    /* The final evaluation, unless the last epoch's already saw these parameters, reported
+     * in the epoch of the last step. */
     if (ev.n > 0 && evaluated_at != step &&
-        (rc = report_eval(&s, &ev, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
+        (rc = report_eval(&s, &ev, mgpu_run_last_epoch(stopped, epoch, batch), step, res, err)) < 0)
         goto out;
     res->steps = step;
     res->samples_per_s = mgpu_run_rate(s.samples_this_run, res->seconds);

@@ -11,8 +11,9 @@
 #include <string.h>      /* memset */
 #include <time.h>        /* clock_gettime */
 
-#include "sampler.h" /* mgpu_sampler_* */
-#include "train.h"   /* mgpu_trainer_* */
+#include "run_util.h" /* mgpu_run_last_epoch */
+#include "sampler.h"  /* mgpu_sampler_* */
+#include "train.h"    /* mgpu_trainer_* */
 
 typedef struct dp_shared {
     const mgpu_cfg_t *cfg;
@@ -166,7 +167,7 @@ static void *device_main(void *arg)
         planned = cfg->max_steps;
     double t0 = now_s(), samples = 0;
     int stop = 0;
-    long long epoch;
+    long long epoch, stop_e = 0, stop_b = 0; /* the epoch and batch max_steps stopped at */
     for (epoch = 0; epoch < cfg->epochs && !stop; epoch++) {
         if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, &e)) < 0)
             fail(sh, rc, &e, id);
@@ -175,6 +176,8 @@ static void *device_main(void *arg)
         for (size_t b = 0; b < nb; b++) {
             if (cfg->max_steps > 0 && step >= cfg->max_steps) {
                 stop = 1;
+                stop_e = epoch;
+                stop_b = (long long)b;
                 break;
             }
             size_t start, count;
@@ -288,7 +291,8 @@ static void *device_main(void *arg)
         if (sh->ev.n > 0 && evaluated_at != step)
             mgpu_progress_phase(sh->progress, MGPU_PHASE_EVAL);
         if (sh->ev.n > 0 && evaluated_at != step &&
-            (rc = evaluate(sh, t, stop || epoch == 0 ? epoch : epoch - 1, step, &e)) < 0)
+            (rc = evaluate(sh, t, mgpu_run_last_epoch(stop, stop ? stop_e : epoch, stop_b), step,
+                           &e)) < 0)
             fail(sh, rc, &e, id);
         r->n_params = sh->n_params;
         r->params = malloc(sizeof(float) * sh->n_params);

@@ -531,7 +531,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     res->seconds = mgpu_run_now_s() - t0;
     if (s.n_eval > 0 && evaluated_at != step &&
-        (rc = report_eval(&s, stopped || epoch == 0 ? epoch : epoch - 1, step, res, err)) < 0)
+        (rc = report_eval(&s, mgpu_run_last_epoch(stopped, epoch, batch), step, res, err)) < 0)
         goto out;
     res->steps = step;
     res->samples_per_s = mgpu_run_rate(tokens_run, res->seconds);

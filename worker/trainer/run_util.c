@@ -164,6 +164,13 @@ double mgpu_run_rate(double amount, double seconds)
     return amount / (seconds > 0 ? seconds : 1e-9);
 }
 
+long long mgpu_run_last_epoch(int stopped, long long epoch, long long batch)
+{
+    if (stopped && batch > 0)
+        return epoch;
+    return epoch > 0 ? epoch - 1 : 0;
+}
+
 void mgpu_run_pace(double t0, double amount, long long planned, long long step, long long steps_run,
                    double *elapsed, double *rate, double *eta)
 {

@@ -84,6 +84,11 @@ void mgpu_run_pace(double t0, double amount, long long planned, long long step, 
 /* amount per second over seconds (a zero duration counts as a nanosecond). */
 double mgpu_run_rate(double amount, double seconds);
 
+/* The epoch (from 0) of a loop's last step, after the loop: the one max_steps stopped in
+ * (stopped, at batch of epoch), or the one before epoch where the loop ended at an epoch's
+ * end, as when max_steps falls on it and stops the loop at the next epoch's batch 0. */
+long long mgpu_run_last_epoch(int stopped, long long epoch, long long batch);
+
 /* The final parameters (backend memory) into a malloc'd host copy in res. */
 int mgpu_run_result_params(mgpu_kernels_t *k, const char *who, const float *params, size_t n_params,
                            mgpu_ddp_result_t *res, mgpu_err_t *err);
