@@ -9,12 +9,29 @@
 static void pack_a(int trans, const float *restrict a, int lda, int i0, int mc, int p0, int kc,
                    float *restrict dst)
 {
+    if (trans) {
+        /* op(A) = A^T: row p of A holds column p of every panel. Each row's mc floats are
+         * read once, in order, and dealt out to the panels (a panel after another read all
+         * kc rows again, 16 bytes of each). */
+        for (int p = 0; p < kc; p++) {
+            const float *row = a + (size_t)(p0 + p) * lda + i0;
+            for (int ip = 0; ip < mc; ip += MR) {
+                float *d = dst + (size_t)ip * kc + (size_t)p * MR;
+                int mr = mc - ip < MR ? mc - ip : MR;
+                for (int r = 0; r < mr; r++)
+                    d[r] = row[ip + r];
+                for (int r = mr; r < MR; r++)
+                    d[r] = 0.0f;
+            }
+        }
+        return;
+    }
     for (int ip = 0; ip < mc; ip += MR) {
         int mr = mc - ip < MR ? mc - ip : MR;
         for (int p = 0; p < kc; p++) {
             for (int r = 0; r < mr; r++) {
                 int i = i0 + ip + r, kk = p0 + p;
-                dst[p * MR + r] = trans ? a[(size_t)kk * lda + i] : a[(size_t)i * lda + kk];
+                dst[p * MR + r] = a[(size_t)i * lda + kk];
             }
             for (int r = mr; r < MR; r++)
                 dst[p * MR + r] = 0.0f;
