@@ -174,6 +174,12 @@ t_gpt_generate_prints_reproducible_samples() {
     "$WORKER" g.cfg generate=40 'prompt=GNU\q' >out3 2>err3
     expect_eq "$?" 2 "exit status of a bad prompt"
     expect_grep err3 'unknown escape'
+    # well-formed UTF-8 is printed as it is; a lone byte, a C1 control and ESC are escaped
+    "$WORKER" g.cfg generate=1 'prompt=Grüße € \xff\xc2\x85\x1b' >out4 2>err4 ||
+        { cat out4 err4 >&2; fail "UTF-8 prompt: exit $?"; }
+    sed -n '/^generate:/{n;p;q}' out4 >line4
+    grep -qF 'Grüße € \xff\xc2\x85\x1b' line4 || fail "the prompt printed as $(cat -v line4)"
+    ! LC_ALL=C grep -q $'[\xff\x1b\x85]' line4 || fail "raw bytes: $(cat -v line4)"
 }
 
 t_gpt_tokens_file_trains_and_samples_ids() {

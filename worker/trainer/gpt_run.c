@@ -216,6 +216,51 @@ static int32_t sample(float *logits, int vocab, double temperature, int top_k, m
     return 0;
 }
 
+/* The length of the printable UTF-8 character that starts at seq[i] (of n bytes), or 0: a
+ * well-formed sequence (no overlong form, surrogate or code point past U+10FFFF) that is not
+ * a C1 control (U+0080-U+009F, which some terminals obey). */
+static int utf8_len(const int32_t *seq, int i, int n)
+{
+    const int c = seq[i];
+    int len, lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, lo = c == 0xc2 ? 0xa0 : 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else
+        return 0;
+    if (i + len > n || seq[i + 1] < lo || seq[i + 1] > hi)
+        return 0;
+    for (int j = 2; j < len; j++)
+        if (seq[i + j] < 0x80 || seq[i + j] > 0xbf)
+            return 0;
+    return len;
+}
+
+/* Bytes as text: printable ASCII, newlines, tabs and well-formed UTF-8 as they are, anything
+ * else escaped (\xNN, and \\ for a backslash), so that no control byte reaches a terminal. */
+static void print_bytes(FILE *out, const int32_t *seq, int n)
+{
+    for (int i = 0; i < n;) {
+        const int c = seq[i], u = c >= 0x80 ? utf8_len(seq, i, n) : 0;
+        if (u > 0) {
+            for (int j = 0; j < u; j++)
+                fputc(seq[i + j], out);
+            i += u;
+            continue;
+        }
+        if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f && c != '\\'))
+            fputc(c, out);
+        else if (c == '\\')
+            fputs("\\\\", out);
+        else
+            fprintf(out, "\\x%02x", c);
+        i++;
+    }
+}
+
 /* Rank 0: generate tokens after the prompt, one forward of the last context tokens each. */
 static int generate(run_t *s, mgpu_err_t *err)
 {
@@ -247,17 +292,10 @@ static int generate(run_t *s, mgpu_err_t *err)
     fprintf(s->out,
             "generate: %lld tokens after a prompt of %d (temperature %g, top_k %d, seed %llu):\n",
             cfg->generate, start, cfg->temperature, cfg->top_k, (unsigned long long)cfg->seed);
-    for (int i = 0; i < n; i++) {
-        int c = seq[i];
-        if (!text)
-            fprintf(s->out, "%s%d", i > 0 ? " " : "", c);
-        else if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f))
-            fputc(c, s->out);
-        else if (c == '\\')
-            fputs("\\\\", s->out);
-        else
-            fprintf(s->out, "\\x%02x", c); /* not printable: escaped, never sent raw */
-    }
+    if (text)
+        print_bytes(s->out, seq, n);
+    for (int i = 0; !text && i < n; i++)
+        fprintf(s->out, "%s%d", i > 0 ? " " : "", seq[i]);
     fputc('\n', s->out);
     fflush(s->out);
 out:
