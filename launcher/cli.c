@@ -41,6 +41,7 @@ typedef enum {
     O_RUN_PATH,
     O_USE_ENV,
     O_LEGACY,
+    O_VIRTUAL_LOCAL_RANK,
     O_LOCAL_ADDR,
     O_PREFIX_TEMPLATE,
     O_NO_PREFIX,
@@ -105,6 +106,8 @@ static const opt_t opts[] = {
     {"use_env", 0, ARG_NONE, O_USE_ENV, "accepted (the environment is always set)"},
     {"legacy_local_rank", 0, ARG_NONE, O_LEGACY,
      "pass --local_rank=N first, as torch.distributed.launch"},
+    {"virtual_local_rank", 0, ARG_NONE, O_VIRTUAL_LOCAL_RANK,
+     "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own GPU alone"},
     {"local_addr", 0, ARG_REQUIRED, O_LOCAL_ADDR, "HOST  this node's address"},
     {"log_line_prefix_template", 0, ARG_REQUIRED, O_PREFIX_TEMPLATE,
      "T  e.g. '[${role_name}${local_rank}]:'"},
@@ -586,6 +589,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return 0;
     case O_LEGACY:
         cli->legacy_local_rank = 1;
+        return 0;
+    case O_VIRTUAL_LOCAL_RANK:
+        cli->virtual_local_rank = 1;
         return 0;
     case O_LOCAL_ADDR:
         if (has_control(v))

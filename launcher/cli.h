@@ -56,6 +56,7 @@ typedef struct mgpu_cli {
     int filter[MGPU_MAX_LOCAL];
     int no_python, module, run_path;
     int legacy_local_rank;
+    int virtual_local_rank; /* LOCAL_RANK=0, CUDA_VISIBLE_DEVICES the worker's GPU alone */
     char local_addr[256];
     char prefix_template[256]; /* --log_line_prefix_template; "" = default */
     int no_prefix;

@@ -5,7 +5,7 @@
 #include <stdarg.h>      /* va_list */
 #include <errno.h>       /* errno */
 #include <stdlib.h>      /* calloc */
-#include <string.h>      /* strcmp */
+#include <string.h>      /* strcmp, strchr, strcspn */
 #include <sys/stat.h>    /* stat */
 #include <unistd.h>      /* access */
 #include <fcntl.h>       /* open */
@@ -362,10 +362,46 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     return 0;
 }
 
+/* Entry i of CUDA_VISIBLE_DEVICES (as the driver splits it: at commas, blanks trimmed) into
+ * buf, for a worker that is to see that device alone. */
+static void cvd_entry(const char *cvd, int i, char *buf, size_t len)
+{
+    while (i > 0 && (cvd = strchr(cvd, ',')) != NULL)
+        cvd++, i--;
+    if (cvd == NULL)
+        cvd = "";
+    while (*cvd == ' ' || *cvd == '\t')
+        cvd++;
+    size_t n = strcspn(cvd, ",");
+    while (n > 0 && (cvd[n - 1] == ' ' || cvd[n - 1] == '\t'))
+        n--;
+    snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), cvd);
+}
+
+/* --virtual_local_rank, as torchrun has it: LOCAL_RANK=0 in every worker and
+ * CUDA_VISIBLE_DEVICES the one visible device the worker would have used (entry k of the
+ * launcher's list, or k when it is unset), which the worker then sees as ordinal 0. GPUs
+ * hidden from the launcher stay hidden (torchrun fails from the second worker on).
+ * MGPU_LOCAL_RANK keeps the worker's index on the node for libmgpu (device.h). */
+static void virtual_local_rank_vars(mgpu_plan_t *plan, mgpu_worker_plan_t *w, int slot)
+{
+    char entry[256];
+    set_var(w, "LOCAL_RANK", "0");
+    set_var(w, "MGPU_LOCAL_RANK", "%d", w->local_rank); /* the index libmgpu needs */
+    if (plan->vis.cvd_set && plan->vis.count == 0)
+        snprintf(entry, sizeof entry, "%s", plan->vis.cvd);
+    else if (plan->vis.cvd_set)
+        cvd_entry(plan->vis.cvd, slot, entry, sizeof entry);
+    else
+        snprintf(entry, sizeof entry, "%d", slot);
+    set_var(w, "CUDA_VISIBLE_DEVICES", "%s", entry);
+}
+
 static void build_vars(mgpu_plan_t *plan)
 {
     for (int k = 0; k < plan->nproc; k++) {
         mgpu_worker_plan_t *w = &plan->workers[k];
+        int slot = k; /* the visible device this worker uses, among the launcher's */
 
         w->nvars = 0;
         w->local_rank = k;
@@ -373,10 +409,14 @@ static void build_vars(mgpu_plan_t *plan)
         w->ordinal = -1;
         w->physical = -1;
         if (plan->vis.count > 0) {
-            w->ordinal = k % plan->vis.count;
-            w->physical = plan->vis.physical[w->ordinal];
+            slot = k % plan->vis.count;
+            w->ordinal = plan->virtual_local_rank ? 0 : slot;
+            w->physical = plan->vis.physical[slot];
         }
-        set_var(w, "LOCAL_RANK", "%d", k);
+        if (plan->virtual_local_rank)
+            virtual_local_rank_vars(plan, w, slot);
+        else
+            set_var(w, "LOCAL_RANK", "%d", k);
         set_var(w, "RANK", "%d", w->rank);
         set_var(w, "GROUP_RANK", "%d", plan->node_rank);
         set_var(w, "ROLE_RANK", "%d", plan->role_base_rank + k);
@@ -623,6 +663,7 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->role_base_rank = plan->base_rank; /* one role until the rendezvous says otherwise */
     plan->role_world_size = plan->world_size;
     plan->max_restarts = cli->max_restarts;
+    plan->virtual_local_rank = cli->virtual_local_rank;
     plan->grace_period = cli->grace_period;
     plan->stall_timeout = cli->stall_timeout;
     plan->stall_fail = cli->stall_fail;
@@ -730,7 +771,8 @@ static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, ch
     const mgpu_gpu_t *g = &plan->gpus.gpus[w->physical];
     snprintf(buf, len, "CUDA ordinal %d -> physical GPU %d (%s, %s)%s%s", w->ordinal, g->index,
              g->uuid, g->bus_id, g->simulated ? " [simulated]" : "",
-             plan->sharing && w->ordinal != w->local_rank ? " [shared: --allow_gpu_sharing]" : "");
+             plan->sharing && w->local_rank >= plan->vis.count ? " [shared: --allow_gpu_sharing]"
+                                                               : "");
 }
 
 void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
@@ -753,6 +795,9 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
             out,
             "  --allow_gpu_sharing: %d workers share %d GPUs (local rank k -> ordinal k mod %d)\n",
             plan->nproc, plan->vis.count, plan->vis.count);
+    if (plan->virtual_local_rank)
+        fprintf(out, "  --virtual_local_rank: LOCAL_RANK=0 in every worker, which sees its own GPU "
+                     "alone (CUDA_VISIBLE_DEVICES)\n");
     if (plan->derived[0])
         fprintf(out, "  from the environment: %s\n", plan->derived);
     if (plan->nnodes > 1)

@@ -88,9 +88,10 @@ typedef struct mgpu_plan {
     int role_world_size; /* workers of this role in the world */
     int rdzv_port;       /* several nodes: the port the launchers' store listens on */
     int master_port;
-    int port_is_free_pick; /* 1 when the launcher chose it */
-    int omp_warning;       /* print torchrun's OMP_NUM_THREADS banner */
-    int sharing;           /* --allow_gpu_sharing took effect */
+    int port_is_free_pick;  /* 1 when the launcher chose it */
+    int omp_warning;        /* print torchrun's OMP_NUM_THREADS banner */
+    int sharing;            /* --allow_gpu_sharing took effect */
+    int virtual_local_rank; /* --virtual_local_rank: LOCAL_RANK=0, one GPU visible to each */
     int max_restarts;
     double grace_period;       /* seconds from the stop signal to SIGKILL */
     double stall_timeout;      /* --stall_timeout seconds, 0 = off */

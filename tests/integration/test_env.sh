@@ -305,6 +305,38 @@ t_devices_sharing_k_mod_n() {
     [ ! -e started ] || fail "--dry-run started a worker"
 }
 
+t_devices_virtual_local_rank() {
+    # torchrun --virtual-local-rank: LOCAL_RANK=0 everywhere, each worker sees its GPU alone
+    # (files named by RANK: every LOCAL_RANK is 0)
+    MGPU_SIM_GPUS=5 CUDA_VISIBLE_DEVICES=1,2,3,4 run_launch --virtual_local_rank --nproc_per_node=4 "$TW" env e.%r
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    for k in 0 1 2 3; do
+        expect_var e.$k LOCAL_RANK 0
+        expect_var e.$k RANK $k
+        expect_var e.$k CUDA_VISIBLE_DEVICES $((k + 1))
+        expect_var e.$k MGPU_GPU_ORDINAL 0
+        expect_var e.$k MGPU_PHYSICAL_GPU $((k + 1))
+        expect_var e.$k MGPU_LOCAL_RANK $k
+    done
+    # unset: entry k is k; blanks trimmed; shared GPUs repeat; hidden GPUs stay hidden
+    MGPU_SIM_GPUS=2 PET_VIRTUAL_LOCAL_RANK=1 run_launch --nproc_per_node=2 "$TW" env u.%r
+    expect_eq "$rc" 0 "exit status, unset ($(cat err))"
+    expect_var u.1 CUDA_VISIBLE_DEVICES 1
+    MGPU_SIM_GPUS=4 CUDA_VISIBLE_DEVICES=' 3 , 0' run_launch --virtual-local-rank --allow_gpu_sharing --nproc_per_node=3 "$TW" env s.%r
+    expect_eq "$rc" 0 "exit status, shared ($(cat err))"
+    expect_var s.0 CUDA_VISIBLE_DEVICES 3
+    expect_var s.1 CUDA_VISIBLE_DEVICES 0
+    expect_var s.2 CUDA_VISIBLE_DEVICES 3
+    MGPU_SIM_GPUS=4 CUDA_VISIBLE_DEVICES= run_launch --virtual_local_rank --nproc_per_node=2 "$TW" env h.%r
+    expect_eq "$rc" 0 "exit status, hidden ($(cat err))"
+    expect_var h.1 CUDA_VISIBLE_DEVICES ""
+    expect_var h.1 LOCAL_RANK 0
+    # libmgpu takes each worker's place on the node from MGPU_LOCAL_RANK: mgpu-worker trains
+    MGPU_SIM_GPUS=4 run_launch --virtual_local_rank --nproc_per_node=4 "$MGPU_ROOT/configs/train.cfg" epochs=1
+    expect_eq "$rc" 0 "exit status of train.cfg ($(tail -3 err))"
+    expect_grep out 'eval epoch 1 step'
+}
+
 t_devices_cvd_uuid_and_truncation() {
     # a UUID prefix selects a GPU; the list ends at the first invalid entry (driver rules)
     MGPU_SIM_GPUS=4 run_launch --dry-run=json --nproc_per_node=1 "$TW" exit 0

@@ -115,6 +115,34 @@ static void test_mgpu_launch_and_plain_env(void)
     CHECK_INT(r.rank, 1);
 }
 
+/* mgpu-launch --virtual_local_rank: LOCAL_RANK=0 everywhere, the index on the node in
+ * MGPU_LOCAL_RANK; torchrun's flag alone (no MGPU_LOCAL_RANK) is refused with a way out. */
+static void test_virtual_local_rank(void)
+{
+    mgpu_rank_info_t r;
+    mgpu_err_t err;
+    env_torchrun("2", "4", "0", "4");
+    setenv("MGPU_LOCAL_RANK", "2", 1);
+    CHECK_INT(parse(&r, &err), 0);
+    CHECK_INT(r.local_rank, 2);
+    CHECK_INT(r.rank, 2);
+    CHECK_INT(mgpu_device_virtual_local_rank(), 1);
+    setenv("MGPU_LOCAL_RANK", "4", 1);
+    CHECK(parse(&r, &err) < 0);
+    CHECK_CONTAINS(err.msg, "LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4");
+    unsetenv("MGPU_LOCAL_RANK");
+    CHECK_INT(mgpu_device_virtual_local_rank(), 0);
+    CHECK(parse(&r, &err) < 0);
+    CHECK_CONTAINS(err.msg, "LOCAL_RANK=0 differs from RANK=2");
+    CHECK_CONTAINS(err.msg, "mgpu-launch --virtual_local_rank");
+    /* MGPU_LOCAL_RANK counts only where LOCAL_RANK is 0 */
+    env_torchrun("1", "4", "1", "4");
+    setenv("MGPU_LOCAL_RANK", "3", 1);
+    CHECK_INT(parse(&r, &err), 0);
+    CHECK_INT(r.local_rank, 1);
+    CHECK_INT(mgpu_device_virtual_local_rank(), 0);
+}
+
 static void test_multi_node(void)
 {
     mgpu_rank_info_t r;
@@ -399,6 +427,7 @@ int main(void)
     RUN(test_single_process);
     RUN(test_torchrun);
     RUN(test_mgpu_launch_and_plain_env);
+    RUN(test_virtual_local_rank);
     RUN(test_multi_node);
     RUN(test_env_errors);
     RUN(test_slurm);

@@ -6,7 +6,8 @@
 #include "device.h"
 
 #include <stdio.h>  /* snprintf */
-#include <string.h> /* memset */
+#include <stdlib.h> /* getenv */
+#include <string.h> /* memset, strcmp */
 
 int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *vis,
                        const mgpu_device_req_t *req, mgpu_device_info_t *out, mgpu_err_t *err)
@@ -60,4 +61,10 @@ int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *v
     snprintf(out->bus_id, sizeof out->bus_id, "%s", g->bus_id);
     snprintf(out->name, sizeof out->name, "%s", g->name);
     return 0;
+}
+
+int mgpu_device_virtual_local_rank(void)
+{
+    const char *lr = getenv("LOCAL_RANK");
+    return getenv("MGPU_LOCAL_RANK") != NULL && lr != NULL && strcmp(lr, "0") == 0;
 }

@@ -22,4 +22,9 @@ typedef struct mgpu_device_req {
 int mgpu_device_select(const mgpu_gpu_list_t *installed, const mgpu_visible_t *vis,
                        const mgpu_device_req_t *req, mgpu_device_info_t *out, mgpu_err_t *err);
 
+/* 1 under mgpu-launch --virtual_local_rank: LOCAL_RANK is 0 in every worker, which sees its
+ * own GPU alone (its ordinal 0), and MGPU_LOCAL_RANK is the worker's index on the node, the
+ * local rank everything else (node layout, shared memory) goes by. */
+int mgpu_device_virtual_local_rank(void);
+
 #endif

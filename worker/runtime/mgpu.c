@@ -153,7 +153,7 @@ int mgpu_init(const mgpu_init_opts_t *opts, mgpu_ctx_t **out, mgpu_err_t *err)
     mgpu_beacon_attach(&c->beacon, c->rank.rank);
     memset(&req, 0, sizeof req);
     req.rank = c->rank.rank;
-    req.local_rank = c->rank.local_rank;
+    req.local_rank = mgpu_device_virtual_local_rank() ? 0 : c->rank.local_rank;
     req.local_world_size = c->rank.local_world_size;
     req.want_gpu = o.want_gpu;
     if ((rc = mgpu_env_flag("MGPU_ALLOW_GPU_SHARING", &req.allow_sharing, err)) < 0)

@@ -7,6 +7,8 @@
  * usual failure is a wrapper script that exported one variable too few or a stale value. */
 #include "mgpu.h"
 
+#include "device.h" /* mgpu_device_virtual_local_rank */
+
 #include <errno.h>  /* errno, ERANGE */
 #include <limits.h> /* INT_MAX */
 #include <stdio.h>  /* snprintf */
@@ -110,6 +112,10 @@ static int rank_torchrun(mgpu_rank_info_t *r, mgpu_err_t *err)
         (rc = rank_env_int("LOCAL_RANK", src, 0, INT_MAX, &r->local_rank, err)) < 0 ||
         (rc = rank_env_int("LOCAL_WORLD_SIZE", src, 1, INT_MAX, &r->local_world_size, err)) < 0)
         return rc;
+    /* mgpu-launch --virtual_local_rank: every LOCAL_RANK is 0, the index on the node is here */
+    if (mgpu_device_virtual_local_rank() &&
+        (rc = rank_env_int("MGPU_LOCAL_RANK", src, 0, INT_MAX, &r->local_rank, err)) < 0)
+        return rc;
     if ((rc = rank_below("RANK", r->rank, "WORLD_SIZE", r->world_size, err)) < 0 ||
         (rc = rank_below("LOCAL_RANK", r->local_rank, "LOCAL_WORLD_SIZE", r->local_world_size,
                          err)) < 0)
@@ -133,8 +139,13 @@ static int rank_torchrun(mgpu_rank_info_t *r, mgpu_err_t *err)
                             r->local_world_size, r->world_size);
     if (r->nnodes == 1 && r->local_rank != r->rank)
         return mgpu_err_set(err, MGPU_E_RANGE,
-                            "LOCAL_RANK=%d differs from RANK=%d on a single node", r->local_rank,
-                            r->rank);
+                            "LOCAL_RANK=%d differs from RANK=%d on a single node%s", r->local_rank,
+                            r->rank,
+                            r->local_rank == 0 ? " (torchrun --virtual-local-rank gives every "
+                                                 "worker LOCAL_RANK=0; libmgpu needs each one's "
+                                                 "index on the node: use mgpu-launch "
+                                                 "--virtual_local_rank, which also gives it)"
+                                               : "");
     return rank_env_int_opt("TORCHELASTIC_RESTART_COUNT", src, 0, INT_MAX, &r->restart_count, err);
 }
 
