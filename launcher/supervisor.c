@@ -16,15 +16,16 @@
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
 
-#include "cgroup.h"  /* mgpu_cgroup_create */
-#include "clock.h"   /* mgpu_clock_real */
-#include "console.h" /* mgpu_console_put */
-#include "fdio.h"    /* mgpu_fdio_write_all */
-#include "fs.h"      /* mgpu_fs_mkdir_p, mgpu_fs_remove_tree */
-#include "log.h"     /* mgpu_warn */
-#include "output.h"  /* mgpu_linebuf_t */
-#include "reaper.h"  /* mgpu_reaper_children */
-#include "spawner.h" /* mgpu_spawner_worker */
+#include "cgroup.h"   /* mgpu_cgroup_create */
+#include "clock.h"    /* mgpu_clock_real */
+#include "console.h"  /* mgpu_console_put */
+#include "fdio.h"     /* mgpu_fdio_write_all */
+#include "fs.h"       /* mgpu_fs_mkdir_p, mgpu_fs_remove_tree */
+#include "log.h"      /* mgpu_warn */
+#include "output.h"   /* mgpu_linebuf_t */
+#include "reaper.h"   /* mgpu_reaper_children */
+#include "shm_head.h" /* mgpu_shm_remove_stale */
+#include "spawner.h"  /* mgpu_spawner_worker */
 
 extern char **environ;
 
@@ -632,6 +633,13 @@ void mgpu_sup_maybe_finish(sup_t *s)
      * itself a subreaper): nothing would tell when it ends, so it ends now. */
     if (mgpu_cgroup_count(&s->cg) > 0)
         mgpu_cgroup_kill(&s->cg);
+    /* A libmgpu rank 0 stopped while it waited for ranks that had failed leaves its shared
+     * memory behind: no worker of this node lives now, so a dead creator's segment is
+     * garbage, this job's or an earlier one's (shm_head.h). */
+    int swept = mgpu_shm_remove_stale(NULL, (unsigned)getuid());
+    if (swept > 0)
+        mgpu_debug("removed %d shared-memory segment%s of dead workers", swept,
+                   swept == 1 ? "" : "s");
     mgpu_debug("attempt %d over on this node", s->attempt);
     if (s->multi && s->res->rdzv_error) {
         attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */

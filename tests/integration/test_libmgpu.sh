@@ -1,5 +1,8 @@
 # test_libmgpu.sh - libmgpu's CPU collectives in workers started by the real mgpu-launch.
 BENCH="$MGPU_BUILD/tests/allreduce_bench"
+# Alone: it counts every segment of this user in /dev/shm, which other tests' jobs make for a
+# moment while they start.
+# alone: t_launch_allreduce_checks_itself
 
 # All-reduce results checked by the workers themselves (#wrong column) for 3 and 4 ranks.
 t_launch_allreduce_checks_itself() {
@@ -18,6 +21,28 @@ t_launch_allreduce_checks_itself() {
     done
     # Nothing left behind in /dev/shm by these jobs.
     expect_eq "$(ls /dev/shm | grep -c "^mgpu-$(id -u)-")" 0 "leftover segments"
+}
+
+# A job whose rank 1 exits while rank 0 waits for it in the shared memory rank 0 made: the
+# launcher stops rank 0, and removes the segment it left (its creator is dead).
+t_failed_start_leaves_no_shared_memory() {
+    run_launch --nproc_per_node=2 --no_python sh -c "echo \$\$ >pid.\$RANK; if [ \$RANK = 1 ]; then sleep 0.5; exit 3; fi; exec \"$BENCH\" --min 4K --max 8K --seconds 0.01"
+    expect_eq "$rc" 3 "exit status ($(tail -2 err))"
+    # segments made by rank 0 (the head's creator pid, at byte 32)
+    python3 - "$(cat pid.0)" <<'EOF2' || fail "a segment of rank 0 is left in /dev/shm"
+import os, struct, sys
+pid, left = int(sys.argv[1]), []
+for n in os.listdir("/dev/shm"):
+    if n.startswith("mgpu-%d-" % os.getuid()):
+        try:
+            head = open("/dev/shm/" + n, "rb").read(36)
+        except OSError:
+            continue
+        if len(head) == 36 and struct.unpack_from("<i", head, 32)[0] == pid:
+            left.append(n)
+print(" ".join(left))
+sys.exit(1 if left else 0)
+EOF2
 }
 
 # The same program under Open MPI's mpirun: rank from OMPI_COMM_WORLD_*, one host's shm.

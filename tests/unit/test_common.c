@@ -5,6 +5,7 @@
 #include <signal.h>       /* signal */
 #include <sys/resource.h> /* getrlimit */
 #include <sys/stat.h>     /* stat */
+#include <sys/wait.h>     /* waitpid */
 #include <time.h>         /* nanosleep */
 #include <unistd.h>       /* pipe */
 
@@ -16,6 +17,7 @@
 #include "log.h"
 #include "names.h"
 #include "path.h"
+#include "shm_head.h"
 #include "sock.h"
 #include "store_proto.h"
 
@@ -164,6 +166,57 @@ static void test_fs_mkdir_p_and_remove_tree(void)
     CHECK(stat("/tmp", &st) == 0);
 }
 
+/* A segment file with a head naming creator pid (magic: libmgpu's or not). */
+static void shm_file(const char *dir, const char *name, int pid, int magic)
+{
+    char path[400];
+    mgpu_shm_head_t h = {.magic = magic ? MGPU_SHM_MAGIC : 1,
+                         .version = MGPU_SHM_VERSION,
+                         .size = 2,
+                         .creator_pid = pid};
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    CHECK(fd >= 0 && write(fd, &h, sizeof h) == (ssize_t)sizeof h);
+    close(fd);
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char path[400];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+/* Only this user's libmgpu segments whose creator is dead go. */
+static void test_shm_remove_stale(void)
+{
+    char dir[] = "/tmp/mgpu_test_shm_XXXXXX", mine[64], other[64];
+    unsigned uid = (unsigned)getuid();
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    CHECK(dead > 0 && waitpid(dead, NULL, 0) == dead); /* its pid names no process now */
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(mine, sizeof mine, "mgpu-%u-", uid);
+    snprintf(other, sizeof other, "mgpu-%u-00dead", uid + 1);
+    char a[96], b[96], c[96], d[96];
+    snprintf(a, sizeof a, "%s00dead", mine);
+    snprintf(b, sizeof b, "%s00live", mine);
+    snprintf(c, sizeof c, "%s00nohead", mine);
+    snprintf(d, sizeof d, "%s00foreign", mine);
+    shm_file(dir, a, (int)dead, 1);
+    shm_file(dir, b, (int)getpid(), 1);
+    shm_file(dir, c, 0, 1);         /* the creator has not written its head yet */
+    shm_file(dir, d, (int)dead, 0); /* not libmgpu's */
+    shm_file(dir, other, (int)dead, 1);
+    CHECK_INT(mgpu_shm_remove_stale(dir, uid), 1);
+    CHECK(!exists(dir, a) && exists(dir, b) && exists(dir, c) && exists(dir, d));
+    CHECK(exists(dir, other)); /* named for another user */
+    CHECK_INT(mgpu_shm_remove_stale("/nonexistent/dir", uid), 0);
+    mgpu_fs_remove_tree(dir);
+}
+
 static void test_sock_loopback(void)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
@@ -215,5 +268,6 @@ int main(void)
     RUN(test_fs_mkdir_p_and_remove_tree);
     RUN(test_sock_loopback);
     RUN(test_names_both_ways);
+    RUN(test_shm_remove_stale);
     return check_done();
 }

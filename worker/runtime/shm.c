@@ -22,6 +22,8 @@
  * So a wake-up is never lost, and a publish costs no system call when nobody sleeps. */
 #include "shm.h"
 
+#include "shm_head.h" /* mgpu_shm_head_t: the head mgpu-launch reads too */
+
 #include <errno.h>       /* errno */
 #include <fcntl.h>       /* O_* */
 #include <limits.h>      /* INT_MAX */
@@ -41,8 +43,6 @@
 #include <time.h>        /* clock_gettime, nanosleep */
 #include <unistd.h>      /* close, ftruncate, getpid */
 
-#define SHM_MAGIC 0x316d687375706d67ull /* "mgpushm1" */
-#define SHM_VERSION 1u
 #define SHM_LINE 128 /* two cache lines: adjacent-line prefetch would couple neighbours */
 #define SHM_DESC_RING 8
 #define SHM_SLICE_NS 5000000L       /* a sleeper wakes this often to check deadline and peers */
@@ -64,10 +64,7 @@ struct shm_desc {
 };
 
 struct shm_hdr {
-    uint64_t magic;
-    uint32_t version, size;
-    uint64_t chunk, total;
-    int32_t creator_pid;
+    mgpu_shm_head_t head;     /* what mgpu-launch reads too (shm_head.h) */
     _Atomic uint32_t ready;   /* set last by rank 0: the fields above are valid */
     _Atomic int32_t attached; /* ranks that have attached; the last one unlinks the name */
     _Alignas(SHM_LINE) _Atomic uint32_t gen; /* the futex word, see the top of the file */
@@ -691,7 +688,7 @@ static int shm_create(mgpu_shm_t *s, size_t chunk, mgpu_err_t *err)
             if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct shm_hdr)) {
                 struct shm_hdr *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
                 if (h != MAP_FAILED) {
-                    pid = h->creator_pid;
+                    pid = h->head.creator_pid;
                     munmap(h, sizeof *h);
                 }
             }
@@ -722,12 +719,12 @@ static int shm_create(mgpu_shm_t *s, size_t chunk, mgpu_err_t *err)
         return mgpu_err_set(err, -e, "mmap(%s, %zu): %s", s->name, total, strerror(e));
     }
     s->map_len = total;
-    s->hdr->magic = SHM_MAGIC;
-    s->hdr->version = SHM_VERSION;
-    s->hdr->size = (uint32_t)s->size;
-    s->hdr->chunk = chunk;
-    s->hdr->total = total;
-    s->hdr->creator_pid = getpid();
+    s->hdr->head.magic = MGPU_SHM_MAGIC;
+    s->hdr->head.version = MGPU_SHM_VERSION;
+    s->hdr->head.size = (uint32_t)s->size;
+    s->hdr->head.chunk = chunk;
+    s->hdr->head.total = total;
+    s->hdr->head.creator_pid = getpid();
     /* Release: a rank that sees ready = 1 sees every field above. */
     atomic_store_explicit(&s->hdr->ready, 1, memory_order_release);
     return 0;
@@ -755,22 +752,23 @@ static int shm_try_open(mgpu_shm_t *s, mgpu_err_t *err)
         close(fd);
         return mgpu_err_set(err, -errno, "mmap(%s): %s", s->name, strerror(errno));
     }
-    if (!atomic_load_explicit(&h->ready, memory_order_acquire) || !shm_alive(h->creator_pid)) {
+    if (!atomic_load_explicit(&h->ready, memory_order_acquire) || !shm_alive(h->head.creator_pid)) {
         munmap(h, sizeof *h);
         close(fd);
         return 1; /* not initialised yet, or a stale one rank 0 will replace */
     }
-    if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->size != (uint32_t)s->size) {
-        int hs = (int)h->size;
+    if (h->head.magic != MGPU_SHM_MAGIC || h->head.version != MGPU_SHM_VERSION ||
+        h->head.size != (uint32_t)s->size) {
+        int hs = (int)h->head.size;
         munmap(h, sizeof *h);
         close(fd);
         return mgpu_err_set(err, MGPU_E_PROTOCOL,
                             "shm segment %s was made for %d ranks (version %u), this rank "
                             "expects %d: ranks disagree on LOCAL_WORLD_SIZE?",
-                            s->name, hs, SHM_VERSION, s->size);
+                            s->name, hs, MGPU_SHM_VERSION, s->size);
     }
-    total = h->total;
-    s->chunk = h->chunk;
+    total = h->head.total;
+    s->chunk = h->head.chunk;
     munmap(h, sizeof *h);
     if ((size_t)st.st_size < total) {
         close(fd);
