@@ -31,6 +31,8 @@ typedef enum {
     O_MAX_RESTARTS,
     O_MONITOR,
     O_START_METHOD,
+    O_EVENT_LOG_HANDLER,
+    O_LOGS_SPECS,
     O_ROLE,
     O_LOG_DIR,
     O_REDIRECTS,
@@ -93,6 +95,10 @@ static const opt_t opts[] = {
      "N  group restarts before failing (default 0)"},
     {"monitor_interval", 0, ARG_REQUIRED, O_MONITOR, "SECONDS  accepted; mgpu does not poll"},
     {"start_method", 0, ARG_REQUIRED, O_START_METHOD, "spawn|fork|forkserver  accepted"},
+    {"event_log_handler", 0, ARG_REQUIRED, O_EVENT_LOG_HANDLER,
+     "null|console|dynamic_rendezvous  console: the launcher's events on stderr, as -v"},
+    {"logs_specs", 0, ARG_REQUIRED, O_LOGS_SPECS,
+     "default  torchrun's log layout (--log_dir), the one mgpu writes"},
     {"role", 0, ARG_REQUIRED, O_ROLE, "NAME  ROLE_NAME of the workers (default default)"},
     {"log_dir", 0, ARG_REQUIRED, O_LOG_DIR, "DIR  per-rank logs in torchrun's layout"},
     {"redirects", 'r', ARG_REQUIRED, O_REDIRECTS,
@@ -557,6 +563,22 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected spawn, fork or forkserver",
                                 what, v);
         return copy_str(what, cli->start_method, sizeof cli->start_method, v, err);
+    case O_EVENT_LOG_HANDLER:
+        /* torchrun's handlers of its event records: null and dynamic_rendezvous drop them,
+         * console logs them; the launcher's events are its info messages. */
+        if (strcmp(v, "console") == 0)
+            cli->verbose = 1;
+        else if (strcmp(v, "null") != 0 && strcmp(v, "dynamic_rendezvous") != 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected null, console or dynamic_rendezvous", what, v);
+        return 0;
+    case O_LOGS_SPECS:
+        if (strcmp(v, "default") != 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected default (torchrun's layout, which mgpu-launch "
+                                "writes under --log_dir; other layouts are Python plug-ins)",
+                                what, v);
+        return 0;
     case O_ROLE:
         if (*v == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a role name", what);

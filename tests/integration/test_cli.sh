@@ -155,6 +155,23 @@ t_opt_monitor_interval_and_start_method_accepted() {
     expect_eq "$rc" 0 "exit status ($(cat err))"
 }
 
+t_opt_event_log_handler_and_logs_specs() {
+    run_launch --event-log-handler=null --logs-specs=default "$TW" env e.%l
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    expect_no_grep err 'info:'
+    # console: the launcher's events, its info messages
+    PET_EVENT_LOG_HANDLER=console run_launch "$TW" env e.%l
+    expect_eq "$rc" 0 "exit status with console ($(cat err))"
+    expect_grep err '^mgpu-launch: info: '
+    run_launch --event_log_handler=syslog "$TW" touch started
+    expect_eq "$rc" 2 "exit status of an unknown handler"
+    expect_grep err "event_log_handler='syslog': expected null, console or dynamic_rendezvous"
+    run_launch --logs_specs=mypkg "$TW" touch started
+    expect_eq "$rc" 2 "exit status of a plug-in layout"
+    expect_grep err "logs_specs='mypkg': expected default"
+    [ ! -e started ] || fail "a worker started after a refused option"
+}
+
 t_opt_pet_env_defaults() {
     PET_NPROC_PER_NODE=3 PET_RDZV_ID=fromenv PET_ROLE=envrole PET_MAX_RESTARTS=2 PET_MASTER_ADDR=envhost \
         run_launch "$TW" env e.%l
