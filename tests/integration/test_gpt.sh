@@ -238,6 +238,13 @@ t_gpt_resume_continues_and_refuses_another_shape() {
     python3 compare.py ma.jsonl a.ckpt mb_tail.jsonl b.ckpt >cmp 2>&1 ||
         { cat cmp >&2; fail "4 + 4 resumed steps differ from 8 steps"; }
     cat cmp
+    # another world size goes on from as many windows as were seen (2 ranks x 4 steps: 8 of 1)
+    "$LAUNCH" --nproc_per_node=2 "$MGPU_ROOT/configs/gpt_text.cfg" data_text=text.txt n_layer=2 \
+        n_head=2 n_embd=32 context=32 batch_size=4 seed=5 max_steps=12 checkpoint=w2.ckpt \
+        checkpoint_interval=4 generate=0 backend=cpu >/dev/null 2>&1
+    "$WORKER" g.cfg max_steps=13 checkpoint=w2.ckpt >out4 2>err4 ||
+        { cat out4 err4 >&2; fail "resume on another world size: exit $?"; }
+    expect_grep out4 'written by 2 ranks, this run has 1: epoch 1 goes on from batch 24 of'
     "$WORKER" g.cfg max_steps=10 n_embd=48 checkpoint=a.ckpt >out3 2>err3
     expect_eq "$?" 2 "exit status of a resume into another shape"
     expect_grep err3 'checkpoint a.ckpt holds another model .* n_layer = 2, n_head = 2, n_embd = 48, context = 32, vocab = 256'

@@ -36,6 +36,17 @@ t_final_eval_names_the_last_steps_epoch() {
     done
 }
 
+# Resumed on another world size, a run goes on from as many samples as the checkpoint's saw.
+t_resume_on_another_world_size() {
+    MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=2 "$MGPU_ROOT/configs/train.cfg" checkpoint=w.ckpt \
+        checkpoint_interval=10 max_steps=100 >out 2>err || { cat err >&2; fail "2 ranks: exit $?"; }
+    MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=4 "$MGPU_ROOT/configs/train.cfg" checkpoint=w.ckpt \
+        max_steps=110 >out 2>err || { cat err >&2; fail "4 ranks: exit $?"; }
+    expect_grep out 'resumed from w.ckpt at epoch 1, step 100'
+    expect_grep out 'written by 2 ranks, this run has 4: epoch 1 goes on from batch 50 of 63'
+    expect_grep out 'eval epoch 1 step 110:'
+}
+
 t_bad_cfg_exits_2_with_file_line() {
     printf 'model = mlp\nhidden = 8\nlearning_rate = 0.1\n' >bad.cfg
     # checked by the launcher before anything starts: one message, exit 2, no worker output

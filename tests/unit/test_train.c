@@ -6,6 +6,7 @@
 #include "checkpoint.h"
 #include "sampler.h"
 #include "progress.h"
+#include "run_util.h"
 #include "train.h"
 
 #include <errno.h>    /* EINVAL */
@@ -493,6 +494,28 @@ static void test_resume_matches_uninterrupted(void)
 /* A step publishes its phases in order: data, forward, backward (after the output layer, whose
  * forward is fused with its loss and gradient), then the optimizer. The page is a shared file
  * attached as under mgpu-launch. */
+/* A checkpoint's place in its epoch, moved to another world size by samples seen. */
+static void test_rescale_position(void)
+{
+    long long e = 0, b = 4;
+    char buf[512] = "";
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    CHECK_INT(mgpu_run_rescale_position(f, 4, 2, 31, &e, &b), 1); /* 4 x 4 = 16 batches of 1 */
+    fclose(f);
+    CHECK(e == 0 && b == 8);
+    CHECK_CONTAINS(buf, "written by 4 ranks, this run has 2: epoch 1 goes on from batch 8 of 31");
+    e = 1, b = 5;
+    CHECK_INT(mgpu_run_rescale_position(NULL, 2, 4, 9, &e, &b), 1);
+    CHECK(e == 1 && b == 2); /* 10 / 4, rounded down: half a batch is seen again */
+    e = 0, b = 10;
+    CHECK_INT(mgpu_run_rescale_position(NULL, 3, 1, 30, &e, &b), 1);
+    CHECK(e == 1 && b == 0); /* the whole epoch was seen: the next one */
+    e = 2, b = 7;
+    CHECK_INT(mgpu_run_rescale_position(NULL, 2, 2, 30, &e, &b), 0); /* same world size */
+    CHECK_INT(mgpu_run_rescale_position(NULL, 0, 2, 30, &e, &b), 0); /* unknown */
+    CHECK(e == 2 && b == 7);
+}
+
 static void test_step_publishes_its_phases(void)
 {
     char path[1024], env[64];
@@ -546,6 +569,7 @@ int main(void)
     RUN(test_buckets);
     RUN(test_ddp_threads_equal_global_batch);
     RUN(test_resume_matches_uninterrupted);
+    RUN(test_rescale_position);
     RUN(test_step_publishes_its_phases);
     return check_done();
 }

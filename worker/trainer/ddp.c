@@ -243,6 +243,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         res->resumed_step = step;
         if (rank == 0)
             mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
+        mgpu_run_rescale_position(rank == 0 ? s.out : NULL, h.world_size, comm->world_size,
+                                  (long long)nb, &epoch, &batch);
     }
     long long evaluated_at = -1;
     int stopped = 0;

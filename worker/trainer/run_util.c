@@ -118,6 +118,7 @@ int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
             h->batch = c.batch_in_epoch;
             h->step = c.step;
             h->optim_step = c.optim_step;
+            h->world_size = (int32_t)c.world_size;
             if ((rc = mgpu_k_copy_to_device(k, params, c.params, sizeof(float) * c.n_params, &e)) <
                     0 ||
                 (rc = mgpu_k_copy_to_device(k, state, c.state, sizeof(float) * c.n_state, &e)) <
@@ -162,6 +163,26 @@ void mgpu_run_print_resumed(FILE *out, const char *checkpoint, long long epoch, 
 double mgpu_run_rate(double amount, double seconds)
 {
     return amount / (seconds > 0 ? seconds : 1e-9);
+}
+
+int mgpu_run_rescale_position(FILE *out, int ranks_then, int ranks_now, long long per_epoch,
+                              long long *epoch, long long *batch)
+{
+    if (ranks_then <= 0 || ranks_then == ranks_now || *batch == 0)
+        return 0;
+    long long was = *batch, now = was * ranks_then / ranks_now;
+    if (out != NULL)
+        fprintf(out,
+                "the checkpoint was written by %d ranks, this run has %d: epoch %lld goes on from "
+                "batch %lld of %lld (as many samples as %lld batches of %d ranks, rounded down)\n",
+                ranks_then, ranks_now, *epoch + 1 + (now >= per_epoch), now >= per_epoch ? 0 : now,
+                per_epoch, was, ranks_then);
+    if (now >= per_epoch)
+        (*epoch)++, now = 0;
+    *batch = now;
+    if (out != NULL)
+        fflush(out);
+    return 1;
 }
 
 long long mgpu_run_last_epoch(int stopped, long long epoch, long long batch)
