@@ -36,6 +36,20 @@ t_final_eval_names_the_last_steps_epoch() {
     done
 }
 
+# A run that max_steps ends mid-epoch continues with a larger max_steps, exactly: its final
+# checkpoint is the uninterrupted run's, byte for byte.
+t_max_steps_run_continues_exactly() {
+    local job="$MGPU_ROOT/configs/train.cfg"
+    MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=2 "$job" checkpoint=a.ckpt max_steps=100 >out 2>err ||
+        { cat err >&2; fail "100 steps: exit $?"; }
+    MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=2 "$job" checkpoint=a.ckpt max_steps=150 >out 2>err ||
+        { cat err >&2; fail "to 150 steps: exit $?"; }
+    expect_grep out 'resumed from a.ckpt at epoch 1, step 100'
+    MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=2 "$job" checkpoint=b.ckpt max_steps=150 >out 2>err ||
+        { cat err >&2; fail "150 steps: exit $?"; }
+    cmp -s a.ckpt b.ckpt || fail "100 + 50 resumed steps differ from 150 steps"
+}
+
 # Resumed on another world size, a run goes on from as many samples as the checkpoint's saw.
 t_resume_on_another_world_size() {
     MGPU_SIM_GPUS=0 "$LAUNCH" --nproc_per_node=2 "$MGPU_ROOT/configs/train.cfg" checkpoint=w.ckpt \

@@ -342,8 +342,14 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                       err)) < 0)
                 goto out;
         }
-        if (stopped)
+        if (stopped) {
+            /* A run that max_steps ends mid-epoch can be continued with a larger max_steps. */
+            if (cfg->checkpoint_interval == 0 &&
+                (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch, (uint64_t)step, err)) <
+                    0)
+                goto out;
             break;
+        }
         if (cfg->checkpoint_interval == 0 &&
             (rc = save_checkpoint(&s, (uint64_t)epoch + 1, 0, (uint64_t)step, err)) < 0)
             goto out;
