@@ -18,6 +18,10 @@
 #define VECTORIZE
 #endif
 
+/* tanh-GELU's constants in fp32: 0.5 x (1 + tanh(GELU_K (x + GELU_C x^3))). */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
 /* GEMM blocking: C is computed in MR x NR register tiles from packed panels of op(A) (MC x KC)
  * and op(B) (KC x NC). KC x NR floats of B (8-16 KiB) stay in L1 while a panel of A streams
  * by; the MC x KC block of A (64 KiB) stays in L2. NR is 16 with AVX2 + FMA (about 70-80

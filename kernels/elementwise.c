@@ -1,12 +1,9 @@
 /* elementwise.c - activations and scale in plain C: the CPU backend's, and the reference of
  * elementwise.cu. */
-#include "cpu_ref.h" /* cpu_impl_t, VECTORIZE, the reference functions */
+#include "cpu_ref.h" /* cpu_impl_t, VECTORIZE, GELU_K, the reference functions */
 
 #include <math.h>   /* expf, tanhf */
 #include <string.h> /* memcpy */
-
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_C 0.044715f
 
 static inline float sigmoidf(float x)
 {

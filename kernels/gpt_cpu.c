@@ -97,8 +97,6 @@ static inline __attribute__((always_inline)) float exp_neg(float x)
 /* tanh-GELU as x s(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh u) is the sigmoid
  * s(2u), which loses nothing where tanh u is near -1. With e = exp(-2|u|) <= 1, s(2u) is
  * 1 / (1 + e) for u >= 0 and e / (1 + e) below, and s (1 - s) is e / (1 + e)^2 for both. */
-#define GELU_K 0.7978845608028654f
-#define GELU_C 0.044715f
 
 VECTORIZE_EXP static int gelu_forward(void *impl, size_t n, const float *x, float *y,
                                       mgpu_err_t *err)

@@ -9,8 +9,8 @@
 #include <math.h>   /* sqrt, tanh, cosh, cos */
 #include <string.h> /* memset, memcpy */
 
-#define LN_EPS 1e-5               /* torch.nn.LayerNorm's default */
-#define GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
+#define LN_EPS 1e-5                      /* torch.nn.LayerNorm's default */
+#define GELU_K_DOUBLE 0.7978845608028654 /* sqrt(2 / pi), in double */
 
 void mgpu_gpt_layernorm_forward(int n, int c, const float *x, const float *w, const float *b,
                                 float *y, float *mean, float *rstd)
@@ -63,16 +63,16 @@ void mgpu_gpt_gelu_forward(size_t n, const float *x, float *y)
 {
     for (size_t i = 0; i < n; i++) {
         double xi = x[i];
-        y[i] = (float)(0.5 * xi * (1.0 + tanh(GELU_K * (xi + 0.044715 * xi * xi * xi))));
+        y[i] = (float)(0.5 * xi * (1.0 + tanh(GELU_K_DOUBLE * (xi + 0.044715 * xi * xi * xi))));
     }
 }
 
 void mgpu_gpt_gelu_backward(size_t n, const float *x, const float *dy, float *dx)
 {
     for (size_t i = 0; i < n; i++) {
-        double xi = x[i], u = GELU_K * (xi + 0.044715 * xi * xi * xi);
+        double xi = x[i], u = GELU_K_DOUBLE * (xi + 0.044715 * xi * xi * xi);
         double th = tanh(u), ch = cosh(u);
-        double du = GELU_K * (1.0 + 3.0 * 0.044715 * xi * xi);
+        double du = GELU_K_DOUBLE * (1.0 + 3.0 * 0.044715 * xi * xi);
         double grad = 0.5 * (1.0 + th) + 0.5 * xi * du / (ch * ch);
         dx[i] += (float)(grad * dy[i]);
     }
