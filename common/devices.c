@@ -194,6 +194,8 @@ void mgpu_devices_visible(const mgpu_gpu_list_t *inst, const char *cvd, mgpu_vis
                 return;
             }
         by_uuid[out->count] = is_uuid;
+        out->entry_at[out->count] = (short)(e - buf);
+        out->entry_len[out->count] = (short)(end - e);
         out->physical[out->count++] = idx;
     }
 }

@@ -38,6 +38,8 @@ typedef struct mgpu_visible {
     char cvd[256];               /* its value, for messages */
     int error;                   /* 1 when the list is an error (a repeated device) */
     char why[256];               /* where and why the list stopped early, or the error */
+    /* Ordinal k's entry in cvd, blanks trimmed: cvd + entry_at[k], entry_len[k] bytes. */
+    short entry_at[MGPU_MAX_GPUS], entry_len[MGPU_MAX_GPUS];
 } mgpu_visible_t;
 
 /* Installed GPUs: MGPU_SIM_GPUS (sim, "0".."64") wins when set, else /proc/driver/nvidia/gpus

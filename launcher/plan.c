@@ -5,7 +5,7 @@
 #include <stdarg.h>      /* va_list */
 #include <errno.h>       /* errno */
 #include <stdlib.h>      /* calloc */
-#include <string.h>      /* strcmp, strchr, strcspn */
+#include <string.h>      /* strcmp */
 #include <sys/stat.h>    /* stat */
 #include <unistd.h>      /* access */
 #include <fcntl.h>       /* open */
@@ -362,22 +362,6 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     return 0;
 }
 
-/* Entry i of CUDA_VISIBLE_DEVICES (as the driver splits it: at commas, blanks trimmed) into
- * buf, for a worker that is to see that device alone. */
-static void cvd_entry(const char *cvd, int i, char *buf, size_t len)
-{
-    while (i > 0 && (cvd = strchr(cvd, ',')) != NULL)
-        cvd++, i--;
-    if (cvd == NULL)
-        cvd = "";
-    while (*cvd == ' ' || *cvd == '\t')
-        cvd++;
-    size_t n = strcspn(cvd, ",");
-    while (n > 0 && (cvd[n - 1] == ' ' || cvd[n - 1] == '\t'))
-        n--;
-    snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), cvd);
-}
-
 /* --virtual_local_rank, as torchrun has it: LOCAL_RANK=0 in every worker and
  * CUDA_VISIBLE_DEVICES the one visible device the worker would have used (entry k of the
  * launcher's list, or k when it is unset), which the worker then sees as ordinal 0. GPUs
@@ -391,7 +375,8 @@ static void virtual_local_rank_vars(mgpu_plan_t *plan, mgpu_worker_plan_t *w, in
     if (plan->vis.cvd_set && plan->vis.count == 0)
         snprintf(entry, sizeof entry, "%s", plan->vis.cvd);
     else if (plan->vis.cvd_set)
-        cvd_entry(plan->vis.cvd, slot, entry, sizeof entry);
+        snprintf(entry, sizeof entry, "%.*s", plan->vis.entry_len[slot],
+                 plan->vis.cvd + plan->vis.entry_at[slot]);
     else
         snprintf(entry, sizeof entry, "%d", slot);
     set_var(w, "CUDA_VISIBLE_DEVICES", "%s", entry);
