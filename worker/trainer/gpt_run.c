@@ -429,11 +429,11 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         if (h.status == 1)
             mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
     }
-    if (h.status == 1)
+    if (h.status == 1) {
+        res->resumed_step = step;
         mgpu_run_rescale_position(rank == 0 ? s.out : NULL, h.world_size, W, per_epoch, &epoch,
                                   &batch);
-    if (h.status == 1)
-        res->resumed_step = step;
+    }
     mgpu_adamw_hparams_t hp = {.beta1 = (float)cfg->beta1,
                                .beta2 = (float)cfg->beta2,
                                .eps = (float)cfg->eps,

@@ -171,17 +171,16 @@ int mgpu_run_rescale_position(FILE *out, int ranks_then, int ranks_now, long lon
     if (ranks_then <= 0 || ranks_then == ranks_now || *batch == 0)
         return 0;
     long long was = *batch, now = was * ranks_then / ranks_now;
-    if (out != NULL)
-        fprintf(out,
-                "the checkpoint was written by %d ranks, this run has %d: epoch %lld goes on from "
-                "batch %lld of %lld (as many samples as %lld batches of %d ranks, rounded down)\n",
-                ranks_then, ranks_now, *epoch + 1 + (now >= per_epoch), now >= per_epoch ? 0 : now,
-                per_epoch, was, ranks_then);
     if (now >= per_epoch)
         (*epoch)++, now = 0;
     *batch = now;
-    if (out != NULL)
+    if (out != NULL) {
+        fprintf(out,
+                "the checkpoint was written by %d ranks, this run has %d: epoch %lld goes on from "
+                "batch %lld of %lld (as many samples as %lld batches of %d ranks, rounded down)\n",
+                ranks_then, ranks_now, *epoch + 1, now, per_epoch, was, ranks_then);
         fflush(out);
+    }
     return 1;
 }
 
