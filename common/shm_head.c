@@ -10,17 +10,30 @@
 #include <sys/stat.h> /* fstat */
 #include <unistd.h>   /* pread, unlinkat, close */
 
-static int creator_dead(int fd, unsigned uid)
+int mgpu_shm_pid_alive(int pid)
+{
+    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+int mgpu_shm_head_creator(int fd)
 {
     struct stat st;
     mgpu_shm_head_t h;
 
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != uid ||
-        (size_t)st.st_size < sizeof h || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+    if (fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof h ||
+        pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || h.magic != MGPU_SHM_MAGIC)
         return 0;
-    if (h.magic != MGPU_SHM_MAGIC || h.creator_pid <= 0)
+    return h.creator_pid > 0 ? h.creator_pid : 0;
+}
+
+/* A segment of uid's whose head names a creator that no longer exists. */
+static int creator_dead(int fd, unsigned uid)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != uid)
         return 0;
-    return kill(h.creator_pid, 0) < 0 && errno == ESRCH;
+    int pid = mgpu_shm_head_creator(fd);
+    return pid > 0 && !mgpu_shm_pid_alive(pid);
 }
 
 int mgpu_shm_remove_stale(const char *dir, unsigned uid)

@@ -22,6 +22,13 @@ typedef struct mgpu_shm_head {
     int32_t creator_pid;    /* 0 until the creator has written the head */
 } mgpu_shm_head_t;
 
+/* Whether process pid exists (also one of another user's); 0 for pid <= 0. */
+int mgpu_shm_pid_alive(int pid);
+
+/* The creator pid in the head of the segment open on fd: 0 when the file is too short, not a
+ * segment, or its creator has not written the head yet. */
+int mgpu_shm_head_creator(int fd);
+
 /* Removes this user's segments whose creator has died (the rule libmgpu itself applies to a
  * segment it finds under its own name): under /dev/shm (dir, NULL for /dev/shm), files named
  * mgpu-<uid>-*, owned by uid, with a head that names a creator that no longer exists. A

@@ -662,11 +662,6 @@ static int shm_env_size(const char *name, size_t def, size_t *out, size_t lo, si
     return 0;
 }
 
-static int shm_alive(int pid)
-{
-    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
-}
-
 /* Rank 0: creates the segment. A leftover of a crashed job with the same name (its creator
  * is dead) is removed; one whose creator lives belongs to another job and is an error. */
 static int shm_create(mgpu_shm_t *s, size_t chunk, mgpu_err_t *err)
@@ -683,18 +678,10 @@ static int shm_create(mgpu_shm_t *s, size_t chunk, mgpu_err_t *err)
                                 strerror(errno));
         fd = shm_open(s->name, O_RDONLY, 0);
         if (fd >= 0) {
-            struct stat st;
-            int pid = 0;
-            if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct shm_hdr)) {
-                struct shm_hdr *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
-                if (h != MAP_FAILED) {
-                    pid = h->head.creator_pid;
-                    munmap(h, sizeof *h);
-                }
-            }
+            int pid = mgpu_shm_head_creator(fd);
             close(fd);
             fd = -1;
-            if (pid != getpid() && shm_alive(pid))
+            if (pid != getpid() && mgpu_shm_pid_alive(pid))
                 return mgpu_err_set(err, -EEXIST,
                                     "shm_open(%s): the segment exists and its creator (pid %d) "
                                     "is alive: another job with the same run id and port "
@@ -752,7 +739,8 @@ static int shm_try_open(mgpu_shm_t *s, mgpu_err_t *err)
         close(fd);
         return mgpu_err_set(err, -errno, "mmap(%s): %s", s->name, strerror(errno));
     }
-    if (!atomic_load_explicit(&h->ready, memory_order_acquire) || !shm_alive(h->head.creator_pid)) {
+    if (!atomic_load_explicit(&h->ready, memory_order_acquire) ||
+        !mgpu_shm_pid_alive(h->head.creator_pid)) {
         munmap(h, sizeof *h);
         close(fd);
         return 1; /* not initialised yet, or a stale one rank 0 will replace */
