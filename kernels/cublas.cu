@@ -256,7 +256,7 @@ int lt_tune(cuda_impl *c, lt_plan *p, const void *pa, const void *pb, void *d, c
             best = ms, best_i = i;
     }
     if (best_i >= 0)
-        p->algo = p->cand[best_i];
+        p->algo = p->cand[best_i], p->algo_ws = p->cand_ws[best_i];
     return 0;
 }
 
@@ -300,10 +300,12 @@ bool lt_plan_make(cuda_impl *c, lt_plan *p, cublasComputeType_t ct, cudaDataType
     if (pref != NULL)
         (void)B.p_cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; ok && i < nres; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) {
+            p->cand_ws[p->n_cand] = res[i].workspaceSize;
             p->cand[p->n_cand++] = res[i].algo;
+        }
     if (ok)
-        p->algo = p->cand[0];
+        p->algo = p->cand[0], p->algo_ws = p->cand_ws[0];
     p->ok = ok;
     return ok;
 }

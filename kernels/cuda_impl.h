@@ -69,6 +69,7 @@ constexpr int kEwBlocksPerSm = 64;           /* grid cap of elementwise kernels 
 constexpr int kRedBlocksPerSm = 8;           /* grid cap of reductions: one full wave */
 constexpr size_t kScratchFloats = 1u << 20;  /* 4 MiB of partial sums */
 constexpr size_t kBlasWorkspace = 32u << 20; /* cuBLAS's recommendation for Hopper */
+constexpr size_t kGwsAlign = 256;            /* a captured product's workspace slice */
 constexpr int kXentWarpMaxCols = 1024;       /* above: a block per row */
 constexpr int kXentClusterMax = 8;           /* blocks a row at most (a portable cluster) */
 
@@ -90,6 +91,7 @@ struct lt_plan {
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
     cublasLtMatmulAlgo_t cand[kLtCand];
+    size_t algo_ws, cand_ws[kLtCand]; /* the workspace bytes each algorithm needs */
     int n_cand;
     bool tuned;
 };
@@ -167,6 +169,17 @@ struct cuda_impl {
      * pass). Created on the first backward outside a graph capture. */
     cudaStream_t att_side;
     cudaEvent_t att_fork, att_join;
+    /* While a graph is captured (gws_on), each bf16 product takes a slice of its own of gws
+     * (kBlasWorkspace bytes, allocated by the first capture after a bf16 product ran; off
+     * with MGPU_GRAPH_SLICES=0) for its cuBLASLt workspace, as
+     * much as its algorithm needs; one that does not fit takes blas_ws. cuBLASLt queues a
+     * memset of a product's workspace before many of its kernels; with a slice no other
+     * product uses, the capture's end replaces those memsets by one of the slices at the
+     * graph's start (gws_hoist), so the products follow the kernels before them directly. */
+    char *gws;
+    size_t gws_used;
+    bool gws_on;
+    int gws_replaced; /* the memsets the last capture's end replaced */
 };
 
 /* The step's state in device memory: the step number and the two factors that depend on it,

@@ -151,14 +151,18 @@ lt_plan *plan(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
     return ok ? p : no_algorithm(m, n, k, epi, dt, err, rc);
 }
 
-/* One product with the plan's current algorithm. */
+/* One product with the plan's current algorithm, in the shared workspace or (ws_bytes > 0)
+ * in ws. */
 cublasStatus_t launch(cuda_impl *c, lt_plan *p, const cublasLtMatmulAlgo_t *algo, const void *a,
-                      const void *b, float beta, const void *cmat, void *d)
+                      const void *b, float beta, const void *cmat, void *d, void *ws = nullptr,
+                      size_t ws_bytes = 0)
 {
     const float one = 1.0f;
+    if (ws_bytes == 0)
+        ws = c->blas_ws, ws_bytes = kBlasWorkspace;
     return B.p_cublasLtMatmul(c->lt, p->desc, &one, a, p->la, b, p->lb, &beta,
-                              cmat != nullptr ? cmat : d, p->ld, d, p->ld, algo, c->blas_ws,
-                              kBlasWorkspace, c->stream);
+                              cmat != nullptr ? cmat : d, p->ld, d, p->ld, algo, ws, ws_bytes,
+                              c->stream);
 }
 
 /* The first eager product of a plan times the heuristic's candidates on its real operands
@@ -207,7 +211,7 @@ int tune(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, con
             best = ms, best_i = i;
     }
     if (best_i >= 0)
-        p->algo = p->cand[best_i];
+        p->algo = p->cand[best_i], p->algo_ws = p->cand_ws[best_i];
     if (saved != nullptr) {
         CUDA_CHECK(err, cudaMemcpyAsync(d, saved, dbytes, cudaMemcpyDeviceToDevice, c->stream));
         CUDA_CHECK(err, cudaStreamSynchronize(c->stream));
@@ -230,7 +234,18 @@ int matmul(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, c
     int rc;
     if (!p->tuned && (rc = tune(c, p, a, b, beta, cmat, d, err)) < 0)
         return rc;
-    CUBLAS_CHECK(err, launch(c, p, &p->algo, a, b, beta, cmat, d));
+    /* In a capture, a slice of the capture's workspace of its own (cuda_impl::gws), as big
+     * as the algorithm needs; past the slices' end, the shared one. */
+    void *ws = nullptr;
+    size_t ws_bytes = 0;
+    if (c->gws_on && p->algo_ws > 0) {
+        const size_t take = (p->algo_ws + kGwsAlign - 1) / kGwsAlign * kGwsAlign;
+        if (c->gws_used + take <= kBlasWorkspace) {
+            ws = c->gws + c->gws_used, ws_bytes = p->algo_ws;
+            c->gws_used += take;
+        }
+    }
+    CUBLAS_CHECK(err, launch(c, p, &p->algo, a, b, beta, cmat, d, ws, ws_bytes));
     return 0;
 }
 

@@ -108,6 +108,7 @@ void cuda_impl_destroy(void *impl)
     (void)cudaFree(c->scratch);
     (void)cudaFree(c->head_part);
     (void)cudaFree(c->blas_ws);
+    (void)cudaFree(c->gws);
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     free(c);
@@ -271,6 +272,13 @@ extern "C" void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k)
     if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
         return NULL;
     return (void *)((const cuda_impl *)k->impl)->stream;
+}
+
+extern "C" int mgpu_kernels_cuda_graph_memsets_replaced(const mgpu_kernels_t *k)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return 0;
+    return ((const cuda_impl *)k->impl)->gws_replaced;
 }
 
 /* Positional, in the order of mgpu_kernels_ops_t (C++17 has no designated initialisers). */

@@ -31,6 +31,11 @@ int mgpu_kernels_cuda_blas_load(mgpu_err_t *err);
  * queued on it by others (an all-reduce, an event record) is ordered with k's ops. */
 void *mgpu_kernels_cuda_stream(const mgpu_kernels_t *k);
 
+/* The memsets of products' own workspaces that the last graph capture on k replaced by one
+ * (cuda_impl::gws): 0 before any capture, with MGPU_GRAPH_SLICES=0, when cuBLASLt queued
+ * none, or for another backend. */
+int mgpu_kernels_cuda_graph_memsets_replaced(const mgpu_kernels_t *k);
+
 /* dst (cols x rows, leading dimension rows) = src (rows x cols, leading dimension lds)
  * transposed, queued on k's stream: the copy a tf32 product with A transposed makes first
  * (exposed for its test and benchmark). MGPU_E_USAGE when k is not a CUDA backend. */

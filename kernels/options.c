@@ -42,6 +42,7 @@ int mgpu_kernels_options_read(mgpu_kernels_options_t *o, mgpu_err_t *err)
     o->shadow_off = starts_with("MGPU_BF16_SHADOW", '0');
     o->lt_verbose = starts_with("MGPU_LT_VERBOSE", '1');
     o->tune_off = starts_with("MGPU_LT_TUNE", '0');
+    o->slices_off = starts_with("MGPU_GRAPH_SLICES", '0');
     o->head_off = starts_with("MGPU_CUDA_HEAD", '0');
     o->sg_off = starts_with("MGPU_SMALL_GEMM", '0');
     /* small_gemm.cu's ops (bits 1 << mgpu_sg::Op: 1 forward, 2 input gradient, 4 weight

@@ -23,6 +23,7 @@ typedef struct mgpu_kernels_options {
     bool shadow_off;        /* MGPU_BF16_SHADOW=0: convert every bf16 operand every time */
     bool lt_verbose;        /* MGPU_LT_VERBOSE=1: say what cuBLASLt declined, tuning times */
     bool tune_off;          /* MGPU_LT_TUNE=0: cuBLASLt's heuristic's first choice, untimed */
+    bool slices_off;        /* MGPU_GRAPH_SLICES=0: captured products share the workspace */
     bool head_off;          /* MGPU_CUDA_HEAD=0: linear_loss and the narrow dW composed */
     bool sg_off;            /* MGPU_SMALL_GEMM=0: no small_gemm.cu products */
     int sg_ops_fp32;        /* MGPU_SG_FP32: which small_gemm.cu ops run in fp32 (bit mask) */

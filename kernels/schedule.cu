@@ -13,12 +13,126 @@
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
 
 #include <errno.h>  /* ENOMEM */
-#include <stdlib.h> /* calloc, free */
+#include <stdio.h>  /* fprintf */
+#include <stdlib.h> /* calloc, free, malloc */
 
 namespace mgpu_cuda
 {
 namespace
 {
+
+/* A graph node's predecessors (dependents false) or successors, into a malloc'd array. */
+int graph_edges(cudaGraphNode_t n, bool dependents, cudaGraphNode_t **out, size_t *count,
+                mgpu_err_t *err)
+{
+    *out = nullptr;
+    *count = 0;
+    if (dependents)
+        CUDA_CHECK(err, cudaGraphNodeGetDependentNodes(n, nullptr, nullptr, count));
+    else
+        CUDA_CHECK(err, cudaGraphNodeGetDependencies(n, nullptr, nullptr, count));
+    if (*count == 0)
+        return 0;
+    *out = (cudaGraphNode_t *)malloc(*count * sizeof **out);
+    if (*out == nullptr)
+        return mgpu_err_set(err, -ENOMEM, "schedule: malloc of %zu graph edges failed", *count);
+    if (dependents)
+        CUDA_CHECK(err, cudaGraphNodeGetDependentNodes(n, *out, nullptr, count));
+    else
+        CUDA_CHECK(err, cudaGraphNodeGetDependencies(n, *out, nullptr, count));
+    return 0;
+}
+
+/* from -> to, unless the graph has that edge already. */
+int graph_link(cudaGraph_t g, cudaGraphNode_t from, cudaGraphNode_t to, mgpu_err_t *err)
+{
+    cudaGraphNode_t *pre;
+    size_t n;
+    int rc = graph_edges(to, false, &pre, &n, err);
+    if (rc < 0)
+        return rc;
+    bool have = false;
+    for (size_t i = 0; i < n && !have; i++)
+        have = pre[i] == from;
+    free(pre);
+    if (!have)
+        CUDA_CHECK(err, cudaGraphAddDependencies(g, &from, &to, nullptr, 1));
+    return 0;
+}
+
+/* Takes memset node m out of g, its predecessors then preceding its successors. */
+int graph_bypass(cudaGraph_t g, cudaGraphNode_t m, mgpu_err_t *err)
+{
+    cudaGraphNode_t *pre = nullptr, *suc = nullptr;
+    size_t np = 0, ns = 0;
+    int rc = graph_edges(m, false, &pre, &np, err);
+    if (rc == 0)
+        rc = graph_edges(m, true, &suc, &ns, err);
+    if (rc == 0 && cudaGraphDestroyNode(m) != cudaSuccess)
+        rc = mgpu_err_set(err, MGPU_E_CUDA, "schedule: cudaGraphDestroyNode of a memset failed");
+    for (size_t i = 0; rc == 0 && i < np; i++)
+        for (size_t j = 0; rc == 0 && j < ns; j++)
+            rc = graph_link(g, pre[i], suc[j], err);
+    free(pre);
+    free(suc);
+    return rc;
+}
+
+/* The end of a capture (cuda_impl::gws): every memset of zeros within the products' slices is
+ * taken out of g, and one memset of all the slices taken comes before g's first nodes. A
+ * slice is its product's alone, so what cuBLASLt zeroed just before the product is still
+ * zero when the product runs. */
+int gws_hoist(cuda_impl *c, cudaGraph_t g, mgpu_err_t *err)
+{
+    c->gws_replaced = 0;
+    if (c->gws_used == 0)
+        return 0;
+    size_t n = 0;
+    CUDA_CHECK(err, cudaGraphGetNodes(g, nullptr, &n));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc((n + 1) * sizeof *nodes);
+    if (nodes == nullptr)
+        return mgpu_err_set(err, -ENOMEM, "schedule: malloc of %zu graph nodes failed", n);
+    int rc = 0, hoisted = 0;
+    if (cudaGraphGetNodes(g, nodes, &n) != cudaSuccess)
+        rc = mgpu_err_set(err, MGPU_E_CUDA, "schedule: cudaGraphGetNodes failed");
+    const char *lo = c->gws, *hi = c->gws + c->gws_used;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        cudaGraphNodeType t;
+        cudaMemsetParams mp;
+        if (cudaGraphNodeGetType(nodes[i], &t) != cudaSuccess || t != cudaGraphNodeTypeMemset ||
+            cudaGraphMemsetNodeGetParams(nodes[i], &mp) != cudaSuccess)
+            continue;
+        const char *d = (const char *)mp.dst;
+        const size_t rows = mp.height > 0 ? mp.height : 1;
+        const size_t span = (rows - 1) * mp.pitch + mp.width * mp.elementSize;
+        if (mp.value != 0 || d < lo || d + span > hi)
+            continue;
+        if ((rc = graph_bypass(g, nodes[i], err)) == 0)
+            hoisted++;
+    }
+    size_t roots = n;
+    if (rc == 0 && hoisted > 0 && cudaGraphGetRootNodes(g, nodes, &roots) != cudaSuccess)
+        rc = mgpu_err_set(err, MGPU_E_CUDA, "schedule: cudaGraphGetRootNodes failed");
+    if (rc == 0 && hoisted > 0) {
+        cudaMemsetParams all = {};
+        all.dst = c->gws, all.value = 0, all.elementSize = 1, all.width = c->gws_used;
+        all.height = 1;
+        cudaGraphNode_t z;
+        if (cudaGraphAddMemsetNode(&z, g, nullptr, 0, &all) != cudaSuccess)
+            rc = mgpu_err_set(err, MGPU_E_CUDA, "schedule: cudaGraphAddMemsetNode failed");
+        for (size_t i = 0; rc == 0 && i < roots; i++)
+            if (cudaGraphAddDependencies(g, &z, &nodes[i], nullptr, 1) != cudaSuccess)
+                rc = mgpu_err_set(err, MGPU_E_CUDA, "schedule: cudaGraphAddDependencies failed");
+    }
+    free(nodes);
+    c->gws_replaced = hoisted;
+    if (rc == 0 && c->opt.lt_verbose)
+        fprintf(stderr,
+                "kernels(cuda): capture: %d product workspace memsets replaced by one of %zu "
+                "bytes\n",
+                hoisted, c->gws_used);
+    return rc;
+}
 
 /* Launches the queued weight gradients (cuda_impl::wg) as one group on the next side stream. */
 int wg_flush(cuda_impl *c, mgpu_err_t *err)
@@ -203,8 +317,9 @@ int cuda_join(void *impl, mgpu_err_t *err)
  *   joins the capture through its first wait and is joined back into the main stream, as
  *   the end of a capture requires, by the main stream's wait on the join's event. */
 struct mgpu_kernels_cuda_sched {
-    cudaStream_t stream; /* the backend's (borrowed) */
-    cudaStream_t comm;   /* the all-reduce stream; none without buckets */
+    mgpu_cuda::cuda_impl *ci; /* the backend (borrowed) */
+    cudaStream_t stream;      /* its stream */
+    cudaStream_t comm;        /* the all-reduce stream; none without buckets */
     cudaEvent_t *bucket_ev;
     int n_buckets;
     cudaEvent_t comm_done;
@@ -246,7 +361,8 @@ extern "C" int mgpu_kernels_cuda_sched_create(mgpu_kernels_t *k, int n_buckets,
     mgpu_kernels_cuda_sched_t *sc = (mgpu_kernels_cuda_sched_t *)calloc(1, sizeof *sc);
     if (sc == NULL)
         return mgpu_err_set(err, -ENOMEM, "schedule: calloc(%zu) failed", sizeof *sc);
-    sc->stream = ((const mgpu_cuda::cuda_impl *)k->impl)->stream;
+    sc->ci = (mgpu_cuda::cuda_impl *)k->impl;
+    sc->stream = sc->ci->stream;
     int rc = sched_init(sc, n_buckets, err);
     if (rc < 0) {
         mgpu_kernels_cuda_sched_destroy(sc);
@@ -310,9 +426,17 @@ extern "C" int mgpu_kernels_cuda_sched_comm_join(mgpu_kernels_cuda_sched_t *sc, 
 
 extern "C" int mgpu_kernels_cuda_sched_capture_begin(mgpu_kernels_cuda_sched_t *sc, mgpu_err_t *err)
 {
+    mgpu_cuda::cuda_impl *c = sc->ci;
+    bool g16 = false; /* a bf16 path's product has run: its products will be captured */
+    for (int i = 0; i < c->n_plans && !g16; i++)
+        g16 = c->plans[i].g16;
+    if (c->gws == nullptr && g16 && !c->opt.slices_off)
+        CUDA_CHECK(err, cudaMalloc((void **)&c->gws, mgpu_cuda::kBlasWorkspace));
     /* ThreadLocal: another thread's unrelated CUDA calls (a watchdog's query) must not
      * invalidate this capture, and this thread makes no unsafe call during it. */
     CUDA_CHECK(err, cudaStreamBeginCapture(sc->stream, cudaStreamCaptureModeThreadLocal));
+    c->gws_used = 0;
+    c->gws_on = c->gws != nullptr;
     return 0;
 }
 
@@ -322,6 +446,7 @@ extern "C" int mgpu_kernels_cuda_sched_capture_end(mgpu_kernels_cuda_sched_t *sc
     cudaGraph_t graph = nullptr;
     /* Ended whatever happened since the begin: the stream must leave capture mode. */
     cudaError_t ce = cudaStreamEndCapture(sc->stream, &graph);
+    sc->ci->gws_on = false;
     if (!keep) {
         /* err holds why the captured work failed: the end's own status matters less. */
         if (graph != nullptr)
@@ -331,6 +456,11 @@ extern "C" int mgpu_kernels_cuda_sched_capture_end(mgpu_kernels_cuda_sched_t *sc
     if (ce != cudaSuccess)
         return mgpu_err_set(err, MGPU_E_CUDA, "cudaStreamEndCapture: %s (%s)",
                             cudaGetErrorString(ce), cudaGetErrorName(ce));
+    int rc = mgpu_cuda::gws_hoist(sc->ci, graph, err);
+    if (rc < 0) {
+        (void)cudaGraphDestroy(graph);
+        return rc;
+    }
     sc->graph = graph;
     return 0;
 }

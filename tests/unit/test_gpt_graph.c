@@ -13,7 +13,8 @@
  * change nothing, and nothing in the step may read or write differently because the backward
  * is hooked), with the buckets during the backward, after it (bucket_overlap = false) and
  * written back in place. The plain run is repeated last: if the step itself is not
- * reproducible here, that is said apart.
+ * reproducible here, that is said apart. And the products' workspace slices of a capture
+ * (kernels/schedule.cu) against the shared workspace, bit for bit.
  *
  * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
 #include "check.h"
@@ -95,8 +96,8 @@ typedef struct run {
 /* STEPS steps of the model from seed 3 over the batches tok / tgt (STEPS x B x context): the
  * first eager (it sizes the backend's workspaces), the others replayed from STEP, with the
  * stand-in inside it unless mode is PLAIN. */
-static void train(mgpu_kernels_t *k, run_mode_t mode, const int32_t *tok, const int32_t *tgt,
-                  run_t *r)
+static void train(mgpu_kernels_t *k, const mgpu_gpt_spec_t *sp, run_mode_t mode, const int32_t *tok,
+                  const int32_t *tgt, run_t *r)
 {
     mgpu_err_t err = {0};
     mgpu_gpt_t *m = NULL;
@@ -104,14 +105,14 @@ static void train(mgpu_kernels_t *k, run_mode_t mode, const int32_t *tok, const 
     mgpu_gpt_bucket_t *plan = NULL;
     float *grads = NULL, *snap = NULL;
     int nb = 0;
-    const int T = spec.context;
+    const int T = sp->context;
     const float scale = 1.0f / ((float)B * T), clip = 1.0f;
     mgpu_adamw_hparams_t hp = {
         .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     standin_t s = {.in_place = mode == IN_PLACE};
     memset(r, 0, sizeof *r);
 
-    RUN_OK(mgpu_gpt_create(k, &spec, B, &m, &err));
+    RUN_OK(mgpu_gpt_create(k, sp, B, &m, &err));
     if ((k->precision == MGPU_PREC_BF16) != (m->b16 != NULL)) {
         printf("  precision %d but the %s path\n", (int)k->precision, m->b16 ? "bf16" : "fp32");
         check_failed++;
@@ -120,7 +121,7 @@ static void train(mgpu_kernels_t *k, run_mode_t mode, const int32_t *tok, const 
     s.m = m;
     RUN_OK(mgpu_gpt_init(m, 3, &err));
     RUN_OK(mgpu_gpt_buckets(m, bucket_mb, &plan, &nb, &err));
-    CHECK_INT(nb, spec.n_layer + 1);
+    CHECK_INT(nb, sp->n_layer + 1);
     void *p = NULL;
     RUN_OK(mgpu_k_alloc(k, sizeof(float) * m->n_params, &p, &err));
     s.snap = p;
@@ -198,19 +199,28 @@ static int same_run(const char *what, const run_t *a, const run_t *b)
     return 1;
 }
 
+/* STEPS batches of tokens and targets below 256 (malloc'd) for sp's context, the same every
+ * call. */
+static void batches(const mgpu_gpt_spec_t *sp, int32_t **tok, int32_t **tgt)
+{
+    const size_t n = (size_t)STEPS * B * sp->context;
+    *tok = malloc(sizeof(int32_t) * n);
+    *tgt = malloc(sizeof(int32_t) * n);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        (*tok)[i] = (int32_t)(x >> 24);
+        (*tgt)[i] = (int32_t)((x >> 16) & 0xff);
+    }
+}
+
 static void average_in_step(mgpu_precision_t prec)
 {
     need_gpu();
     mgpu_kernels_t *k = NULL;
     mgpu_err_t err = {0};
-    const size_t n = (size_t)STEPS * B * spec.context;
-    int32_t *tok = malloc(sizeof(int32_t) * n), *tgt = malloc(sizeof(int32_t) * n);
-    uint32_t x = 12345;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        tok[i] = (int32_t)(x >> 24);
-        tgt[i] = (int32_t)((x >> 16) & 0xff);
-    }
+    int32_t *tok, *tgt;
+    batches(&spec, &tok, &tgt);
     /* The heuristic's first algorithm everywhere: no timing decides a product's bits. */
     setenv("MGPU_LT_TUNE", "0", 1);
     CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
@@ -220,9 +230,9 @@ static void average_in_step(mgpu_precision_t prec)
         goto out;
     }
     run_t plain, again, r;
-    train(k, PLAIN, tok, tgt, &plain);
+    train(k, &spec, PLAIN, tok, tgt, &plain);
     for (int mode = SNAPSHOT; mode <= IN_PLACE && plain.ok; mode++) {
-        train(k, (run_mode_t)mode, tok, tgt, &r);
+        train(k, &spec, (run_mode_t)mode, tok, tgt, &r);
         if (r.ok) {
             printf("  %s, %s: losses %.6f .. %.6f; %zu floats of the snapshots differ from "
                    "the final gradients\n",
@@ -233,7 +243,7 @@ static void average_in_step(mgpu_precision_t prec)
         }
         free(r.params);
     }
-    train(k, PLAIN, tok, tgt, &again);
+    train(k, &spec, PLAIN, tok, tgt, &again);
     if (plain.ok && again.ok && !same_run("plain, run again", &again, &plain))
         printf("  the plain step is not reproducible on this GPU: the comparisons above "
                "cannot be bit for bit\n");
@@ -256,9 +266,65 @@ static void test_average_in_step_bf16(void)
     average_in_step(MGPU_PREC_BF16);
 }
 
+/* The bf16 step's products captured each with a workspace slice of its own, the memsets
+ * cuBLASLt queued on those slices replaced by one at the graph's start (kernels/schedule.cu):
+ * the same bits as with the one shared workspace (MGPU_GRAPH_SLICES=0), which replaces none.
+ * GPT-2's width and vocabulary, two layers: products large enough that cuBLASLt 13 queues
+ * such memsets on a Hopper GPU, where some must have been replaced. */
+static void test_workspace_slices_bf16(void)
+{
+    need_gpu();
+    static const mgpu_gpt_spec_t wide = {
+        .n_layer = 2, .n_head = 12, .n_embd = 768, .context = 256, .vocab = 50304};
+    mgpu_err_t err = {0};
+    int32_t *tok, *tgt;
+    batches(&wide, &tok, &tgt);
+    run_t r[2];
+    memset(r, 0, sizeof r);
+    int replaced[2] = {-1, -1};
+    setenv("MGPU_LT_TUNE", "0", 1);
+    for (int shared = 0; shared < 2; shared++) {
+        mgpu_kernels_t *k = NULL;
+        if (shared)
+            setenv("MGPU_GRAPH_SLICES", "0", 1);
+        CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
+        if (k != NULL && mgpu_kernels_set_precision(k, MGPU_PREC_BF16, &err) == 0) {
+            train(k, &wide, PLAIN, tok, tgt, &r[shared]);
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+            replaced[shared] = mgpu_kernels_cuda_graph_memsets_replaced(k);
+#endif
+        } else {
+            printf("  %s\n", err.msg);
+            check_failed++;
+        }
+        mgpu_kernels_destroy(k);
+    }
+    unsetenv("MGPU_GRAPH_SLICES");
+    unsetenv("MGPU_LT_TUNE");
+    printf("  memsets replaced: %d with a slice a product, %d with the shared workspace\n",
+           replaced[0], replaced[1]);
+    CHECK_INT(replaced[1], 0);
+    CHECK(replaced[0] >= 0);
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+        major == 9)
+        CHECK(replaced[0] > 0);
+#endif
+    if (r[0].ok && r[1].ok)
+        CHECK(same_run("slices against the shared workspace", &r[0], &r[1]));
+    else
+        CHECK(r[0].ok && r[1].ok);
+    free(r[0].params);
+    free(r[1].params);
+    free(tok);
+    free(tgt);
+}
+
 int main(void)
 {
     RUN(test_average_in_step_fp32);
     RUN(test_average_in_step_bf16);
+    RUN(test_workspace_slices_bf16);
     return check_done();
 }
