@@ -274,14 +274,14 @@ __global__ void __launch_bounds__(kLnWarps * 32)
     }
 }
 
-/* dw[j] += the blocks' partials of column j in block order; db[j] and (planes 3) dsum[j]
- * likewise. A block takes 32 columns (coalesced reads of each partial row): warp k adds the
- * partials k, k + 8, ... and the 8 warps' sums are then added in order, a fixed order
+/* dw[j] += the blocks' partials of column j in block order (= with fresh); db[j] and
+ * (planes 3) dsum[j] likewise. A block takes 32 columns (coalesced reads of each partial row): warp
+ * k adds the partials k, k + 8, ... and the 8 warps' sums are then added in order, a fixed order
  * whatever the schedule. */
 constexpr int kLnFinishWarps = 8;
 __global__ void __launch_bounds__(kLnFinishWarps * 32)
     ln16_bwd_finish_kernel(int c, int planes, int blocks, const float *part, float *dw, float *db,
-                           float *dsum)
+                           float *dsum, bool fresh)
 {
     __shared__ float sum[kLnFinishWarps][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -297,12 +297,8 @@ __global__ void __launch_bounds__(kLnFinishWarps * 32)
     v = sum[0][lane];
     for (int k = 1; k < kLnFinishWarps; k++)
         v += sum[k][lane];
-    if (j < c)
-        dw[j] += v;
-    else if (j < 2 * c)
-        db[j - c] += v;
-    else
-        dsum[j - 2 * c] += v;
+    float *out = j < c ? dw + j : j < 2 * c ? db + (j - c) : dsum + (j - 2 * c);
+    *out = fresh ? v : *out + v;
 }
 
 /* --- softmax cross-entropy ----------------------------------------------------------------- */
@@ -585,7 +581,8 @@ static int ln_smem_limit(cuda_impl *ci, size_t *limit, mgpu_err_t *err)
 
 int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
                              const float *w, const float *mean, const float *rstd, float *dx,
-                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, mgpu_err_t *err)
+                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
+                             mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     invalidate(ci, dx, sizeof(float) * n * (size_t)c);
@@ -594,6 +591,12 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     if (dsum != nullptr && dx16 == nullptr)
         return mgpu_err_set(err, MGPU_E_USAGE,
                             "layernorm_backward (cuda, bf16): dsum sums dx16, which is NULL");
+    if (n == 0 && fresh && c > 0) { /* sums over no rows */
+        CUDA_CHECK(err, cudaMemsetAsync(dw, 0, sizeof(float) * c, ci->stream));
+        CUDA_CHECK(err, cudaMemsetAsync(db, 0, sizeof(float) * c, ci->stream));
+        if (dsum != nullptr)
+            CUDA_CHECK(err, cudaMemsetAsync(dsum, 0, sizeof(float) * c, ci->stream));
+    }
     if (n == 0 || c == 0)
         return 0;
     /* Shared memory: planes x c floats a warp (dw, db and with dsum its sums); fewer warps a
@@ -638,7 +641,8 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     CUDA_CHECK_LAUNCH(err, "ln16_bwd_kernel%s (n=%d c=%d, %ld blocks of %d warps)",
                       reg ? " (registers)" : "", n, c, nb, warps);
     ln16_bwd_finish_kernel<<<(unsigned)((planes * c + 31) / 32), kLnFinishWarps * 32, 0,
-                             ci->stream>>>(c, planes, (int)nb, ci->scratch, dw, db, dsum);
+                             ci->stream>>>(c, planes, (int)nb, ci->scratch, dw, db, dsum,
+                                           fresh != 0);
     CUDA_CHECK_LAUNCH(err, "ln16_bwd_finish_kernel (c=%d, %ld blocks)", c, nb);
     return 0;
 }

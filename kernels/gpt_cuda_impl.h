@@ -118,7 +118,8 @@ int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const floa
                             mgpu_err_t *err);
 int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
                              const float *w, const float *mean, const float *rstd, float *dx,
-                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, mgpu_err_t *err);
+                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
+                             mgpu_err_t *err);
 int gpt16_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
                float scale, int grad, float *loss, mgpu_err_t *err);
 
@@ -131,7 +132,8 @@ int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *
                            const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
                            mgpu_err_t *err);
 int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                             const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err);
+                             const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                             mgpu_err_t *err);
 
 /* gpt_attention_tc.cu (forward), gpt_attention_tc_bwd.cu (backward) */
 int gpt16_attention_forward(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,

@@ -75,9 +75,9 @@ __global__ void __launch_bounds__(kThreads)
     part[(size_t)blockIdx.y * cols + col] = s;
 }
 
-/* out[col] += the slices' partials of col, in slice order. */
+/* out[col] += the slices' partials of col, in slice order (= with fresh). */
 __global__ void __launch_bounds__(kThreads)
-    colsum_finish_kernel(int cols, int slices, const float *part, float *out)
+    colsum_finish_kernel(int cols, int slices, const float *part, float *out, bool fresh)
 {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= cols)
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     float s = 0.0f;
     for (int k = 0; k < slices; k++)
         s += part[(size_t)k * cols + col];
-    out[col] += s;
+    out[col] = fresh ? s : out[col] + s;
 }
 
 /* Products below this many FLOPs are not tuned (see tune). */
@@ -249,9 +249,10 @@ int matmul(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, c
     return 0;
 }
 
-/* out (cols) += the column sums of dout (rows x cols, bf16): slices of rows into the
+/* out (cols) += (fresh: =) the column sums of dout (rows x cols, bf16): slices of rows into the
  * scratch (slices x cols floats, below its counter word), then added in slice order. */
-int colsum16(cuda_impl *c, int rows, int cols, const bf16_t *dout, float *out, mgpu_err_t *err)
+int colsum16(cuda_impl *c, int rows, int cols, const bf16_t *dout, float *out, bool fresh,
+             mgpu_err_t *err)
 {
     const long max_slices = (long)((kScratchFloats - 1) / (size_t)cols);
     if (max_slices < 1)
@@ -272,7 +273,7 @@ int colsum16(cuda_impl *c, int rows, int cols, const bf16_t *dout, float *out, m
     }
     CUDA_CHECK_LAUNCH(err, "colsum16_kernel (%d x %d)", rows, cols);
     colsum_finish_kernel<<<(unsigned)((cols + kThreads - 1) / kThreads), kThreads, 0, c->stream>>>(
-        cols, slices, c->scratch, out);
+        cols, slices, c->scratch, out, fresh);
     CUDA_CHECK_LAUNCH(err, "colsum_finish_kernel (%d columns, %d slices)", cols, slices);
     return 0;
 }
@@ -341,24 +342,27 @@ int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *
 }
 
 int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                             const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err)
+                             const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                             mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     int rc;
     if ((rc = check_shape("linear_back_weight", n, c, oc, err)) < 0)
         return rc;
     invalidate(ci, dw, sizeof(float) * (size_t)oc * c);
-    /* dw^T (c x oc) += inp^T (c x n) . dout (n x oc, dout^T stored oc x n). cuBLASLt's own
-     * bias gradient (BGRADB) is a separate reduction kernel on the H200, slower than ours. */
+    /* dw^T (c x oc) += (fresh: beta 0, =) inp^T (c x n) . dout (n x oc, dout^T stored oc x n).
+     * cuBLASLt's own bias gradient (BGRADB) is a separate reduction kernel on the H200, slower than
+     * ours. */
     if (dbias != nullptr)
         invalidate(ci, dbias, sizeof(float) * oc);
     lt_plan *p = plan(ci, CUBLAS_OP_N, CUBLAS_OP_T, c, oc, n, c, oc, c, CUBLASLT_EPILOGUE_DEFAULT,
                       0, kD32, err, &rc);
     if (p == nullptr)
         return rc;
-    if ((rc = matmul(ci, p, inp, dout, 1.0f, nullptr, dw, nullptr, nullptr, err)) < 0)
+    if ((rc = matmul(ci, p, inp, dout, fresh ? 0.0f : 1.0f, nullptr, dw, nullptr, nullptr, err)) <
+        0)
         return rc;
-    return dbias == nullptr ? 0 : colsum16(ci, n, oc, (const bf16_t *)dout, dbias, err);
+    return dbias == nullptr ? 0 : colsum16(ci, n, oc, (const bf16_t *)dout, dbias, fresh != 0, err);
 }
 
 } /* namespace mgpu_cuda */

@@ -79,10 +79,12 @@ typedef struct mgpu_gpt_bf16_ops {
     /* LayerNorm's backward from a bf16 dy: dx (fp32) += ..., dw += ..., db += ..., and when
      * dx16 is not NULL, dx16 = bf16 of the updated dx (what the products below read); when
      * dsum (c floats) is not NULL, dsum += the column sums of dx16 as stored (the bias
-     * gradient of the linear layer that reads dx16 next, in the same pass; needs dx16). */
+     * gradient of the linear layer that reads dx16 next, in the same pass; needs dx16). With
+     * fresh, dw, db and dsum are overwritten instead (their first write of a step: no zeroing
+     * before it); dx is always added to. */
     int (*layernorm_backward)(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
                               const float *w, const float *mean, const float *rstd, float *dx,
-                              mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                              mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
                               mgpu_err_t *err);
     /* out (n, oc) = inp (n, c) @ w^T + bias (bf16, oc; NULL: none). With pre not NULL: pre =
      * that sum and out = gelu(pre) (tanh approximation). */
@@ -99,9 +101,10 @@ typedef struct mgpu_gpt_bf16_ops {
                             const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
                             mgpu_err_t *err);
     /* dw (oc, c, fp32) += dout^T @ inp; dbias (oc, fp32; NULL: none) += the column sums of
-     * dout, in a fixed order. */
+     * dout, in a fixed order. With fresh, both are overwritten instead. */
     int (*linear_back_weight)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                              const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err);
+                              const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                              mgpu_err_t *err);
     /* Causal attention as the fp32 op's, over bf16 qkv (b, t, 3c), out (b, t, c) in bf16,
      * lse fp32; the backward's dqkv (bf16) overwritten. */
     int (*attention_forward)(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,

@@ -238,7 +238,7 @@ static void test_linear_backward(void)
         close_scaled(what, got, ref_dg, ni, 2e-3, 1e-2);
         free(got);
 
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, &e.err));
+        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 0, &e.err));
         float *got_w = down(&e, ddw, nw), *got_b = down(&e, ddb, oc);
         snprintf(what, sizeof what, "linear_back_weight dw %dx%dx%d", n, c, oc);
         close_scaled(what, got_w, ref_dw, nw, 1e-5, 1e-5);
@@ -247,7 +247,7 @@ static void test_linear_backward(void)
         /* again from the same start: the same bits */
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, db0, oc * sizeof(float), &e.err));
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, &e.err));
+        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 0, &e.err));
         float *again_w = down(&e, ddw, nw), *again_b = down(&e, ddb, oc);
         if (memcmp(got_w, again_w, nw * sizeof(float)) != 0 ||
             memcmp(got_b, again_b, oc * sizeof(float)) != 0) {
@@ -255,8 +255,27 @@ static void test_linear_backward(void)
             check_failed++;
         }
         free(got_w), free(got_b), free(again_w), free(again_b);
+        /* fresh: dw and dbias overwritten (NaN before) */
+        {
+            float *nan_w = hbuf(nw), *want_w = hbuf(nw), *want_b = hbuf(oc);
+            for (size_t i = 0; i < nw; i++) {
+                nan_w[i] = NAN;
+                want_w[i] = (float)((double)ref_dw[i] - dw0[i]);
+            }
+            for (int o = 0; o < oc; o++)
+                want_b[o] = (float)((double)ref_db[o] - db0[o]);
+            OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, nan_w, nw * sizeof(float), &e.err));
+            OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, nan_w, oc * sizeof(float), &e.err));
+            OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 1, &e.err));
+            float *fresh_w = down(&e, ddw, nw), *fresh_b = down(&e, ddb, oc);
+            snprintf(what, sizeof what, "linear_back_weight fresh dw %dx%dx%d", n, c, oc);
+            close_scaled(what, fresh_w, want_w, nw, 1e-5, 1e-5);
+            snprintf(what, sizeof what, "linear_back_weight fresh dbias %dx%dx%d", n, c, oc);
+            close_scaled(what, fresh_b, want_b, oc, 1e-5, 1e-5);
+            free(nan_w), free(want_w), free(want_b), free(fresh_w), free(fresh_b);
+        }
         /* without a bias gradient: dbias untouched */
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, &e.err));
+        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, 0, &e.err));
 
         mgpu_bf16_t *d16[] = {ddo, dw, di, dp, ddin};
         for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++)
@@ -292,7 +311,7 @@ static void test_linear_tuning_keeps_accumulators(void)
     for (int r = 0; r < 2; r++) {
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
         OK(&e, mgpu_k_copy_to_device(e.gpu, dres, res0, no * sizeof(float), &e.err));
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, &e.err));
+        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, 0, &e.err));
         OK(&e,
            BOPS->linear_f32(IMPL(&e), n, oc, c, ddo, dw16 /* (c, oc) */, NULL, dres, dres, &e.err));
         got[r][0] = down(&e, ddw, nw);

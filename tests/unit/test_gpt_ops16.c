@@ -261,7 +261,7 @@ static void test_layernorm16(void)
                 OK(&e, mgpu_k_copy_to_device(e.gpu, d_ds, ds0, c * sizeof(float), &e.err));
                 OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, d_mean, d_rstd, d_gx,
                                                r < 2 ? d_x16 : NULL, d_gw, d_gb,
-                                               r < 2 ? d_ds : NULL, &e.err));
+                                               r < 2 ? d_ds : NULL, 0, &e.err));
                 runs[r][0] = down(&e, d_gx, nc);
                 runs[r][1] = down(&e, d_gw, c);
                 runs[r][2] = down(&e, d_gb, c);
@@ -282,6 +282,37 @@ static void test_layernorm16(void)
             snprintf(what, sizeof what, "layernorm16_backward %dx%d off=%zu dsum", n, c, off);
             close_scaled2(what, ds[0], want_ds, c, 1e-5 * (1.0 + sqrt((double)n)), 1e-5);
             same_bytes("layernorm16_backward dsum twice", ds[0], ds[1], c * sizeof(float));
+            /* fresh: dw, db and dsum overwritten (NaN before), dx still added to */
+            {
+                float *nan_c = hbuf(c), *fw[4], *wf[3] = {hbuf(c), hbuf(c), hbuf(c)};
+                for (int j = 0; j < c; j++) {
+                    nan_c[j] = NAN;
+                    wf[0][j] = (float)((double)gw[j] - gw0[j]);
+                    wf[1][j] = (float)((double)gb[j] - gb0[j]);
+                    wf[2][j] = (float)((double)want_ds[j] - ds0[j]);
+                }
+                OK(&e, mgpu_k_copy_to_device(e.gpu, d_gx, gx0, nc * sizeof(float), &e.err));
+                float *outs[] = {d_gw, d_gb, d_ds};
+                for (int k = 0; k < 3; k++)
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, outs[k], nan_c, c * sizeof(float), &e.err));
+                OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, d_mean, d_rstd, d_gx,
+                                               d_x16, d_gw, d_gb, d_ds, 1, &e.err));
+                for (int k = 0; k < 3; k++)
+                    fw[k] = down(&e, outs[k], c);
+                fw[3] = down(&e, d_gx, nc);
+                const char *names[] = {"dw", "db", "dsum"};
+                for (int k = 0; k < 3; k++) {
+                    snprintf(what, sizeof what, "layernorm16_backward %dx%d off=%zu fresh %s", n, c,
+                             off, names[k]);
+                    close_scaled2(what, fw[k], wf[k], c, 1e-5 * (1.0 + sqrt((double)n)), 1e-4);
+                }
+                same_bytes("layernorm16_backward dx fresh", fw[3], runs[0][0], nc * sizeof(float));
+                for (int k = 0; k < 4; k++)
+                    free(fw[k]);
+                for (int k = 0; k < 3; k++)
+                    free(wf[k]);
+                free(nan_c);
+            }
             free(ds[0]), free(ds[1]), free(want_ds), free(ds0);
             mgpu_k_free(e.gpu, bds);
             snprintf(what, sizeof what, "layernorm16_backward %dx%d off=%zu dx", n, c, off);
@@ -332,7 +363,7 @@ static void test_layernorm16_dsum_needs_dx16(void)
     void *b;
     float *d = dalloc(&e, 64, 0, &b);
     int rc = B16->layernorm_backward(IMPL(&e), 2, 8, (const mgpu_bf16_t *)d, d, d, d, d, d, NULL, d,
-                                     d, d, &e.err);
+                                     d, d, 0, &e.err);
     CHECK(rc < 0);
     CHECK(strstr(e.err.msg, "dsum") != NULL);
     e.err.msg[0] = '\0';

@@ -232,6 +232,13 @@ static void add1(float *p, size_t n)
         p[i] += 1.0f;
 }
 
+/* add1, or with fresh p[i] = 1 (the ops' first write of a step). */
+static void put1(float *p, size_t n, int fresh)
+{
+    for (size_t i = 0; p != NULL && i < n; i++)
+        p[i] = fresh ? 1.0f : p[i] + 1.0f;
+}
+
 static int f_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err)
 {
     return f_none();
@@ -245,12 +252,13 @@ static int f_ln_fwd(void *impl, int n, int c, const float *x, const float *w, co
 
 static int f_ln_back(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
                      const float *w, const float *mean, const float *rstd, float *dx,
-                     mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, mgpu_err_t *err)
+                     mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
+                     mgpu_err_t *err)
 {
     add1(dx, (size_t)n * c);
-    add1(dw, (size_t)c);
-    add1(db, (size_t)c);
-    add1(dsum, (size_t)c);
+    put1(dw, (size_t)c, fresh);
+    put1(db, (size_t)c, fresh);
+    put1(dsum, (size_t)c, fresh);
     return 0;
 }
 
@@ -275,10 +283,11 @@ static int f_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout
 }
 
 static int f_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                         const mgpu_bf16_t *inp, float *dw, float *dbias, mgpu_err_t *err)
+                         const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                         mgpu_err_t *err)
 {
-    add1(dw, (size_t)oc * c);
-    add1(dbias, (size_t)oc);
+    put1(dw, (size_t)oc * c, fresh);
+    put1(dbias, (size_t)oc, fresh);
     return 0;
 }
 
@@ -345,6 +354,14 @@ static int launch(void *ctx, int layer, mgpu_err_t *err)
     return 0;
 }
 
+/* NaN in every gradient, as the memory a step finds (the last step's sums, or garbage):
+ * mgpu_gpt_zero_grads and the backward's first writes must leave none (m on the CPU). */
+static void poison(mgpu_gpt_t *m)
+{
+    for (size_t i = 0; i < m->n_params; i++)
+        m->grads[i] = NAN;
+}
+
 /* One backward of m's loaded batch with the plan's buckets launched from its hook: returns
  * the floats seen before their final value; *launched the buckets launched. */
 static size_t run_plan(mgpu_gpt_t *m, int b, const mgpu_gpt_bucket_t *plan, int nb,
@@ -353,6 +370,7 @@ static size_t run_plan(mgpu_gpt_t *m, int b, const mgpu_gpt_bucket_t *plan, int 
     mgpu_err_t err = {0};
     launcher_t h = {
         .m = m, .b = plan, .nb = nb, .want = want, .sent = sent, .last_layer = m->spec.n_layer + 1};
+    poison(m);
     CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
     CHECK_INT(mgpu_gpt_loss_hooked(m, 1.0f / ((float)b * m->spec.context), 1, launch, &h, &err), 0);
     CHECK_INT(h.calls, m->spec.n_layer + 2);
@@ -385,12 +403,15 @@ static void test_buckets_follow_backward(void)
         CHECK_INT(mgpu_gpt_init(m, 11, &err), 0);
         CHECK_INT(mgpu_gpt_load(m, tok, tgt, b, t, &err), 0);
         float *want = malloc(sizeof(float) * m->n_params);
+        poison(m);
         CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
         CHECK_INT(mgpu_gpt_loss(m, 1.0f / ((float)b * t), 1, &err), 0);
         memcpy(want, m->grads, sizeof(float) * m->n_params);
-        size_t nz = 0;
+        size_t nz = 0, nan = 0;
         for (size_t i = 0; i < m->n_params; i++)
-            nz += want[i] != 0.0f;
+            nz += want[i] != 0.0f, nan += want[i] != want[i];
+        /* Every gradient zeroed or first written whole (the bf16 path's fresh). */
+        CHECK_INT(nan, 0);
         /* Every float written: a launch too early sees a difference. */
         CHECK(nz > m->n_params * 9 / 10);
         const size_t block = m->blocks[1].ln1_w - m->blocks[0].ln1_w;

@@ -379,10 +379,11 @@ static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
             (rc = o->xent(ki, n, V, m->logits16, m->targets + r, scale, backward, m->scalars,
                           err)) < 0)
             return rc;
+        /* The tied embedding's gradient: overwritten by the first chunk after a zeroing. */
         if (backward && ((rc = o->linear_back_data(ki, n, C, V, m->logits16, wte, NULL,
                                                    m->dln16 + (size_t)r * C, err)) < 0 ||
                          (rc = o->linear_back_weight(ki, n, C, V, m->logits16, x, m->grads + m->wte,
-                                                     NULL, err)) < 0))
+                                                     NULL, m->grads_fresh && r == 0, err)) < 0))
             return rc;
     }
     return 0;
@@ -400,12 +401,16 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
     const float *P = m->params;
     const mgpu_bf16_t *W = m->params16;
     float *G = m->grads;
+    /* Each block gradient below is written once here, the bias gradients of the projections
+     * by the LayerNorm backward above them (dsum): all overwritten after a zeroing. */
+    const int f = m->grads_fresh;
     int rc;
 
+    m->grads_fresh = 0;
     if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
         (rc = o->layernorm_backward(ki, N, C, m->dln16, m->xout, P + m->lnf_w, m->lnf_mean,
                                     m->lnf_rstd, m->dres, m->dres16, G + m->lnf_w, G + m->lnf_b,
-                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, err)) < 0 ||
+                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, f, err)) < 0 ||
         (rc = reached(hook, hook_ctx, m->spec.n_layer, err)) < 0)
         return rc;
     for (int l = m->spec.n_layer - 1; l >= 0; l--) {
@@ -415,30 +420,30 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
         if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, a->fch16, m->d4_16,
                                       err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, G + w->fcp_w, NULL,
-                                        err)) < 0 ||
+                                        f, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, W + w->fc_w, NULL, m->dln16,
                                       err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, G + w->fc_w,
-                                        G + w->fc_b, err)) < 0 ||
+                                        G + w->fc_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, a->ln2_mean,
                                         a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w, G + w->ln2_b,
-                                        G + w->proj_b, err)) < 0)
+                                        G + w->proj_b, f, err)) < 0)
             return rc;
         /* res2 = x + proj(attention(qkv(ln1(x)))) */
         if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, W + w->proj_w, NULL, m->dln16, err)) <
                 0 ||
-            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, G + w->proj_w, NULL,
+            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, G + w->proj_w, NULL, f,
                                         err)) < 0 ||
             (rc = o->attention_backward(ki, B, T, C, NH, m->dln16, a->qkv16, a->atty16, a->lse,
                                         m->dqkv16, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, W + w->qkv_w, NULL, m->dln16,
                                       err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, G + w->qkv_w,
-                                        G + w->qkv_b, err)) < 0 ||
+                                        G + w->qkv_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
                                         a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
                                         G + w->ln1_w, G + w->ln1_b,
-                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, err)) < 0 ||
+                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, f, err)) < 0 ||
             (rc = reached(hook, hook_ctx, l, err)) < 0)
             return rc;
     }
@@ -612,7 +617,15 @@ int mgpu_gpt_buckets(const mgpu_gpt_t *m, double bucket_mb, mgpu_gpt_bucket_t **
 
 int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err)
 {
-    int rc = mgpu_k_zero(m->k, m->grads, sizeof(float) * m->n_params, err);
+    int rc;
+    if (m->b16 != NULL) {
+        /* The embedding backward adds into the position embedding's gradient. */
+        m->grads_fresh = 1;
+        rc = mgpu_k_zero(m->k, m->grads + m->wpe,
+                         sizeof(float) * (size_t)m->spec.context * m->spec.n_embd, err);
+    } else {
+        rc = mgpu_k_zero(m->k, m->grads, sizeof(float) * m->n_params, err);
+    }
     return rc < 0 ? rc : mgpu_k_zero(m->k, m->scalars, sizeof(float), err);
 }
 
@@ -634,6 +647,12 @@ static int update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_clip
     float *ss = m->scalars + 1, *factor = m->scalars + 2;
     int rc;
 
+    /* Zeroed on the bf16 path and no backward since: the gradients were never written. */
+    if (m->grads_fresh) {
+        if ((rc = mgpu_k_zero(m->k, m->grads, sizeof(float) * m->n_params, err)) < 0)
+            return rc;
+        m->grads_fresh = 0;
+    }
     if ((grad_clip > 0 || sumsq_too) &&
         ((rc = mgpu_k_zero(m->k, ss, sizeof(float), err)) < 0 ||
          (rc = mgpu_kg_sumsq(m->k, m->n_params, m->grads, ss, err)) < 0 ||

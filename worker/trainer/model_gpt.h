@@ -79,6 +79,9 @@ typedef struct mgpu_gpt {
      * mgpu_gpt_last_logits). */
     const mgpu_gpt_bf16_ops_t *b16;
     mgpu_bf16_t *params16, *lnf16, *logits16, *dres16, *dln16, *d4_16, *dqkv16;
+    /* The bf16 path after mgpu_gpt_zero_grads, until a backward has run: grads holds none of
+     * the step's sums, and each gradient's first write overwrites it (the ops' fresh). */
+    int grads_fresh;
     int32_t *tokens, *targets;     /* the batch (B, T) each */
     float *scalars;                /* [0] loss, [1] sum of squared gradients, [2] the clip factor */
     mgpu_gpt_adamw_now_t *now;     /* backend memory: the next AdamW step's lr and step */
@@ -149,7 +152,10 @@ typedef struct mgpu_gpt_bucket {
 int mgpu_gpt_buckets(const mgpu_gpt_t *m, double bucket_mb, mgpu_gpt_bucket_t **out, int *n,
                      mgpu_err_t *err);
 
-/* Zeroes the gradients and the loss (the start of an optimizer step). */
+/* Zeroes the gradients and the loss (the start of an optimizer step). On the bf16 path only
+ * the position embedding's gradient is zeroed now: the next backward's first write of every
+ * other gradient overwrites it (grads_fresh), and an update with no backward since zeroes
+ * them all first. */
 int mgpu_gpt_zero_grads(mgpu_gpt_t *m, mgpu_err_t *err);
 
 /* One AdamW step (step counts from 1) at learning rate lr, weight decay on the tensors of two
