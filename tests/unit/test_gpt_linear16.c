@@ -183,6 +183,18 @@ static void test_linear_forward(void)
     env_close(&e);
 }
 
+/* linear_back_weight's dw (oc x c) and dbias (oc) against the reference; label follows the
+ * op's name in what is printed. */
+static void check_back_weight(const char *label, int n, int c, int oc, const float *got_w,
+                              const float *want_w, const float *got_b, const float *want_b)
+{
+    char what[96];
+    snprintf(what, sizeof what, "linear_back_weight%s dw %dx%dx%d", label, n, c, oc);
+    close_scaled(what, got_w, want_w, (size_t)oc * c, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "linear_back_weight%s dbias %dx%dx%d", label, n, c, oc);
+    close_scaled(what, got_b, want_b, (size_t)oc, 1e-5, 1e-5);
+}
+
 /* din = dout @ w, with and without GELU's derivative at pre; dw += dout^T inp, dbias += the
  * column sums of dout, twice from the same start for the same bits. */
 static void test_linear_backward(void)
@@ -240,10 +252,7 @@ static void test_linear_backward(void)
 
         OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 0, &e.err));
         float *got_w = down(&e, ddw, nw), *got_b = down(&e, ddb, oc);
-        snprintf(what, sizeof what, "linear_back_weight dw %dx%dx%d", n, c, oc);
-        close_scaled(what, got_w, ref_dw, nw, 1e-5, 1e-5);
-        snprintf(what, sizeof what, "linear_back_weight dbias %dx%dx%d", n, c, oc);
-        close_scaled(what, got_b, ref_db, oc, 1e-5, 1e-5);
+        check_back_weight("", n, c, oc, got_w, ref_dw, got_b, ref_db);
         /* again from the same start: the same bits */
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, db0, oc * sizeof(float), &e.err));
@@ -268,10 +277,7 @@ static void test_linear_backward(void)
             OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, nan_w, oc * sizeof(float), &e.err));
             OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 1, &e.err));
             float *fresh_w = down(&e, ddw, nw), *fresh_b = down(&e, ddb, oc);
-            snprintf(what, sizeof what, "linear_back_weight fresh dw %dx%dx%d", n, c, oc);
-            close_scaled(what, fresh_w, want_w, nw, 1e-5, 1e-5);
-            snprintf(what, sizeof what, "linear_back_weight fresh dbias %dx%dx%d", n, c, oc);
-            close_scaled(what, fresh_b, want_b, oc, 1e-5, 1e-5);
+            check_back_weight(" fresh", n, c, oc, fresh_w, want_w, fresh_b, want_b);
             free(nan_w), free(want_w), free(want_b), free(fresh_w), free(fresh_b);
         }
         /* without a bias gradient: dbias untouched */
