@@ -464,6 +464,36 @@ static void test_buckets_follow_backward(void)
     mgpu_kernels_destroy(k);
 }
 
+/* On the bf16 path mgpu_gpt_zero_grads leaves the gradients to the backward's first writes; an
+ * update with no backward since must still see zeros (here NaN before the zeroing): the
+ * parameters stay finite, and with no decay and zero gradients AdamW leaves them as they were. */
+static void test_update_without_backward_sees_zeros(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_gpt_t *m = NULL;
+    mgpu_err_t err = {0};
+    const mgpu_adamw_hparams_t hp = {
+        .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f};
+    CHECK_INT(mgpu_gpt_create_with(k, &tiny, 1, &writes16, &m, &err), 0);
+    if (m == NULL) {
+        printf("  %s\n", err.msg);
+        mgpu_kernels_destroy(k);
+        return;
+    }
+    CHECK_INT(mgpu_gpt_init(m, 5, &err), 0);
+    float *before = malloc(sizeof(float) * m->n_params);
+    memcpy(before, m->params, sizeof(float) * m->n_params);
+    poison(m);
+    CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
+    CHECK_INT(m->grads_fresh, 1);
+    CHECK_INT(mgpu_gpt_step(m, &hp, 1, 1.0f, NULL, &err), 0);
+    CHECK_INT(m->grads_fresh, 0);
+    CHECK(memcmp(before, m->params, sizeof(float) * m->n_params) == 0);
+    free(before);
+    mgpu_gpt_destroy(m);
+    mgpu_kernels_destroy(k);
+}
+
 static void test_bucket_size_refused(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -548,6 +578,7 @@ int main(int argc, char **argv)
     RUN(test_accumulation_equals_larger_batch);
     RUN(test_bad_spec_and_batch_refused);
     RUN(test_buckets_follow_backward);
+    RUN(test_update_without_backward_sees_zeros);
     RUN(test_bucket_size_refused);
     return check_done();
 }
