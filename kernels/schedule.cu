@@ -21,7 +21,8 @@ namespace mgpu_cuda
 namespace
 {
 
-/* A graph node's predecessors (dependents false) or successors, into a malloc'd array. */
+/* A graph node's predecessors (dependents false) or successors, into a malloc'd array (NULL
+ * when there are none or on an error). */
 int graph_edges(cudaGraphNode_t n, bool dependents, cudaGraphNode_t **out, size_t *count,
                 mgpu_err_t *err)
 {
@@ -36,10 +37,14 @@ int graph_edges(cudaGraphNode_t n, bool dependents, cudaGraphNode_t **out, size_
     *out = (cudaGraphNode_t *)malloc(*count * sizeof **out);
     if (*out == nullptr)
         return mgpu_err_set(err, -ENOMEM, "schedule: malloc of %zu graph edges failed", *count);
-    if (dependents)
-        CUDA_CHECK(err, cudaGraphNodeGetDependentNodes(n, *out, nullptr, count));
-    else
-        CUDA_CHECK(err, cudaGraphNodeGetDependencies(n, *out, nullptr, count));
+    const cudaError_t ce = dependents ? cudaGraphNodeGetDependentNodes(n, *out, nullptr, count)
+                                      : cudaGraphNodeGetDependencies(n, *out, nullptr, count);
+    if (ce != cudaSuccess) {
+        free(*out);
+        *out = nullptr;
+        return mgpu_err_set(err, MGPU_E_CUDA, "schedule: a graph node's edges: %s",
+                            cudaGetErrorString(ce));
+    }
     return 0;
 }
 
