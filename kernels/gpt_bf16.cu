@@ -541,6 +541,17 @@ __global__ void __launch_bounds__(kThreads)
         *loss = (float)((double)*loss + s * scale);
 }
 
+/* y[r * ldy + j] = bf16(x[r * ldx + j]): a thread an element, rows along y. */
+__global__ void __launch_bounds__(kThreads)
+    to_bf16_2d_kernel(int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y, size_t ldy)
+{
+    const int j = blockIdx.x * kThreads + threadIdx.x;
+    if (j >= cols)
+        return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y)
+        y[(size_t)r * ldy + j] = (mgpu_bf16_t)bf_bits(x[(size_t)r * ldx + j]);
+}
+
 } /* namespace */
 
 /* --- the ops ------------------------------------------------------------------------------- */
@@ -551,6 +562,24 @@ int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err
         return 0;
     return launch_ew((cuda_impl *)impl, ToBf16{x, y}, n, aligned16(x) && is_aligned8(y),
                      "gpt16_to_bf16", err);
+}
+
+int gpt16_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
+                     size_t ldy, mgpu_err_t *err)
+{
+    cuda_impl *ci = (cuda_impl *)impl;
+    if (rows < 0 || cols < 0 || (rows > 1 && ldy < (size_t)cols))
+        return mgpu_err_set(err, MGPU_E_RANGE,
+                            "gpt16_to_bf16_2d: %d rows of %d, y's %zu apart: expected rows and "
+                            "columns >= 0 and rows at least a row apart",
+                            rows, cols, ldy);
+    if (rows == 0 || cols == 0)
+        return 0;
+    dim3 grid((unsigned)((cols + kThreads - 1) / kThreads),
+              (unsigned)(rows < 65535 ? rows : 65535));
+    to_bf16_2d_kernel<<<grid, kThreads, 0, ci->stream>>>(rows, cols, x, ldx, y, ldy);
+    CUDA_CHECK_LAUNCH(err, "to_bf16_2d_kernel (%d x %d)", rows, cols);
+    return 0;
 }
 
 /* The block opt-in shared memory of ci's device, granted to every form of the LayerNorm

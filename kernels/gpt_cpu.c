@@ -424,8 +424,9 @@ static int adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t 
         if (t[i].n > 0 && (rc = adamw(impl, t[i].n, t[i].p, t[i].g, t[i].m, t[i].v, &h, now->step,
                                       factor, err)) < 0)
             return rc;
+        const size_t cols = t[i].p16_cols > 0 ? (size_t)t[i].p16_cols : t[i].n;
         for (size_t j = 0; t[i].p16 != NULL && j < t[i].n; j++)
-            t[i].p16[j] = mgpu_gpt_to_bf16(t[i].p[j]);
+            t[i].p16[j / cols * t[i].p16_ld + j % cols] = mgpu_gpt_to_bf16(t[i].p[j]);
     }
     return 0;
 }

@@ -49,14 +49,14 @@ __device__ __forceinline__ void st_y(mgpu_bf16_t *y, size_t j, float v)
  * lane 0 saves mean and rstd. VEC: float4 loads of x, w, b. */
 template <bool VEC, class Y>
 __global__ void __launch_bounds__(kLnWarps * 32)
-    ln_fwd_kernel(int n, int c, const float *x, const float *w, const float *b, Y *y, float *mean,
-                  float *rstd)
+    ln_fwd_kernel(int n, int c, const float *x, const float *w, const float *b, Y *y, size_t ldy,
+                  float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31;
     for (int row = blockIdx.x * kLnWarps + (threadIdx.x >> 5); row < n;
          row += gridDim.x * kLnWarps) {
         const float *xr = x + (size_t)row * c;
-        Y *yr = y + (size_t)row * c;
+        Y *yr = y + (size_t)row * ldy;
         float s = 0.0f;
         if (VEC)
             for (int j = lane; j < c / 4; j += 32) {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kLnWarps * 32)
 template <int NCH, class Y>
 __global__ void __launch_bounds__(kLnWarps * 32)
     ln_fwd_reg_kernel(int n, int c, const float *x, const float *w, const float *b, Y *y,
-                      float *mean, float *rstd)
+                      size_t ldy, float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31, c4 = c / 4;
     for (int row = blockIdx.x * kLnWarps + (threadIdx.x >> 5); row < n;
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kLnWarps * 32)
                 q += (a * a + bb * bb) + (cc * cc + d * d);
             }
         const float rs = 1.0f / sqrtf(warp_sum(q) / c + kLnEps);
-        Y *yr = y + (size_t)row * c;
+        Y *yr = y + (size_t)row * ldy;
 #pragma unroll
         for (int k = 0; k < NCH; k++) {
             const int j = lane + 32 * k;
@@ -291,6 +291,12 @@ struct AdamWF {
     const float *factor;
     float b1, b2, eps, decay, step_size, bc2_sqrt;
     mgpu_bf16_t *p16 = nullptr;
+    int c16 = 0; /* p16's rows: c16 elements, ld16 apart (0: p16 is flat) */
+    size_t ld16 = 0;
+    __device__ __forceinline__ size_t at16(size_t j) const
+    {
+        return c16 == 0 ? j : j / c16 * ld16 + j % c16;
+    }
     __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi, float f) const
     {
         gi = __fmul_rn(gi, f);
@@ -311,8 +317,8 @@ struct AdamWF {
         st4(p, i, pv);
         st4(m, i, mv);
         st4(v, i, vv);
-        if (p16 != nullptr)
-            reinterpret_cast<ushort4 *>(p16)[i] =
+        if (p16 != nullptr) /* c16 a multiple of 4 here: the four in one row */
+            *reinterpret_cast<ushort4 *>(p16 + at16(4 * i)) =
                 make_ushort4((mgpu_bf16_t)bf_bits(pv.x), (mgpu_bf16_t)bf_bits(pv.y),
                              (mgpu_bf16_t)bf_bits(pv.z), (mgpu_bf16_t)bf_bits(pv.w));
     }
@@ -324,7 +330,7 @@ struct AdamWF {
         m[i] = mi;
         v[i] = vi;
         if (p16 != nullptr)
-            p16[i] = (mgpu_bf16_t)bf_bits(pi);
+            p16[at16(i)] = (mgpu_bf16_t)bf_bits(pi);
     }
 };
 
@@ -346,6 +352,8 @@ struct MultiSeg {
     mgpu_bf16_t *p16; /* the bf16 copy of p, or NULL */
     size_t start, n;  /* start: in the launch's index space, a multiple of 4 */
     int decay, vec;   /* vec: the four pointers are 16-byte aligned, p16 8-byte */
+    int c16;          /* p16's geometry (mgpu_gpt_adamw_tensor_t's p16_cols, p16_ld) */
+    size_t ld16;
 };
 
 struct MultiArgs {
@@ -385,7 +393,8 @@ __global__ void __launch_bounds__(kThreads) adamw_multi_kernel(const __grid_cons
             const AdamWF f{sg.p,          sg.g,         sg.m,
                            sg.v,          a.factor,     a.b1,
                            a.b2,          a.eps,        sg.decay ? now.decay : 1.0f,
-                           now.step_size, now.bc2_sqrt, sg.p16};
+                           now.step_size, now.bc2_sqrt, sg.p16,
+                           sg.c16,        sg.ld16};
             if (sg.vec) {
                 for (size_t i = b + 4 * threadIdx.x; i < e; i += 4 * blockDim.x) {
                     if (i + 4 <= e)
@@ -560,39 +569,41 @@ __global__ void __launch_bounds__(kThreads)
 
 /* --- the ops ------------------------------------------------------------------------------- */
 
-/* The LayerNorm forward of both paths: y of n rows of c as Y (float4 stores of an fp32 y,
- * 8-byte ones of a bf16 y, when c % 4 == 0 and the rows are aligned). */
+/* The LayerNorm forward of both paths: y of n rows of c, ldy apart, as Y (float4 stores of
+ * an fp32 y, 8-byte ones of a bf16 y, when c % 4 == 0 and the rows are aligned). */
 template <class Y>
 static int layernorm_forward(cuda_impl *ci, int n, int c, const float *x, const float *w,
-                             const float *b, Y *y, float *mean, float *rstd, mgpu_err_t *err)
+                             const float *b, Y *y, size_t ldy, float *mean, float *rstd,
+                             mgpu_err_t *err)
 {
-    invalidate(ci, y, sizeof(Y) * n * (size_t)c);
+    invalidate(ci, y, sizeof(Y) * n * ldy);
     invalidate(ci, mean, sizeof(float) * n);
     invalidate(ci, rstd, sizeof(float) * n);
     if (n == 0 || c == 0)
         return 0;
-    bool vec = c % 4 == 0 && aligned16(x, w, b) && (uintptr_t)y % (4 * sizeof(Y)) == 0;
+    bool vec =
+        c % 4 == 0 && ldy % 4 == 0 && aligned16(x, w, b) && (uintptr_t)y % (4 * sizeof(Y)) == 0;
     long need = (n + kLnWarps - 1) / kLnWarps, cap = (long)ci->sms * 16;
     unsigned blocks = (unsigned)(need < cap ? need : cap);
     /* Rows of up to 1024 channels are held in registers (GPT-2's 768: 6 float4s a lane). */
     const int nch = vec ? (c / 4 + 31) / 32 : 0;
-    void (*reg)(int, int, const float *, const float *, const float *, Y *, float *, float *) =
-        nch < 1    ? nullptr
-        : nch == 1 ? ln_fwd_reg_kernel<1, Y>
-        : nch == 2 ? ln_fwd_reg_kernel<2, Y>
-        : nch == 3 ? ln_fwd_reg_kernel<3, Y>
-        : nch == 4 ? ln_fwd_reg_kernel<4, Y>
-        : nch <= 6 ? ln_fwd_reg_kernel<6, Y>
-        : nch <= 8 ? ln_fwd_reg_kernel<8, Y>
-                   : nullptr;
+    void (*reg)(int, int, const float *, const float *, const float *, Y *, size_t, float *,
+                float *) = nch < 1    ? nullptr
+                           : nch == 1 ? ln_fwd_reg_kernel<1, Y>
+                           : nch == 2 ? ln_fwd_reg_kernel<2, Y>
+                           : nch == 3 ? ln_fwd_reg_kernel<3, Y>
+                           : nch == 4 ? ln_fwd_reg_kernel<4, Y>
+                           : nch <= 6 ? ln_fwd_reg_kernel<6, Y>
+                           : nch <= 8 ? ln_fwd_reg_kernel<8, Y>
+                                      : nullptr;
     if (reg != nullptr)
-        reg<<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
+        reg<<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, ldy, mean, rstd);
     else if (vec)
         ln_fwd_kernel<true, Y>
-            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
+            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, ldy, mean, rstd);
     else
         ln_fwd_kernel<false, Y>
-            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, mean, rstd);
+            <<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, ldy, mean, rstd);
     CUDA_CHECK_LAUNCH(err, "ln_fwd_kernel (n=%d c=%d, %s y)", n, c,
                       sizeof(Y) == 2 ? "bf16" : "fp32");
     return 0;
@@ -601,14 +612,19 @@ static int layernorm_forward(cuda_impl *ci, int n, int c, const float *x, const 
 int gpt_layernorm_forward(void *impl, int n, int c, const float *x, const float *w, const float *b,
                           float *y, float *mean, float *rstd, mgpu_err_t *err)
 {
-    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, mean, rstd, err);
+    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, (size_t)c, mean, rstd, err);
 }
 
 int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const float *w,
-                            const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
+                            const float *b, mgpu_bf16_t *y, size_t ldy, float *mean, float *rstd,
                             mgpu_err_t *err)
 {
-    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, mean, rstd, err);
+    if (ldy < (size_t)c)
+        return mgpu_err_set(err, MGPU_E_RANGE,
+                            "gpt bf16 layernorm_forward: y's rows %zu elements apart, expected at "
+                            "least c = %d",
+                            ldy, c);
+    return layernorm_forward((cuda_impl *)impl, n, c, x, w, b, y, ldy, mean, rstd, err);
 }
 
 int gpt_layernorm_backward(void *impl, int n, int c, const float *dy, const float *x,
@@ -799,7 +815,7 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
         MultiSeg *last = a->n_seg > 0 ? &a->seg[a->n_seg - 1] : nullptr;
         /* p16 must continue the segment's too: both NULL, or the next bf16s of one array. */
         const bool p16_next =
-            last != nullptr &&
+            last != nullptr && last->c16 == 0 && x.p16_cols == 0 &&
             (last->p16 == nullptr ? x.p16 == nullptr
                                   : x.p16 != nullptr && last->p16 + last->n == x.p16);
         if (last != nullptr && (last->decay != 0) == (x.decay != 0) && last->p + last->n == x.p &&
@@ -812,8 +828,12 @@ int gpt_adamw_multi(void *impl, int n_tensors, const mgpu_gpt_adamw_tensor_t *t,
         if (a->n_seg == kMultiSegs && (rc = launch_multi(ci, *a, err)) < 0)
             break;
         const size_t start = (a->total + 3) / 4 * 4;
-        const bool vec = aligned16(x.p, x.g, x.m, x.v) && ((uintptr_t)x.p16 & 7u) == 0;
-        a->seg[a->n_seg++] = MultiSeg{x.p, x.g, x.m, x.v, x.p16, start, x.n, x.decay != 0, vec};
+        const bool vec = aligned16(x.p, x.g, x.m, x.v) && ((uintptr_t)x.p16 & 7u) == 0 &&
+                         x.p16_cols % 4 == 0 && x.p16_ld % 4 == 0;
+        a->seg[a->n_seg++] =
+            MultiSeg{x.p,     x.g, x.m,          x.v, x.p16,
+                     start,   x.n, x.decay != 0, vec, x.p16 != nullptr ? x.p16_cols : 0,
+                     x.p16_ld};
         a->total = start + x.n;
     }
     if (rc == 0 && a->n_seg > 0)
@@ -829,6 +849,7 @@ using namespace mgpu_cuda;
 /* Positional, in the order of mgpu_gpt_bf16_ops_t. */
 static const mgpu_gpt_bf16_ops_t gpt_bf16_ops = {
     gpt16_to_bf16,
+    gpt16_to_bf16_2d,
     gpt16_layernorm_forward,
     gpt16_layernorm_backward,
     gpt16_linear,

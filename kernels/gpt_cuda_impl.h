@@ -113,8 +113,10 @@ typedef __nv_bfloat16 bf16_t;
 
 /* gpt_bf16.cu (layernorm_forward: gpt_cuda.cu, beside the fp32 one) */
 int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err);
+int gpt16_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
+                     size_t ldy, mgpu_err_t *err);
 int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const float *w,
-                            const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
+                            const float *b, mgpu_bf16_t *y, size_t ldy, float *mean, float *rstd,
                             mgpu_err_t *err);
 int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
                              const float *w, const float *mean, const float *rstd, float *dx,
@@ -129,10 +131,10 @@ int gpt16_linear(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const
 int gpt16_linear_f32(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,
                      const float *bias, const float *res, float *out, mgpu_err_t *err);
 int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                           const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
-                           mgpu_err_t *err);
+                           const mgpu_bf16_t *w, size_t ldw, const mgpu_bf16_t *pre,
+                           mgpu_bf16_t *din, mgpu_err_t *err);
 int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                             const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                             const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
                              mgpu_err_t *err);
 
 /* gpt_attention_tc.cu (forward), gpt_attention_tc_bwd.cu (backward) */

@@ -15,6 +15,8 @@
 #include "gpt_cuda_impl.h" /* cuda_impl, the device helpers, the ops' declarations */
 #include "cuda_check.h"    /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
 
+#include <limits.h> /* INT_MAX */
+
 namespace mgpu_cuda
 {
 namespace
@@ -289,6 +291,17 @@ int check_shape(const char *op, int n, int c, int oc, mgpu_err_t *err)
     return 0;
 }
 
+/* A matrix's row stride: at least its row, a multiple of 8 (16-byte aligned rows). */
+int check_ld(const char *op, const char *name, size_t ld, int c, mgpu_err_t *err)
+{
+    if (ld < (size_t)c || ld % 8 != 0 || ld > (size_t)INT_MAX)
+        return mgpu_err_set(err, MGPU_E_RANGE,
+                            "gpt bf16 %s: %s's rows %zu elements apart, expected a multiple of 8 "
+                            "of at least c = %d",
+                            op, name, ld, c);
+    return 0;
+}
+
 } /* namespace */
 
 int gpt16_linear(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,
@@ -325,29 +338,31 @@ int gpt16_linear_f32(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, c
 }
 
 int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                           const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
-                           mgpu_err_t *err)
+                           const mgpu_bf16_t *w, size_t ldw, const mgpu_bf16_t *pre,
+                           mgpu_bf16_t *din, mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     int rc;
-    if ((rc = check_shape("linear_back_data", n, c, oc, err)) < 0)
+    if ((rc = check_shape("linear_back_data", n, c, oc, err)) < 0 ||
+        (rc = check_ld("linear_back_data", "w", ldw, c, err)) < 0)
         return rc;
-    /* din^T (c x n) = w (column-major c x oc) . dout^T (oc x n) */
+    /* din^T (c x n) = w (column-major c x oc, ldw) . dout^T (oc x n) */
     cublasLtEpilogue_t epi = pre != nullptr ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
-    lt_plan *p = plan(ci, CUBLAS_OP_N, CUBLAS_OP_N, c, n, oc, c, oc, c, epi, pre != nullptr ? c : 0,
-                      kD16, err, &rc);
+    lt_plan *p = plan(ci, CUBLAS_OP_N, CUBLAS_OP_N, c, n, oc, (int)ldw, oc, c, epi,
+                      pre != nullptr ? c : 0, kD16, err, &rc);
     if (p == nullptr)
         return rc;
     return matmul(ci, p, w, dout, 0.0f, nullptr, din, nullptr, pre, err);
 }
 
 int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                             const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                             const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
                              mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     int rc;
-    if ((rc = check_shape("linear_back_weight", n, c, oc, err)) < 0)
+    if ((rc = check_shape("linear_back_weight", n, c, oc, err)) < 0 ||
+        (rc = check_ld("linear_back_weight", "inp", ldi, c, err)) < 0)
         return rc;
     invalidate(ci, dw, sizeof(float) * (size_t)oc * c);
     /* dw^T (c x oc) += (fresh: beta 0, =) inp^T (c x n) . dout (n x oc, dout^T stored oc x n).
@@ -355,8 +370,8 @@ int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t
      * ours. */
     if (dbias != nullptr)
         invalidate(ci, dbias, sizeof(float) * oc);
-    lt_plan *p = plan(ci, CUBLAS_OP_N, CUBLAS_OP_T, c, oc, n, c, oc, c, CUBLASLT_EPILOGUE_DEFAULT,
-                      0, kD32, err, &rc);
+    lt_plan *p = plan(ci, CUBLAS_OP_N, CUBLAS_OP_T, c, oc, n, (int)ldi, oc, c,
+                      CUBLASLT_EPILOGUE_DEFAULT, 0, kD32, err, &rc);
     if (p == nullptr)
         return rc;
     if ((rc = matmul(ci, p, inp, dout, fresh ? 0.0f : 1.0f, nullptr, dw, nullptr, nullptr, err)) <

@@ -272,11 +272,19 @@ int mgpu_kg_adamw_multi(mgpu_kernels_t *k, int n_tensors, const mgpu_gpt_adamw_t
     if (n_tensors < 0)
         return mgpu_err_set(err, MGPU_E_RANGE, "gpt %s: n_tensors = %d, expected >= 0", op,
                             n_tensors);
-    for (int i = 0; i < n_tensors; i++)
+    for (int i = 0; i < n_tensors; i++) {
         if (t[i].n > 0 && (t[i].p == NULL || t[i].g == NULL || t[i].m == NULL || t[i].v == NULL))
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "gpt %s: tensor %d of %zu floats has a NULL p, g, m or v", op, i,
                                 t[i].n);
+        if (t[i].p16 != NULL && t[i].p16_cols != 0 &&
+            (t[i].p16_cols < 0 || t[i].n % (size_t)t[i].p16_cols != 0 ||
+             t[i].p16_ld < (size_t)t[i].p16_cols))
+            return mgpu_err_set(err, MGPU_E_RANGE,
+                                "gpt %s: tensor %d of %zu floats, its bf16 copy in rows of %d "
+                                "elements %zu apart: expected whole rows, at least a row apart",
+                                op, i, t[i].n, t[i].p16_cols, t[i].p16_ld);
+    }
     return n_tensors == 0 ? 0 : g->adamw_multi(k->impl, n_tensors, t, hp, now, factor, err);
 }
 

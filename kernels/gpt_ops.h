@@ -37,7 +37,10 @@ typedef uint16_t mgpu_bf16_t;
 
 /* One tensor of an adamw_multi step (every pointer backend memory): p, g, m, v of n floats;
  * weight decay applies when decay is non-zero; p16, when not NULL, receives the updated p
- * rounded to bf16 (to nearest, ties to even): the bf16 path's copy of the weights. */
+ * rounded to bf16 (to nearest, ties to even): the bf16 path's copy of the weights. With
+ * p16_cols > 0 that copy is rows of p16_cols elements p16_ld apart (element j at
+ * p16[j / p16_cols * p16_ld + j % p16_cols]: a weight matrix, or with p16_cols 1 a bias as a
+ * column, inside a wider matrix); 0: n consecutive elements. */
 typedef struct mgpu_gpt_adamw_tensor {
     float *p;
     const float *g;
@@ -45,6 +48,8 @@ typedef struct mgpu_gpt_adamw_tensor {
     mgpu_bf16_t *p16;
     size_t n;
     int decay;
+    int p16_cols;
+    size_t p16_ld;
 } mgpu_gpt_adamw_tensor_t;
 
 /* What changes from one AdamW step to the next, in backend memory, written by the host before
@@ -72,9 +77,14 @@ typedef struct mgpu_gpt_adamw_now {
 typedef struct mgpu_gpt_bf16_ops {
     /* y[i] = bf16(x[i]) for n elements. */
     int (*to_bf16)(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err);
-    /* LayerNorm as the fp32 op, y written in bf16. */
+    /* y[r * ldy + j] = bf16(x[r * ldx + j]) for rows r and columns j below cols (ldx 0: every
+     * row from x's first). */
+    int (*to_bf16_2d)(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
+                      size_t ldy, mgpu_err_t *err);
+    /* LayerNorm as the fp32 op, y written in bf16, its rows ldy elements apart (ldy >= c; the
+     * columns past c are left as they are). */
     int (*layernorm_forward)(void *impl, int n, int c, const float *x, const float *w,
-                             const float *b, mgpu_bf16_t *y, float *mean, float *rstd,
+                             const float *b, mgpu_bf16_t *y, size_t ldy, float *mean, float *rstd,
                              mgpu_err_t *err);
     /* LayerNorm's backward from a bf16 dy: dx (fp32) += ..., dw += ..., db += ..., and when
      * dx16 is not NULL, dx16 = bf16 of the updated dx (what the products below read); when
@@ -95,16 +105,17 @@ typedef struct mgpu_gpt_bf16_ops {
     int (*linear_f32)(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp,
                       const mgpu_bf16_t *w, const float *bias, const float *res, float *out,
                       mgpu_err_t *err);
-    /* din (n, c) = dout (n, oc) @ w (oc, c), times gelu'(pre) (pre: (n, c)) when pre is not
-     * NULL; overwritten. */
+    /* din (n, c) = dout (n, oc) @ w (oc, c; its rows ldw apart, ldw >= c), times gelu'(pre)
+     * (pre: (n, c)) when pre is not NULL; overwritten. */
     int (*linear_back_data)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                            const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
-                            mgpu_err_t *err);
-    /* dw (oc, c, fp32) += dout^T @ inp; dbias (oc, fp32; NULL: none) += the column sums of
-     * dout, in a fixed order. With fresh, both are overwritten instead. */
+                            const mgpu_bf16_t *w, size_t ldw, const mgpu_bf16_t *pre,
+                            mgpu_bf16_t *din, mgpu_err_t *err);
+    /* dw (oc, c, fp32) += dout^T @ inp (n, c; its rows ldi apart, ldi >= c); dbias (oc, fp32;
+     * NULL: none) += the column sums of dout, in a fixed order. With fresh, both are
+     * overwritten instead. */
     int (*linear_back_weight)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                              const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
-                              mgpu_err_t *err);
+                              const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias,
+                              int fresh, mgpu_err_t *err);
     /* Causal attention as the fp32 op's, over bf16 qkv (b, t, 3c), out (b, t, c) in bf16,
      * lse fp32; the backward's dqkv (bf16) overwritten. */
     int (*attention_forward)(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,

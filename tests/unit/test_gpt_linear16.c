@@ -159,6 +159,36 @@ static void test_linear_forward(void)
         close_scaled(what, got, ref_g, no, 2e-3, 1e-2);
         free(got);
 
+        /* the bias inside the product, as the model's MLP input takes it: inp's rows then a 1
+         * and zeros, w's rows then the bias and zeros, kp = c + 1 rounded up to 64 wide */
+        {
+            const int kp = (c + 1 + 63) / 64 * 64;
+            mgpu_bf16_t *hik = calloc((size_t)n * kp, sizeof *hik);
+            mgpu_bf16_t *hwk = calloc((size_t)oc * kp, sizeof *hwk);
+            for (int i = 0; hik != NULL && i < n; i++) {
+                memcpy(hik + (size_t)i * kp, hi + (size_t)i * c, sizeof *hik * c);
+                hik[(size_t)i * kp + c] = mgpu_gpt_to_bf16(1.0f);
+            }
+            for (int o = 0; hwk != NULL && o < oc; o++) {
+                memcpy(hwk + (size_t)o * kp, hw + (size_t)o * c, sizeof *hwk * c);
+                hwk[(size_t)o * kp + c] = hb[o];
+            }
+            mgpu_bf16_t *dik = dup16(&e, hik, (size_t)n * kp),
+                        *dwk = dup16(&e, hwk, (size_t)oc * kp);
+            OK(&e, BOPS->linear(IMPL(&e), n, kp, oc, dik, dwk, NULL, dout, dpre, &e.err));
+            got = down16(&e, dpre, no);
+            snprintf(what, sizeof what, "linear+gelu, bias in the product, pre %dx%dx%d", n, c, oc);
+            close_scaled(what, got, ref, no, 2e-3, 8e-3);
+            free(got);
+            got = down16(&e, dout, no);
+            snprintf(what, sizeof what, "linear+gelu, bias in the product, out %dx%dx%d", n, c, oc);
+            close_scaled(what, got, ref_g, no, 2e-3, 1e-2);
+            free(got);
+            mgpu_k_free(e.gpu, dik);
+            mgpu_k_free(e.gpu, dwk);
+            free(hik), free(hwk);
+        }
+
         OK(&e, BOPS->linear_f32(IMPL(&e), n, c, oc, di, dw, NULL, NULL, do32, &e.err));
         got = down(&e, do32, no);
         snprintf(what, sizeof what, "linear_f32 %dx%dx%d", n, c, oc);
@@ -239,24 +269,26 @@ static void test_linear_backward(void)
         float *ddw = dupd(&e, dw0, nw, 0, &wbase), *ddb = dupd(&e, db0, oc, 0, &bbase);
         char what[96];
 
-        OK(&e, BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dw, NULL, ddin, &e.err));
+        OK(&e, BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dw, (size_t)c, NULL, ddin, &e.err));
         float *got = down16(&e, ddin, ni);
         snprintf(what, sizeof what, "linear_back_data %dx%dx%d", n, c, oc);
         close_scaled(what, got, ref_din, ni, 2e-3, 8e-3);
         free(got);
-        OK(&e, BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dw, dp, ddin, &e.err));
+        OK(&e, BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dw, (size_t)c, dp, ddin, &e.err));
         got = down16(&e, ddin, ni);
         snprintf(what, sizeof what, "linear_back_data + dgelu %dx%dx%d", n, c, oc);
         close_scaled(what, got, ref_dg, ni, 2e-3, 1e-2);
         free(got);
 
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 0, &e.err));
+        OK(&e,
+           BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c, ddw, ddb, 0, &e.err));
         float *got_w = down(&e, ddw, nw), *got_b = down(&e, ddb, oc);
         check_back_weight("", n, c, oc, got_w, ref_dw, got_b, ref_db);
         /* again from the same start: the same bits */
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, db0, oc * sizeof(float), &e.err));
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 0, &e.err));
+        OK(&e,
+           BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c, ddw, ddb, 0, &e.err));
         float *again_w = down(&e, ddw, nw), *again_b = down(&e, ddb, oc);
         if (memcmp(got_w, again_w, nw * sizeof(float)) != 0 ||
             memcmp(got_b, again_b, oc * sizeof(float)) != 0) {
@@ -275,13 +307,49 @@ static void test_linear_backward(void)
                 want_b[o] = (float)((double)ref_db[o] - db0[o]);
             OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, nan_w, nw * sizeof(float), &e.err));
             OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, nan_w, oc * sizeof(float), &e.err));
-            OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, ddb, 1, &e.err));
+            OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c, ddw, ddb, 1,
+                                            &e.err));
             float *fresh_w = down(&e, ddw, nw), *fresh_b = down(&e, ddb, oc);
             check_back_weight(" fresh", n, c, oc, fresh_w, want_w, fresh_b, want_b);
             free(nan_w), free(want_w), free(want_b), free(fresh_w), free(fresh_b);
         }
         /* without a bias gradient: dbias untouched */
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, 0, &e.err));
+        OK(&e,
+           BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c, ddw, NULL, 0, &e.err));
+        /* w and inp as the first c columns of rows 16 wider, the rest NaN: never read */
+        {
+            const size_t ld = (size_t)c + 16;
+            mgpu_bf16_t *hwl = malloc(sizeof *hwl * oc * ld), *hil = malloc(sizeof *hil * n * ld);
+            for (size_t i = 0; hwl != NULL && i < (size_t)oc * ld; i++)
+                hwl[i] = i % ld < (size_t)c ? hw[i / ld * c + i % ld] : 0x7fc0;
+            for (size_t i = 0; hil != NULL && i < (size_t)n * ld; i++)
+                hil[i] = i % ld < (size_t)c ? hi[i / ld * c + i % ld] : 0x7fc0;
+            mgpu_bf16_t *dwl = dup16(&e, hwl, (size_t)oc * ld),
+                        *dil = dup16(&e, hil, (size_t)n * ld);
+            OK(&e, BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dwl, ld, NULL, ddin, &e.err));
+            got = down16(&e, ddin, ni);
+            snprintf(what, sizeof what, "linear_back_data, w's rows %zu apart, %dx%dx%d", ld, n, c,
+                     oc);
+            close_scaled(what, got, ref_din, ni, 2e-3, 8e-3);
+            free(got);
+            OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
+            OK(&e, mgpu_k_copy_to_device(e.gpu, ddb, db0, oc * sizeof(float), &e.err));
+            OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, dil, ld, ddw, ddb, 0, &e.err));
+            float *lw = down(&e, ddw, nw), *lb = down(&e, ddb, oc);
+            check_back_weight(" (inp's rows wider)", n, c, oc, lw, ref_dw, lb, ref_db);
+            free(lw), free(lb);
+            mgpu_k_free(e.gpu, dwl);
+            mgpu_k_free(e.gpu, dil);
+            free(hwl), free(hil);
+            /* a row stride below c, or not a multiple of 8: refused */
+            if (c > 8)
+                CHECK_INT(BOPS->linear_back_data(IMPL(&e), n, c, oc, ddo, dw, (size_t)c - 8, NULL,
+                                                 ddin, &e.err),
+                          MGPU_E_RANGE);
+            CHECK_INT(BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c + 4, ddw,
+                                               NULL, 0, &e.err),
+                      MGPU_E_RANGE);
+        }
 
         mgpu_bf16_t *d16[] = {ddo, dw, di, dp, ddin};
         for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++)
@@ -317,7 +385,8 @@ static void test_linear_tuning_keeps_accumulators(void)
     for (int r = 0; r < 2; r++) {
         OK(&e, mgpu_k_copy_to_device(e.gpu, ddw, dw0, nw * sizeof(float), &e.err));
         OK(&e, mgpu_k_copy_to_device(e.gpu, dres, res0, no * sizeof(float), &e.err));
-        OK(&e, BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, ddw, NULL, 0, &e.err));
+        OK(&e,
+           BOPS->linear_back_weight(IMPL(&e), n, c, oc, ddo, di, (size_t)c, ddw, NULL, 0, &e.err));
         OK(&e,
            BOPS->linear_f32(IMPL(&e), n, oc, c, ddo, dw16 /* (c, oc) */, NULL, dres, dres, &e.err));
         got[r][0] = down(&e, ddw, nw);

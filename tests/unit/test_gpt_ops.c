@@ -327,6 +327,51 @@ static void test_adamw_multi_matches_per_tensor(void)
     mgpu_kernels_destroy(k);
 }
 
+/* adamw_multi's bf16 copy as rows inside a wider matrix: a (4, 3) weight in the first 3
+ * columns of rows 8 apart and a bias of 4 as column 3 (p16_cols 1), the rest untouched. */
+static void test_adamw_multi_p16_rows(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    float *p = rnd(16), *g = rnd(16), *m = zeros(16), *v = zeros(16);
+    uint16_t p16[32];
+    for (int i = 0; i < 32; i++)
+        p16[i] = 0x7fc1;
+    mgpu_gpt_adamw_tensor_t t[2] = {{.p = p,
+                                     .g = g,
+                                     .m = m,
+                                     .v = v,
+                                     .p16 = p16,
+                                     .n = 12,
+                                     .decay = 1,
+                                     .p16_cols = 3,
+                                     .p16_ld = 8},
+                                    {.p = p + 12,
+                                     .g = g + 12,
+                                     .m = m + 12,
+                                     .v = v + 12,
+                                     .p16 = p16 + 3,
+                                     .n = 4,
+                                     .p16_cols = 1,
+                                     .p16_ld = 8}};
+    mgpu_adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    hp.lr = 1e-2f;
+    mgpu_gpt_adamw_now_t now;
+    mgpu_kg_adamw_now(&hp, 1, &now);
+    CHECK_INT(mgpu_kg_adamw_multi(k, 2, t, &hp, &now, NULL, &err), 0);
+    int bad = 0;
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 8; j++) {
+            const uint16_t want = j < 3    ? mgpu_gpt_to_bf16(p[r * 3 + j])
+                                  : j == 3 ? mgpu_gpt_to_bf16(p[12 + r])
+                                           : 0x7fc1;
+            bad += p16[r * 8 + j] != want;
+        }
+    CHECK_INT(bad, 0);
+    free(p), free(g), free(m), free(v);
+    mgpu_kernels_destroy(k);
+}
+
 static void test_launchers_refuse_bad_arguments(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -356,6 +401,13 @@ static void test_launchers_refuse_bad_arguments(void)
     CHECK_CONTAINS(err.msg, "gpt adamw_multi: tensor 0 of 4 floats has a NULL p, g, m or v");
     CHECK_INT(mgpu_kg_adamw_multi(k, -1, &t1, &hp, &now, NULL, &err), MGPU_E_RANGE);
     CHECK_CONTAINS(err.msg, "gpt adamw_multi: n_tensors = -1, expected >= 0");
+    uint16_t b16[8];
+    mgpu_gpt_adamw_tensor_t t2 = {
+        .p = buf, .g = buf, .m = buf, .v = buf, .p16 = b16, .n = 4, .p16_cols = 3, .p16_ld = 4};
+    CHECK_INT(mgpu_kg_adamw_multi(k, 1, &t2, &hp, &now, NULL, &err), MGPU_E_RANGE);
+    CHECK_CONTAINS(err.msg, "tensor 0 of 4 floats, its bf16 copy in rows of 3 elements 4 apart");
+    t2.p16_cols = 2, t2.p16_ld = 1;
+    CHECK_INT(mgpu_kg_adamw_multi(k, 1, &t2, &hp, &now, NULL, &err), MGPU_E_RANGE);
     int32_t bad[2] = {1, 99};
     CHECK_INT(mgpu_kg_tied_head(k, 2, 2, 4, buf, buf, bad, 1.0f, buf, buf, NULL, NULL, &err),
               MGPU_E_RANGE);
@@ -379,6 +431,7 @@ int main(void)
     RUN(test_tied_head_chunks_match_reference);
     RUN(test_clip_and_adamw_match_reference);
     RUN(test_adamw_multi_matches_per_tensor);
+    RUN(test_adamw_multi_p16_rows);
     RUN(test_launchers_refuse_bad_arguments);
     return check_done();
 }

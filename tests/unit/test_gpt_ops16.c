@@ -193,6 +193,43 @@ static void test_to_bf16(void)
     env_close(&e);
 }
 
+/* to_bf16_2d: rows of x (ldx apart, or ldx 0: every row from x's first) into rows of y ldy
+ * apart, the columns between untouched; 70000 rows: more than a grid's second dimension. */
+static void test_to_bf16_2d(void)
+{
+    static const int dims[][4] = {{5, 7, 9, 12}, {3, 1, 1, 25}, {70000, 3, 0, 8}, {4, 16, 16, 16}};
+    env_t e;
+    env_open(&e);
+    for (size_t s = 0; s < sizeof dims / sizeof *dims; s++) {
+        const int rows = dims[s][0], cols = dims[s][1];
+        const size_t ldx = (size_t)dims[s][2], ldy = (size_t)dims[s][3];
+        const size_t nx = ldx > 0 ? rows * ldx : (size_t)cols, ny = rows * ldy;
+        float *x = hrand(nx, 3.0f);
+        void *bx, *by;
+        float *d_x = dupd(&e, x, nx, 0, &bx);
+        uint16_t *d_y = d16(&e, NULL, ny, 0, &by);
+        OK(&e, B16->to_bf16_2d(IMPL(&e), rows, cols, d_x, ldx, d_y, ldy, &e.err));
+        uint16_t *got = down16(&e, d_y, ny);
+        size_t bad = 0;
+        for (size_t i = 0; i < ny; i++) {
+            const size_t r = i / ldy, j = i % ldy;
+            const uint16_t want = j < (size_t)cols ? mgpu_gpt_to_bf16(x[r * ldx + j]) : kPoison16;
+            bad += got[i] != want;
+        }
+        if (bad) {
+            printf("  to_bf16_2d %d x %d (ldx %zu, ldy %zu): %zu of %zu differ\n", rows, cols, ldx,
+                   ldy, bad, ny);
+            check_failed++;
+        }
+        mgpu_k_free(e.gpu, bx);
+        mgpu_k_free(e.gpu, by);
+        free(x);
+        free(got);
+    }
+    CHECK_INT(B16->to_bf16_2d(IMPL(&e), 2, 8, NULL, 8, NULL, 4, &e.err), MGPU_E_RANGE);
+    env_close(&e);
+}
+
 /* --- LayerNorm ------------------------------------------------------------------------------ */
 
 static void test_layernorm16(void)
@@ -219,7 +256,8 @@ static void test_layernorm16(void)
             float *d_b = dupd(&e, b, c, off, &bb);
             uint16_t *d_y = d16(&e, NULL, nc, off, &by);
             float *d_m = dpoison(&e, n, off, &bm), *d_r = dpoison(&e, n, off, &br);
-            OK(&e, B16->layernorm_forward(IMPL(&e), n, c, d_x, d_w, d_b, d_y, d_m, d_r, &e.err));
+            OK(&e, B16->layernorm_forward(IMPL(&e), n, c, d_x, d_w, d_b, d_y, (size_t)c, d_m, d_r,
+                                          &e.err));
             char what[96];
             uint16_t *y16 = down16(&e, d_y, nc);
             float *got = from16(y16, nc);
@@ -231,6 +269,30 @@ static void test_layernorm16(void)
                          c, off);
             close_to_dev(&e, d_r, rstd, n, 1e-6, 1e-5, "layernorm16_forward %dx%d off=%zu rstd", n,
                          c, off);
+            /* rows 8 elements wider than c: the same bits in the first c, the rest untouched */
+            {
+                const size_t ld = (size_t)c + 8, nw = (size_t)n * ld;
+                void *bw16;
+                uint16_t *d_wide = d16(&e, NULL, nw, off, &bw16);
+                OK(&e, B16->layernorm_forward(IMPL(&e), n, c, d_x, d_w, d_b, d_wide, ld, d_m, d_r,
+                                              &e.err));
+                uint16_t *wide = down16(&e, d_wide, nw), *y16b = down16(&e, d_y, nc);
+                size_t bad = 0;
+                for (int r = 0; r < n; r++)
+                    for (size_t j = 0; j < ld; j++) {
+                        const uint16_t want = j < (size_t)c ? y16b[(size_t)r * c + j] : kPoison16;
+                        bad += wide[(size_t)r * ld + j] != want;
+                    }
+                if (bad) {
+                    printf("  layernorm16_forward %dx%d off=%zu, rows %zu apart: %zu elements "
+                           "differ from the packed rows' (or padding written)\n",
+                           n, c, off, ld, bad);
+                    check_failed++;
+                }
+                free(wide);
+                free(y16b);
+                mgpu_k_free(e.gpu, bw16);
+            }
 
             /* backward from a bf16 dy; dx, dw, db start from random values (the op adds) */
             float *gy0 = hrand(nc, 1.0f);
@@ -498,7 +560,9 @@ static void test_xent16(void)
  * arrays contiguous, stepped twice from the same state: with p16 and without. p, m, v must be the
  * same bits, and p16 = bf16(p) where a tensor has one. Every 5th tensor has none (its slot must
  * stay untouched), and every 7th tensor's p16 starts one element after its neighbour's end (the
- * fp32 arrays contiguous, the bf16 not: the segments must not merge there). The p16 array is
+ * fp32 arrays contiguous, the bf16 not: the segments must not merge there). Some tensors' copies
+ * are rows inside a wider matrix (p16_cols 16 with rows 40 apart, or 1 with rows 25 apart: a
+ * weight or a bias column), whose other elements must stay untouched. The p16 array is
  * aligned or 2 bytes off. */
 static void test_adamw_p16(void)
 {
@@ -507,13 +571,17 @@ static void test_adamw_p16(void)
     mgpu_adamw_hparams_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     env_t e;
     env_open(&e);
-    size_t n_of[NT], o16[NT], total = 0, total16 = 0;
+    size_t n_of[NT], o16[NT], ld16[NT], total = 0, total16 = 0;
+    int c16[NT];
     for (int i = 0; i < NT; i++) {
         n_of[i] = i == NT / 2 ? (1u << 20) + 3 : sizes[i % (sizeof sizes / sizeof *sizes)];
         total16 += i % 7 == 6 ? 1 : 0;
         o16[i] = total16;
         total += n_of[i];
-        total16 += n_of[i];
+        /* some copies as rows inside wider ones: 16 (float4 stores) or 1 (a column) wide */
+        c16[i] = n_of[i] % 16 == 0 && i % 4 == 1 ? (i % 8 == 1 ? 16 : 1) : 0;
+        ld16[i] = c16[i] == 16 ? 40 : c16[i] == 1 ? 25 : 0;
+        total16 += c16[i] > 0 ? n_of[i] / c16[i] * ld16[i] : n_of[i];
     }
     for (size_t off = 0; off < 2; off++)
         for (size_t off16 = 0; off16 < 2; off16++) {
@@ -542,7 +610,9 @@ static void test_adamw_p16(void)
                                                         .p16 = k == 0 && i % 5 != 4 ? d_p16 + o16[i]
                                                                                     : NULL,
                                                         .n = n_of[i],
-                                                        .decay = i % 3 != 0};
+                                                        .decay = i % 3 != 0,
+                                                        .p16_cols = c16[i],
+                                                        .p16_ld = ld16[i]};
                 o += n_of[i];
             }
             for (long long step = 1; step <= 3; step++) {
@@ -578,8 +648,10 @@ static void test_adamw_p16(void)
             o = 0;
             for (int i = 0; i < NT; i++) {
                 if (i % 5 != 4)
-                    for (size_t j = 0; j < n_of[i]; j++)
-                        want[o16[i] + j] = mgpu_gpt_to_bf16(pg[o + j]);
+                    for (size_t j = 0; j < n_of[i]; j++) {
+                        const size_t at = c16[i] > 0 ? j / c16[i] * ld16[i] + j % c16[i] : j;
+                        want[o16[i] + at] = mgpu_gpt_to_bf16(pg[o + j]);
+                    }
                 o += n_of[i];
             }
             size_t bad = 0;
@@ -608,6 +680,7 @@ static void test_adamw_p16(void)
 int main(void)
 {
     RUN(test_to_bf16);
+    RUN(test_to_bf16_2d);
     RUN(test_layernorm16);
     RUN(test_layernorm16_dsum_needs_dx16);
     RUN(test_xent16);

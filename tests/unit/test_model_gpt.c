@@ -244,8 +244,14 @@ static int f_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_
     return f_none();
 }
 
+static int f_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
+                        size_t ldy, mgpu_err_t *err)
+{
+    return f_none();
+}
+
 static int f_ln_fwd(void *impl, int n, int c, const float *x, const float *w, const float *b,
-                    mgpu_bf16_t *y, float *mean, float *rstd, mgpu_err_t *err)
+                    mgpu_bf16_t *y, size_t ldy, float *mean, float *rstd, mgpu_err_t *err)
 {
     return f_none();
 }
@@ -276,14 +282,14 @@ static int f_linear_f32(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp
 }
 
 static int f_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                       const mgpu_bf16_t *w, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
+                       const mgpu_bf16_t *w, size_t ldw, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
                        mgpu_err_t *err)
 {
     return f_none();
 }
 
 static int f_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                         const mgpu_bf16_t *inp, float *dw, float *dbias, int fresh,
+                         const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
                          mgpu_err_t *err)
 {
     put1(dw, (size_t)oc * c, fresh);
@@ -313,6 +319,7 @@ static int f_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const in
 
 static const mgpu_gpt_bf16_ops_t writes16 = {
     .to_bf16 = f_to_bf16,
+    .to_bf16_2d = f_to_bf16_2d,
     .layernorm_forward = f_ln_fwd,
     .layernorm_backward = f_ln_back,
     .linear = f_linear,
@@ -494,6 +501,50 @@ static void test_update_without_backward_sees_zeros(void)
     mgpu_kernels_destroy(k);
 }
 
+/* The bf16 path's MLP input product with its bias inside (MGPU_GPT_FC_BIAS, inside by
+ * default): fc_kp is C + 1 rounded up to 64, and AdamW writes each layer's c_fc weight and
+ * bias as rows of fc16 ([w | b | 0...]); with epilogue, neither; another value is refused. */
+static void test_fc_bias_inside(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    mgpu_gpt_t *m = NULL;
+    unsetenv("MGPU_GPT_FC_BIAS");
+    CHECK_INT(mgpu_gpt_create_with(k, &tiny, 2, &writes16, &m, &err), 0);
+    if (m != NULL) {
+        const int C = tiny.n_embd;
+        CHECK_INT(m->fc_kp, 64);
+        CHECK(m->fc16 != NULL);
+        int seen = 0;
+        for (int i = 0; i < m->n_tensors; i++)
+            for (int l = 0; l < tiny.n_layer; l++) {
+                const mgpu_bf16_t *row0 = m->fc16 + (size_t)l * 4 * C * m->fc_kp;
+                if (m->tensors[i].off == m->blocks[l].fc_w)
+                    seen += m->adam[i].p16 == row0 && m->adam[i].p16_cols == C &&
+                            m->adam[i].p16_ld == 64;
+                if (m->tensors[i].off == m->blocks[l].fc_b)
+                    seen += m->adam[i].p16 == row0 + C && m->adam[i].p16_cols == 1 &&
+                            m->adam[i].p16_ld == 64;
+            }
+        CHECK_INT(seen, 2 * tiny.n_layer);
+        mgpu_gpt_destroy(m);
+    }
+    setenv("MGPU_GPT_FC_BIAS", "epilogue", 1);
+    m = NULL;
+    CHECK_INT(mgpu_gpt_create_with(k, &tiny, 2, &writes16, &m, &err), 0);
+    if (m != NULL) {
+        CHECK_INT(m->fc_kp, 0);
+        CHECK(m->fc16 == NULL);
+        mgpu_gpt_destroy(m);
+    }
+    setenv("MGPU_GPT_FC_BIAS", "fused", 1);
+    m = NULL;
+    CHECK(mgpu_gpt_create_with(k, &tiny, 2, &writes16, &m, &err) < 0 && m == NULL);
+    CHECK_CONTAINS(err.msg, "MGPU_GPT_FC_BIAS=fused: expected inside or epilogue");
+    unsetenv("MGPU_GPT_FC_BIAS");
+    mgpu_kernels_destroy(k);
+}
+
 static void test_bucket_size_refused(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -580,5 +631,6 @@ int main(int argc, char **argv)
     RUN(test_buckets_follow_backward);
     RUN(test_update_without_backward_sees_zeros);
     RUN(test_bucket_size_refused);
+    RUN(test_fc_bias_inside);
     return check_done();
 }

@@ -36,18 +36,52 @@ static int alloc_h(mgpu_gpt_t *m, size_t n, mgpu_bf16_t **out, mgpu_err_t *err)
     return rc;
 }
 
+/* Whether the bf16 path puts mlp.c_fc's bias inside its product (mgpu_gpt_t's fc_kp; the
+ * default, MGPU_GPT_FC_BIAS=inside) or in cuBLASLt's bias epilogue (epilogue): 1 or 0, or an
+ * error for another value. */
+static int fc_inside(mgpu_err_t *err)
+{
+    const char *e = getenv("MGPU_GPT_FC_BIAS");
+    if (e == NULL || strcmp(e, "inside") == 0)
+        return 1;
+    if (strcmp(e, "epilogue") == 0)
+        return 0;
+    return mgpu_err_set(err, -EINVAL, "MGPU_GPT_FC_BIAS=%s: expected inside or epilogue", e);
+}
+
+/* A block's ln2_16: rows of C, or with fc_kp rows of fc_kp whose column C is 1 and the rest
+ * past it 0 (the LayerNorm writes the first C). */
+static int alloc_ln2_16(mgpu_gpt_t *m, size_t n, mgpu_gpt_acts_t *a, mgpu_err_t *err)
+{
+    const int C = m->spec.n_embd, kp = m->fc_kp;
+    int rc;
+    if (kp == 0)
+        return alloc_h(m, n * C, &a->ln2_16, err);
+    if ((rc = alloc_h(m, n * kp, &a->ln2_16, err)) < 0 ||
+        (rc = mgpu_k_zero(m->k, a->ln2_16, sizeof(mgpu_bf16_t) * n * kp, err)) < 0)
+        return rc;
+    return m->b16->to_bf16_2d(m->k->impl, (int)n, 1, m->one, 0, a->ln2_16 + C, (size_t)kp, err);
+}
+
+/* Layer l's mlp.c_fc weight and bias in bf16: fc16's rows (fc_kp > 0) or params16's. */
+static const mgpu_bf16_t *fc_w16(const mgpu_gpt_t *m, int l)
+{
+    return m->fc_kp > 0 ? m->fc16 + (size_t)l * 4 * m->spec.n_embd * m->fc_kp
+                        : m->params16 + m->blocks[l].fc_w;
+}
+
 void mgpu_gpt_destroy(mgpu_gpt_t *m)
 {
     if (m == NULL)
         return;
     mgpu_bf16_t **hb[] = {&m->params16, &m->lnf16, &m->logits16, &m->dres16,
-                          &m->dln16,    &m->d4_16, &m->dqkv16};
+                          &m->dln16,    &m->d4_16, &m->dqkv16,   &m->fc16};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++)
         if (*hb[i] != NULL)
             mgpu_k_free(m->k, *hb[i]);
     float **bufs[] = {&m->params,   &m->grads,    &m->moments, &m->xout, &m->lnf,
                       &m->lnf_mean, &m->lnf_rstd, &m->logits,  &m->dres, &m->dln,
-                      &m->d4,       &m->dqkv,     &m->scalars};
+                      &m->d4,       &m->dqkv,     &m->scalars, &m->one};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (*bufs[i] != NULL)
             mgpu_k_free(m->k, *bufs[i]);
@@ -171,6 +205,18 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
             (rc = alloc_h(m, 4 * NC, &m->d4_16, err)) < 0 ||
             (rc = alloc_h(m, 3 * NC, &m->dqkv16, err)) < 0)
             goto fail;
+        if ((rc = fc_inside(err)) < 0)
+            goto fail;
+        m->fc_kp = rc > 0 ? (int)((C + 1 + 63) / 64 * 64) : 0;
+        if (m->fc_kp > 0) {
+            const float one = 1.0f;
+            const size_t nfc = (size_t)s->n_layer * 4 * C * m->fc_kp;
+            if ((rc = alloc_h(m, nfc, &m->fc16, err)) < 0 ||
+                (rc = mgpu_k_zero(k, m->fc16, sizeof(mgpu_bf16_t) * nfc, err)) < 0 ||
+                (rc = alloc_f(m, 1, &m->one, err)) < 0 ||
+                (rc = mgpu_k_copy_to_device(k, m->one, &one, sizeof one, err)) < 0)
+                goto fail;
+        }
     } else {
         m->head_rows = N < HEAD_ROWS ? (int)N : HEAD_ROWS;
         if ((rc = alloc_f(m, NC, &m->lnf, err)) < 0 ||
@@ -190,7 +236,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         if (m->b16 != NULL ? (rc = alloc_h(m, NC, &a->ln1_16, err)) < 0 ||
                                  (rc = alloc_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
                                  (rc = alloc_h(m, NC, &a->atty16, err)) < 0 ||
-                                 (rc = alloc_h(m, NC, &a->ln2_16, err)) < 0 ||
+                                 (rc = alloc_ln2_16(m, N, a, err)) < 0 ||
                                  (rc = alloc_h(m, 4 * NC, &a->fch16, err)) < 0 ||
                                  (rc = alloc_h(m, 4 * NC, &a->gelu16, err)) < 0
                            : (rc = alloc_f(m, NC, &a->ln1, err)) < 0 ||
@@ -226,6 +272,16 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
                                       .p16 = m->params16 != NULL ? m->params16 + t->off : NULL,
                                       .n = t->n,
                                       .decay = mgpu_gpt_decays(t->ndim)};
+        for (int l = 0; m->fc_kp > 0 && l < s->n_layer; l++) { /* into fc16's rows */
+            mgpu_bf16_t *row0 = (mgpu_bf16_t *)fc_w16(m, l);
+            if (t->off == m->blocks[l].fc_w)
+                m->adam[i].p16 = row0, m->adam[i].p16_cols = (int)C;
+            else if (t->off == m->blocks[l].fc_b)
+                m->adam[i].p16 = row0 + C, m->adam[i].p16_cols = 1;
+            else
+                continue;
+            m->adam[i].p16_ld = (size_t)m->fc_kp;
+        }
     }
     if ((rc = mgpu_k_zero(k, m->params, sizeof(float) * m->n_params, err)) < 0 ||
         (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0 ||
@@ -343,22 +399,24 @@ static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
         const mgpu_gpt_block_t *w = &m->blocks[l];
         mgpu_gpt_acts_t *a = &m->acts[l];
         float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
+        const int kp = m->fc_kp;
         if ((rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
-                                       a->ln1_mean, a->ln1_rstd, err)) < 0 ||
+                                       (size_t)C, a->ln1_mean, a->ln1_rstd, err)) < 0 ||
             (rc = o->linear(ki, N, C, 3 * C, a->ln1_16, W + w->qkv_w, W + w->qkv_b, a->qkv16, NULL,
                             err)) < 0 ||
             (rc = o->attention_forward(ki, B, T, C, NH, a->qkv16, a->atty16, a->lse, err)) < 0 ||
             (rc = o->linear_f32(ki, N, C, C, a->atty16, W + w->proj_w, P + w->proj_b, a->x, a->res2,
                                 err)) < 0 ||
             (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
-                                       a->ln2_mean, a->ln2_rstd, err)) < 0 ||
-            (rc = o->linear(ki, N, C, 4 * C, a->ln2_16, W + w->fc_w, W + w->fc_b, a->gelu16,
-                            a->fch16, err)) < 0 ||
+                                       (size_t)(kp > 0 ? kp : C), a->ln2_mean, a->ln2_rstd, err)) <
+                0 ||
+            (rc = o->linear(ki, N, kp > 0 ? kp : C, 4 * C, a->ln2_16, fc_w16(m, l),
+                            kp > 0 ? NULL : W + w->fc_b, a->gelu16, a->fch16, err)) < 0 ||
             (rc = o->linear_f32(ki, N, 4 * C, C, a->gelu16, W + w->fcp_w, P + w->fcp_b, a->res2,
                                 next, err)) < 0)
             return rc;
     }
-    return o->layernorm_forward(ki, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf16,
+    return o->layernorm_forward(ki, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf16, (size_t)C,
                                 m->lnf_mean, m->lnf_rstd, err);
 }
 
@@ -380,10 +438,11 @@ static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
                           err)) < 0)
             return rc;
         /* The tied embedding's gradient: overwritten by the first chunk after a zeroing. */
-        if (backward && ((rc = o->linear_back_data(ki, n, C, V, m->logits16, wte, NULL,
-                                                   m->dln16 + (size_t)r * C, err)) < 0 ||
-                         (rc = o->linear_back_weight(ki, n, C, V, m->logits16, x, m->grads + m->wte,
-                                                     NULL, m->grads_fresh && r == 0, err)) < 0))
+        if (backward &&
+            ((rc = o->linear_back_data(ki, n, C, V, m->logits16, wte, (size_t)C, NULL,
+                                       m->dln16 + (size_t)r * C, err)) < 0 ||
+             (rc = o->linear_back_weight(ki, n, C, V, m->logits16, x, (size_t)C, m->grads + m->wte,
+                                         NULL, m->grads_fresh && r == 0, err)) < 0))
             return rc;
     }
     return 0;
@@ -417,29 +476,30 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
         const mgpu_gpt_block_t *w = &m->blocks[l];
         mgpu_gpt_acts_t *a = &m->acts[l];
         /* x_{l+1} = res2 + fcp(gelu(fc(ln2(res2)))): GELU's derivative in the epilogue. */
-        if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, a->fch16, m->d4_16,
+        const size_t kp = (size_t)(m->fc_kp > 0 ? m->fc_kp : C);
+        if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, 4 * (size_t)C,
+                                      a->fch16, m->d4_16, err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C,
+                                        G + w->fcp_w, NULL, f, err)) < 0 ||
+            (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, fc_w16(m, l), kp, NULL, m->dln16,
                                       err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, G + w->fcp_w, NULL,
-                                        f, err)) < 0 ||
-            (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, W + w->fc_w, NULL, m->dln16,
-                                      err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, G + w->fc_w,
+            (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, kp, G + w->fc_w,
                                         G + w->fc_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, a->ln2_mean,
                                         a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w, G + w->ln2_b,
                                         G + w->proj_b, f, err)) < 0)
             return rc;
         /* res2 = x + proj(attention(qkv(ln1(x)))) */
-        if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, W + w->proj_w, NULL, m->dln16, err)) <
-                0 ||
-            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, G + w->proj_w, NULL, f,
-                                        err)) < 0 ||
+        if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, W + w->proj_w, (size_t)C, NULL,
+                                      m->dln16, err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, (size_t)C, G + w->proj_w,
+                                        NULL, f, err)) < 0 ||
             (rc = o->attention_backward(ki, B, T, C, NH, m->dln16, a->qkv16, a->atty16, a->lse,
                                         m->dqkv16, err)) < 0 ||
-            (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, W + w->qkv_w, NULL, m->dln16,
-                                      err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, G + w->qkv_w,
-                                        G + w->qkv_b, f, err)) < 0 ||
+            (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, W + w->qkv_w, (size_t)C, NULL,
+                                      m->dln16, err)) < 0 ||
+            (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C,
+                                        G + w->qkv_w, G + w->qkv_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
                                         a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
                                         G + w->ln1_w, G + w->ln1_b,
@@ -671,9 +731,18 @@ int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_cl
 
 int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err)
 {
-    if (m->b16 != NULL)
-        return m->b16->to_bf16(m->k->impl, m->n_params, m->params, m->params16, err);
-    return fresh(m, m->params, m->n_params, err);
+    if (m->b16 == NULL)
+        return fresh(m, m->params, m->n_params, err);
+    const size_t C = (size_t)m->spec.n_embd, kp = (size_t)m->fc_kp;
+    int rc = m->b16->to_bf16(m->k->impl, m->n_params, m->params, m->params16, err);
+    for (int l = 0; rc == 0 && kp > 0 && l < m->spec.n_layer; l++) {
+        mgpu_bf16_t *row0 = (mgpu_bf16_t *)fc_w16(m, l);
+        if ((rc = m->b16->to_bf16_2d(m->k->impl, 4 * (int)C, (int)C, m->params + m->blocks[l].fc_w,
+                                     C, row0, kp, err)) == 0)
+            rc = m->b16->to_bf16_2d(m->k->impl, 4 * (int)C, 1, m->params + m->blocks[l].fc_b, 1,
+                                    row0 + C, kp, err);
+    }
+    return rc;
 }
 
 int mgpu_gpt_step(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,

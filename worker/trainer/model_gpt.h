@@ -79,6 +79,14 @@ typedef struct mgpu_gpt {
      * mgpu_gpt_last_logits). */
     const mgpu_gpt_bf16_ops_t *b16;
     mgpu_bf16_t *params16, *lnf16, *logits16, *dres16, *dln16, *d4_16, *dqkv16;
+    /* The bf16 path's MLP input product with its bias inside (fc_kp > 0): ln2_16's rows are
+     * fc_kp wide, the LayerNorm's C values then a 1 and zeros, and fc16 holds each layer's
+     * mlp.c_fc weight (4C, C) and bias as rows of fc_kp, [w | b | 0...] (AdamW writes them
+     * there), so that one product without a bias epilogue adds the bias: cuBLASLt's GELU
+     * epilogue with the pre-activation kept runs markedly slower with a bias than without. */
+    int fc_kp;
+    mgpu_bf16_t *fc16;
+    float *one; /* a 1.0f in backend memory, for those columns of 1 */
     /* The bf16 path after mgpu_gpt_zero_grads, until a backward has run: grads holds none of
      * the step's sums, and each gradient's first write overwrites it (the ops' fresh). */
     int grads_fresh;
