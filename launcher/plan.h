@@ -148,7 +148,7 @@ const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);
 char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt,
                      const char *error_file);
 
-/* --dry-run: text for people, or JSON (one object) for scripts. */
+/* --dry-run (plan_print.c): text for people, or JSON (one object) for scripts. */
 void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out);
 int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out);
 
