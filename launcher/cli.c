@@ -13,7 +13,8 @@
 #include <sys/stat.h> /* fstat */
 #include <unistd.h>   /* read, close */
 
-#include "escape.h" /* mgpu_escape_inplace */
+#include "escape.h"   /* mgpu_escape_inplace */
+#include "signames.h" /* mgpu_signames_parse */
 
 typedef enum {
     O_NPROC,
@@ -51,6 +52,7 @@ typedef enum {
     O_NO_TTY,
     O_DRY_RUN,
     O_GRACE,
+    O_SIGNALS,
     O_SUMMARY,
     O_SHARING,
     O_MULTI_LAUNCHERS,
@@ -123,6 +125,8 @@ static const opt_t opts[] = {
     {"dry_run", 0, ARG_OPTIONAL, O_DRY_RUN, "[=json]  print the plan, start nothing"},
     {"grace_period", 0, ARG_REQUIRED, O_GRACE, "SECONDS  SIGTERM to SIGKILL (default 30)"},
     {"shutdown_timeout", 0, ARG_REQUIRED, O_GRACE, "SECONDS  same as --grace_period"},
+    {"signals_to_handle", 0, ARG_REQUIRED, O_SIGNALS,
+     "SIG,...  signals that stop the job, forwarded first (default " MGPU_SIGNAMES_DEFAULT ")"},
     {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
     {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
      "more workers than GPUs: rank k on ordinal k mod n"},
@@ -643,6 +647,9 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return 0;
     case O_GRACE:
         return parse_seconds(what, v, 0.0, 86400.0, &cli->grace_period, err);
+    case O_SIGNALS:
+        return mgpu_signames_parse(what, v, &cli->stop_signals, cli->signals, sizeof cli->signals,
+                                   err);
     case O_SUMMARY:
         if (*v == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a file name", what);
@@ -719,6 +726,8 @@ static void defaults(mgpu_cli_t *cli)
     snprintf(cli->start_method, sizeof cli->start_method, "spawn");
     snprintf(cli->role, sizeof cli->role, "default");
     cli->grace_period = 30.0;
+    mgpu_signames_parse("", MGPU_SIGNAMES_DEFAULT, &cli->stop_signals, cli->signals,
+                        sizeof cli->signals, NULL);
     cli->join_timeout = 600.0;
     cli->rdzv_timeout = -1.0;
     cli->last_call_timeout = 30.0;

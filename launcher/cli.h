@@ -63,6 +63,8 @@ typedef struct mgpu_cli {
     int tty; /* --tty 1, --no_tty -1, 0: a pty when the launcher's output is a terminal */
     mgpu_dry_t dry_run;
     double grace_period;
+    char signals[256];               /* --signals_to_handle, checked: "SIGTERM,SIGINT,..." */
+    unsigned long long stop_signals; /* bit (1 << N) for each signal N in that list */
     char summary[1024];
     int allow_gpu_sharing;
     int allow_multiple_launchers; /* several launchers on one node of a Slurm step */

@@ -283,7 +283,7 @@ int main(int argc, char **argv)
     keeper.pid = keeper.fd = -1;
     if (cg.path[0] == '\0') {
         const char *why;
-        if ((rc = mgpu_reaper_start(&why)) >= 0) {
+        if ((rc = mgpu_reaper_start(plan.stop_signals, &why)) >= 0) {
             mgpu_plan_free(&plan);
             mgpu_pages_close(&pages);
             return rc;

@@ -413,6 +413,9 @@ static void build_vars(mgpu_plan_t *plan)
         set_var(w, "MASTER_PORT", "%d", plan->master_port);
         set_var(w, "TORCHELASTIC_MAX_RESTARTS", "%d", plan->max_restarts);
         set_var(w, "TORCHELASTIC_RUN_ID", "%s", plan->run_id);
+        /* torchrun's agent exports its --signals_to_handle; PyTorch's own process contexts
+         * started inside a worker read it. */
+        set_var(w, "TORCHELASTIC_SIGNALS_TO_HANDLE", "%s", plan->signals);
         /* Workers host their own TCPStore on MASTER_PORT (rank 0): the launcher's store speaks
          * mgpu's protocol, not PyTorch's, whose wire format changes between releases. */
         set_var(w, "TORCHELASTIC_USE_AGENT_STORE", "False");
@@ -649,6 +652,8 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->max_restarts = cli->max_restarts;
     plan->virtual_local_rank = cli->virtual_local_rank;
     plan->grace_period = cli->grace_period;
+    plan->stop_signals = cli->stop_signals;
+    snprintf(plan->signals, sizeof plan->signals, "%s", cli->signals);
     plan->stall_timeout = cli->stall_timeout;
     plan->stall_fail = cli->stall_fail;
     plan->dry_run = cli->dry_run;

@@ -93,11 +93,13 @@ typedef struct mgpu_plan {
     int sharing;            /* --allow_gpu_sharing took effect */
     int virtual_local_rank; /* --virtual_local_rank: LOCAL_RANK=0, one GPU visible to each */
     int max_restarts;
-    double grace_period;       /* seconds from the stop signal to SIGKILL */
-    double stall_timeout;      /* --stall_timeout seconds, 0 = off */
-    int stall_fail;            /* --stall_action fail */
-    const mgpu_pages_t *pages; /* the workers' progress pages (not owned), NULL = none */
-    mgpu_dry_t dry_run;        /* --dry-run: print the plan, start nothing */
+    double grace_period;             /* seconds from the stop signal to SIGKILL */
+    unsigned long long stop_signals; /* --signals_to_handle: bit 1 << N stops the job on N */
+    char signals[256];               /* the same list by name (TORCHELASTIC_SIGNALS_TO_HANDLE) */
+    double stall_timeout;            /* --stall_timeout seconds, 0 = off */
+    int stall_fail;                  /* --stall_action fail */
+    const mgpu_pages_t *pages;       /* the workers' progress pages (not owned), NULL = none */
+    mgpu_dry_t dry_run;              /* --dry-run: print the plan, start nothing */
     mgpu_plan_rdzv_t rdzv;
     mgpu_plan_output_t output;
     char master_addr[256];

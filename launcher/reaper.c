@@ -14,11 +14,6 @@
 
 #include "log.h" /* mgpu_error */
 
-/* What P0 forwards to P1: what a terminal, `kill PID`, `timeout` or a scheduler send to the
- * launcher, and a terminal's new size. */
-static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
-#define NFORWARDED ((int)(sizeof forwarded / sizeof forwarded[0]))
-
 static int read_int(int fd, int *v)
 {
     size_t got = 0;
@@ -139,11 +134,17 @@ static int keeper_main(int st_w, int life_r, const sigset_t *old)
     _exit(0);
 }
 
-int mgpu_reaper_start(const char **why)
+int mgpu_reaper_start(unsigned long long stop_signals, const char **why)
 {
     int st[2], life[2], sfd, v = 0, status = -1;
     sigset_t all, old, mask;
     pid_t k, p1;
+    /* What P0 forwards to P1: the signals P1 catches (what a terminal, `kill PID`, `timeout`
+     * or a scheduler send to stop the job, and SIGUSR1/SIGUSR2, which it passes on), and a
+     * terminal's new size. The others keep their disposition in P0 as in P1: a default one
+     * ends P0, and K then ends the job, as it ends P1 by default. */
+    unsigned long long forwarded =
+        stop_signals | 1ull << SIGUSR1 | 1ull << SIGUSR2 | 1ull << SIGWINCH;
 
     *why = NULL;
     if (pipe2(st, O_CLOEXEC) != 0) {
@@ -184,11 +185,13 @@ int mgpu_reaper_start(const char **why)
      * pending and come first); every other signal keeps its disposition, so Ctrl-Z still
      * stops this process as it stops any job. */
     sigemptyset(&mask);
-    for (int i = 0; i < NFORWARDED; i++)
-        sigaddset(&mask, forwarded[i]);
+    for (int sig = 1; sig < 64; sig++)
+        if ((forwarded >> sig) & 1)
+            sigaddset(&mask, sig);
     sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    for (int i = 0; sfd >= 0 && i < NFORWARDED; i++)
-        sigaddset(&old, forwarded[i]);
+    for (int sig = 1; sfd >= 0 && sig < 64; sig++)
+        if ((forwarded >> sig) & 1)
+            sigaddset(&old, sig);
     sigprocmask(SIG_SETMASK, &old, NULL);
     for (;;) {
         struct pollfd pf[2] = {{.fd = st[0], .events = POLLIN}, {.fd = sfd, .events = POLLIN}};

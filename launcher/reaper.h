@@ -11,8 +11,9 @@
  *    └─ K (a session of its own, PR_SET_CHILD_SUBREAPER, "mgpu-keeper")
  *        └─ P1 (goes on with the launcher's steps: rendezvous, supervise, report)
  *
- * P0 forwards the signals a user or a scheduler sends (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
- * SIGUSR1, SIGUSR2, SIGWINCH) to P1 and exits with P1's status (128+signal for a signal). K
+ * P0 forwards the signals a user or a scheduler sends (those of --signals_to_handle, by
+ * default SIGINT, SIGTERM, SIGHUP and SIGQUIT; SIGUSR1, SIGUSR2, SIGWINCH) to P1 and exits
+ * with P1's status (128+signal for a signal). K
  * reaps P1, SIGKILLs and reaps everything reparented to it until it has no child left, then
  * hands P1's status to P0. If P0 dies first (kill -9 of it or of its group: K and P1 are in
  * K's session, untouched), K SIGKILLs P1 and then everything reparented to it.
@@ -24,10 +25,11 @@
 
 #include <sys/types.h> /* pid_t */
 
-/* Splits the launcher as above. Returns -1 in P1 (go on with the job), or in P0 the status
- * the launcher exits with. When no pipe or process could be made, returns -1 in the one
- * launcher there is and sets *why (the call that failed): the job runs without the reaper. */
-int mgpu_reaper_start(const char **why);
+/* Splits the launcher as above; stop_signals (bit 1 << N for signal N) are the signals P1
+ * stops the job on. Returns -1 in P1 (go on with the job), or in P0 the status the launcher
+ * exits with. When no pipe or process could be made, returns -1 in the one launcher there is
+ * and sets *why (the call that failed): the job runs without the reaper. */
+int mgpu_reaper_start(unsigned long long stop_signals, const char **why);
 
 /* The children of the calling process (the kernel's list in /proc): its own, and orphans
  * reparented to it as a subreaper. Up to max pids into out; returns how many. */

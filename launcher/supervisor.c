@@ -29,33 +29,45 @@
 
 extern char **environ;
 
-static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD};
-#define NSIGS ((int)(sizeof handled_signals / sizeof handled_signals[0]))
-_Static_assert(NSIGS == MGPU_SUP_NSIGS, "supervisor_impl.h's MGPU_SUP_NSIGS");
-
 /* Rendezvous calls run on the thread pool (see rwork_run). */
 enum { RW_WATCH, RW_REPORT, RW_END };
 
 static void report_failure(sup_t *s, int rank, int local_rank, int code);
 static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
 
-/* Signals every worker group still running (and their process groups). */
-static void signal_all(sup_t *s, int sig)
+/* Signals every worker group still running (and their process groups). stop: the signal
+ * ends the attempt (the workers it kills were stopped by the launcher), else it is only
+ * passed on (SIGUSR1 or SIGUSR2 outside --signals_to_handle). */
+static void signal_all(sup_t *s, int sig, int stop)
 {
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
         if (!p->running || p->out->exec_errno)
             continue;
-        if (p->out->stop_signal == 0 && sig != SIGUSR1 && sig != SIGUSR2)
+        if (p->out->stop_signal == 0 && stop)
             p->out->stop_signal = sig;
         if (kill(-p->pid, sig) != 0)
             kill(p->pid, sig); /* the worker moved itself to another process group */
         /* A stopped worker (SIGSTOP, Ctrl-Z, a debugger) would sit on its SIGTERM until the
          * SIGKILL: SIGCONT lets it act on it now, as Slurm does. */
-        if (sig != SIGUSR1 && sig != SIGUSR2 && sig != SIGKILL && sig != SIGCONT &&
-            kill(-p->pid, SIGCONT) != 0)
+        if (stop && sig != SIGKILL && sig != SIGCONT && kill(-p->pid, SIGCONT) != 0)
             kill(p->pid, SIGCONT);
     }
+}
+
+/* The signals the launcher catches: the list that stops the job (--signals_to_handle),
+ * SIGUSR1 and SIGUSR2 (passed on when not in it), SIGCHLD. Any other keeps the disposition
+ * the launcher was started with: the default (the launcher dies, its workers with it: their
+ * PR_SET_PDEATHSIG, the keeper) or ignored (nohup). */
+static void handled_signals(sup_t *s)
+{
+    unsigned long long set = s->plan->stop_signals | 1ull << SIGUSR1 | 1ull << SIGUSR2;
+
+    s->nsigs = 0;
+    for (int sig = 1; sig < 64 && s->nsigs < MGPU_SUP_MAX_SIGS - 1; sig++)
+        if ((set >> sig) & 1)
+            s->sig_nums[s->nsigs++] = sig;
+    s->sig_nums[s->nsigs++] = SIGCHLD;
 }
 
 /* After the workers exited: whatever they left behind (their process groups, orphans
@@ -121,7 +133,7 @@ static void on_grace_timer(uv_timer_t *t)
 /* Starts stopping the attempt: sig to every running worker group now, SIGKILL after grace. */
 static void stop_group(sup_t *s, int sig)
 {
-    signal_all(s, sig);
+    signal_all(s, sig, 1);
     if (s->stopping)
         return;
     s->stopping = 1;
@@ -234,10 +246,12 @@ static void on_signal(uv_signal_t *h, int sig)
         on_sigchld(s);
         return;
     }
-    if (sig == SIGUSR1 || sig == SIGUSR2) {
-        /* Forwarded, not a stop: Slurm's --signal=USR1@T warns jobs before their time limit. */
-        mgpu_info("received %s: forwarding it to the workers", sigabbrev_np(sig));
-        signal_all(s, sig);
+    if (!((s->plan->stop_signals >> sig) & 1)) {
+        /* SIGUSR1 or SIGUSR2 outside --signals_to_handle: forwarded, not a stop. Slurm's
+         * --signal=USR1@T warns jobs before their time limit, and the job should go on to
+         * act on it (torchrun would die of it, leaving its workers behind). */
+        mgpu_info("received SIG%s: forwarding it to the workers", sigabbrev_np(sig));
+        signal_all(s, sig, 0);
         return;
     }
     if (s->user_signal && sig == SIGINT) {
@@ -400,7 +414,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][1][1], pipes[k][2][1], handled_signals, NSIGS, &s->cg);
+                                  pipes[k][1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg);
         free(envp);
         if (pid < 0) {
             rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);
@@ -446,7 +460,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
 
 static void close_loop_handles(sup_t *s)
 {
-    for (int i = 0; i < NSIGS; i++)
+    for (int i = 0; i < s->nsigs; i++)
         uv_close((uv_handle_t *)&s->sigs[i], NULL);
     uv_close((uv_handle_t *)&s->grace_timer, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
@@ -732,10 +746,11 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    for (int i = 0; i < NSIGS; i++) {
+    handled_signals(s);
+    for (int i = 0; i < s->nsigs; i++) {
         uv_signal_init(&s->loop, &s->sigs[i]);
         s->sigs[i].data = s;
-        uv_signal_start(&s->sigs[i], on_signal, handled_signals[i]);
+        uv_signal_start(&s->sigs[i], on_signal, s->sig_nums[i]);
     }
     uv_timer_init(&s->loop, &s->grace_timer);
     uv_timer_init(&s->loop, &s->drain_timer);

@@ -15,8 +15,8 @@
 #include "status_server.h" /* mgpu_status_server_t */
 #include "supervisor.h"    /* mgpu_run_result_t, mgpu_outcome_t */
 
-/* The signals the launcher handles (SIGCHLD among them). */
-#define MGPU_SUP_NSIGS 7
+/* The most signals the launcher handles: --signals_to_handle's, SIGUSR1, SIGUSR2, SIGCHLD. */
+#define MGPU_SUP_MAX_SIGS 16
 
 struct proc;
 
@@ -47,7 +47,9 @@ typedef struct proc {
 
 typedef struct sup {
     uv_loop_t loop;
-    uv_signal_t sigs[MGPU_SUP_NSIGS];
+    uv_signal_t sigs[MGPU_SUP_MAX_SIGS];
+    int sig_nums[MGPU_SUP_MAX_SIGS]; /* the signal of each handle */
+    int nsigs;
     uv_timer_t grace_timer, drain_timer;
     uv_timer_t quiet_timer; /* flushes partial lines of streams gone quiet (live consoles) */
     uv_signal_t winch;      /* the launcher's terminal changed size: the workers' ptys follow */

@@ -1,6 +1,7 @@
 # test_signals.sh - signals to the launcher reach every worker's process group; a second SIGINT
-# kills at once; SIGUSR1/2 are forwarded and the run goes on; no orphan survives kill -9 of the
-# launcher; what workers leave behind is stopped when the launcher exits.
+# kills at once; SIGUSR1/2 are forwarded and the run goes on; --signals_to_handle chooses the
+# signals that stop the job; no orphan survives kill -9 of the launcher; what workers leave
+# behind is stopped when the launcher exits.
 
 # hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
@@ -297,4 +298,75 @@ t_signal_during_startup_leaves_nothing() {
         expect_eq "$rc" 143 "round $i: exit status ($(cat err))"
         wait_until 5 no_marked "$mark" || fail "round $i: left: $(procs_with_mark "$mark" | xargs -r ps -o pid,ppid,pgid,stat,args -p)"
     done
+}
+
+# --signals_to_handle: the listed signals stop the job (forwarded first), SIGUSR1/SIGUSR2
+# outside the list are passed on, any other signal keeps the launcher's own disposition.
+
+t_signals_to_handle_usr1_stops_the_job() {
+    # SIGUSR1 listed: forwarded to every worker, which dies of it (default action), and the
+    # job ends as for SIGTERM; SIGUSR2, not listed, is still only passed on
+    local mark="stl-$$-$RANDOM"
+    MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=2 --signals-to-handle SIGTERM,SIGUSR1 \
+        --summary s.json "$TW" ignore sig.%l USR2 env e.%l touch ready.%l pause >out 2>err &
+    local lp=$!
+    wait_until 20 all_exist ready.0 ready.1 || fail "workers not ready: $(cat err)"
+    expect_grep e.0 '^TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGUSR1$'
+    kill -USR2 $lp
+    wait_until 10 all_exist sig.0 sig.1 || fail "SIGUSR2 did not reach the workers"
+    alive $lp || fail "the launcher died of SIGUSR2 (not in the list)"
+    kill -USR1 $lp
+    wait $lp; rc=$?
+    expect_eq "$rc" 138 "exit status after SIGUSR1 ($(cat err))"
+    expect_grep err 'received SIGUSR1: stopping the workers'
+    expect_grep err 'rank 0 .*sent SIGUSR1, exitcode 138 \(killed by SIGUSR1\)'
+    expect_grep err 'rank 1 .*sent SIGUSR1, exitcode 138 \(killed by SIGUSR1\)'
+    wait_until 5 no_marked "$mark" || fail "processes left: $(procs_with_mark "$mark")"
+}
+
+# unlisted CGROUP: SIGHUP, not in the list, is not caught: the launcher dies of it at once,
+# its workers with it (never told SIGHUP), and nothing is left; with a cgroup or without.
+unlisted() {
+    local mark="stu-$1-$$-$RANDOM"
+    MGPU_CGROUP=$1 MGPU_TEST_MARK=$mark "$LAUNCH" --nproc_per_node=2 --signals_to_handle=SIGTERM \
+        --grace_period=30 "$TW" ignore sig.%l HUP,TERM touch ready.%l pause >out 2>err &
+    local lp=$!
+    wait_until 20 all_exist ready.0 ready.1 || fail "workers not ready: $(cat err)"
+    kill -HUP $lp
+    wait $lp; rc=$?
+    expect_eq "$rc" 129 "exit status after an unhandled SIGHUP"
+    wait_until 5 no_marked "$mark" || fail "processes left: $(procs_with_mark "$mark" | xargs -r ps -o pid,ppid,pgid,stat,args -p)"
+    [ ! -e sig.0 ] && [ ! -e sig.1 ] || fail "a worker was sent a signal: $(cat sig.* 2>/dev/null)"
+}
+t_signals_to_handle_unlisted_ends_the_launcher() { unlisted 1; }
+t_signals_to_handle_unlisted_ends_the_launcher_without_cgroup() { unlisted 0; }
+
+t_signals_to_handle_ignored_stays_ignored() {
+    # under nohup (SIGHUP ignored) and SIGHUP not listed, the job goes on through a SIGHUP,
+    # as the program alone would; the workers inherit the ignored SIGHUP
+    ( trap '' HUP; exec "$LAUNCH" --nproc_per_node=2 --signals_to_handle=SIGTERM,SIGINT "$TW" \
+        touch ready.%l waitfile go env e.%l exit 0 >out 2>err ) &
+    local lp=$!
+    wait_until 20 all_exist ready.0 ready.1 || fail "workers not ready: $(cat err)"
+    kill -HUP $lp
+    sleep 0.2
+    alive $lp || fail "the launcher died of an ignored SIGHUP"
+    touch go
+    wait $lp; rc=$?
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    all_exist e.0 e.1 || fail "the workers did not go on"
+}
+
+t_signals_to_handle_bad_lists_refused() {
+    local bad
+    for bad in SIGFOO '' 'SIGTERM,,SIGINT' SIGKILL SIGCHLD sigterm 15; do
+        run_launch --signals_to_handle="$bad" "$TW" touch started
+        expect_eq "$rc" 2 "exit status for '$bad'"
+        expect_grep err "^mgpu-launch: error: --signals_to_handle='$bad': "
+        [ "$(wc -l <err)" -eq 1 ] || fail "more than one line for '$bad': $(cat err)"
+        [ ! -e started ] || fail "a worker started with --signals_to_handle='$bad'"
+    done
+    PET_SIGNALS_TO_HANDLE=SIGSTOP run_launch "$TW" touch started
+    expect_eq "$rc" 2
+    expect_grep err "PET_SIGNALS_TO_HANDLE='SIGSTOP': SIGSTOP cannot be handled \(it cannot be caught\)"
 }

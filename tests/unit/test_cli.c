@@ -1,4 +1,5 @@
 /* test_cli.c - torchrun's grammar, spellings, PET_ defaults and bad input. */
+#include <signal.h> /* SIGTERM */
 #include <stdarg.h> /* va_list */
 #include <stdlib.h> /* calloc */
 
@@ -260,6 +261,59 @@ static void test_option_like_values(void)
     free(c);
 }
 
+/* --signals_to_handle: torchrun's default, both spellings, prefixes, PET_, a checked list. */
+static void test_signals_to_handle(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    const unsigned long long deflt =
+        1ull << SIGTERM | 1ull << SIGINT | 1ull << SIGHUP | 1ull << SIGQUIT;
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_STR(c->signals, "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    CHECK(c->stop_signals == deflt);
+    CHECK_INT(parse(c, &e, "--signals-to-handle=SIGTERM,SIGUSR1,SIGUSR2", "x", NULL), 0);
+    CHECK_STR(c->signals, "SIGTERM,SIGUSR1,SIGUSR2");
+    CHECK(c->stop_signals == (1ull << SIGTERM | 1ull << SIGUSR1 | 1ull << SIGUSR2));
+    CHECK_INT(mgpu_cli_given(c, "signals_to_handle"), 1);
+    /* blanks around names (torchrun strips them), a repeated name kept once */
+    CHECK_INT(parse(c, &e, "--signals_to_handle", " SIGHUP , SIGPWR,SIGHUP", "x", NULL), 0);
+    CHECK_STR(c->signals, "SIGHUP,SIGPWR");
+    CHECK(c->stop_signals == (1ull << SIGHUP | 1ull << SIGPWR));
+    CHECK_INT(parse(c, &e, "--sig=SIGINT", "x", NULL), 0); /* a unique prefix */
+    CHECK_STR(c->signals, "SIGINT");
+    fake_env[0][0] = "PET_SIGNALS_TO_HANDLE";
+    fake_env[0][1] = "SIGUSR1";
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK(c->stop_signals == 1ull << SIGUSR1);
+    CHECK_INT(parse(c, &e, "--signals_to_handle=SIGQUIT", "x", NULL), 0); /* the option wins */
+    CHECK(c->stop_signals == 1ull << SIGQUIT);
+    fake_env[0][1] = "SIGTERM,SIGFOO";
+    CHECK_INT(parse(c, &e, "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "PET_SIGNALS_TO_HANDLE='SIGTERM,SIGFOO': unknown signal 'SIGFOO'");
+    fake_env[0][0] = NULL;
+#define BAD(substr, value)                                                                         \
+    do {                                                                                           \
+        CHECK_INT(parse(c, &e, "--signals_to_handle", value, "x", NULL), MGPU_E_USAGE);            \
+        CHECK_CONTAINS(e.msg, substr);                                                             \
+    } while (0)
+    BAD("--signals_to_handle='SIGFOO': unknown signal 'SIGFOO'; expected some of: SIGTERM",
+        "SIGFOO");
+    BAD("--signals_to_handle='': empty list", "");
+    BAD("--signals_to_handle=' ': empty list", " ");
+    BAD("--signals_to_handle='SIGTERM,': empty entry", "SIGTERM,");
+    BAD("--signals_to_handle='SIGTERM,,SIGINT': empty entry", "SIGTERM,,SIGINT");
+    BAD("SIGKILL cannot be handled (it cannot be caught)", "SIGKILL");
+    BAD("SIGSTOP cannot be handled (it cannot be caught)", "SIGTERM,SIGSTOP");
+    BAD("SIGCHLD cannot be handled (the launcher uses it itself)", "SIGCHLD");
+    BAD("SIGWINCH cannot be handled (the launcher uses it itself)", "SIGWINCH");
+    BAD("SIGSEGV cannot be handled (it does not ask a job to end)", "SIGSEGV");
+    BAD("unknown signal 'sigterm'", "sigterm");
+    BAD("unknown signal 'TERM'", "TERM");
+    BAD("unknown signal '15'", "15");
+#undef BAD
+    free(c);
+}
+
 /* Messages that quote arguments show control bytes escaped. */
 static void test_messages_escape_input(void)
 {
@@ -285,5 +339,6 @@ int main(void)
     RUN(test_rdzv_conf);
     RUN(test_option_like_values);
     RUN(test_messages_escape_input);
+    RUN(test_signals_to_handle);
     return check_done();
 }
