@@ -53,6 +53,7 @@ typedef enum {
     O_DRY_RUN,
     O_GRACE,
     O_SIGNALS,
+    O_NUMA,
     O_SUMMARY,
     O_SHARING,
     O_MULTI_LAUNCHERS,
@@ -127,6 +128,8 @@ static const opt_t opts[] = {
     {"shutdown_timeout", 0, ARG_REQUIRED, O_GRACE, "SECONDS  same as --grace_period"},
     {"signals_to_handle", 0, ARG_REQUIRED, O_SIGNALS,
      "SIG,...  signals that stop the job, forwarded first (default " MGPU_SIGNAMES_DEFAULT ")"},
+    {"numa_binding", 0, ARG_REQUIRED, O_NUMA,
+     "node|socket|exclusive|core-complex  bind each worker to CPUs near its GPU"},
     {"summary", 0, ARG_REQUIRED, O_SUMMARY, "FILE  JSON report of the run"},
     {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
      "more workers than GPUs: rank k on ordinal k mod n"},
@@ -650,6 +653,13 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_SIGNALS:
         return mgpu_signames_parse(what, v, &cli->stop_signals, cli->signals, sizeof cli->signals,
                                    err);
+    case O_NUMA:
+        if ((n = mgpu_numa_mode_parse(v)) < 0)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': expected node, socket, exclusive or core-complex", what,
+                                v);
+        cli->numa_binding = (mgpu_numa_mode_t)n;
+        return 0;
     case O_SUMMARY:
         if (*v == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='': expected a file name", what);

@@ -8,6 +8,7 @@
 #include <stdio.h> /* FILE */
 
 #include "error.h" /* mgpu_err_t */
+#include "numa.h"  /* mgpu_numa_mode_t */
 
 #define MGPU_MAX_LOCAL 1024       /* workers per node; more is refused as absurd */
 #define MGPU_CLI_MAX_TOKEN_ARGS 8 /* --rdzv_token given more often is refused */
@@ -64,6 +65,7 @@ typedef struct mgpu_cli {
     mgpu_dry_t dry_run;
     double grace_period;
     char signals[256];               /* --signals_to_handle, checked: "SIGTERM,SIGINT,..." */
+    mgpu_numa_mode_t numa_binding;   /* --numa_binding, MGPU_NUMA_OFF when not given */
     unsigned long long stop_signals; /* bit (1 << N) for each signal N in that list */
     char summary[1024];
     int allow_gpu_sharing;

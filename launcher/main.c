@@ -1,6 +1,7 @@
 /* main.c - mgpu-launch: parse -> plan -> rendezvous -> spawn and supervise -> report. */
 #include <errno.h>      /* errno */
 #include <fcntl.h>      /* open */
+#include <sched.h>      /* sched_getaffinity */
 #include <stdio.h>      /* printf */
 #include <stdlib.h>     /* getenv */
 #include <string.h>     /* strcmp */
@@ -93,6 +94,7 @@ static int plan_run(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
 {
     mgpu_plan_input_t in = {0};
     char exe[4096], dir[4096], worker_bin[4200], host[256], run_id[64];
+    cpu_set_t allowed;
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
 
     exe[n > 0 ? n : 0] = '\0';
@@ -115,6 +117,11 @@ static int plan_run(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
     in.hostname = host;
     in.run_id = run_id;
     in.path_env = getenv("PATH");
+    /* --numa_binding: the topology (MGPU_SYSFS_ROOT: a fake one, for tests), and the CPUs this
+     * launcher may use, which bound workers stay within. */
+    in.sys_root = getenv("MGPU_SYSFS_ROOT");
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        in.cpus_allowed = &allowed;
     return mgpu_plan_build(plan, cli, &in, err);
 }
 
@@ -135,6 +142,18 @@ static void announce(const mgpu_plan_t *plan)
         mgpu_info("python: %s", plan->python);
     if (plan->cpu_reason[0] && plan->gpus.count > 0)
         mgpu_warn("workers run on the CPU: %s", plan->cpu_reason);
+    for (const char *p = plan->numa_warning; *p;) {
+        size_t n = strcspn(p, "\n");
+        mgpu_warn("%.*s", (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+    for (int k = 0; k < plan->nproc; k++)
+        if (plan->workers[k].bound) {
+            char list[1024];
+            mgpu_cpulist_format(&plan->workers[k].cpus, list, sizeof list);
+            mgpu_info("--numa_binding=%s: local rank %d on CPUs %s (NUMA node %d)",
+                      mgpu_numa_mode_name(plan->numa_mode), k, list, plan->workers[k].numa_node);
+        }
 }
 
 /* Rendezvous: meet the other launchers (or, on one node, just start the store for the

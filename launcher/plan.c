@@ -603,6 +603,105 @@ void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages)
     build_vars(plan);
 }
 
+/* Appends one line to the plan's --numa_binding warnings. */
+static void numa_warn(mgpu_plan_t *plan, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void numa_warn(mgpu_plan_t *plan, const char *fmt, ...)
+{
+    size_t n = strlen(plan->numa_warning);
+    va_list ap;
+
+    if (n + 2 >= sizeof plan->numa_warning)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(plan->numa_warning + n, sizeof plan->numa_warning - n - 1, fmt, ap);
+    va_end(ap);
+    n = strlen(plan->numa_warning);
+    plan->numa_warning[n] = '\n';
+    plan->numa_warning[n + 1] = '\0';
+}
+
+/* --numa_binding: each worker's CPUs, from the NUMA node of its GPU (numa.h); workers on one
+ * GPU share them. A worker that cannot be bound (no GPU, a GPU whose node is unknown, a node
+ * outside the launcher's own affinity) runs unbound, and the launcher says why: the option
+ * asks for a placement, and torchrun's exception there would stop the job before it starts.
+ * A mode the machine cannot meet (exclusive with fewer cores than GPUs) is an error. */
+static int bind_numa(mgpu_plan_t *plan, const mgpu_plan_input_t *in, mgpu_err_t *err)
+{
+    const char *mode = mgpu_numa_mode_name(plan->numa_mode);
+    int gpu_nodes[MGPU_MAX_GPUS], rc = 0;
+    char why[400];
+    mgpu_numa_topo_t *t;
+
+    for (int k = 0; k < plan->nproc; k++)
+        plan->workers[k].numa_node = -1;
+    if (plan->numa_mode == MGPU_NUMA_OFF)
+        return 0;
+    if (plan->vis.count == 0) {
+        for (int k = 0; k < plan->nproc; k++)
+            snprintf(plan->workers[k].numa_why, sizeof plan->workers[k].numa_why,
+                     "it runs on the CPU");
+        numa_warn(plan,
+                  "--numa_binding=%s: the workers run on the CPU (%s): no GPU to bind them "
+                  "near; they run unbound",
+                  mode, plan->cpu_reason);
+        return 0;
+    }
+    if ((t = malloc(sizeof *t)) == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory reading the NUMA topology");
+    if (mgpu_numa_topo_read(in->sys_root, plan->numa_mode, in->cpus_allowed, t, why, sizeof why) !=
+        0) {
+        for (int k = 0; k < plan->nproc; k++)
+            snprintf(plan->workers[k].numa_why, sizeof plan->workers[k].numa_why, "%s", why);
+        numa_warn(plan, "--numa_binding=%s: %s: the workers run unbound", mode, why);
+        free(t);
+        return 0;
+    }
+    for (int i = 0; i < plan->vis.count; i++) {
+        const mgpu_gpu_t *g = &plan->gpus.gpus[plan->vis.physical[i]];
+        char gwhy[400];
+        if (mgpu_numa_device_node(in->sys_root, g->bus_id, t, &gpu_nodes[i], gwhy, sizeof gwhy))
+            gpu_nodes[i] = -1;
+    }
+    /* Ordinal i serves local ranks i, i + n, ... (n visible GPUs; more with sharing). */
+    for (int i = 0; i < plan->vis.count && i < plan->nproc; i++) {
+        const mgpu_gpu_t *g = &plan->gpus.gpus[plan->vis.physical[i]];
+        char ranks[128] = "";
+        cpu_set_t cpus;
+        int st, nranks = 0;
+
+        if (gpu_nodes[i] < 0) /* asked again, for the reason */
+            st = mgpu_numa_device_node(in->sys_root, g->bus_id, t, &gpu_nodes[i], why, sizeof why);
+        else
+            st = mgpu_numa_cpus(t, plan->numa_mode, gpu_nodes, plan->vis.count, i, &cpus, why,
+                                sizeof why, err);
+        if (st < 0) {
+            rc = st;
+            break;
+        }
+        for (int k = i; k < plan->nproc; k += plan->vis.count) {
+            mgpu_worker_plan_t *w = &plan->workers[k];
+            size_t l = strlen(ranks);
+            w->numa_node = gpu_nodes[i];
+            w->bound = st == 0;
+            if (st == 0)
+                w->cpus = cpus;
+            else
+                snprintf(w->numa_why, sizeof w->numa_why, "%s", why);
+            if (l + 16 < sizeof ranks)
+                snprintf(ranks + l, sizeof ranks - l, "%s%d", nranks ? ", " : "", k);
+            nranks++;
+        }
+        if (st != 0)
+            numa_warn(plan, "--numa_binding=%s: local rank%s %s (GPU %d, %s%s) run%s unbound: %s",
+                      mode, nranks > 1 ? "s" : "", ranks, g->index, g->bus_id,
+                      g->simulated ? ", simulated" : "", nranks > 1 ? "" : "s", why);
+    }
+    free(t);
+    return rc;
+}
+
 static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_input_t *in,
                       mgpu_err_t *err);
 
@@ -692,6 +791,9 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     if (plan->workers == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory for %d workers", plan->nproc);
     build_vars(plan);
+    plan->numa_mode = cli->numa_binding;
+    if ((rc = bind_numa(plan, in, err)) < 0)
+        return rc;
     return build_argv(plan, cli, in, err);
 }
 

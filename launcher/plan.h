@@ -11,6 +11,7 @@
 
 #include "cli.h"     /* mgpu_cli_t */
 #include "devices.h" /* mgpu_gpu_list_t, mgpu_visible_t */
+#include "numa.h"    /* cpu_set_t, mgpu_numa_mode_t */
 #include "error.h"   /* mgpu_err_t */
 #include "pages.h"   /* mgpu_pages_t */
 #include "rdzv.h"    /* mgpu_rdzv_world_t, mgpu_rdzv_opts_t */
@@ -30,8 +31,10 @@ typedef struct mgpu_plan_input {
     const char *omp_threads; /* OMP_NUM_THREADS, NULL when unset */
     const char *nccl_async;  /* TORCH_NCCL_ASYNC_ERROR_HANDLING, NULL when unset */
     const char *hostname;
-    const char *run_id;   /* used with --standalone (a fresh random id) */
-    const char *path_env; /* PATH, to check that the program exists */
+    const char *run_id;            /* used with --standalone (a fresh random id) */
+    const char *path_env;          /* PATH, to check that the program exists */
+    const char *sys_root;          /* where sysfs is (MGPU_SYSFS_ROOT), NULL: /sys */
+    const cpu_set_t *cpus_allowed; /* the launcher's own affinity, NULL: every CPU */
 } mgpu_plan_input_t;
 
 typedef struct mgpu_kv {
@@ -41,8 +44,12 @@ typedef struct mgpu_kv {
 
 typedef struct mgpu_worker_plan {
     int local_rank, rank;
-    int ordinal;  /* CUDA ordinal of this worker, -1 on the CPU */
-    int physical; /* physical GPU index, -1 on the CPU */
+    int ordinal;   /* CUDA ordinal of this worker, -1 on the CPU */
+    int physical;  /* physical GPU index, -1 on the CPU */
+    int numa_node; /* --numa_binding: the NUMA node of its GPU, -1 when unknown or off */
+    int bound;     /* --numa_binding: cpus is its CPU affinity */
+    cpu_set_t cpus;
+    char numa_why[400]; /* --numa_binding and not bound: why */
     int nvars;
     mgpu_kv_t vars[MGPU_MAX_VARS]; /* what the launcher sets; the rest is inherited */
     char **argv;                   /* NULL-terminated */
@@ -100,6 +107,8 @@ typedef struct mgpu_plan {
     int stall_fail;                  /* --stall_action fail */
     const mgpu_pages_t *pages;       /* the workers' progress pages (not owned), NULL = none */
     mgpu_dry_t dry_run;              /* --dry-run: print the plan, start nothing */
+    mgpu_numa_mode_t numa_mode;      /* --numa_binding */
+    char numa_warning[2048];         /* workers it could not bind, and why, one a line */
     mgpu_plan_rdzv_t rdzv;
     mgpu_plan_output_t output;
     char master_addr[256];

@@ -65,6 +65,15 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
         char dev[512];
         device_line(plan, w, dev, sizeof dev);
         fprintf(out, "worker rank %d (local rank %d): %s\n", w->rank, w->local_rank, dev);
+        if (plan->numa_mode != MGPU_NUMA_OFF && w->bound) {
+            char cpus[1024];
+            mgpu_cpulist_format(&w->cpus, cpus, sizeof cpus);
+            fprintf(out, "  cpus: %s (NUMA node %d, --numa_binding=%s)\n", cpus, w->numa_node,
+                    mgpu_numa_mode_name(plan->numa_mode));
+        } else if (plan->numa_mode != MGPU_NUMA_OFF) {
+            fprintf(out, "  cpus: not bound (--numa_binding=%s: %s)\n",
+                    mgpu_numa_mode_name(plan->numa_mode), w->numa_why);
+        }
         fprintf(out, "  env:");
         for (int i = 0; i < w->nvars; i++)
             fprintf(out, " %s=%s", w->vars[i].key, w->vars[i].val);
@@ -135,6 +144,22 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
         } else {
             cJSON_AddNullToObject(o, "cuda_ordinal");
             cJSON_AddNullToObject(o, "physical_gpu");
+        }
+        if (plan->numa_mode != MGPU_NUMA_OFF) {
+            char list[1024];
+            cJSON *numa = cJSON_AddObjectToObject(o, "numa_binding");
+            cJSON_AddStringToObject(numa, "mode", mgpu_numa_mode_name(plan->numa_mode));
+            if (w->numa_node >= 0)
+                cJSON_AddNumberToObject(numa, "node", w->numa_node);
+            else
+                cJSON_AddNullToObject(numa, "node");
+            mgpu_cpulist_format(&w->cpus, list, sizeof list);
+            if (w->bound)
+                cJSON_AddStringToObject(numa, "cpus", list);
+            else
+                cJSON_AddNullToObject(numa, "cpus");
+            if (!w->bound)
+                cJSON_AddStringToObject(numa, "unbound", w->numa_why);
         }
         env = cJSON_AddObjectToObject(o, "env");
         for (int i = 0; i < w->nvars; i++)

@@ -2,6 +2,7 @@
 #include "spawner.h"
 
 #include <errno.h>     /* errno */
+#include <sched.h>     /* sched_setaffinity */
 #include <fcntl.h>     /* O_CLOEXEC */
 #include <signal.h>    /* signal, sigprocmask, kill */
 #include <stdlib.h>    /* posix_openpt, grantpt, unlockpt, ptsname_r */
@@ -15,7 +16,7 @@
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
 static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
                        int err_w, int exec_w, pid_t parent, const int *reset, int nreset,
-                       const mgpu_cgroup_t *cg)
+                       const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
 {
     sigset_t none;
     int e;
@@ -23,6 +24,12 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
     /* Into the job's cgroup before anything else: all the worker will ever start is born
      * inside it. Should the write fail, the process groups and the keeper still hold it. */
     mgpu_cgroup_join(cg);
+    /* --numa_binding: set here, before exec, so that every thread the program starts and
+     * every process it forks inherits it (a raw syscall: safe between fork and exec). The
+     * plan kept the set within the launcher's own affinity; should the kernel refuse it all
+     * the same (a cpuset changed meanwhile), the worker runs where the launcher may. */
+    if (cpus != NULL)
+        sched_setaffinity(0, sizeof *cpus, cpus);
     for (int i = 0; i < nreset; i++)
         signal(reset[i], SIG_DFL);
     signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
@@ -70,12 +77,12 @@ fail:
 
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
-                          const mgpu_cgroup_t *cg)
+                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
 {
     pid_t self = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, cg);
+        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, cg, cpus);
     return pid < 0 ? -errno : pid;
 }
 

@@ -15,6 +15,7 @@
 #ifndef MGPU_SPAWNER_H
 #define MGPU_SPAWNER_H
 
+#include <sched.h>     /* cpu_set_t */
 #include <stddef.h>    /* size_t */
 #include <stdint.h>    /* int32_t */
 #include <sys/types.h> /* pid_t */
@@ -25,11 +26,12 @@
  * err_w. exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
  * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno. The signals in reset go back
  * to their default action in the child. The child joins the job's cgroup cg first (NULL or
- * a cg with no group: none). Call with every signal blocked. Returns the child's pid, or a
- * negative errno when fork failed. */
+ * a cg with no group: none), and runs on the CPUs of cpus (NULL: the launcher's), which its
+ * threads and children inherit. Call with every signal blocked. Returns the child's pid, or
+ * a negative errno when fork failed. */
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
-                          const mgpu_cgroup_t *cg);
+                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus);
 
 /* Reads what the child wrote on the exec pipe (read end exec_r) until EOF: *t_exec gets the
  * moment of exec in seconds (left alone when the child died before it), *exec_errno the

@@ -414,7 +414,8 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg);
+                                  pipes[k][1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg,
+                                  plan->workers[k].bound ? &plan->workers[k].cpus : NULL);
         free(envp);
         if (pid < 0) {
             rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);

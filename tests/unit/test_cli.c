@@ -314,6 +314,31 @@ static void test_signals_to_handle(void)
     free(c);
 }
 
+/* --numa_binding: torchrun's four modes, both spellings, prefixes; anything else refused. */
+static void test_numa_binding(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_INT(c->numa_binding, MGPU_NUMA_OFF);
+    CHECK_INT(parse(c, &e, "--numa-binding=node", "x", NULL), 0);
+    CHECK_INT(c->numa_binding, MGPU_NUMA_NODE);
+    CHECK_INT(parse(c, &e, "--numa_binding", "socket", "x", NULL), 0);
+    CHECK_INT(c->numa_binding, MGPU_NUMA_SOCKET);
+    CHECK_INT(parse(c, &e, "--numa=exclusive", "x", NULL), 0);
+    CHECK_INT(c->numa_binding, MGPU_NUMA_EXCLUSIVE);
+    CHECK_INT(parse(c, &e, "--numa-b", "core-complex", "x", NULL), 0);
+    CHECK_INT(c->numa_binding, MGPU_NUMA_CORE_COMPLEX);
+    CHECK_INT(mgpu_cli_given(c, "numa_binding"), 1);
+    CHECK_INT(parse(c, &e, "--numa_binding=NUMA", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg,
+                   "--numa_binding='NUMA': expected node, socket, exclusive or core-complex");
+    CHECK_INT(parse(c, &e, "--numa_binding=", "x", NULL), MGPU_E_USAGE);
+    CHECK_INT(parse(c, &e, "--numa_binding", "--tee=1", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "argument --numa_binding: expected one argument");
+    free(c);
+}
+
 /* Messages that quote arguments show control bytes escaped. */
 static void test_messages_escape_input(void)
 {
@@ -340,5 +365,6 @@ int main(void)
     RUN(test_option_like_values);
     RUN(test_messages_escape_input);
     RUN(test_signals_to_handle);
+    RUN(test_numa_binding);
     return check_done();
 }
