@@ -39,6 +39,8 @@ typedef enum {
     O_REDIRECTS,
     O_TEE,
     O_FILTER,
+    O_DUP_OUT,
+    O_DUP_ERR,
     O_NO_PYTHON,
     O_MODULE,
     O_RUN_PATH,
@@ -109,6 +111,10 @@ static const opt_t opts[] = {
     {"tee", 't', ARG_REQUIRED, O_TEE, "0-3|R:V,...  streams to files and console"},
     {"local_ranks_filter", 0, ARG_REQUIRED, O_FILTER,
      "R,R,...  console output of these local ranks only"},
+    {"duplicate_stdout_filters", 0, ARG_REQUIRED, O_DUP_OUT,
+     "S,...  also copy stdout lines that contain an S to filtered_stdout.log (,, a comma)"},
+    {"duplicate_stderr_filters", 0, ARG_REQUIRED, O_DUP_ERR,
+     "S,...  the same for stderr, to filtered_stderr.log"},
     {"no_python", 0, ARG_NONE, O_NO_PYTHON, "execute the program directly"},
     {"module", 'm', ARG_NONE, O_MODULE, "run the program as python -m MODULE"},
     {"run_path", 0, ARG_NONE, O_RUN_PATH, "run the program with python whatever its name"},
@@ -605,6 +611,12 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
         return 0;
     case O_FILTER:
         return parse_filter(what, v, cli, err);
+    case O_DUP_OUT:
+    case O_DUP_ERR:
+        if (mgpu_line_filters_parse(v, &cli->dup_filters[o->id == O_DUP_ERR]) < 0)
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s: value longer than %zu characters", what,
+                                sizeof cli->dup_filters[0].buf - 2);
+        return 0;
     case O_NO_PYTHON:
         cli->no_python = 1;
         return 0;

@@ -7,8 +7,9 @@
 
 #include <stdio.h> /* FILE */
 
-#include "error.h" /* mgpu_err_t */
-#include "numa.h"  /* mgpu_numa_mode_t */
+#include "error.h"  /* mgpu_err_t */
+#include "numa.h"   /* mgpu_numa_mode_t */
+#include "output.h" /* mgpu_line_filters_t */
 
 #define MGPU_MAX_LOCAL 1024       /* workers per node; more is refused as absurd */
 #define MGPU_CLI_MAX_TOKEN_ARGS 8 /* --rdzv_token given more often is refused */
@@ -53,7 +54,8 @@ typedef struct mgpu_cli {
     char role[64];
     char log_dir[1024]; /* "" : not given */
     mgpu_std_spec_t redirects, tee;
-    int nfilter; /* --local_ranks_filter entries; 0 = every rank */
+    mgpu_line_filters_t dup_filters[2]; /* --duplicate_std{out,err}_filters */
+    int nfilter;                        /* --local_ranks_filter entries; 0 = every rank */
     int filter[MGPU_MAX_LOCAL];
     int no_python, module, run_path;
     int legacy_local_rank;

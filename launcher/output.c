@@ -31,6 +31,42 @@ void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int 
     }
 }
 
+int mgpu_line_filters_parse(const char *s, mgpu_line_filters_t *f)
+{
+    size_t o = 0, start = 0;
+
+    memset(f, 0, sizeof *f);
+    for (;; s++) {
+        if (*s == ',' && s[1] == ',') {
+            s++; /* ",," is a comma of the substring */
+        } else if (*s == ',' || *s == '\0') {
+            if (o > start) { /* an empty entry copies nothing: left out */
+                f->buf[o++] = '\0';
+                f->n++;
+                start = o;
+            }
+            if (*s == '\0')
+                return 0;
+            continue;
+        }
+        if (o + 2 >= sizeof f->buf) {
+            memset(f, 0, sizeof *f);
+            return -E2BIG;
+        }
+        f->buf[o++] = *s;
+    }
+}
+
+int mgpu_line_filters_match(const mgpu_line_filters_t *f, const char *line, size_t n)
+{
+    const char *p = f->buf;
+
+    for (int i = 0; i < f->n; i++, p += strlen(p) + 1)
+        if (memmem(line, n, p, strlen(p)) != NULL)
+            return 1;
+    return 0;
+}
+
 static int reserve(char **buf, size_t *cap, size_t need)
 {
     if (need <= *cap)

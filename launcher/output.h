@@ -37,6 +37,19 @@ typedef struct mgpu_outbuf {
     size_t cap;
 } mgpu_outbuf_t;
 
+/* --duplicate_stdout_filters / --duplicate_stderr_filters: the substrings a line must contain
+ * (one of them) to be copied to the run's filtered log. */
+typedef struct mgpu_line_filters {
+    int n;          /* 0: copy nothing */
+    char buf[1024]; /* the n substrings, each NUL-terminated, one after the other */
+} mgpu_line_filters_t;
+
+/* Parses torchrun's list: comma-separated, ",," a comma inside a substring. Empty entries are
+ * left out, so "" copies nothing. Returns 0, or -E2BIG when the list does not fit. */
+int mgpu_line_filters_parse(const char *s, mgpu_line_filters_t *f);
+/* 1 when the n bytes of line contain one of f's substrings. */
+int mgpu_line_filters_match(const mgpu_line_filters_t *f, const char *line, size_t n);
+
 /* Expands a torchrun-style template: ${role_name}, ${local_rank}, ${rank}. */
 void mgpu_prefix_format(const char *tmpl, const char *role, int local_rank, int rank, char *out,
                         size_t len);

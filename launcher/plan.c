@@ -484,6 +484,8 @@ static void copy_output(mgpu_plan_output_t *o, const mgpu_cli_t *cli)
 {
     o->redirects = cli->redirects;
     o->tee = cli->tee;
+    o->dup[0] = cli->dup_filters[0];
+    o->dup[1] = cli->dup_filters[1];
     o->nfilter = cli->nfilter;
     memcpy(o->filter, cli->filter, sizeof o->filter);
     o->no_prefix = cli->no_prefix;

@@ -75,6 +75,7 @@ typedef struct mgpu_plan_rdzv {
 /* What the supervisor does with the workers' output, and what the run reports. */
 typedef struct mgpu_plan_output {
     mgpu_std_spec_t redirects, tee; /* -r / -t: which streams go to files, which to both */
+    mgpu_line_filters_t dup[2];     /* --duplicate_std{out,err}_filters */
     int nfilter;                    /* --local_ranks_filter entries; 0 = every rank shown */
     int filter[MGPU_MAX_LOCAL];
     int no_prefix;

@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h> /* --dry-run=json */
 #include <errno.h>       /* ENOMEM */
+#include <string.h>      /* strlen */
 
 static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, char *buf, size_t len)
 {
@@ -60,6 +61,23 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
         fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
                 plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
                 plan->max_restarts);
+    for (int i = 0; i < 2; i++) {
+        const mgpu_line_filters_t *f = &plan->output.dup[i];
+        const char *p = f->buf;
+        if (f->n == 0)
+            continue;
+        fprintf(out, "  %s lines shown that contain", i == 0 ? "stdout" : "stderr");
+        for (int j = 0; j < f->n; j++, p += strlen(p) + 1)
+            fprintf(out, "%s '%s'", j == 0 ? "" : " or", p);
+        if (plan->output.log_dir[0])
+            fprintf(out, " are also copied to %s/%s_<8 chars>/attempt_<n>/filtered_%s.log\n",
+                    plan->output.log_dir, plan->run_id, i == 0 ? "stdout" : "stderr");
+        else
+            fprintf(out,
+                    " are also copied to attempt_<n>/filtered_%s.log in a temporary folder, "
+                    "kept (no --log_dir)\n",
+                    i == 0 ? "stdout" : "stderr");
+    }
     for (int k = 0; k < plan->nproc; k++) {
         const mgpu_worker_plan_t *w = &plan->workers[k];
         char dev[512];

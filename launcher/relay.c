@@ -7,6 +7,7 @@
 #include <stdio.h>     /* snprintf */
 #include <string.h>    /* memchr, memmove */
 #include <sys/ioctl.h> /* FIONREAD */
+#include <sys/uio.h>   /* writev */
 #include <unistd.h>    /* close */
 
 #include "fdio.h" /* mgpu_fdio_write_all */
@@ -50,6 +51,36 @@ static void on_stream_closed(uv_handle_t *h)
     mgpu_sup_maybe_finish(s);
 }
 
+/* --duplicate_std{out,err}_filters: the lines of raw (each ending with '\n') that contain a
+ * filter's substring, with the rank's prefix as on the console, to the attempt's filtered log.
+ * One writev a line: with O_APPEND, lines of different ranks never tear. */
+static void duplicate_filtered(stream_t *st, const char *raw, size_t rlen)
+{
+    sup_t *s = st->proc->sup;
+    const mgpu_line_filters_t *f = &s->plan->output.dup[st->which - 1];
+    int fd = s->filtered_fd[st->which - 1];
+    const char *p = raw, *end = raw + rlen;
+
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) + 1 : (size_t)(end - p);
+        if (mgpu_line_filters_match(f, p, l)) {
+            struct iovec iov[2] = {{st->proc->prefix, strlen(st->proc->prefix)}, {(void *)p, l}};
+            ssize_t w = writev(fd, iov, 2);
+            /* a short write (a full disk, a signal): the rest as it can go */
+            if (w >= 0 && (size_t)w < iov[0].iov_len + l) {
+                size_t done = (size_t)w;
+                if (done < iov[0].iov_len)
+                    mgpu_fdio_write_all(fd, (const char *)iov[0].iov_base + done,
+                                        iov[0].iov_len - done);
+                done = done > iov[0].iov_len ? done - iov[0].iov_len : 0;
+                mgpu_fdio_write_all(fd, p + done, l - done);
+            }
+        }
+        p += l;
+    }
+}
+
 static void deliver(stream_t *st, const char *block, size_t blen, const char *raw, size_t rlen)
 {
     /* blen may be 0 with a whole line in raw: its newline already reached the console. */
@@ -60,6 +91,10 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)
         mgpu_fdio_write_all(st->file_fd, raw, rlen);
+    /* torchrun copies the lines it shows (tee'd streams); mgpu shows every stream that is not
+     * redirected or filtered out, and copies from them all. */
+    if (st->console_fd >= 0 && st->proc->sup->filtered_fd[st->which - 1] >= 0)
+        duplicate_filtered(st, raw, rlen);
     console_put(st, block, blen);
 }
 

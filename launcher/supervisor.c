@@ -328,6 +328,21 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
     s->res->attempts = s->attempt + 1;
 
+    /* --duplicate_std{out,err}_filters: one file an attempt, for every rank, as torchrun's */
+    for (int i = 0; i < 2; i++) {
+        if (s->filtered_fd[i] >= 0)
+            close(s->filtered_fd[i]);
+        s->filtered_fd[i] = -1;
+        if (o_opts->dup[i].n == 0)
+            continue;
+        if ((rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
+        s->filtered_fd[i] =
+            open_log(attempt_dir, i == 0 ? "filtered_stdout.log" : "filtered_stderr.log", err);
+        if (s->filtered_fd[i] < 0)
+            return s->filtered_fd[i];
+        s->res->keep_logs = 1;
+    }
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
         mgpu_outcome_t *o = &s->res->outcomes[k];
@@ -701,6 +716,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     s->plan = plan;
     s->res = res;
     s->rdzv = rdzv;
+    s->filtered_fd[0] = s->filtered_fd[1] = -1;
     s->cg = *cg;
     s->keeper = *keeper;
     s->multi = rdzv != NULL && plan->nnodes > 1;
@@ -770,6 +786,9 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    for (int i = 0; i < 2; i++)
+        if (s->filtered_fd[i] >= 0)
+            close(s->filtered_fd[i]);
     /* Every worker is gone: remove the job's cgroup (what is still in it dies: nothing of the
      * job may outlive it), release the keeper without letting it kill anything. It finishes
      * removing a group whose last processes are still exiting. */

@@ -88,6 +88,7 @@ typedef struct sup {
     mgpu_status_server_t status; /* `mgpu-launch status` */
 
     mgpu_filetimer_t *ft; /* torchrun's expiration timers, NULL when not enabled */
+    int filtered_fd[2];   /* this attempt's filtered_std{out,err}.log, -1 when none */
 } sup_t;
 
 /* relay.c: reading a worker's stream (libuv callbacks), and closing it. */

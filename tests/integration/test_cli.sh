@@ -377,7 +377,8 @@ t_opt_version_and_help() {
     expect_eq "$rc" 0
     for o in nproc_per_node nnodes node_rank master_addr master_port standalone max_restarts \
         log_dir redirects tee local_ranks_filter no_python module dry_run grace_period summary \
-        allow_gpu_sharing signals_to_handle numa_binding; do
+        allow_gpu_sharing signals_to_handle numa_binding duplicate_stdout_filters \
+        duplicate_stderr_filters; do
         expect_grep out "$o"
     done
     run_launch -h

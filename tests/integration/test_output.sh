@@ -1,14 +1,15 @@
 # test_output.sh - worker output through the launcher: whole lines, exactly once, in order per
 # rank, prefixed; partial writes; lines without a newline at exit; prefix templates and
 # --no_prefix; per-rank files in torchrun's --log_dir layout; -r/--redirects, -t/--tee (maps
-# too) and --local_ranks_filter.
+# too) and --local_ranks_filter; --duplicate_std{out,err}_filters' filtered logs.
 
 # hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
 unset LOGLEVEL PYTHON_EXEC
 export MGPU_SIM_GPUS=0
 unset CUDA_VISIBLE_DEVICES PET_NPROC_PER_NODE TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE PET_LOG_DIR \
-    PET_REDIRECTS PET_TEE PET_LOCAL_RANKS_FILTER
+    PET_REDIRECTS PET_TEE PET_LOCAL_RANKS_FILTER PET_DUPLICATE_STDOUT_FILTERS \
+    PET_DUPLICATE_STDERR_FILTERS
 export OMP_NUM_THREADS=1
 
 NLINES=20000
@@ -351,4 +352,69 @@ t_logs_redirect_without_log_dir_kept() {
     expect_grep "$f" '^out 1$'
     expect_grep err "$tmp"
     rm -rf "$tmp"
+}
+
+# --duplicate_stdout_filters / --duplicate_stderr_filters: the lines shown on the console that
+# contain one of the substrings are also copied, with their prefix, to one file for every rank,
+# <run>/attempt_<n>/filtered_std{out,err}.log.
+
+t_logs_duplicate_filters_copy_lines_shown() {
+    # rank 1's stdout goes to its file only (-r 1:1), rank 2 is not shown (--local_ranks_filter):
+    # neither is copied, as torchrun copies only what it shows
+    run_launch --nproc_per_node=3 --log_dir=logs -r 1:1 --local_ranks_filter=0,1 -t 0:1 \
+        --duplicate_stdout_filters='apple,or,,ange' --duplicate-stderr-filters NCCL "$TW" \
+        print "an apple %r" print "or,ange %r" print "or ange %r" print "plain %r" \
+        eprint "NCCL WARN %r" eprint "other %r" noeol "apple without newline %r"
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    local d; d=$(echo logs/none_*/attempt_0)
+    [ -d "$d" ] || fail "no attempt folder: $(find logs)"
+    printf '%s\n' '[rank0]:an apple 0' '[rank0]:or,ange 0' '[rank0]:apple without newline 0' \
+        >expected.out
+    diff expected.out "$d/filtered_stdout.log" || fail "filtered_stdout.log"
+    sort "$d/filtered_stderr.log" >got.err
+    printf '%s\n' '[rank0]:NCCL WARN 0' '[rank1]:NCCL WARN 1' >expected.err
+    diff expected.err got.err || fail "filtered_stderr.log"
+    # the copies are in addition: the console and the per-rank files are as without filters
+    expect_grep out '^\[rank0\]:an apple 0$'
+    expect_grep out '^\[rank0\]:plain 0$'
+    expect_grep "$d/1/stdout.log" '^an apple 1$'
+    expect_grep "$d/0/stdout.log" '^plain 0$'
+}
+
+t_logs_duplicate_filters_one_file_per_attempt() {
+    PET_DUPLICATE_STDOUT_FILTERS=attempt run_launch --nproc_per_node=2 --log_dir=logs \
+        --max_restarts=1 --no_prefix "$TW" print "attempt %a rank %r" touch p.%a.%r \
+        waitall p.%a. 2 fail_until 1 3
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    sort logs/none_*/attempt_0/filtered_stdout.log >a0
+    sort logs/none_*/attempt_1/filtered_stdout.log >a1
+    printf '%s\n' 'attempt 0 rank 0' 'attempt 0 rank 1' | diff - a0 || fail "attempt 0's copy"
+    printf '%s\n' 'attempt 1 rank 0' 'attempt 1 rank 1' | diff - a1 || fail "attempt 1's copy"
+    [ ! -e logs/none_*/attempt_0/filtered_stderr.log ] || fail "a filtered_stderr.log without filters"
+}
+
+t_logs_duplicate_filters_without_log_dir_kept() {
+    # no --log_dir: the run's temporary folder is kept for the file, and the launcher says where
+    local tmp; tmp=$(mktemp -d)
+    TMPDIR=$tmp run_launch --nproc_per_node=1 --duplicate_stdout_filters=loss "$TW" \
+        print "step 1 loss 0.5" print "step 1 lr 0.1"
+    expect_eq "$rc" 0
+    local f; f=$(find "$tmp" -name filtered_stdout.log)
+    [ -n "$f" ] || fail "no filtered_stdout.log under TMPDIR: $(find "$tmp")"
+    expect_eq "$(cat "$f")" '[rank0]:step 1 loss 0.5' "filtered_stdout.log"
+    expect_grep err "worker logs are in $tmp/"
+    rm -rf "$tmp"
+}
+
+t_logs_duplicate_filters_empty_copies_nothing() {
+    # torchrun: "An empty filters list won't duplicate any lines"; empty entries are left out
+    local tmp; tmp=$(mktemp -d)
+    TMPDIR=$tmp run_launch --duplicate_stdout_filters= --duplicate_stderr_filters=, "$TW" \
+        print x eprint y
+    expect_eq "$rc" 0
+    expect_eq "$(ls -A "$tmp")" "" "leftovers in TMPDIR"
+    rm -rf "$tmp"
+    run_launch --dup=x "$TW" print x
+    expect_eq "$rc" 2
+    expect_grep err 'ambiguous option --dup=x: could match --duplicate_stdout_filters, --duplicate_stderr_filters'
 }

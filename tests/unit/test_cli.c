@@ -339,6 +339,34 @@ static void test_numa_binding(void)
     free(c);
 }
 
+/* --duplicate_std{out,err}_filters: both spellings, PET_, argparse's ambiguity of --dup. */
+static void test_duplicate_filters(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_INT(c->dup_filters[0].n + c->dup_filters[1].n, 0);
+    CHECK_INT(parse(c, &e, "--duplicate-stdout-filters=apple,orange", "--duplicate_stderr_filters",
+                    "NCCL", "x", NULL),
+              0);
+    CHECK_INT(c->dup_filters[0].n, 2);
+    CHECK_STR(c->dup_filters[0].buf + 6, "orange");
+    CHECK_INT(c->dup_filters[1].n, 1);
+    CHECK_STR(c->dup_filters[1].buf, "NCCL");
+    CHECK_INT(parse(c, &e, "--duplicate_stdout=a,,b", "x", NULL), 0);
+    CHECK_STR(c->dup_filters[0].buf, "a,b");
+    fake_env[0][0] = "PET_DUPLICATE_STDERR_FILTERS";
+    fake_env[0][1] = "Traceback";
+    CHECK_INT(parse(c, &e, "x", NULL), 0);
+    CHECK_STR(c->dup_filters[1].buf, "Traceback");
+    CHECK_INT(parse(c, &e, "--duplicate_stderr_filters=", "x", NULL), 0); /* the option wins */
+    CHECK_INT(c->dup_filters[1].n, 0);
+    fake_env[0][0] = NULL;
+    CHECK_INT(parse(c, &e, "--dup=x", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "ambiguous option --dup=x");
+    free(c);
+}
+
 /* Messages that quote arguments show control bytes escaped. */
 static void test_messages_escape_input(void)
 {
@@ -366,5 +394,6 @@ int main(void)
     RUN(test_messages_escape_input);
     RUN(test_signals_to_handle);
     RUN(test_numa_binding);
+    RUN(test_duplicate_filters);
     return check_done();
 }

@@ -1,4 +1,5 @@
 /* test_output.c - whole prefixed lines out of arbitrary byte chunks. */
+#include <errno.h>  /* E2BIG */
 #include <stdlib.h> /* malloc */
 
 #include "check.h"
@@ -231,6 +232,43 @@ static void test_whole_lines_unchanged_by_live(void)
     mgpu_outbuf_free(&ob);
 }
 
+/* --duplicate_std{out,err}_filters: torchrun's comma list, ",," a comma, substring match. */
+static void test_line_filters(void)
+{
+    mgpu_line_filters_t f;
+    const char line[] = "NCCL WARN a,b\n";
+    CHECK_INT(mgpu_line_filters_parse("apple,orange", &f), 0);
+    CHECK_INT(f.n, 2);
+    CHECK_STR(f.buf, "apple");
+    CHECK_STR(f.buf + 6, "orange");
+    CHECK_INT(mgpu_line_filters_match(&f, "an orange\n", 10), 1);
+    CHECK_INT(mgpu_line_filters_match(&f, "an orang", 8), 0);
+    CHECK_INT(mgpu_line_filters_match(&f, "app\0le", 6), 0);
+    /* ",," is a comma inside a substring; ",,," a comma, then the next one */
+    CHECK_INT(mgpu_line_filters_parse("a,,b", &f), 0);
+    CHECK_INT(f.n, 1);
+    CHECK_STR(f.buf, "a,b");
+    CHECK_INT(mgpu_line_filters_match(&f, line, sizeof line - 1), 1);
+    CHECK_INT(mgpu_line_filters_parse("x,,,NCCL", &f), 0);
+    CHECK_INT(f.n, 2);
+    CHECK_STR(f.buf, "x,");
+    CHECK_STR(f.buf + 3, "NCCL");
+    /* only the n bytes given are searched: the match must not run past them */
+    CHECK_INT(mgpu_line_filters_match(&f, line, 3), 0);
+    /* empty entries are left out: "" copies nothing (not every line) */
+    CHECK_INT(mgpu_line_filters_parse("", &f), 0);
+    CHECK_INT(f.n, 0);
+    CHECK_INT(mgpu_line_filters_match(&f, line, sizeof line - 1), 0);
+    CHECK_INT(mgpu_line_filters_parse(",a,,,", &f), 0);
+    CHECK_INT(f.n, 1);
+    CHECK_STR(f.buf, "a,");
+    char big[2000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    CHECK_INT(mgpu_line_filters_parse(big, &f), -E2BIG);
+    CHECK_INT(f.n, 0);
+}
+
 int main(void)
 {
     RUN(test_prefix_template);
@@ -241,5 +279,6 @@ int main(void)
     RUN(test_live_partial_line_and_detach);
     RUN(test_live_then_end_of_stream);
     RUN(test_whole_lines_unchanged_by_live);
+    RUN(test_line_filters);
     return check_done();
 }
