@@ -6,7 +6,6 @@
 #include <errno.h>    /* errno */
 #include <fcntl.h>    /* open */
 #include <math.h>     /* isfinite */
-#include <stdarg.h>   /* va_list */
 #include <stdio.h>    /* fprintf */
 #include <stdlib.h>   /* strtol, strtod */
 #include <string.h>   /* strcmp */
@@ -15,6 +14,7 @@
 
 #include "escape.h"   /* mgpu_escape_inplace */
 #include "signames.h" /* mgpu_signames_parse */
+#include "text.h"     /* mgpu_append_line, mgpu_trim */
 
 typedef enum {
     O_NPROC,
@@ -350,34 +350,13 @@ static char *unquote(char *s)
 {
     size_t n;
 
-    while (*s == ' ' || *s == '\t')
-        s++;
+    s = mgpu_trim(s);
     n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-        s[--n] = '\0';
     if (n >= 2 && (s[0] == '\'' || s[0] == '"') && s[n - 1] == s[0]) {
         s[n - 1] = '\0';
         s++;
     }
     return s;
-}
-
-/* Appends one line to what -v shows once the log level is known (cli->notes). */
-static void add_note(mgpu_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void add_note(mgpu_cli_t *cli, const char *fmt, ...)
-{
-    size_t n = strlen(cli->notes);
-    va_list ap;
-
-    if (n + 2 >= sizeof cli->notes)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(cli->notes + n, sizeof cli->notes - n - 1, fmt, ap);
-    va_end(ap);
-    n = strlen(cli->notes);
-    cli->notes[n] = '\n';
-    cli->notes[n + 1] = '\0';
 }
 
 /* torchrun's --rdzv_conf: "join_timeout=600,last_call_timeout=30,is_host=1,...". Like torchrun,
@@ -428,7 +407,8 @@ static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgp
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s: is_host='%s': expected 1 or 0", what,
                                     val);
         } else {
-            add_note(cli, "rdzv_conf: ignoring %s=%s (not used by mgpu)", kv, val);
+            mgpu_append_line(cli->notes, sizeof cli->notes,
+                             "rdzv_conf: ignoring %s=%s (not used by mgpu)", kv, val);
         }
     }
     return 0;

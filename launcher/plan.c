@@ -19,6 +19,7 @@
 #include "escape.h" /* mgpu_escape_inplace */
 #include "log.h"    /* mgpu_info */
 #include "sock.h"   /* mgpu_sock_is_loopback */
+#include "text.h"   /* mgpu_append_line */
 
 extern char **environ;
 
@@ -605,25 +606,6 @@ void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages)
     build_vars(plan);
 }
 
-/* Appends one line to the plan's --numa_binding warnings. */
-static void numa_warn(mgpu_plan_t *plan, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void numa_warn(mgpu_plan_t *plan, const char *fmt, ...)
-{
-    size_t n = strlen(plan->numa_warning);
-    va_list ap;
-
-    if (n + 2 >= sizeof plan->numa_warning)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(plan->numa_warning + n, sizeof plan->numa_warning - n - 1, fmt, ap);
-    va_end(ap);
-    n = strlen(plan->numa_warning);
-    plan->numa_warning[n] = '\n';
-    plan->numa_warning[n + 1] = '\0';
-}
-
 /* --numa_binding: each worker's CPUs, from the NUMA node of its GPU (numa.h); workers on one
  * GPU share them. A worker that cannot be bound (no GPU, a GPU whose node is unknown, a node
  * outside the launcher's own affinity) runs unbound, and the launcher says why: the option
@@ -644,10 +626,10 @@ static int bind_numa(mgpu_plan_t *plan, const mgpu_plan_input_t *in, mgpu_err_t 
         for (int k = 0; k < plan->nproc; k++)
             snprintf(plan->workers[k].numa_why, sizeof plan->workers[k].numa_why,
                      "it runs on the CPU");
-        numa_warn(plan,
-                  "--numa_binding=%s: the workers run on the CPU (%s): no GPU to bind them "
-                  "near; they run unbound",
-                  mode, plan->cpu_reason);
+        mgpu_append_line(plan->numa_warning, sizeof plan->numa_warning,
+                         "--numa_binding=%s: the workers run on the CPU (%s): no GPU to bind them "
+                         "near; they run unbound",
+                         mode, plan->cpu_reason);
         return 0;
     }
     if ((t = malloc(sizeof *t)) == NULL)
@@ -656,7 +638,8 @@ static int bind_numa(mgpu_plan_t *plan, const mgpu_plan_input_t *in, mgpu_err_t 
         0) {
         for (int k = 0; k < plan->nproc; k++)
             snprintf(plan->workers[k].numa_why, sizeof plan->workers[k].numa_why, "%s", why);
-        numa_warn(plan, "--numa_binding=%s: %s: the workers run unbound", mode, why);
+        mgpu_append_line(plan->numa_warning, sizeof plan->numa_warning,
+                         "--numa_binding=%s: %s: the workers run unbound", mode, why);
         free(t);
         return 0;
     }
@@ -696,9 +679,10 @@ static int bind_numa(mgpu_plan_t *plan, const mgpu_plan_input_t *in, mgpu_err_t 
             nranks++;
         }
         if (st != 0)
-            numa_warn(plan, "--numa_binding=%s: local rank%s %s (GPU %d, %s%s) run%s unbound: %s",
-                      mode, nranks > 1 ? "s" : "", ranks, g->index, g->bus_id,
-                      g->simulated ? ", simulated" : "", nranks > 1 ? "" : "s", why);
+            mgpu_append_line(plan->numa_warning, sizeof plan->numa_warning,
+                             "--numa_binding=%s: local rank%s %s (GPU %d, %s%s) run%s unbound: %s",
+                             mode, nranks > 1 ? "s" : "", ranks, g->index, g->bus_id,
+                             g->simulated ? ", simulated" : "", nranks > 1 ? "" : "s", why);
     }
     free(t);
     return rc;

@@ -5,6 +5,8 @@
 #include <stdio.h>  /* snprintf */
 #include <string.h> /* strcmp */
 
+#include "text.h" /* mgpu_trim */
+
 /* The signals a job may be stopped on: those a user, a terminal or a scheduler sends to end
  * a job (Slurm's --signal, a batch system's time limit). Not the others: SIGKILL and SIGSTOP
  * cannot be caught; SIGCHLD, SIGWINCH and SIGPIPE are the launcher's own business; faults
@@ -40,19 +42,6 @@ static const char *unhandled_reason(const char *name)
     return NULL;
 }
 
-/* s without the blanks around it (s is modified). */
-static char *trim(char *s)
-{
-    size_t n;
-
-    while (*s == ' ' || *s == '\t')
-        s++;
-    n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-        s[--n] = '\0';
-    return s;
-}
-
 int mgpu_signames_parse(const char *what, const char *s, unsigned long long *mask, char *norm,
                         size_t normlen, mgpu_err_t *err)
 {
@@ -74,7 +63,7 @@ int mgpu_signames_parse(const char *what, const char *s, unsigned long long *mas
         next = strchr(tok, ',');
         if (next != NULL)
             *next++ = '\0';
-        name = trim(tok);
+        name = mgpu_trim(tok);
         if (*name == '\0')
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "%s='%s': %s; expected signal names separated by commas, e.g. "

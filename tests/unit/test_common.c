@@ -20,6 +20,7 @@
 #include "shm_head.h"
 #include "sock.h"
 #include "store_proto.h"
+#include "text.h"
 
 static void test_clock_mono_advances(void)
 {
@@ -232,6 +233,22 @@ static void test_sock_loopback(void)
 
 enum { COLOR_RED, COLOR_GREEN, COLOR_HOLE, COLOR_BLUE };
 
+static void test_text_trim_and_append_line(void)
+{
+    char a[] = " \t x y \t", b[] = "", c[] = "   ";
+    CHECK_STR(mgpu_trim(a), "x y");
+    CHECK_STR(mgpu_trim(b), "");
+    CHECK_STR(mgpu_trim(c), "");
+    char buf[12] = "";
+    mgpu_append_line(buf, sizeof buf, "a=%d", 1);
+    mgpu_append_line(buf, sizeof buf, "%s", "bc");
+    CHECK_STR(buf, "a=1\nbc\n");
+    mgpu_append_line(buf, sizeof buf, "%s", "defghij"); /* cut to what fits */
+    CHECK_STR(buf, "a=1\nbc\ndef\n");
+    mgpu_append_line(buf, sizeof buf, "%s", "k"); /* full: dropped */
+    CHECK_STR(buf, "a=1\nbc\ndef\n");
+}
+
 static void test_names_both_ways(void)
 {
     static const char *const names[] = {
@@ -259,6 +276,7 @@ static void test_names_both_ways(void)
 int main(void)
 {
     RUN(test_clock_mono_advances);
+    RUN(test_text_trim_and_append_line);
     RUN(test_fdio_round_trip_in_pieces);
     RUN(test_fdio_write_to_closed_pipe_is_epipe);
     RUN(test_fdio_raise_limit);
