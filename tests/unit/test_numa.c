@@ -8,6 +8,7 @@
 #include "fs.h" /* mgpu_fs_mkdir_p, mgpu_fs_remove_tree */
 #include "numa.h"
 #include "plan.h"
+#include "plan_build.h" /* build */
 
 /* Writes text and a newline to root/rel, making the folders on the way. */
 static void put(const char *root, const char *rel, const char *fmt, ...)
@@ -218,23 +219,6 @@ static void test_device_node(void)
     /* no NUMA in the kernel at all */
     CHECK_INT(mgpu_numa_topo_read("/nonexistent", MGPU_NUMA_NODE, NULL, &t, why, sizeof why), 1);
     CHECK_CONTAINS(why, "/nonexistent/devices/system/node: No such file or directory");
-}
-
-static int build(mgpu_plan_t *p, mgpu_err_t *e, const mgpu_plan_input_t *in, ...)
-{
-    static char *argv[32];
-    static mgpu_cli_t cli;
-    int argc = 0;
-    va_list ap;
-    va_start(ap, in);
-    argv[argc++] = "mgpu-launch";
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
-    va_end(ap);
-    memset(e, 0, sizeof *e);
-    if (mgpu_cli_parse(&cli, argc, argv, NULL, e) < 0)
-        return -1;
-    return mgpu_plan_build(p, &cli, in, e);
 }
 
 /* The plan: each worker bound near its own GPU (CUDA_VISIBLE_DEVICES and sharing followed),

@@ -1,10 +1,10 @@
 /* test_plan.c - ranks, devices (the article's four scenarios), environment and commands. */
-#include <stdarg.h>   /* va_list */
 #include <stdlib.h>   /* calloc */
 #include <sys/stat.h> /* chmod */
 
 #include "check.h"
 #include "plan.h"
+#include "plan_build.h" /* build */
 
 static mgpu_plan_input_t input(const char *sim, const char *cvd)
 {
@@ -19,23 +19,6 @@ static mgpu_plan_input_t input(const char *sim, const char *cvd)
     in.run_id = "rand-id";
     in.path_env = "/usr/bin:/bin";
     return in;
-}
-
-static int build(mgpu_plan_t *p, mgpu_err_t *e, const mgpu_plan_input_t *in, ...)
-{
-    static char *argv[32];
-    static mgpu_cli_t cli;
-    int argc = 0;
-    va_list ap;
-    va_start(ap, in);
-    argv[argc++] = "mgpu-launch";
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
-    va_end(ap);
-    memset(e, 0, sizeof *e);
-    if (mgpu_cli_parse(&cli, argc, argv, NULL, e) < 0)
-        return -1;
-    return mgpu_plan_build(p, &cli, in, e);
 }
 
 static void test_scenario1(void)
