@@ -4,9 +4,10 @@
 #include "cuda_impl.h"  /* cuda_impl, the device helpers, the other families' functions */
 #include "cuda_check.h" /* CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLAS_CHECK */
 
-#include <dlfcn.h> /* dlopen: cuBLAS is opened, not linked */
-#include <mutex>   /* std::call_once */
-#include <stdio.h> /* fprintf: MGPU_LT_VERBOSE */
+#include <dlfcn.h>  /* dlopen: cuBLAS is opened, not linked */
+#include <mutex>    /* std::call_once */
+#include <stdint.h> /* uintptr_t */
+#include <stdio.h>  /* fprintf: MGPU_LT_VERBOSE */
 
 namespace mgpu_cuda
 {
@@ -370,8 +371,10 @@ int ensure_ws(cuda_impl *c, size_t bytes, mgpu_err_t *err)
 int to_bf16(cuda_impl *c, int rows, int cols, const float *src, int lds, __nv_bfloat16 *dst,
             int ldd, mgpu_err_t *err)
 {
-    bool vec = cols % 4 == 0 && lds % 4 == 0 && aligned16(src);
-    if (vec && lds == cols && ldd == cols) {
+    /* four at a time: 16-byte loads, and 4-byte stores of pairs, so dst's rows stay even */
+    bool vec = cols % 4 == 0 && lds % 4 == 0 && aligned16(src) && ldd % 2 == 0 &&
+               ((uintptr_t)dst & 3u) == 0;
+    if (vec && lds == cols && ldd == cols && ((uintptr_t)dst & 7u) == 0) {
         size_t n4 = (size_t)rows * cols / 4;
         to_bf16_flat_kernel<<<grid_for(c, n4, kEwBlocksPerSm), kThreads, 0, c->stream>>>(
             n4, reinterpret_cast<const float4 *>(src), reinterpret_cast<uint2 *>(dst));

@@ -10,7 +10,8 @@
 #include "gpt_cuda_impl.h" /* cuda_impl, the device helpers, the ops' declarations */
 #include "cuda_check.h"    /* CUDA_CHECK, CUDA_CHECK_LAUNCH */
 
-#include <atomic> /* std::atomic: the per-device shared memory opt-in */
+#include <atomic>   /* std::atomic: the per-device shared memory opt-in */
+#include <limits.h> /* INT_MAX */
 
 namespace mgpu_cuda
 {
@@ -541,17 +542,6 @@ __global__ void __launch_bounds__(kThreads)
         *loss = (float)((double)*loss + s * scale);
 }
 
-/* y[r * ldy + j] = bf16(x[r * ldx + j]): a thread an element, rows along y. */
-__global__ void __launch_bounds__(kThreads)
-    to_bf16_2d_kernel(int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y, size_t ldy)
-{
-    const int j = blockIdx.x * kThreads + threadIdx.x;
-    if (j >= cols)
-        return;
-    for (int r = blockIdx.y; r < rows; r += gridDim.y)
-        y[(size_t)r * ldy + j] = (mgpu_bf16_t)bf_bits(x[(size_t)r * ldx + j]);
-}
-
 } /* namespace */
 
 /* --- the ops ------------------------------------------------------------------------------- */
@@ -567,19 +557,18 @@ int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err
 int gpt16_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
                      size_t ldy, mgpu_err_t *err)
 {
-    cuda_impl *ci = (cuda_impl *)impl;
-    if (rows < 0 || cols < 0 || (rows > 1 && ldy < (size_t)cols))
+    if (rows < 0 || cols < 0 || (rows > 1 && ldy < (size_t)cols) || ldx > (size_t)INT_MAX ||
+        ldy > (size_t)INT_MAX)
         return mgpu_err_set(err, MGPU_E_RANGE,
-                            "gpt16_to_bf16_2d: %d rows of %d, y's %zu apart: expected rows and "
-                            "columns >= 0 and rows at least a row apart",
-                            rows, cols, ldy);
+                            "gpt16_to_bf16_2d: %d rows of %d, x's %zu and y's %zu apart: expected "
+                            "rows and columns >= 0, y's rows at least a row apart, strides below "
+                            "2^31",
+                            rows, cols, ldx, ldy);
     if (rows == 0 || cols == 0)
         return 0;
-    dim3 grid((unsigned)((cols + kThreads - 1) / kThreads),
-              (unsigned)(rows < 65535 ? rows : 65535));
-    to_bf16_2d_kernel<<<grid, kThreads, 0, ci->stream>>>(rows, cols, x, ldx, y, ldy);
-    CUDA_CHECK_LAUNCH(err, "to_bf16_2d_kernel (%d x %d)", rows, cols);
-    return 0;
+    /* the backend's strided conversion (cublas.cu), which the fp32 ops' bf16 operands take */
+    return to_bf16((cuda_impl *)impl, rows, cols, x, (int)ldx, reinterpret_cast<__nv_bfloat16 *>(y),
+                   (int)ldy, err);
 }
 
 /* The block opt-in shared memory of ci's device, granted to every form of the LayerNorm
