@@ -63,6 +63,12 @@ static int alloc_ln2_16(mgpu_gpt_t *m, size_t n, mgpu_gpt_acts_t *a, mgpu_err_t 
     return m->b16->to_bf16_2d(m->k->impl, (int)n, 1, m->one, 0, a->ln2_16 + C, (size_t)kp, err);
 }
 
+/* The rows of ln2_16 and of the c_fc weights the bf16 product reads: fc_kp, or C. */
+static int fc_k(const mgpu_gpt_t *m)
+{
+    return m->fc_kp > 0 ? m->fc_kp : m->spec.n_embd;
+}
+
 /* Layer l's mlp.c_fc weight and bias in bf16: fc16's rows (fc_kp > 0) or params16's. */
 static const mgpu_bf16_t *fc_w16(const mgpu_gpt_t *m, int l)
 {
@@ -399,7 +405,6 @@ static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
         const mgpu_gpt_block_t *w = &m->blocks[l];
         mgpu_gpt_acts_t *a = &m->acts[l];
         float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
-        const int kp = m->fc_kp;
         if ((rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
                                        (size_t)C, a->ln1_mean, a->ln1_rstd, err)) < 0 ||
             (rc = o->linear(ki, N, C, 3 * C, a->ln1_16, W + w->qkv_w, W + w->qkv_b, a->qkv16, NULL,
@@ -408,10 +413,9 @@ static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
             (rc = o->linear_f32(ki, N, C, C, a->atty16, W + w->proj_w, P + w->proj_b, a->x, a->res2,
                                 err)) < 0 ||
             (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
-                                       (size_t)(kp > 0 ? kp : C), a->ln2_mean, a->ln2_rstd, err)) <
-                0 ||
-            (rc = o->linear(ki, N, kp > 0 ? kp : C, 4 * C, a->ln2_16, fc_w16(m, l),
-                            kp > 0 ? NULL : W + w->fc_b, a->gelu16, a->fch16, err)) < 0 ||
+                                       (size_t)fc_k(m), a->ln2_mean, a->ln2_rstd, err)) < 0 ||
+            (rc = o->linear(ki, N, fc_k(m), 4 * C, a->ln2_16, fc_w16(m, l),
+                            m->fc_kp > 0 ? NULL : W + w->fc_b, a->gelu16, a->fch16, err)) < 0 ||
             (rc = o->linear_f32(ki, N, 4 * C, C, a->gelu16, W + w->fcp_w, P + w->fcp_b, a->res2,
                                 next, err)) < 0)
             return rc;
@@ -476,7 +480,7 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
         const mgpu_gpt_block_t *w = &m->blocks[l];
         mgpu_gpt_acts_t *a = &m->acts[l];
         /* x_{l+1} = res2 + fcp(gelu(fc(ln2(res2)))): GELU's derivative in the epilogue. */
-        const size_t kp = (size_t)(m->fc_kp > 0 ? m->fc_kp : C);
+        const size_t kp = (size_t)fc_k(m);
         if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, 4 * (size_t)C,
                                       a->fch16, m->d4_16, err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C,
@@ -733,14 +737,13 @@ int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err)
 {
     if (m->b16 == NULL)
         return fresh(m, m->params, m->n_params, err);
-    const size_t C = (size_t)m->spec.n_embd, kp = (size_t)m->fc_kp;
+    /* where AdamW writes each tensor's bf16 copy: params16, or rows inside a wider matrix */
     int rc = m->b16->to_bf16(m->k->impl, m->n_params, m->params, m->params16, err);
-    for (int l = 0; rc == 0 && kp > 0 && l < m->spec.n_layer; l++) {
-        mgpu_bf16_t *row0 = (mgpu_bf16_t *)fc_w16(m, l);
-        if ((rc = m->b16->to_bf16_2d(m->k->impl, 4 * (int)C, (int)C, m->params + m->blocks[l].fc_w,
-                                     C, row0, kp, err)) == 0)
-            rc = m->b16->to_bf16_2d(m->k->impl, 4 * (int)C, 1, m->params + m->blocks[l].fc_b, 1,
-                                    row0 + C, kp, err);
+    for (int i = 0; rc == 0 && i < m->n_tensors; i++) {
+        const mgpu_gpt_adamw_tensor_t *t = &m->adam[i];
+        if (t->p16_cols > 0)
+            rc = m->b16->to_bf16_2d(m->k->impl, (int)(t->n / (size_t)t->p16_cols), t->p16_cols,
+                                    t->p, (size_t)t->p16_cols, t->p16, t->p16_ld, err);
     }
     return rc;
 }
