@@ -101,6 +101,23 @@ static float dgelu1(float x, float dy)
     return dx;
 }
 
+/* A GELU product's two bf16 outputs on the device against the reference: pre (the sum, one
+ * bf16 rounding) and out (GELU of it, a little more). label names the form. */
+static void check_gelu16(env_t *e, const char *label, int n, int c, int oc, const mgpu_bf16_t *dpre,
+                         const mgpu_bf16_t *dout, const float *ref, const float *ref_g)
+{
+    const size_t no = (size_t)n * oc;
+    char what[112];
+    float *got = down16(e, dpre, no);
+    snprintf(what, sizeof what, "%s pre %dx%dx%d", label, n, c, oc);
+    close_scaled(what, got, ref, no, 2e-3, 8e-3);
+    free(got);
+    got = down16(e, dout, no);
+    snprintf(what, sizeof what, "%s out %dx%dx%d", label, n, c, oc);
+    close_scaled(what, got, ref_g, no, 2e-3, 1e-2);
+    free(got);
+}
+
 typedef struct shape {
     int n, c, oc;
 } shape_t;
@@ -150,14 +167,7 @@ static void test_linear_forward(void)
         free(got);
 
         OK(&e, BOPS->linear(IMPL(&e), n, c, oc, di, dw, db, dout, dpre, &e.err));
-        got = down16(&e, dpre, no);
-        snprintf(what, sizeof what, "linear+gelu pre %dx%dx%d", n, c, oc);
-        close_scaled(what, got, ref, no, 2e-3, 8e-3);
-        free(got);
-        got = down16(&e, dout, no);
-        snprintf(what, sizeof what, "linear+gelu out %dx%dx%d", n, c, oc);
-        close_scaled(what, got, ref_g, no, 2e-3, 1e-2);
-        free(got);
+        check_gelu16(&e, "linear+gelu", n, c, oc, dpre, dout, ref, ref_g);
 
         /* the bias inside the product, as the model's MLP input takes it: inp's rows then a 1
          * and zeros, w's rows then the bias and zeros, kp = c + 1 rounded up to 64 wide */
@@ -176,14 +186,7 @@ static void test_linear_forward(void)
             mgpu_bf16_t *dik = dup16(&e, hik, (size_t)n * kp),
                         *dwk = dup16(&e, hwk, (size_t)oc * kp);
             OK(&e, BOPS->linear(IMPL(&e), n, kp, oc, dik, dwk, NULL, dout, dpre, &e.err));
-            got = down16(&e, dpre, no);
-            snprintf(what, sizeof what, "linear+gelu, bias in the product, pre %dx%dx%d", n, c, oc);
-            close_scaled(what, got, ref, no, 2e-3, 8e-3);
-            free(got);
-            got = down16(&e, dout, no);
-            snprintf(what, sizeof what, "linear+gelu, bias in the product, out %dx%dx%d", n, c, oc);
-            close_scaled(what, got, ref_g, no, 2e-3, 1e-2);
-            free(got);
+            check_gelu16(&e, "linear+gelu, bias in the product,", n, c, oc, dpre, dout, ref, ref_g);
             mgpu_k_free(e.gpu, dik);
             mgpu_k_free(e.gpu, dwk);
             free(hik), free(hwk);
