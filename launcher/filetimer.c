@@ -393,6 +393,11 @@ const char *mgpu_filetimer_path(const mgpu_filetimer_t *ft)
     return ft->path;
 }
 
+const char *mgpu_filetimer_dir(const mgpu_filetimer_t *ft)
+{
+    return ft->dir;
+}
+
 static void on_closed(uv_handle_t *h)
 {
     mgpu_filetimer_t *ft = h->data;

@@ -43,6 +43,8 @@ char **mgpu_filetimer_environ(const mgpu_filetimer_t *ft);
 
 /* The FIFO's path. */
 const char *mgpu_filetimer_path(const mgpu_filetimer_t *ft);
+/* The private folder made for the FIFO, "" when the user named the FIFO's path. */
+const char *mgpu_filetimer_dir(const mgpu_filetimer_t *ft);
 
 /* Stops serving (see above). NULL does nothing. */
 void mgpu_filetimer_close(mgpu_filetimer_t *ft);

@@ -214,12 +214,14 @@ static int contain(mgpu_cgroup_t *cg, mgpu_err_t *err)
     return 0;
 }
 
-/* The job is over before the supervisor could end it: its cgroup goes, the keeper too. */
+/* The job is over before the supervisor could end it: its cgroup goes, the keeper too (the
+ * run's folder, when there was one, is gone: mgpu_run_result_free). */
 static void uncontain(mgpu_cgroup_t *cg, mgpu_spawner_keeper_t *keeper)
 {
     mgpu_cgroup_close(cg);
     mgpu_cgroup_remove(cg, 50);
     mgpu_spawner_keeper_release(keeper);
+    mgpu_spawner_keeper_forget(keeper);
 }
 
 /* Report: the root cause, the startup timeline, the summary file. */
@@ -335,8 +337,8 @@ int main(int argc, char **argv)
     mgpu_rdzv_close(rdzv);
     if (rc < 0) {
         mgpu_error("%s", err.msg);
-        uncontain(&cg, &keeper);
         mgpu_run_result_free(&res);
+        uncontain(&cg, &keeper);
         mgpu_plan_free(&plan);
         mgpu_pages_close(&pages);
         return rc == MGPU_E_USAGE ? 2 : 1;
@@ -344,7 +346,10 @@ int main(int argc, char **argv)
     mgpu_debug("run over");
     report(&plan, &res);
     rc = res.exit_code;
+    /* The run's folder goes here, unless it holds what must be kept: only then may the keeper
+     * forget it. */
     mgpu_run_result_free(&res);
+    mgpu_spawner_keeper_forget(&keeper);
     mgpu_plan_free(&plan);
     mgpu_pages_close(&pages);
     return rc;

@@ -6,12 +6,15 @@
 #include <fcntl.h>     /* O_CLOEXEC */
 #include <signal.h>    /* signal, sigprocmask, kill */
 #include <stdlib.h>    /* posix_openpt, grantpt, unlockpt, ptsname_r */
-#include <string.h>    /* memcpy */
+#include <string.h>    /* memcpy, strerror */
 #include <sys/ioctl.h> /* TIOCSWINSZ */
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
 #include <termios.h>   /* tcgetattr, OPOST */
 #include <time.h>      /* clock_gettime */
 #include <unistd.h>    /* fork, execve, setsid */
+
+#include "keeper.h" /* mgpu_keeper_read, mgpu_keeper_clean */
+#include "log.h"    /* mgpu_debug */
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
 static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
@@ -167,12 +170,12 @@ int mgpu_spawner_pty_size(int console_fd, size_t prefix_len, struct winsize *ws)
 }
 
 /* It blocks every signal it can, so a terminal's Ctrl-C or a stray SIGTERM leaves it to its
- * one job; -1 on the pipe is the launcher's "quit". Forked from the multi-threaded launcher:
- * async-signal-safe calls only. */
+ * one job. Forked from the multi-threaded launcher: async-signal-safe calls only. */
 static void keeper_main(int fd, const mgpu_cgroup_t *cg)
 {
+    mgpu_keeper_paths_t paths;
     int32_t pgids[4096], v;
-    int n = 0;
+    int n = 0, quit = 0;
     sigset_t all;
 
     sigfillset(&all);
@@ -192,27 +195,31 @@ static void keeper_main(int fd, const mgpu_cgroup_t *cg)
             close(i);
     for (int i = 0; i < 3; i++)
         close(i);
-    for (;;) {
-        ssize_t r = read(fd, &v, sizeof v);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r != (ssize_t)sizeof v)
-            break;
-        if (v == -1) {
-            /* The job is over; the launcher has killed and removed the group, or left it
-             * for its last processes to leave. */
-            mgpu_cgroup_remove(cg, 2000);
-            _exit(0);
-        }
-        if (n < 4096)
+    paths.n = 0;
+    while (mgpu_keeper_read(fd, &paths, &v) > 0) {
+        if (v > 0 && !quit && n < 4096)
             pgids[n++] = v;
+        if (v == MGPU_KEEPER_QUIT && !quit) {
+            /* The job's processes are over; the launcher has killed and removed the group,
+             * or left it for its last processes to leave. The process groups are forgotten:
+             * their ids may be reused. The launcher still has its report to write. */
+            quit = 1;
+            n = 0;
+            mgpu_cgroup_remove(cg, 2000);
+        }
+        if (v == MGPU_KEEPER_FORGET && quit)
+            _exit(0);
     }
-    /* EOF without "quit": the launcher died. Everything in the job's cgroup goes at once;
-     * without one, the workers' process groups. */
-    mgpu_cgroup_kill(cg);
-    for (int i = 0; i < n; i++)
-        kill(-pgids[i], SIGKILL);
-    mgpu_cgroup_remove(cg, 5000);
+    /* EOF without "forget": the launcher died. Before its "quit", everything in the job's
+     * cgroup goes at once, and without one, the workers' process groups; then, either way,
+     * the files it made. */
+    if (!quit) {
+        mgpu_cgroup_kill(cg);
+        for (int i = 0; i < n; i++)
+            kill(-pgids[i], SIGKILL);
+        mgpu_cgroup_remove(cg, 5000);
+    }
+    mgpu_keeper_clean(&paths);
     _exit(0);
 }
 
@@ -242,7 +249,7 @@ void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg
 
 static void keeper_send(mgpu_spawner_keeper_t *k, int32_t v)
 {
-    if (k->fd >= 0 && write(k->fd, &v, sizeof v) != (ssize_t)sizeof v) {
+    if (k->fd >= 0 && mgpu_keeper_send(k->fd, v) < 0) {
         close(k->fd);
         k->fd = -1;
     }
@@ -253,9 +260,22 @@ void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid)
     keeper_send(k, (int32_t)pgid);
 }
 
+void mgpu_spawner_keeper_tell_path(mgpu_spawner_keeper_t *k, const char *path)
+{
+    int rc;
+
+    if (k->fd >= 0 && (rc = mgpu_keeper_send_path(k->fd, path)) < 0)
+        mgpu_debug("keeper: %s is left should the launcher die: %s", path, strerror(-rc));
+}
+
 void mgpu_spawner_keeper_release(mgpu_spawner_keeper_t *k)
 {
-    keeper_send(k, -1);
+    keeper_send(k, MGPU_KEEPER_QUIT);
+}
+
+void mgpu_spawner_keeper_forget(mgpu_spawner_keeper_t *k)
+{
+    keeper_send(k, MGPU_KEEPER_FORGET);
     if (k->fd >= 0)
         close(k->fd);
     k->fd = -1;

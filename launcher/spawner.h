@@ -11,7 +11,7 @@
  * known at once, with its errno, and is never signalled as if it were running.
  *
  * Ownership: the caller owns every descriptor it passes; the keeper's pipe end belongs to the
- * mgpu_spawner_keeper_t until mgpu_spawner_keeper_release. */
+ * mgpu_spawner_keeper_t until mgpu_spawner_keeper_forget. */
 #ifndef MGPU_SPAWNER_H
 #define MGPU_SPAWNER_H
 
@@ -64,16 +64,23 @@ typedef struct mgpu_spawner_keeper {
  * workers when the launcher dies, even by SIGKILL, but not what the workers started (a shell's
  * children, data-loader processes, daemons): those would be reparented to init and hold the
  * GPU. The keeper runs in a session of its own, so no signal to the launcher or to its process
- * group reaches it, and watches the launcher through a pipe: when the pipe reaches EOF without
- * the launcher's "quit", the launcher died, and the keeper SIGKILLs everything in the job's
- * cgroup cg (when there is one), and every worker's process group the launcher told it, then
- * removes the cgroup. Without a keeper (pipe or fork failed) the run goes on, with workers
- * still tied to the launcher by PDEATHSIG. */
+ * group reaches it, and watches the launcher through a pipe (keeper.h's messages): when the
+ * pipe reaches EOF before the launcher's "quit", the launcher died, and the keeper SIGKILLs
+ * everything in the job's cgroup cg (when there is one), and every worker's process group the
+ * launcher told it, then removes the cgroup; at EOF before "forget", it removes the files the
+ * launcher told it. Without a keeper (pipe or fork failed) the run goes on, with workers still
+ * tied to the launcher by PDEATHSIG. */
 void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg);
 /* Tells the keeper one more process group to kill should the launcher die. */
 void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid);
-/* The job is over: lets the keeper exit without killing anything (it removes the cgroup
- * should the launcher have left it), and closes the pipe. */
+/* Tells the keeper a file or folder the launcher just made, to remove should it die before
+ * mgpu_spawner_keeper_forget (a folder loses its empty folders only; keeper.h). */
+void mgpu_spawner_keeper_tell_path(mgpu_spawner_keeper_t *k, const char *path);
+/* The job's processes are over: the keeper kills nothing, and removes the cgroup should the
+ * launcher have left it. It still watches for the files. */
 void mgpu_spawner_keeper_release(mgpu_spawner_keeper_t *k);
+/* The launcher removed its files, or keeps them on purpose: the keeper forgets them and exits
+ * (after mgpu_spawner_keeper_release); closes the pipe. */
+void mgpu_spawner_keeper_forget(mgpu_spawner_keeper_t *k);
 
 #endif

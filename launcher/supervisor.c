@@ -751,6 +751,9 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
             rc = mgpu_err_set(err, -errno, "mkdtemp(%s): %s", res->log_root, strerror(errno));
             goto out;
         }
+        /* Should this process be killed, the keeper removes the folder's empty folders, and
+         * keeps what the workers wrote. A folder under --log_dir is the user's: never told. */
+        mgpu_spawner_keeper_tell_path(&s->keeper, res->log_root);
     }
 
     uv_loop_init(&s->loop);
@@ -759,6 +762,11 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
                                   &s->ft, err)) < 0) {
         uv_loop_close(&s->loop);
         goto out;
+    }
+    if (s->ft != NULL) { /* the FIFO is removed before its folder: told after it */
+        if (mgpu_filetimer_dir(s->ft)[0])
+            mgpu_spawner_keeper_tell_path(&s->keeper, mgpu_filetimer_dir(s->ft));
+        mgpu_spawner_keeper_tell_path(&s->keeper, mgpu_filetimer_path(s->ft));
     }
     signal(SIGPIPE, SIG_IGN);
     /* Orphans of the workers are reparented here, so teardown can find and reap them. */

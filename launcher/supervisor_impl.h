@@ -68,7 +68,7 @@ typedef struct sup {
     int root;         /* first failure of this attempt, -1 */
     int finished;
     mgpu_console_t con;           /* the launcher's stdout and stderr */
-    mgpu_spawner_keeper_t keeper; /* kills the workers' groups if the launcher dies */
+    mgpu_spawner_keeper_t keeper; /* ends the job and removes its files if the launcher dies */
     mgpu_cgroup_t cg;             /* the job's cgroup; cg.path "" when none could be made */
     /* Shared by every stream: libuv calls on_read right after on_alloc, and a block of lines
      * is written before the next read, so one of each serves all workers (and keeps the

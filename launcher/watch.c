@@ -18,6 +18,7 @@
 #include "fdio.h"          /* mgpu_fdio_write_all */
 #include "log.h"           /* mgpu_warn */
 #include "pages.h"         /* mgpu_pages_read */
+#include "spawner.h"       /* mgpu_spawner_keeper_tell_path */
 #include "stacks.h"        /* mgpu_stacks_collect */
 #include "stall.h"         /* mgpu_stall_detect */
 #include "status_server.h" /* mgpu_status_reply */
@@ -229,6 +230,8 @@ int mgpu_watch_init(sup_t *s, mgpu_err_t *err)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
     if (mgpu_status_server_start(&s->status, &s->loop, on_status, s, &serr) < 0)
         mgpu_warn("`mgpu-launch status` will not see this job: %s", serr.msg);
+    else
+        mgpu_spawner_keeper_tell_path(&s->keeper, s->status.path);
     return 0;
 }
 
