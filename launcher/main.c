@@ -304,11 +304,13 @@ int main(int argc, char **argv)
     keeper.pid = keeper.fd = -1;
     if (cg.path[0] == '\0') {
         const char *why;
-        if ((rc = mgpu_reaper_start(plan.stop_signals, &why)) >= 0) {
+        int keeper_fd;
+        if ((rc = mgpu_reaper_start(plan.stop_signals, &why, &keeper_fd)) >= 0) {
             mgpu_plan_free(&plan);
             mgpu_pages_close(&pages);
             return rc;
         }
+        mgpu_spawner_keeper_attach(&keeper, keeper_fd);
         if (why != NULL) {
             mgpu_warn("containment: no subreaper keeper: %s: %s", why, strerror(errno));
             mgpu_spawner_keeper_start(&keeper, &cg);

@@ -2,7 +2,7 @@
 #include "reaper.h"
 
 #include <errno.h>        /* errno */
-#include <fcntl.h>        /* O_CLOEXEC */
+#include <fcntl.h>        /* O_CLOEXEC, fcntl */
 #include <poll.h>         /* poll */
 #include <signal.h>       /* sigprocmask, kill */
 #include <stdio.h>        /* fflush */
@@ -12,7 +12,8 @@
 #include <sys/wait.h>     /* waitpid */
 #include <unistd.h>       /* fork, setsid, pipe2 */
 
-#include "log.h" /* mgpu_error */
+#include "keeper.h" /* mgpu_keeper_read, mgpu_keeper_clean */
+#include "log.h"    /* mgpu_error */
 
 static int read_int(int fd, int *v)
 {
@@ -70,22 +71,32 @@ static void kill_children(void)
     }
 }
 
-/* K: a session of its own, subreaper of everything P1 starts. Returns -1 in P1; K itself
- * ends here. Forked with every signal blocked; K keeps them blocked (no terminal signal or
- * stray SIGTERM may end it before its work is done) and reads SIGCHLD from a signalfd. */
-static int keeper_main(int st_w, int life_r, const sigset_t *old)
+/* K: a session of its own, subreaper of everything P1 starts. Returns -1 in P1, with *msg_w
+ * the write end of the pipe K reads P1's messages on (keeper.h); K itself ends here. Forked
+ * with every signal blocked; K keeps them blocked (no terminal signal or stray SIGTERM may end
+ * it before its work is done) and reads SIGCHLD from a signalfd. Forked before any thread, K
+ * may call anything; it shares the spawner's keeper's async-signal-safe cleanup all the same. */
+static int keeper_main(int st_w, int life_r, const sigset_t *old, int *msg_w)
 {
     sigset_t chld;
-    struct pollfd pf[2];
-    int status = 0, ws, sfd, p1_done = 0;
+    struct pollfd pf[3];
+    mgpu_keeper_paths_t paths = {0};
+    int status = 0, ws, sfd, p1_done = 0, msg[2] = {-1, -1};
+    int32_t v;
     pid_t self = getpid(), p1, pid;
 
     setsid();
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    /* Should the pipe fail, the job runs with nobody to remove its files if P1 is killed. */
+    if (pipe2(msg, O_CLOEXEC) != 0)
+        msg[0] = msg[1] = -1;
     p1 = fork();
     if (p1 == 0) {
         close(st_w);
         close(life_r);
+        if (msg[0] >= 0)
+            close(msg[0]);
+        *msg_w = msg[1];
         /* Should K be killed, the job goes with it rather than run on with nobody to report
          * to; K may have died already between fork and prctl. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -99,24 +110,34 @@ static int keeper_main(int st_w, int life_r, const sigset_t *old)
         _exit(0);
     }
     prctl(PR_SET_NAME, "mgpu-keeper");
-    /* Nothing of the launcher's but its two pipes: a wrapper reading the launcher's output
-     * must see EOF when the job is over, not when K is. */
+    /* Nothing of the launcher's but its pipes: a wrapper reading the launcher's output must
+     * see EOF when the job is over, not when K is. */
     for (int fd = 0; fd < 3; fd++)
         close(fd);
+    if (msg[1] >= 0) {
+        close(msg[1]);
+        fcntl(msg[0], F_SETFL, O_NONBLOCK);
+    }
     write_int(st_w, (int)p1);
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     pf[0] = (struct pollfd){.fd = life_r, .events = POLLIN};
     pf[1] = (struct pollfd){.fd = sfd, .events = POLLIN};
+    pf[2] = (struct pollfd){.fd = msg[0], .events = POLLIN};
     while (!p1_done) {
         struct signalfd_siginfo si;
+        int r;
 
         /* Without a signalfd, poll wakes every 100 ms to reap. */
-        if (poll(pf, 2, sfd < 0 ? 100 : -1) < 0 && errno != EINTR)
+        if (poll(pf, 3, sfd < 0 ? 100 : -1) < 0 && errno != EINTR)
             break;
         while (sfd >= 0 && read(sfd, &si, sizeof si) == (ssize_t)sizeof si)
             ;
+        /* P1's messages: only its paths matter here (it kills all its children anyway) */
+        while (pf[2].fd >= 0 && pf[2].revents != 0 && (r = mgpu_keeper_read(msg[0], &paths, &v)))
+            if (r < 0)
+                pf[2].fd = -1; /* EOF: P1 is exiting; its SIGCHLD follows */
         while ((pid = waitpid(-1, &ws, WNOHANG)) > 0)
             if (pid == p1) {
                 status = ws;
@@ -129,12 +150,18 @@ static int keeper_main(int st_w, int life_r, const sigset_t *old)
             pf[0].fd = -1;
         }
     }
+    /* What P1 wrote before it ended, "forget" last when it ended normally. */
+    while (msg[0] >= 0 && mgpu_keeper_read(msg[0], &paths, &v) > 0)
+        ;
     kill_children();
+    /* A P1 killed before its "forget" left its files: removed once nothing of the job can
+     * write there any more, and before P0 hears that the job is over. */
+    mgpu_keeper_clean(&paths);
     write_int(st_w, status);
     _exit(0);
 }
 
-int mgpu_reaper_start(unsigned long long stop_signals, const char **why)
+int mgpu_reaper_start(unsigned long long stop_signals, const char **why, int *keeper_fd)
 {
     int st[2], life[2], sfd, v = 0, status = -1;
     sigset_t all, old, mask;
@@ -147,6 +174,7 @@ int mgpu_reaper_start(unsigned long long stop_signals, const char **why)
         stop_signals | 1ull << SIGUSR1 | 1ull << SIGUSR2 | 1ull << SIGWINCH;
 
     *why = NULL;
+    *keeper_fd = -1;
     if (pipe2(st, O_CLOEXEC) != 0) {
         *why = "pipe2";
         return -1;
@@ -165,7 +193,7 @@ int mgpu_reaper_start(unsigned long long stop_signals, const char **why)
     if (k == 0) {
         close(st[0]);
         close(life[1]);
-        return keeper_main(st[1], life[0], &old);
+        return keeper_main(st[1], life[0], &old, keeper_fd);
     }
     close(st[1]);
     close(life[0]);

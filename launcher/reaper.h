@@ -16,7 +16,9 @@
  * with P1's status (128+signal for a signal). K
  * reaps P1, SIGKILLs and reaps everything reparented to it until it has no child left, then
  * hands P1's status to P0. If P0 dies first (kill -9 of it or of its group: K and P1 are in
- * K's session, untouched), K SIGKILLs P1 and then everything reparented to it.
+ * K's session, untouched), K SIGKILLs P1 and then everything reparented to it. P1 tells K
+ * the files it makes on a pipe (keeper.h's messages); should P1 die before its "forget", K
+ * removes them.
  *
  * Call before any thread exists: P1 goes on from the fork, and a fork keeps only the calling
  * thread. */
@@ -26,10 +28,11 @@
 #include <sys/types.h> /* pid_t */
 
 /* Splits the launcher as above; stop_signals (bit 1 << N for signal N) are the signals P1
- * stops the job on. Returns -1 in P1 (go on with the job), or in P0 the status the launcher
- * exits with. When no pipe or process could be made, returns -1 in the one launcher there is
- * and sets *why (the call that failed): the job runs without the reaper. */
-int mgpu_reaper_start(unsigned long long stop_signals, const char **why);
+ * stops the job on. Returns -1 in P1 (go on with the job), with *keeper_fd the write end of
+ * the pipe to K (close-on-exec; -1 when it could not be made), or in P0 the status the
+ * launcher exits with. When no pipe or process could be made, returns -1 in the one launcher
+ * there is and sets *why (the call that failed): the job runs without the reaper. */
+int mgpu_reaper_start(unsigned long long stop_signals, const char **why, int *keeper_fd);
 
 /* The children of the calling process (the kernel's list in /proc): its own, and orphans
  * reparented to it as a subreaper. Up to max pids into out; returns how many. */

@@ -247,6 +247,12 @@ void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg
         k->fd = fds[1];
 }
 
+void mgpu_spawner_keeper_attach(mgpu_spawner_keeper_t *k, int fd)
+{
+    k->pid = -1;
+    k->fd = fd;
+}
+
 static void keeper_send(mgpu_spawner_keeper_t *k, int32_t v)
 {
     if (k->fd >= 0 && mgpu_keeper_send(k->fd, v) < 0) {

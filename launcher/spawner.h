@@ -56,7 +56,7 @@ int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, con
 int mgpu_spawner_pty_size(int console_fd, size_t prefix_len, struct winsize *ws);
 
 typedef struct mgpu_spawner_keeper {
-    pid_t pid; /* -1 when none could be started */
+    pid_t pid; /* -1 when none could be started, or the keeper is not a child */
     int fd;    /* write end of its pipe, -1 when none */
 } mgpu_spawner_keeper_t;
 
@@ -71,6 +71,10 @@ typedef struct mgpu_spawner_keeper {
  * launcher told it. Without a keeper (pipe or fork failed) the run goes on, with workers still
  * tied to the launcher by PDEATHSIG. */
 void mgpu_spawner_keeper_start(mgpu_spawner_keeper_t *k, const mgpu_cgroup_t *cg);
+/* The keeper is the reaper's (reaper.h), the launcher's parent, which reads the same messages
+ * on the pipe whose write end is fd (process groups and "quit" it has no use for: it kills all
+ * its children when the launcher dies). */
+void mgpu_spawner_keeper_attach(mgpu_spawner_keeper_t *k, int fd);
 /* Tells the keeper one more process group to kill should the launcher die. */
 void mgpu_spawner_keeper_tell(mgpu_spawner_keeper_t *k, pid_t pgid);
 /* Tells the keeper a file or folder the launcher just made, to remove should it die before
