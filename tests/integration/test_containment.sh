@@ -5,7 +5,8 @@
 # (`sleep 1000.<run>`), which an environment-clearing child keeps. Both modes: a cgroup of the
 # job's own (where one can be made: as root, or delegated) and the forced fallback
 # (MGPU_CGROUP=0: the launcher's keeper, in a session of its own, is the subreaper of
-# everything the job starts).
+# everything the job starts). No file is left either: the runs have a TMPDIR and a status
+# socket folder of their own, and only what a worker wrote there may stay.
 #
 # CONTAIN_RUNS (default 20) runs of each kind and mode; tests/containment_stats.sh runs more
 # and counts what is left.
@@ -24,8 +25,23 @@ marked() { pgrep -f -- "1000\.$1( |\$)"; }
 none_marked() { [ -z "$(marked "$1")" ]; }
 all_exist() { local f; for f; do [ -e "$f" ] || return 1; done; }
 
-# The worker: starts the grandchildren named in $KINDS, says it is ready, then fails (rank 1
-# when FAIL_RANK=1) or waits, ignoring SIGTERM when STUBBORN_WORKER=1.
+# A TMPDIR and a status socket folder (XDG_RUNTIME_DIR/mgpu) of the test's own, under the
+# current folder, emptied: what a launcher leaves there is found by files_left.
+private_dirs() {
+    export TMPDIR=$PWD/tmp XDG_RUNTIME_DIR=$PWD/xdg
+    mkdir -p "$TMPDIR" "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+    rm -rf "${TMPDIR:?}"/* "${XDG_RUNTIME_DIR:?}"/mgpu/*
+}
+# What is left there but workers' error files (error.json) and the folders that hold them.
+files_left() {
+    find "$TMPDIR" "$XDG_RUNTIME_DIR" -mindepth 1 \
+        \( -type d -empty ! -path "$XDG_RUNTIME_DIR/mgpu" -o ! -type d ! -name error.json \)
+}
+no_files_left() { [ -z "$(files_left)" ]; }
+
+# The worker: starts the grandchildren named in $KINDS, writes its error file (rank
+# ERRFILE_RANK), says it is ready, then fails (rank 1 when FAIL_RANK=1) or waits, ignoring
+# SIGTERM when STUBBORN_WORKER=1.
 write_worker() {
     cat >w.sh <<'EOS'
 #!/bin/sh
@@ -41,6 +57,7 @@ for k in $KINDS; do
     esac
 done
 [ "$STUBBORN_WORKER" = 1 ] && trap '' TERM
+[ "$RANK" = "$ERRFILE_RANK" ] && echo '{"message": "written before the end"}' >"$TORCHELASTIC_ERROR_FILE"
 touch "ready.$RANK"
 if [ "$RANK" = "$FAIL_RANK" ]; then
     while [ "$(ls ready.* | wc -l)" -lt "$NPROC" ]; do sleep 0.01; done
@@ -61,18 +78,23 @@ random_kinds() {
     echo "$out"
 }
 
-# one_run MODE EVENT I: starts a job, waits until its grandchildren are up, ends it by EVENT
-# (kill9: the launcher; kill9pg: the launcher's process group; fail: a worker fails), then
-# waits up to CONTAIN_WAIT (10) s for every marked process to go. LEFT gets what is still
-# there (pids), DESC the run in words.
+# one_run MODE EVENT I: starts a job (with expiration timers: their FIFO is one more file),
+# waits until its grandchildren are up, ends it by EVENT (kill9: the launcher; kill9pg: the
+# launcher's process group; fail: a worker fails), then waits up to CONTAIN_WAIT (10) s for
+# every marked process to go, and for the files. LEFT gets what is still there (pids), FILES
+# the files left (files_left), and more when the error file a worker wrote (one rank at
+# random, or none, when the launcher is killed) is gone; DESC the run in words.
 one_run() {
-    local mode=$1 event=$2 i=$3 m="$$$i$RANDOM" lp nproc=$((2 + RANDOM % 2))
+    local mode=$1 event=$2 i=$3 m="$$$i$RANDOM" lp nproc=$((2 + RANDOM % 2)) errfile_rank=-1
     local kinds; kinds=$(random_kinds)
-    DESC="run $i ($mode $event, kinds:$kinds)"
+    [ "$event" = fail ] || errfile_rank=$((RANDOM % (nproc + 1) - 1))
+    DESC="run $i ($mode $event, kinds:$kinds, error file of rank $errfile_rank)"
     rm -f ready.*
+    private_dirs
     (
         [ "$mode" = fallback ] && export MGPU_CGROUP=0
         export KINDS="$kinds" NPROC=$nproc STUBBORN_WORKER=$((RANDOM % 2))
+        export TORCHELASTIC_ENABLE_FILE_TIMER=1 ERRFILE_RANK=$errfile_rank
         [ "$event" = fail ] && export FAIL_RANK=1
         # its own process group, as a shell's job or `timeout` would give it
         exec setsid "$LAUNCH" --nproc_per_node=$nproc --grace_period=0.5 ./w.sh "$m" >out 2>err
@@ -91,6 +113,10 @@ one_run() {
     wait_until "${CONTAIN_WAIT:-10}" none_marked "$m"
     LEFT=$(marked "$m" | tr '\n' ' ')
     [ "$event" != fail ] || grep -q 'exitcode *: 3' err || fail "$DESC: no failure reported: $(cat err)"
+    wait_until "${CONTAIN_WAIT:-10}" no_files_left
+    FILES=$(files_left)
+    [ "$errfile_rank" -lt 0 ] || [ -f "$(echo "$TMPDIR"/mgpu_*/attempt_0/"$errfile_rank"/error.json)" ] ||
+        FILES="$FILES (and rank $errfile_rank's error file is gone: $(find "$TMPDIR"))"
 }
 
 require_cgroup() {
@@ -105,6 +131,7 @@ runs() {
     for i in $(seq 1 "$CONTAIN_RUNS"); do
         one_run "$mode" "$event" "$i"
         [ -z "$LEFT" ] || fail "$DESC: left: $(ps -o pid,ppid,pgid,sid,stat,args -p "$(echo $LEFT | tr ' ' ,)")"
+        [ -z "$FILES" ] || fail "$DESC: files left: $FILES"
     done
 }
 
@@ -144,6 +171,55 @@ t_containment_fallback_failure() { runs fallback fail; }
 # the whole launcher's group was killed (the keeper has a session of its own).
 t_containment_fallback_kill9() { runs fallback kill9; }
 t_containment_fallback_kill9_group() { runs fallback kill9pg; }
+
+# kill_in_report MODE: the launcher is killed once its workers are gone, while it writes its
+# report (it waits there to read a worker's error file that is a FIFO): the keeper, told that
+# the job ended, must still remove the launcher's files, and keep the worker's.
+kill_in_report() {
+    local lp
+    private_dirs
+    cat >fifo.sh <<'EOS'
+#!/bin/sh
+[ "$RANK" = 1 ] && mkfifo "$TORCHELASTIC_ERROR_FILE" && exit 3
+exec sleep 1000
+EOS
+    chmod +x fifo.sh
+    (
+        [ "$1" = fallback ] && export MGPU_CGROUP=0
+        exec "$LAUNCH" --nproc_per_node=3 --grace_period=0.5 ./fifo.sh >out 2>err
+    ) &
+    lp=$!
+    wait_until 20 grep -q 'Root Cause' err || { kill -9 $lp; fail "no report: $(cat err)"; }
+    sleep 0.2
+    kill -0 $lp || fail "the launcher did not wait in its report: $(cat err)"
+    kill -9 $lp
+    wait_until 10 no_files_left || fail "files left: $(files_left)"
+    [ -p "$(echo "$TMPDIR"/mgpu_*/attempt_0/1/error.json)" ] || fail "the worker's FIFO is gone: $(find "$TMPDIR")"
+}
+t_containment_cgroup_kill9_in_report() { require_cgroup; kill_in_report cgroup; }
+t_containment_fallback_kill9_in_report() { kill_in_report fallback; }
+
+# Without a cgroup, the launcher that runs the job (the keeper's child) killed alone: the pid
+# the caller sees exits with 128+9, and nothing is left, processes or files.
+t_containment_fallback_kill9_job() {
+    local m="$$$RANDOM" lp keeper sup
+    write_worker
+    private_dirs
+    rm -f ready.*
+    MGPU_CGROUP=0 TORCHELASTIC_ENABLE_FILE_TIMER=1 ERRFILE_RANK=0 KINDS="setsid daemon" NPROC=2 \
+        "$LAUNCH" --nproc_per_node=2 ./w.sh "$m" >out 2>err &
+    lp=$!
+    wait_until 20 all_exist ready.0 ready.1 || { kill -9 $lp; fail "workers not ready: $(cat err)"; }
+    keeper=$(pgrep -P "$lp")
+    sup=$(pgrep -P "$keeper")
+    [ -n "$sup" ] || { kill -9 $lp; fail "no launcher under the keeper $keeper"; }
+    kill -9 "$sup"
+    wait $lp
+    expect_eq "$?" 137 "exit status after SIGKILL of the launcher that runs the job"
+    wait_until 10 none_marked "$m" || fail "left: $(marked "$m")"
+    wait_until 10 no_files_left || fail "files left: $(files_left)"
+    [ -f "$(echo "$TMPDIR"/mgpu_*/attempt_0/0/error.json)" ] || fail "rank 0's error file is gone: $(find "$TMPDIR")"
+}
 
 # The pid the caller sees stays in the caller's process group and exits with the job's
 # status; the keeper and the launcher that runs the job are in a session of their own.
