@@ -34,6 +34,9 @@ ifeq ($(origin CUDA),undefined)
 CUDA := $(if $(NVCC),1,0)
 endif
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90
+# Hopper's warpgroup MMAs (kernels/gpt_attention_wg.cu) need the architecture-specific target
+# sm_90a; a CUDA_ARCH without compute_90 builds that file for its own targets, without them.
+WGMMA_ARCH ?= $(if $(findstring compute_90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a -DMGPU_HAVE_WGMMA=1,$(CUDA_ARCH))
 
 LIBUV_A ?= $(firstword $(wildcard /usr/lib/$(shell $(CC) -dumpmachine)/libuv_a.a /usr/lib/libuv_a.a /usr/local/lib/libuv_a.a))
 CJSON_SO ?= $(firstword $(wildcard /usr/lib/$(shell $(CC) -dumpmachine)/libcjson.so.1 /usr/lib/libcjson.so.1 /usr/local/lib/libcjson.so.1))
@@ -135,6 +138,8 @@ $(BUILD)/obj-cpu/%.o: %.c
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(INC_$(call layer,$<)) -DMGPU_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/kernels/gpt_attention_wg.cu.o: CUDA_ARCH := $(WGMMA_ARCH)
 
 # ar of a fresh archive: an object removed from the tree never lingers in a library.
 define archive

@@ -106,6 +106,7 @@ struct cuda_impl {
     int device;
     mgpu_kernels_options_t opt; /* the MGPU_* knobs (options.h), read at creation */
     int sms;
+    int cc;       /* compute capability, major * 10 + minor */
     int l2_bytes; /* the L2 cache's size */
     cudaStream_t stream;
     cublasHandle_t blas;

@@ -549,6 +549,13 @@ inline int check16(const char *op, int b, int t, int c, int nh, mgpu_err_t *err)
     return 0;
 }
 } /* namespace */
+
+/* gpt_attention_wg.cu: the bf16 forward on Hopper's warpgroup MMAs, for q, k and v read
+ * straight from a 16-byte aligned qkv (b, t, 3c) whose heads are 64 wide. _ok: whether it
+ * runs here (built for sm_90a, a compute capability 9.0 device, MGPU_GPT_WGMMA not 0). */
+bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs);
+int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const bf16 *qkv,
+                               bf16 *out, float *lse, float scale, mgpu_err_t *err);
 } /* namespace mgpu_cuda */
 
 #endif

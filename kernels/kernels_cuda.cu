@@ -19,6 +19,10 @@ int impl_init(cuda_impl *c, mgpu_err_t *err)
     CUDA_CHECK(err, cudaSetDevice(c->device));
     CUDA_CHECK(err, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, c->device));
     CUDA_CHECK(err, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device));
+    int major = 0, minor = 0;
+    CUDA_CHECK(err, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
+    CUDA_CHECK(err, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
+    c->cc = major * 10 + minor;
     /* Non-blocking: no implicit ordering with the legacy default stream that other code in
      * the process (a data loader's cudaMemcpy) may use. */
     CUDA_CHECK(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

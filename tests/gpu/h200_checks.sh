@@ -4,10 +4,10 @@
 #   - the GPU unit tests (CUDA kernels against the C reference, the NCCL backend and its
 #     watchdog, GPU training against the CPU and CUDA-graph replay against eager steps);
 #   - the GPT's CUDA kernels against the C reference (build/tests/test_gpt_cuda, and the bf16
-#     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16), the gradients' average
-#     inside the GPT's CUDA graph step (test_gpt_graph, a stand-in all-reduce), and short
-#     GPT trainings: fp32 on the GPU against the CPU, bf16 against fp32
-#     (tests/gpu/gpt_train_checks.sh);
+#     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16, also with MGPU_GPT_WGMMA=0),
+#     the gradients' average inside the GPT's CUDA graph step (test_gpt_graph, a stand-in
+#     all-reduce), and short GPT trainings: fp32 on the GPU against the CPU, bf16 against
+#     fp32 (tests/gpu/gpt_train_checks.sh);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
 #   - the article's scenarios 3 and 4 on the real GPU, and its demo.py (PyTorch, NCCL) under
 #     mgpu-launch with world size 1;
@@ -52,6 +52,8 @@ gpt_kernels() {
         }
         "build/tests/$t" || rc=1
     done
+    # the attention's mma.sync forward, which Hopper otherwise leaves for its wgmma one
+    [ ! -x build/tests/test_gpt_attn16 ] || MGPU_GPT_WGMMA=0 build/tests/test_gpt_attn16 || rc=1
     return $rc
 }
 part gpt_kernels_gpu gpt_kernels
