@@ -115,8 +115,9 @@ static void write_info(const char *root, const char *bus, const char *uuid)
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/driver/nvidia/gpus/%s/information", root, bus);
     f = fopen(path, "w");
-    fprintf(f, "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nGPU UUID: \t %s\nBus Type: \t PCIe\n"
-               "Bus Location: \t %s\n",
+    fprintf(f,
+            "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nGPU UUID: \t %s\nBus Type: \t PCIe\n"
+            "Bus Location: \t %s\n",
             uuid, bus);
     fclose(f);
 }
@@ -149,6 +150,8 @@ static void test_discover_from_proc(void)
     /* no driver: no GPU, and no error */
     CHECK_INT(mgpu_devices_discover(&l, NULL, "/nonexistent", NULL), 0);
     CHECK_INT(l.count, 0);
+    snprintf(path, sizeof path, "/bin/rm -rf %s", root);
+    CHECK(system(path) == 0);
 }
 
 static void test_describe(void)

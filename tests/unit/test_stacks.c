@@ -129,6 +129,14 @@ static char *fake_dir(int alone)
     return dir;
 }
 
+/* Removes a folder fake_dir made, with the fake tools in it. */
+static void remove_fake_dir(const char *dir)
+{
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "/bin/rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
 static void free_texts(got_t *g)
 {
     for (int i = 0; i < g->n; i++)
@@ -184,8 +192,7 @@ static void test_each_tool_alone(void)
             CHECK_CONTAINS(g.texts[0], "sleep");
         end(pid);
         free_texts(&g);
-        snprintf(cmd, sizeof cmd, "/bin/rm -rf %s", dir);
-        CHECK(system(cmd) == 0);
+        remove_fake_dir(dir);
         strcpy(dir + strlen(dir) - 6, "XXXXXX");
         setenv("PATH", saved, 1);
     }
@@ -287,6 +294,7 @@ static void test_hung_tool_is_killed(void)
     end(pids[0]);
     end(pids[1]);
     free_texts(&g);
+    remove_fake_dir(dir);
 }
 
 static void test_failing_tool_hands_over(void)
@@ -314,6 +322,7 @@ static void test_failing_tool_hands_over(void)
     }
     end(pid);
     free_texts(&g);
+    remove_fake_dir(dir);
 }
 
 static void test_output_is_bounded(void)
@@ -334,6 +343,7 @@ static void test_output_is_bounded(void)
     }
     end(pid);
     free_texts(&g);
+    remove_fake_dir(dir);
 }
 
 static void test_no_tool_no_process(void)
@@ -341,7 +351,7 @@ static void test_no_tool_no_process(void)
     got_t g;
     pid_t pids[2];
 
-    fake_dir(1); /* an empty PATH folder: no tool at all */
+    char *dir = fake_dir(1); /* an empty PATH folder: no tool at all */
     pids[0] = start_sleeper();
     pids[1] = fork();
     if (pids[1] == 0)
@@ -359,6 +369,7 @@ static void test_no_tool_no_process(void)
     collect(NULL, 0, 5, &g);
     CHECK_INT(g.n, 0);
     free_texts(&g);
+    remove_fake_dir(dir);
 }
 
 static void test_bad_arguments(void)
