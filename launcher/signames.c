@@ -11,35 +11,46 @@
  * a job (Slurm's --signal, a batch system's time limit). Not the others: SIGKILL and SIGSTOP
  * cannot be caught; SIGCHLD, SIGWINCH and SIGPIPE are the launcher's own business; faults
  * (SIGSEGV, SIGBUS, ...) and job control (SIGTSTP, SIGCONT, ...) do not ask a job to end. */
-static const struct {
-    const char *name;
-    int sig;
-} stop_signal_names[] = {
-    {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
-    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGVTALRM", SIGVTALRM},
-    {"SIGPROF", SIGPROF}, {"SIGXCPU", SIGXCPU}, {"SIGXFSZ", SIGXFSZ}, {"SIGPWR", SIGPWR},
-};
-#define STOP_SIGNAL_LIST                                                                           \
-    "SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, "   \
-    "SIGXFSZ, SIGPWR"
+static const int stop_signals[] = {SIGTERM, SIGINT,    SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2,
+                                   SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGPWR};
+#define NSTOP (sizeof stop_signals / sizeof stop_signals[0])
 
-/* Why a known signal that is not in stop_signal_names cannot be in the list, or NULL when the
- * name is no signal at all. */
-static const char *unhandled_reason(const char *name)
+/* The standard signal "SIG<name>" names (SIGTERM: 15), 0 when there is none. */
+static int signal_named(const char *name)
 {
     if (strncmp(name, "SIG", 3) != 0)
-        return NULL;
-    if (strcmp(name, "SIGKILL") == 0 || strcmp(name, "SIGSTOP") == 0)
-        return "it cannot be caught";
-    if (strcmp(name, "SIGCHLD") == 0 || strcmp(name, "SIGWINCH") == 0 ||
-        strcmp(name, "SIGPIPE") == 0)
-        return "the launcher uses it itself";
+        return 0;
     for (int sig = 1; sig < 32; sig++) {
         const char *abbrev = sigabbrev_np(sig);
         if (abbrev != NULL && strcmp(abbrev, name + 3) == 0)
-            return "it does not ask a job to end";
+            return sig;
     }
-    return NULL;
+    return 0;
+}
+
+/* Why sig cannot be in the list, or NULL when it may stop a job. */
+static const char *unhandled_reason(int sig)
+{
+    for (size_t i = 0; i < NSTOP; i++)
+        if (stop_signals[i] == sig)
+            return NULL;
+    if (sig == SIGKILL || sig == SIGSTOP)
+        return "it cannot be caught";
+    if (sig == SIGCHLD || sig == SIGWINCH || sig == SIGPIPE)
+        return "the launcher uses it itself";
+    return "it does not ask a job to end";
+}
+
+/* "SIGTERM, SIGINT, ...": the signals that may stop a job, for the messages. */
+static const char *stop_signal_list(char *buf, size_t len)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < NSTOP && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%sSIG%s", i ? ", " : "",
+                                 sigabbrev_np(stop_signals[i]));
+    return buf;
 }
 
 int mgpu_signames_parse(const char *what, const char *s, unsigned long long *mask, char *norm,
@@ -58,8 +69,9 @@ int mgpu_signames_parse(const char *what, const char *s, unsigned long long *mas
     snprintf(buf, sizeof buf, "%s", s);
     /* strtok_r would pass over empty entries: find them by hand, as each is a mistake. */
     for (char *tok = buf, *next; tok != NULL; tok = next, n++) {
-        char *name;
-        int sig = 0;
+        char *name, list[160];
+        const char *why;
+        int sig;
         next = strchr(tok, ',');
         if (next != NULL)
             *next++ = '\0';
@@ -70,19 +82,14 @@ int mgpu_signames_parse(const char *what, const char *s, unsigned long long *mas
                                 "%s",
                                 what, s, n == 0 && next == NULL ? "empty list" : "empty entry",
                                 MGPU_SIGNAMES_DEFAULT);
-        for (size_t i = 0; i < sizeof stop_signal_names / sizeof stop_signal_names[0]; i++)
-            if (strcmp(stop_signal_names[i].name, name) == 0)
-                sig = stop_signal_names[i].sig;
-        if (sig == 0) {
-            const char *why = unhandled_reason(name);
-            if (why != NULL)
-                return mgpu_err_set(err, MGPU_E_USAGE,
-                                    "%s='%s': %s cannot be handled (%s); expected some of: %s",
-                                    what, s, name, why, STOP_SIGNAL_LIST);
+        if ((sig = signal_named(name)) == 0)
             return mgpu_err_set(err, MGPU_E_USAGE,
                                 "%s='%s': unknown signal '%s'; expected some of: %s", what, s, name,
-                                STOP_SIGNAL_LIST);
-        }
+                                stop_signal_list(list, sizeof list));
+        if ((why = unhandled_reason(sig)) != NULL)
+            return mgpu_err_set(err, MGPU_E_USAGE,
+                                "%s='%s': %s cannot be handled (%s); expected some of: %s", what, s,
+                                name, why, stop_signal_list(list, sizeof list));
         if ((*mask >> sig) & 1)
             continue;
         *mask |= 1ull << sig;
