@@ -320,7 +320,7 @@ int att_side_ready(cuda_impl *ci, bool *ready, mgpu_err_t *err)
 template <int HS, class OutT, int WQ, int MQ, int KQ, int WKV, int MKV, int QKV>
 int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, View vv, View dov,
                const float *lse, float *dsum, const bf16 *out, OutT *dqkv, float scale,
-               mgpu_err_t *err)
+               mgpu_err_t *err, bool wg = false)
 {
     using L = Tc<HS>;
     constexpr int RQ = 16 * MQ * WQ, RKV = 16 * MKV * WKV;
@@ -328,8 +328,9 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
     bool side = false;
     int rc;
-    if ((rc = prepare(att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>, smem, err)) < 0 ||
-        (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV>, smem_kv, err)) < 0 ||
+    if ((rc = wg ? gpt16_attention_backward_wg_prepare(err)
+                 : prepare(att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>, smem, err)) < 0 ||
+        (!wg && (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV>, smem_kv, err)) < 0) ||
         (rc = att_side_ready(ci, &side, err)) < 0)
         return rc;
     const char *tn = std::is_same<OutT, float>::value ? "fp32" : "bf16";
@@ -349,14 +350,25 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     /* The key pass first: it is the longer. The launches' statuses are reported after the
      * join, which is made whatever they were, so that ci->stream never runs ahead of
      * att_side. */
-    dim3 grid_kv((unsigned)((t + RKV - 1) / RKV), (unsigned)nh, (unsigned)b);
-    att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV><<<grid_kv, WKV * 32, smem_kv, kv_stream>>>(
-        t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
-    const cudaError_t kv_rc = cudaGetLastError();
-    dim3 grid_q((unsigned)((t + RQ - 1) / RQ), (unsigned)nh, (unsigned)b);
-    att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>
-        <<<grid_q, WQ * 32, smem, ci->stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
-    const cudaError_t q_rc = cudaGetLastError();
+    cudaError_t kv_rc, q_rc;
+    if constexpr (std::is_same<OutT, bf16>::value) {
+        if (wg) { /* q, k, v and dout row views of qkv and dout (gpt16_attention_backward) */
+            kv_rc = gpt16_attention_backward_wg_launch(true, kv_stream, b, t, c, nh, qv.p, dov.p,
+                                                       lse, dsum, dqkv, scale);
+            q_rc = gpt16_attention_backward_wg_launch(false, ci->stream, b, t, c, nh, qv.p, dov.p,
+                                                      lse, dsum, dqkv, scale);
+        }
+    }
+    if (!wg) {
+        dim3 grid_kv((unsigned)((t + RKV - 1) / RKV), (unsigned)nh, (unsigned)b);
+        att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV><<<grid_kv, WKV * 32, smem_kv, kv_stream>>>(
+            t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
+        kv_rc = cudaGetLastError();
+        dim3 grid_q((unsigned)((t + RQ - 1) / RQ), (unsigned)nh, (unsigned)b);
+        att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ><<<grid_q, WQ * 32, smem, ci->stream>>>(
+            t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv, scale);
+        q_rc = cudaGetLastError();
+    }
     if (side) {
         CUDA_CHECK(err, cudaEventRecord(ci->att_join, ci->att_side));
         CUDA_CHECK(err, cudaStreamWaitEvent(ci->stream, ci->att_join, 0));
@@ -367,8 +379,10 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
             err, MGPU_E_CUDA,
             "%s:%d: launch of %s<%d, %s, %d warps of %d rows> (b=%d t=%d c=%d nh=%d): %s "
             "(%s)",
-            __FILE__, __LINE__, kv_bad ? "att_bwd_kv_tc_kernel" : "att_bwd_q_tc_kernel", HS, tn,
-            kv_bad ? WKV : WQ, 16 * (kv_bad ? MKV : MQ), b, t, c, nh,
+            __FILE__, __LINE__,
+            wg ? (kv_bad ? "att_bwd_kv_wg_kernel" : "att_bwd_q_wg_kernel")
+               : (kv_bad ? "att_bwd_kv_tc_kernel" : "att_bwd_q_tc_kernel"),
+            HS, tn, kv_bad ? WKV : WQ, 16 * (kv_bad ? MKV : MQ), b, t, c, nh,
             cudaGetErrorString(kv_bad ? kv_rc : q_rc), cudaGetErrorName(kv_bad ? kv_rc : q_rc));
     return 0;
 }
@@ -430,7 +444,7 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
                               kBwd16KvMT<HS>, kBwd16KvQC<HS>>(
                 ci, b, t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
                 row_view(qkv + 2 * (size_t)c, t, ld, hs), row_view(dout, t, (size_t)c, hs), lse,
-                dsum, out, dqkv, scale, err);
+                dsum, out, dqkv, scale, err, gpt16_attention_forward_wg_ok(ci, hs));
         }
         const size_t plane = (size_t)b * t * nh * HS;
         const size_t off = (void *)dsum == ci->ws ? (nd * sizeof(float) + 255) / 256 * 256 : 0;

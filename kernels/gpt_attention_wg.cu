@@ -1,9 +1,11 @@
-/* gpt_attention_wg.cu - the bf16 path's attention forward at a head size of 64 on Hopper
- * (compute capability 9.0): the products are warpgroup MMAs (wgmma.mma_async, the
- * architecture-specific target sm_90a) instead of gpt_attention_tc.cu's mma.sync, and each
- * warpgroup overlaps them with its softmax as FlashAttention-3 does within a warpgroup: the
- * scores of key tile j and the sum p . v of tile j - 1 go to the tensor cores together, the
- * softmax of tile j runs while the second is still on them.
+/* gpt_attention_wg.cu - the bf16 path's attention at a head size of 64 on Hopper (compute
+ * capability 9.0): the products are warpgroup MMAs (wgmma.mma_async, the architecture-specific
+ * target sm_90a) instead of the mma.sync of gpt_attention_tc.cu (forward) and
+ * gpt_attention_tc_bwd.cu (the backward's two passes, which keep their structure and streams
+ * there: only their kernels are these). In the forward each warpgroup overlaps the products
+ * with its softmax as FlashAttention-3 does within a warpgroup: the scores of key tile j and
+ * the sum p . v of tile j - 1 go to the tensor cores together, the softmax of tile j runs while
+ * the second is still on them.
  *
  * A block is two warpgroups (256 threads), 64 queries each, over key tiles of 64 rows; q, k
  * and v come straight from qkv's rows (row stride 3c) through cp.async into shared memory in
@@ -16,10 +18,17 @@
  * the running maximum and sum in log2 units, lse, the output rounded once to bf16) is the
  * mma.sync forward's arithmetic, so the two agree but for the order of the products' sums.
  *
- * Measured alone on an H200 at GPT-2 124M's shape (b 16, t 1024, 12 heads of 64): 0.117 ms
- * against 0.133 for the mma.sync forward (gpt_kernels_bench, same process). Without sm_90a in
- * the build (CUDA_ARCH without compute_90), on another GPU, or with MGPU_GPT_WGMMA=0,
- * gpt_attention_tc.cu's forward runs. */
+ * The backward's query pass (dq = scale ds . k, s = q . k^T and dp = dout . v^T from shared
+ * memory, ds = p (dp - D) in registers as the third product's A operand, k read transposed)
+ * and key pass (s^T = k . q^T, dp^T = v . dout^T, then dv += p^T . dout and dk += ds^T . q with
+ * dout and q read transposed) take a warpgroup's 64 queries or keys over tiles of 64 of the
+ * other. Sums run in a fixed order, as in the mma.sync passes: no atomics.
+ *
+ * Measured alone on an H200 at GPT-2 124M's shape (b 16, t 1024, 12 heads of 64): the forward
+ * 0.117 ms against 0.133 for the mma.sync one (gpt_kernels_bench); the query pass 0.131 ms and
+ * the key pass 0.181 ms, one after the other, against 0.369 for the mma.sync passes side by
+ * side. Without sm_90a in the build (CUDA_ARCH without compute_90), on another GPU, or with
+ * MGPU_GPT_WGMMA=0, the mma.sync kernels run. */
 #include "gpt_attention_tc.h" /* cp.async, View, prepare; cuda_impl */
 
 namespace mgpu_cuda
@@ -38,6 +47,13 @@ constexpr int kWgThreads = 128 * kWgGroups;
 constexpr int kWgStages = 3;                /* k and v tiles: in use, next, arriving */
 constexpr int kWgTileBytes = kWgRows * 128; /* 64 rows of 64 bf16 */
 constexpr size_t kWgSmem = 1024 + (size_t)(kWgGroups + 2 * kWgStages) * kWgTileBytes;
+/* The query pass: q and dout tiles of its two warpgroups, three stages of k and v. The key
+ * pass: a warpgroup a block (registers: s, dp, dk, dv and two A operands), its k and v, three
+ * stages of q and dout with their lse and D. */
+constexpr size_t kWgSmemQ = 1024 + (size_t)(2 * kWgGroups + 2 * kWgStages) * kWgTileBytes;
+constexpr size_t kWgSmemKv =
+    1024 + (size_t)(2 + 2 * kWgStages) * kWgTileBytes + 2 * kWgStages * kWgRows * sizeof(float);
+
 #ifdef MGPU_WG_BODY
 /* A shared-memory matrix descriptor: 128-byte swizzling, the stride between groups of 8 rows
  * (sbo) and between 64-element column groups (lbo, unused at these sizes), in bytes. */
@@ -278,6 +294,218 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
+/* The backward's query pass: a block of two warpgroups owns 128 queries (last queries first);
+ * each warpgroup's 64 over the key tiles up to its last query. k and v tiles come in three
+ * buffers: tile j + 1 is loaded while tile j is used. */
+__global__ void __launch_bounds__(kWgThreads, 2)
+    att_bwd_q_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov, const float *lse,
+                        const float *dsum, bf16 *dqkv, float scale)
+{
+#ifdef MGPU_WG_BODY
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
+    unsigned char *qs = base, *dos = qs + kWgGroups * kWgTileBytes,
+                  *ks = dos + kWgGroups * kWgTileBytes, *vs = ks + kWgStages * kWgTileBytes;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
+    const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
+    const size_t lbase = ((size_t)bi * nh + h) * t;
+    constexpr int ROWS = kWgRows * kWgGroups;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
+    const int wfirst = q0 + wg * kWgRows, wlast = wfirst + kWgRows - 1;
+    const int wrow0 = wfirst + warp * 16, qa = wrow0 + g;
+    const float sl2 = scale * kLog2e;
+    const int ntiles = (min(t, q0 + ROWS) + kWgRows - 1) / kWgRows;
+    const int nact = min(ntiles, wlast / kWgRows + 1);
+
+    wg_tile<ROWS>(qs, qv.at(bi, h), qv.ld, q0, t);
+    wg_tile<ROWS>(dos, dov.at(bi, h), dov.ld, q0, t);
+    wg_tile<kWgRows>(ks, kh, kv.ld, 0, t);
+    wg_tile<kWgRows>(vs, vh, vv.ld, 0, t);
+    cp_commit();
+    if (ntiles > 1) {
+        wg_tile<kWgRows>(ks + kWgTileBytes, kh, kv.ld, kWgRows, t);
+        wg_tile<kWgRows>(vs + kWgTileBytes, vh, vv.ld, kWgRows, t);
+    }
+    cp_commit();
+    /* rows past t: ds is not stored; any finite value does */
+    const float ls0 = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
+    const float ls1 = qa + 8 < t ? lse[lbase + qa + 8] * kLog2e : 0.0f;
+    const float dd0 = qa < t ? dsum[lbase + qa] : 0.0f;
+    const float dd1 = qa + 8 < t ? dsum[lbase + qa + 8] : 0.0f;
+    float dq[32], s[32], dp[32];
+    uint32_t a[16];
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        dq[i] = 0.0f;
+    const uint32_t qaddr = smem_addr(qs + wg * kWgTileBytes),
+                   daddr = smem_addr(dos + wg * kWgTileBytes);
+    for (int j = 0; j < ntiles; j++) {
+        /* tile j in; past the barrier every warpgroup is done with tile j - 2's buffer */
+        if (j == 0)
+            cp_wait<1>();
+        else
+            cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        if (j > 0) {
+            if (j + 1 < ntiles) {
+                const int b = (j + 1) % kWgStages;
+                wg_tile<kWgRows>(ks + b * kWgTileBytes, kh, kv.ld, (j + 1) * kWgRows, t);
+                wg_tile<kWgRows>(vs + b * kWgTileBytes, vh, vv.ld, (j + 1) * kWgRows, t);
+            }
+            cp_commit();
+        }
+        if (j >= nact)
+            continue;
+        const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * kWgTileBytes),
+                       vaddr = smem_addr(vs + (j % kWgStages) * kWgTileBytes);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_ss(s, wg_desc(qaddr + kk * 32, 16, 1024), wg_desc(kaddr + kk * 32, 16, 1024), kk);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_ss(dp, wg_desc(daddr + kk * 32, 16, 1024), wg_desc(vaddr + kk * 32, 16, 1024), kk);
+        wg_commit();
+        wg_wait<0>();
+        const int k0 = j * kWgRows;
+        const bool masked = k0 + kWgRows - 1 > wrow0; /* keys past the warp's first query */
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + n * 8 + 2 * tig + (e & 1), r = e >> 1;
+                const float p = !masked || key <= qa + r * 8
+                                    ? ex2(fmaf(s[n * 4 + e], sl2, r ? -ls1 : -ls0))
+                                    : 0.0f;
+                s[n * 4 + e] = p * (dp[n * 4 + e] - (r ? dd1 : dd0));
+            }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            a[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_rs(dq, a + 4 * kk, wg_desc(kaddr + kk * 2048, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+    }
+    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dq),
+                     dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs,
+                     scale, scale, tig);
+#endif
+}
+
+/* The backward's key pass: a block is one warpgroup's 64 keys (first keys first: they have the
+ * most queries) over the query tiles from its first key on. Queries past t read zeros (q,
+ * dout, lse, D), so their p is 1 and their terms are 0. */
+__global__ void __launch_bounds__(128, 3)
+    att_bwd_kv_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov,
+                         const float *lse, const float *dsum, bf16 *dqkv, float scale)
+{
+#ifdef MGPU_WG_BODY
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
+    unsigned char *ks = base, *vs = ks + kWgTileBytes, *qs = vs + kWgTileBytes,
+                  *dos = qs + kWgStages * kWgTileBytes;
+    float *lsm = reinterpret_cast<float *>(dos + kWgStages * kWgTileBytes),
+          *dsm = lsm + kWgStages * kWgRows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
+    const bf16 *qh = qv.at(bi, h), *doh = dov.at(bi, h);
+    const size_t lbase = ((size_t)bi * nh + h) * t;
+    const int k0 = blockIdx.x * kWgRows, wrow0 = k0 + warp * 16, ka = wrow0 + g;
+    const float sl2 = scale * kLog2e;
+    const int ntiles = (t - k0 + kWgRows - 1) / kWgRows;
+    auto load_q = [&](int j) { /* query tile j, its lse and D, into buffer j % stages */
+                               const int b = j % kWgStages, q0 = k0 + j * kWgRows;
+                               wg_tile<kWgRows, 128>(qs + b * kWgTileBytes, qh, qv.ld, q0, t);
+                               wg_tile<kWgRows, 128>(dos + b * kWgTileBytes, doh, dov.ld, q0, t);
+                               if (threadIdx.x < kWgRows) {
+                                   const int qi = q0 + threadIdx.x;
+                                   const bool in = qi < t;
+                                   cp_async4(lsm + b * kWgRows + threadIdx.x,
+                                             lse + lbase + (in ? qi : 0), in);
+                                   cp_async4(dsm + b * kWgRows + threadIdx.x,
+                                             dsum + lbase + (in ? qi : 0), in);
+                               }
+    };
+
+    wg_tile<kWgRows, 128>(ks, kv.at(bi, h), kv.ld, k0, t);
+    wg_tile<kWgRows, 128>(vs, vv.at(bi, h), vv.ld, k0, t);
+    load_q(0);
+    cp_commit();
+    if (ntiles > 1)
+        load_q(1);
+    cp_commit();
+    float dk[32], dv[32], s[32], dp[32];
+    uint32_t ap[16], ad[16];
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        dk[i] = dv[i] = 0.0f;
+    const uint32_t kaddr = smem_addr(ks), vaddr = smem_addr(vs);
+    for (int j = 0; j < ntiles; j++) {
+        if (j == 0)
+            cp_wait<1>();
+        else
+            cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        if (j > 0) {
+            if (j + 1 < ntiles)
+                load_q(j + 1);
+            cp_commit();
+        }
+        const int q0 = k0 + j * kWgRows, b = j % kWgStages;
+        const uint32_t qaddr = smem_addr(qs + b * kWgTileBytes),
+                       daddr = smem_addr(dos + b * kWgTileBytes);
+        const float *lt = lsm + b * kWgRows, *dt = dsm + b * kWgRows;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) /* s^T: keys x queries */
+            wg_ss(s, wg_desc(kaddr + kk * 32, 16, 1024), wg_desc(qaddr + kk * 32, 16, 1024), kk);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) /* dp^T */
+            wg_ss(dp, wg_desc(vaddr + kk * 32, 16, 1024), wg_desc(daddr + kk * 32, 16, 1024), kk);
+        wg_commit();
+        wg_wait<0>();
+        const bool masked = q0 < wrow0 + 15; /* queries before the warp's last key */
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = n * 8 + 2 * tig + (e & 1), key = ka + (e >> 1) * 8;
+                const float p = !masked || key <= q0 + col
+                                    ? ex2(fmaf(s[n * 4 + e], sl2, -lt[col] * kLog2e))
+                                    : 0.0f;
+                s[n * 4 + e] = p;
+                dp[n * 4 + e] = p * (dp[n * 4 + e] - dt[col]);
+            }
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            ap[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
+            ad[i] = pack_bf16(dp[2 * i], dp[2 * i + 1]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) /* dv += p^T . dout */
+            wg_rs(dv, ap + 4 * kk, wg_desc(daddr + kk * 2048, 16, 1024));
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) /* dk += ds^T . q */
+            wg_rs(dk, ad + 4 * kk, wg_desc(qaddr + kk * 2048, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+    }
+    bf16 *rows = dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
+    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dk), rows + c, 3 * (size_t)c,
+                     ka, t, hs, scale, scale, tig);
+    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dv), rows + 2 * (size_t)c,
+                     3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
+#endif
+}
+
 } /* namespace */
 
 bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs)
@@ -304,6 +532,36 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
         row_view(qkv + 2 * (size_t)c, t, ld, kWgHs), out, lse, scale);
     CUDA_CHECK_LAUNCH(err, "att_fwd_wg_kernel (b=%d t=%d c=%d nh=%d)", b, t, c, nh);
     return 0;
+}
+
+int gpt16_attention_backward_wg_prepare(mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = prepare(att_bwd_q_wg_kernel, kWgSmemQ, err)) < 0)
+        return rc;
+    return prepare(att_bwd_kv_wg_kernel, kWgSmemKv, err);
+}
+
+cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
+                                               int c, int nh, const bf16 *qkv, const bf16 *dout,
+                                               const float *lse, const float *dsum, bf16 *dqkv,
+                                               float scale)
+{
+    const size_t ld = 3 * (size_t)c;
+    const View qv = row_view(qkv, t, ld, kWgHs), kv = row_view(qkv + c, t, ld, kWgHs),
+               vv = row_view(qkv + 2 * (size_t)c, t, ld, kWgHs),
+               dov = row_view(dout, t, (size_t)c, kWgHs);
+    if (key_pass) {
+        dim3 grid((unsigned)((t + kWgRows - 1) / kWgRows), (unsigned)nh, (unsigned)b);
+        att_bwd_kv_wg_kernel<<<grid, 128, kWgSmemKv, stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum,
+                                                               dqkv, scale);
+    } else {
+        const int ROWS = kWgRows * kWgGroups;
+        dim3 grid((unsigned)((t + ROWS - 1) / ROWS), (unsigned)nh, (unsigned)b);
+        att_bwd_q_wg_kernel<<<grid, kWgThreads, kWgSmemQ, stream>>>(t, c, nh, qv, kv, vv, dov, lse,
+                                                                    dsum, dqkv, scale);
+    }
+    return cudaGetLastError();
 }
 
 } /* namespace mgpu_cuda */

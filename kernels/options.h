@@ -29,8 +29,8 @@ typedef struct mgpu_kernels_options {
     int sg_ops_fp32;        /* MGPU_SG_FP32: which small_gemm.cu ops run in fp32 (bit mask) */
     int sg_ops_tf32;        /* MGPU_SG_TF32: the same in tf32 */
     int sg_split;           /* MGPU_SG_SPLIT: small_gemm.cu's K split forced, 0 its own rule */
-    bool wgmma_off;         /* MGPU_GPT_WGMMA=0: the GPT attention forward's mma.sync kernel
-                               on Hopper too */
+    bool wgmma_off;         /* MGPU_GPT_WGMMA=0: the GPT attention's mma.sync kernels on
+                               Hopper too */
 } mgpu_kernels_options_t;
 
 /* Fills *o from the environment, defaults where a variable is unset: 0, or MGPU_E_USAGE
