@@ -316,13 +316,16 @@ int att_side_ready(cuda_impl *ci, bool *ready, mgpu_err_t *err)
  * joined back, so that the next op on ci->stream waits for both. The passes read the same
  * inputs and write disjoint columns of dqkv (dq; dk, dv), each in its fixed order, and each
  * leaves SMs idle in its tail and at its low occupancy that the other fills. Each holds its
- * own rows' tiles (two of q and dout; or of k and v) and two buffers each of the other two. */
+ * own rows' tiles (two of q and dout; or of k and v) and two buffers each of the other two.
+ * wg_asked (bf16 row views only): the same passes on the same streams run as
+ * gpt_attention_wg.cu's warpgroup kernels instead. */
 template <int HS, class OutT, int WQ, int MQ, int KQ, int WKV, int MKV, int QKV>
 int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, View vv, View dov,
                const float *lse, float *dsum, const bf16 *out, OutT *dqkv, float scale,
-               mgpu_err_t *err, bool wg = false)
+               mgpu_err_t *err, bool wg_asked = false)
 {
     using L = Tc<HS>;
+    const bool wg = wg_asked && std::is_same<OutT, bf16>::value; /* the wgmma passes are bf16 */
     constexpr int RQ = 16 * MQ * WQ, RKV = 16 * MKV * WKV;
     const size_t smem = (2 * RQ / kTcRows + 4) * L::BYTES;
     const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
@@ -350,7 +353,7 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     /* The key pass first: it is the longer. The launches' statuses are reported after the
      * join, which is made whatever they were, so that ci->stream never runs ahead of
      * att_side. */
-    cudaError_t kv_rc, q_rc;
+    cudaError_t kv_rc = cudaSuccess, q_rc = cudaSuccess;
     if constexpr (std::is_same<OutT, bf16>::value) {
         if (wg) { /* q, k, v and dout row views of qkv and dout (gpt16_attention_backward) */
             kv_rc = gpt16_attention_backward_wg_launch(true, kv_stream, b, t, c, nh, qv.p, dov.p,
