@@ -52,7 +52,7 @@ gpt_kernels() {
         }
         "build/tests/$t" || rc=1
     done
-    # the attention's mma.sync forward, which Hopper otherwise leaves for its wgmma one
+    # the attention's mma.sync kernels, which Hopper otherwise leaves for its wgmma ones
     [ ! -x build/tests/test_gpt_attn16 ] || MGPU_GPT_WGMMA=0 build/tests/test_gpt_attn16 || rc=1
     return $rc
 }
