@@ -908,13 +908,13 @@ static void t_connect_retries_until_server_is_up(void)
     mgpu_store_server_opts_t o = {.port = free_port()};
     mgpu_store_t *c = NULL;
     mgpu_err_t err = {0};
+    char log[] = "/tmp/mgpu-store-test-XXXXXX"; /* the server's, removed here after it ends */
+    close(mkstemp(log));
     pid_t pid = fork();
     double t0 = mgpu_clock_mono();
 
     if (pid == 0) { /* becomes the server, late */
         int p[2];
-        char log[] = "/tmp/mgpu-store-test-XXXXXX";
-        close(mkstemp(log));
         if (pipe(p) < 0)
             _exit(1);
         sleep_s(0.4);
@@ -926,6 +926,7 @@ static void t_connect_retries_until_server_is_up(void)
     mgpu_store_close(c);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+    unlink(log);
     /* nothing there: a timeout naming the address */
     t0 = mgpu_clock_mono();
     CHECK_INT(mgpu_store_connect("127.0.0.1", free_port(), NULL, 0.5, &c, &err), MGPU_E_TIMEOUT);
