@@ -224,15 +224,16 @@ never_ran() {
 
 # integration_job FILE FN: runs the test FN of FILE; its lines on stdout, its counts in $result
 integration_job() {
-    local file=$1 fn=$2 rc start log name mark killed dir ms secs
+    local file=$1 fn=$2 rc start log name mark killed dir tmp ms secs
     name="$(basename "$file" .sh):$fn"
     log=$(mktemp)
     dir=$(mktemp -d)
+    tmp=$(mktemp -d) # its TMPDIR: the launchers' run folders (what workers wrote) go with it
     mark="run.$$.$BASHPID.$fn"
     start=$(date +%s%N)
     # setsid: the test is a session and process group of its own, so timeout's signal
     # reaches all of it and nothing of the caller's; -w waits for it.
-    ( cd "$dir" && TEST_TMP=$PWD MGPU_TEST_RUN=$mark exec setsid -w timeout -k 5 \
+    ( cd "$dir" && TEST_TMP=$PWD TMPDIR=$tmp MGPU_TEST_RUN=$mark exec setsid -w timeout -k 5 \
         ${MGPU_TEST_TIMEOUT:-120} bash -c \
         "set -u; source '$here/integration/lib.sh'; source '$file'; $fn" ) >"$log" 2>&1
     rc=$?
@@ -252,7 +253,7 @@ integration_job() {
         counts 0 1 0 "$name"
     fi
     rm -f "$log"
-    rm -rf "$dir" 2>/dev/null
+    rm -rf "$dir" "$tmp" 2>/dev/null
 }
 
 run_integration() {

@@ -1,5 +1,6 @@
 # lib.sh - helpers for the integration tests (sourced; each t_* function runs in its own
-# subshell inside a fresh temporary folder, $TEST_TMP; a non-zero exit fails the test).
+# subshell inside a fresh temporary folder, $TEST_TMP, with a TMPDIR of its own, both removed
+# after it; a non-zero exit fails the test).
 LAUNCH="$MGPU_BUILD/bin/mgpu-launch"
 WORKER="$MGPU_BUILD/bin/mgpu-worker"
 TW="$MGPU_BUILD/tests/testworker"
