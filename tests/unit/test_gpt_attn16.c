@@ -59,6 +59,8 @@ static const shape_t shapes[] = {
     {3, 130, 384, 6, 0},   /* the small model's heads (64), three batch rows */
     {1, 192, 128, 2, 0},   /* hs 64, half a block of 128 rows past t, whole tiles */
     {2, 150, 128, 2, 0},   /* hs 64: t inside a warp's second tile of 16 rows */
+    {2, 9, 128, 2, 0},     /* hs 64: fewer queries than a tile */
+    {1, 1, 128, 2, 0},     /* hs 64, one query */
     {2, 77, 96, 2, 0},     /* hs 48: the fallback */
     {1, 33, 40, 4, 0},     /* hs 10: the fallback, odd pairs of columns */
     {2, 70, 128, 2, 1},    /* hs 64 on buffers 2 bytes off: the fallback, scalar stores */
