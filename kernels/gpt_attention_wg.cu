@@ -24,11 +24,11 @@
  * dout and q read transposed) take a warpgroup's 64 queries or keys over tiles of 64 of the
  * other. Sums run in a fixed order, as in the mma.sync passes: no atomics.
  *
- * Measured alone on an H200 at GPT-2 124M's shape (b 16, t 1024, 12 heads of 64): the forward
- * 0.117 ms against 0.133 for the mma.sync one (gpt_kernels_bench); the query pass 0.131 ms and
- * the key pass 0.181 ms, one after the other, against 0.369 for the mma.sync passes side by
- * side. Without sm_90a in the build (CUDA_ARCH without compute_90), on another GPU, or with
- * MGPU_GPT_WGMMA=0, the mma.sync kernels run. */
+ * Measured alone on an H200 at GPT-2 124M's shape (b 16, t 1024, 12 heads of 64;
+ * gpt_kernels_bench gpt2): the forward 0.116 ms against 0.133 for the mma.sync one, the
+ * backward 0.284 against 0.369 (tests/bench/GPT_RESULTS.md). Without sm_90a in the build
+ * (CUDA_ARCH without compute_90), on another GPU, or with MGPU_GPT_WGMMA=0, the mma.sync
+ * kernels run. */
 #include "gpt_attention_tc.h" /* cp.async, View, prepare; cuda_impl */
 
 namespace mgpu_cuda
