@@ -447,7 +447,7 @@ int gpt16_attention_backward(void *impl, int b, int t, int c, int nh, const mgpu
                               kBwd16KvMT<HS>, kBwd16KvQC<HS>>(
                 ci, b, t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
                 row_view(qkv + 2 * (size_t)c, t, ld, hs), row_view(dout, t, (size_t)c, hs), lse,
-                dsum, out, dqkv, scale, err, gpt16_attention_forward_wg_ok(ci, hs));
+                dsum, out, dqkv, scale, err, gpt16_attention_wg_ok(ci, hs));
         }
         const size_t plane = (size_t)b * t * nh * HS;
         const size_t off = (void *)dsum == ci->ws ? (nd * sizeof(float) + 255) / 256 * 256 : 0;

@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(128, 3)
 
 } /* namespace */
 
-bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs)
+bool gpt16_attention_wg_ok(const cuda_impl *ci, int hs)
 {
 #ifdef MGPU_HAVE_WGMMA
     return hs == kWgHs && ci->cc == 90 && !ci->opt.wgmma_off;
