@@ -44,8 +44,9 @@ constexpr int kWgHs = 64;    /* the head size these kernels take */
 constexpr int kWgRows = 64;  /* queries a warpgroup, keys a tile */
 constexpr int kWgGroups = 2; /* warpgroups a block */
 constexpr int kWgThreads = 128 * kWgGroups;
-constexpr int kWgStages = 3;                /* k and v tiles: in use, next, arriving */
-constexpr int kWgTileBytes = kWgRows * 128; /* 64 rows of 64 bf16 */
+constexpr int kWgQueryRows = kWgRows * kWgGroups; /* a forward or query-pass block's queries */
+constexpr int kWgStages = 3;                      /* k and v tiles: in use, next, arriving */
+constexpr int kWgTileBytes = kWgRows * 128;       /* 64 rows of 64 bf16 */
 constexpr size_t kWgSmem = 1024 + (size_t)(kWgGroups + 2 * kWgStages) * kWgTileBytes;
 /* The query pass: q and dout tiles of its two warpgroups, three stages of k and v. The key
  * pass: a warpgroup a block (registers: s, dp, dk, dv and two A operands), its k and v, three
@@ -132,10 +133,53 @@ __device__ __forceinline__ void wg_tile(unsigned char *dst, const bf16 *rows, si
                    rows + (size_t)(in ? r0 + r : 0) * ld + ch * 8, in);
     }
 }
+
+/* Tile j's copies landed (tile 0 and 1 are committed as two groups, each later one alone) and
+ * visible to wgmma, and the whole block past a barrier: every warpgroup is done with the
+ * buffer tile j - 2 used, which tile j + 1 may now take. */
+__device__ __forceinline__ void wg_arrived(int j)
+{
+    if (j == 0)
+        cp_wait<1>();
+    else
+        cp_wait<0>();
+    fence_async_smem();
+    __syncthreads();
+}
+
+/* Key and value tile j of a head (rows 64 j..) into buffer j % kWgStages of ks and vs. */
+__device__ __forceinline__ void wg_kv_tile(unsigned char *ks, unsigned char *vs, const bf16 *kh,
+                                           const bf16 *vh, const View &kv, const View &vv, int j,
+                                           int t)
+{
+    const int b = j % kWgStages;
+    wg_tile<kWgRows>(ks + b * kWgTileBytes, kh, kv.ld, j * kWgRows, t);
+    wg_tile<kWgRows>(vs + b * kWgTileBytes, vh, vv.ld, j * kWgRows, t);
+}
+
+/* Where a thread of a query block (the forward's and the query pass's, kWgGroups warpgroups of
+ * 64 queries) works. Blocks are launched last queries first (they have the most keys):
+ * warpgroup wg owns queries q0 + 64 wg ..; its warp's lanes hold rows qa and qa + 8 (wrow0 is
+ * the warp's first), as in the mma.sync kernels. Of the ntiles key tiles up to the block's last
+ * query, the first nact have keys up to the warpgroup's last. */
+struct WgQueries {
+    int wg, tig, h, bi, q0, wrow0, qa, ntiles, nact;
+    __device__ __forceinline__ explicit WgQueries(int t)
+    {
+        const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+        wg = threadIdx.x >> 7, tig = lane & 3;
+        h = blockIdx.y, bi = blockIdx.z;
+        q0 = (gridDim.x - 1 - blockIdx.x) * kWgQueryRows;
+        const int wfirst = q0 + wg * kWgRows;
+        wrow0 = wfirst + warp * 16, qa = wrow0 + (lane >> 2);
+        ntiles = (min(t, q0 + kWgQueryRows) + kWgRows - 1) / kWgRows;
+        nact = min(ntiles, (wfirst + kWgRows - 1) / kWgRows + 1);
+    }
+};
 #endif
 
-/* Blocks are launched last queries first (they have the most keys). Warpgroup w owns queries
- * q0 + 64 w ..; its warp's lanes hold rows qa and qa + 8, as in the mma.sync kernel. */
+/* The forward: a block of two warpgroups owns 128 queries (WgQueries), each warpgroup's 64
+ * over the key tiles up to its last query. */
 __global__ void __launch_bounds__(kWgThreads, 2)
     att_fwd_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, bf16 *out, float *lse,
                       float scale)
@@ -145,27 +189,17 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
     unsigned char *qs = base, *ks = qs + kWgGroups * kWgTileBytes,
                   *vs = ks + kWgStages * kWgTileBytes;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, tig = lane & 3;
-    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
-    const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
-    constexpr int ROWS = kWgRows * kWgGroups;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
-    const int wfirst = q0 + wg * kWgRows, wlast = wfirst + kWgRows - 1;
-    const int wrow0 = wfirst + warp * 16, qa = wrow0 + g;
+    const WgQueries w(t);
+    const int tig = w.tig, qa = w.qa, ntiles = w.ntiles, nact = w.nact, hs = c / nh;
+    const bf16 *kh = kv.at(w.bi, w.h), *vh = vv.at(w.bi, w.h);
     const float sl2 = scale * kLog2e;
-    const int ntiles = (min(t, q0 + ROWS) + kWgRows - 1) / kWgRows;
-    const int nact = min(ntiles, wlast / kWgRows + 1); /* the tiles with keys <= wlast */
 
     /* q and tile 0 (one group), tile 1 (the next) */
-    wg_tile<ROWS>(qs, qv.at(bi, h), qv.ld, q0, t);
-    wg_tile<kWgRows>(ks, kh, kv.ld, 0, t);
-    wg_tile<kWgRows>(vs, vh, vv.ld, 0, t);
+    wg_tile<kWgQueryRows>(qs, qv.at(w.bi, w.h), qv.ld, w.q0, t);
+    wg_kv_tile(ks, vs, kh, vh, kv, vv, 0, t);
     cp_commit();
-    if (ntiles > 1) {
-        wg_tile<kWgRows>(ks + kWgTileBytes, kh, kv.ld, kWgRows, t);
-        wg_tile<kWgRows>(vs + kWgTileBytes, vh, vv.ld, kWgRows, t);
-    }
+    if (ntiles > 1)
+        wg_kv_tile(ks, vs, kh, vh, kv, vv, 1, t);
     cp_commit();
 
     float o[32], s[32], mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -173,7 +207,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
     for (int i = 0; i < 32; i++)
         o[i] = 0.0f;
-    const uint32_t qaddr = smem_addr(qs + wg * kWgTileBytes);
+    const uint32_t qaddr = smem_addr(qs + w.wg * kWgTileBytes);
 
     auto scores = [&](int j) { /* s = q . k_j^T */
                                const uint32_t kaddr =
@@ -198,7 +232,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     auto softmax = [&](int j) {
         const int k0 = j * kWgRows;
         float r0 = -INFINITY, r1 = -INFINITY;
-        const bool masked = k0 + kWgRows - 1 > wrow0;
+        const bool masked = k0 + kWgRows - 1 > w.wrow0;
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -241,23 +275,16 @@ __global__ void __launch_bounds__(kWgThreads, 2)
      * buffer tile j - 2 left (free: every warpgroup passed the barrier after its last use),
      * the scores of j and p . v of j - 1 go out together, and the softmax of j overlaps the
      * latter. A warpgroup's last step j = nact has only p . v of nact - 1. */
-    cp_wait<1>();
-    fence_async_smem();
-    __syncthreads();
+    wg_arrived(0);
     scores(0);
     wg_wait<0>();
     softmax(0);
     to_p();
     for (int j = 1; j <= ntiles; j++) {
         if (j < ntiles) {
-            cp_wait<0>();
-            fence_async_smem();
-            __syncthreads();
-            if (j + 1 < ntiles) {
-                const int b = (j + 1) % kWgStages;
-                wg_tile<kWgRows>(ks + b * kWgTileBytes, kh, kv.ld, (j + 1) * kWgRows, t);
-                wg_tile<kWgRows>(vs + b * kWgTileBytes, vh, vv.ld, (j + 1) * kWgRows, t);
-            }
+            wg_arrived(j);
+            if (j + 1 < ntiles)
+                wg_kv_tile(ks, vs, kh, vh, kv, vv, j + 1, t);
             cp_commit();
         }
         if (j < nact) {
@@ -284,9 +311,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(o),
-                     out + (size_t)bi * t * c + (size_t)h * hs, c, qa, t, hs, 1.0f / l0, 1.0f / l1,
-                     tig);
-    float *lrow = lse + ((size_t)bi * nh + h) * t;
+                     out + (size_t)w.bi * t * c + (size_t)w.h * hs, c, qa, t, hs, 1.0f / l0,
+                     1.0f / l1, tig);
+    float *lrow = lse + ((size_t)w.bi * nh + w.h) * t;
     if (tig == 0 && qa < t)
         lrow[qa] = (mx0 + log2f(l0)) / kLog2e;
     if (tig == 0 && qa + 8 < t)
@@ -294,8 +321,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
-/* The backward's query pass: a block of two warpgroups owns 128 queries (last queries first);
- * each warpgroup's 64 over the key tiles up to its last query. k and v tiles come in three
+/* The backward's query pass: a block of two warpgroups owns 128 queries (WgQueries), each
+ * warpgroup's 64 over the key tiles up to its last query. k and v tiles come in three
  * buffers: tile j + 1 is loaded while tile j is used. */
 __global__ void __launch_bounds__(kWgThreads, 2)
     att_bwd_q_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov, const float *lse,
@@ -306,28 +333,18 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
     unsigned char *qs = base, *dos = qs + kWgGroups * kWgTileBytes,
                   *ks = dos + kWgGroups * kWgTileBytes, *vs = ks + kWgStages * kWgTileBytes;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, tig = lane & 3;
-    const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
+    const WgQueries w(t);
+    const int tig = w.tig, qa = w.qa, ntiles = w.ntiles, bi = w.bi, h = w.h, hs = c / nh;
     const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
     const size_t lbase = ((size_t)bi * nh + h) * t;
-    constexpr int ROWS = kWgRows * kWgGroups;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
-    const int wfirst = q0 + wg * kWgRows, wlast = wfirst + kWgRows - 1;
-    const int wrow0 = wfirst + warp * 16, qa = wrow0 + g;
     const float sl2 = scale * kLog2e;
-    const int ntiles = (min(t, q0 + ROWS) + kWgRows - 1) / kWgRows;
-    const int nact = min(ntiles, wlast / kWgRows + 1);
 
-    wg_tile<ROWS>(qs, qv.at(bi, h), qv.ld, q0, t);
-    wg_tile<ROWS>(dos, dov.at(bi, h), dov.ld, q0, t);
-    wg_tile<kWgRows>(ks, kh, kv.ld, 0, t);
-    wg_tile<kWgRows>(vs, vh, vv.ld, 0, t);
+    wg_tile<kWgQueryRows>(qs, qv.at(bi, h), qv.ld, w.q0, t);
+    wg_tile<kWgQueryRows>(dos, dov.at(bi, h), dov.ld, w.q0, t);
+    wg_kv_tile(ks, vs, kh, vh, kv, vv, 0, t);
     cp_commit();
-    if (ntiles > 1) {
-        wg_tile<kWgRows>(ks + kWgTileBytes, kh, kv.ld, kWgRows, t);
-        wg_tile<kWgRows>(vs + kWgTileBytes, vh, vv.ld, kWgRows, t);
-    }
+    if (ntiles > 1)
+        wg_kv_tile(ks, vs, kh, vh, kv, vv, 1, t);
     cp_commit();
     /* rows past t: ds is not stored; any finite value does */
     const float ls0 = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
@@ -339,25 +356,16 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
     for (int i = 0; i < 32; i++)
         dq[i] = 0.0f;
-    const uint32_t qaddr = smem_addr(qs + wg * kWgTileBytes),
-                   daddr = smem_addr(dos + wg * kWgTileBytes);
+    const uint32_t qaddr = smem_addr(qs + w.wg * kWgTileBytes),
+                   daddr = smem_addr(dos + w.wg * kWgTileBytes);
     for (int j = 0; j < ntiles; j++) {
-        /* tile j in; past the barrier every warpgroup is done with tile j - 2's buffer */
-        if (j == 0)
-            cp_wait<1>();
-        else
-            cp_wait<0>();
-        fence_async_smem();
-        __syncthreads();
+        wg_arrived(j);
         if (j > 0) {
-            if (j + 1 < ntiles) {
-                const int b = (j + 1) % kWgStages;
-                wg_tile<kWgRows>(ks + b * kWgTileBytes, kh, kv.ld, (j + 1) * kWgRows, t);
-                wg_tile<kWgRows>(vs + b * kWgTileBytes, vh, vv.ld, (j + 1) * kWgRows, t);
-            }
+            if (j + 1 < ntiles)
+                wg_kv_tile(ks, vs, kh, vh, kv, vv, j + 1, t);
             cp_commit();
         }
-        if (j >= nact)
+        if (j >= w.nact)
             continue;
         const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * kWgTileBytes),
                        vaddr = smem_addr(vs + (j % kWgStages) * kWgTileBytes);
@@ -371,7 +379,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         wg_commit();
         wg_wait<0>();
         const int k0 = j * kWgRows;
-        const bool masked = k0 + kWgRows - 1 > wrow0; /* keys past the warp's first query */
+        const bool masked = k0 + kWgRows - 1 > w.wrow0; /* keys past the warp's first query */
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -447,12 +455,7 @@ __global__ void __launch_bounds__(128, 3)
         dk[i] = dv[i] = 0.0f;
     const uint32_t kaddr = smem_addr(ks), vaddr = smem_addr(vs);
     for (int j = 0; j < ntiles; j++) {
-        if (j == 0)
-            cp_wait<1>();
-        else
-            cp_wait<0>();
-        fence_async_smem();
-        __syncthreads();
+        wg_arrived(j);
         if (j > 0) {
             if (j + 1 < ntiles)
                 load_q(j + 1);
@@ -525,8 +528,7 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
     if (rc < 0)
         return rc;
     const size_t ld = 3 * (size_t)c;
-    const int ROWS = kWgRows * kWgGroups;
-    dim3 grid((unsigned)((t + ROWS - 1) / ROWS), (unsigned)nh, (unsigned)b);
+    dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
     att_fwd_wg_kernel<<<grid, kWgThreads, kWgSmem, ci->stream>>>(
         t, c, nh, row_view(qkv, t, ld, kWgHs), row_view(qkv + c, t, ld, kWgHs),
         row_view(qkv + 2 * (size_t)c, t, ld, kWgHs), out, lse, scale);
@@ -556,8 +558,7 @@ cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t strea
         att_bwd_kv_wg_kernel<<<grid, 128, kWgSmemKv, stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum,
                                                                dqkv, scale);
     } else {
-        const int ROWS = kWgRows * kWgGroups;
-        dim3 grid((unsigned)((t + ROWS - 1) / ROWS), (unsigned)nh, (unsigned)b);
+        dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
         att_bwd_q_wg_kernel<<<grid, kWgThreads, kWgSmemQ, stream>>>(t, c, nh, qv, kv, vv, dov, lse,
                                                                     dsum, dqkv, scale);
     }
