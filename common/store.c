@@ -34,6 +34,7 @@
 struct mgpu_store {
     int fd;           /* -1 after the connection broke: the next call reconnects */
     int no_reconnect; /* mgpu_store_set_reconnect(s, 0): a broken connection stays broken */
+    int interrupted;  /* mgpu_store_interrupt: every call fails, none reconnects (atomic) */
     char *host;
     int port;
     char *token;
@@ -474,6 +475,9 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
                             mgpu_store_op_name(op));
     for (int attempt = 0;; attempt++) {
         int sent = 0;
+        if (__atomic_load_n(&s->interrupted, __ATOMIC_ACQUIRE))
+            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection was given up",
+                                s->host, s->port);
         if (s->fd < 0 && s->no_reconnect)
             return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection is lost", s->host,
                                 s->port);
@@ -642,25 +646,53 @@ void mgpu_store_set_reconnect(mgpu_store_t *s, int on)
     s->no_reconnect = !on;
 }
 
-int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
-                        mgpu_err_t *err)
+/* ON_CLOSE and ON_IDLE: a list of key/value pairs, after ON_IDLE's timeout. */
+static int pairs_op(mgpu_store_t *s, uint8_t op, double timeout_s, const char *const *keys,
+                    const char *const *vals, size_t n, mgpu_err_t *err)
 {
     mgpu_store_msg_t m;
-    size_t start = begin(s, MGPU_STORE_OP_ON_CLOSE);
+    size_t start = begin(s, op);
     int rc;
     if (2 * n > MGPU_STORE_MAX_KEYS_PER_REQ)
-        return mgpu_err_set(err, MGPU_E_RANGE, "store ON_CLOSE of %zu keys exceeds the limit", n);
+        return mgpu_err_set(err, MGPU_E_RANGE, "store %s of %zu keys exceeds the limit",
+                            mgpu_store_op_name(op), n);
+    if (op == MGPU_STORE_OP_ON_IDLE)
+        mgpu_store_buf_u32(&s->out, timeout_ms(timeout_s));
     mgpu_store_buf_u32(&s->out, (uint32_t)(2 * n));
     for (size_t i = 0; i < n; i++) {
         size_t vl = strlen(vals[i]);
         if ((rc = put_key(s, keys[i], err)) < 0)
             return rc;
         if (vl > MGPU_STORE_MAX_KEY)
-            return mgpu_err_set(err, MGPU_E_RANGE, "ON_CLOSE value of %zu bytes", vl);
+            return mgpu_err_set(err, MGPU_E_RANGE, "%s value of %zu bytes", mgpu_store_op_name(op),
+                                vl);
         mgpu_store_buf_u32(&s->out, (uint32_t)vl);
         mgpu_store_buf_raw(&s->out, vals[i], vl);
     }
     return roundtrip(s, start, 0, 0, &m, err);
+}
+
+int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
+                        mgpu_err_t *err)
+{
+    return pairs_op(s, MGPU_STORE_OP_ON_CLOSE, 0, keys, vals, n, err);
+}
+
+int mgpu_store_on_idle(mgpu_store_t *s, double timeout_s, const char *const *keys,
+                       const char *const *vals, size_t n, mgpu_err_t *err)
+{
+    if (n > 0 && timeout_s <= 0)
+        return mgpu_err_set(err, -EINVAL, "store ON_IDLE: a timeout of %g s", timeout_s);
+    return pairs_op(s, MGPU_STORE_OP_ON_IDLE, timeout_s, keys, vals, n, err);
+}
+
+void mgpu_store_interrupt(mgpu_store_t *s)
+{
+    __atomic_store_n(&s->interrupted, 1, __ATOMIC_RELEASE);
+    /* Wakes a call blocked in poll() on this connection (its owner closes the descriptor). */
+    int fd = __atomic_load_n(&s->fd, __ATOMIC_ACQUIRE);
+    if (fd >= 0)
+        shutdown(fd, SHUT_RDWR);
 }
 
 int mgpu_store_delete(mgpu_store_t *s, const char *key, int *deleted, mgpu_err_t *err)

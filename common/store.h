@@ -83,6 +83,15 @@ void mgpu_store_set_reconnect(mgpu_store_t *s, int on);
  * connection: a broken connection has fired it already. */
 int mgpu_store_on_close(mgpu_store_t *s, const char *const *keys, const char *const *vals, size_t n,
                         mgpu_err_t *err);
+/* ON_CLOSE's counterpart for a silent peer: when the server has had no request from this
+ * connection for timeout_s, it sets keys[i] = vals[i] where they have no value, then closes the
+ * connection (which fires ON_CLOSE's keys still missing). Any call keeps the lease (ping). n = 0
+ * clears it. */
+int mgpu_store_on_idle(mgpu_store_t *s, double timeout_s, const char *const *keys,
+                       const char *const *vals, size_t n, mgpu_err_t *err);
+/* From another thread: the call blocked on this connection returns MGPU_E_CLOSED at once, and so
+ * does every later one (no reconnection). For a store given up as lost. */
+void mgpu_store_interrupt(mgpu_store_t *s);
 /* All world_size callers using the same name meet here (reusable: each use of a name is a new
  * round; a name keeps its world_size). On timeout the message says how many arrived. */
 int mgpu_store_barrier(mgpu_store_t *s, const char *name, int world_size, double timeout_s,

@@ -287,6 +287,9 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
         case MGPU_STORE_OP_ON_CLOSE:
             bad = rd_keys(&r, m, lim) || (f->op == MGPU_STORE_OP_ON_CLOSE && m->nkeys % 2 != 0);
             break;
+        case MGPU_STORE_OP_ON_IDLE:
+            bad = rd_u32c(&r, &m->u32) || rd_keys(&r, m, lim) || m->nkeys % 2 != 0;
+            break;
         case MGPU_STORE_OP_DELETE:
             bad = rd_bytes(&r, &m->key, lim->max_key);
             break;
@@ -319,6 +322,7 @@ int mgpu_store_msg_parse(const mgpu_store_frame_t *f, const mgpu_store_limits_t 
         case MGPU_STORE_OP_SET | MGPU_STORE_RESP:
         case MGPU_STORE_OP_WAIT | MGPU_STORE_RESP:
         case MGPU_STORE_OP_ON_CLOSE | MGPU_STORE_RESP:
+        case MGPU_STORE_OP_ON_IDLE | MGPU_STORE_RESP:
             break;
         case MGPU_STORE_OP_GET | MGPU_STORE_RESP:
             bad = rd_bytes(&r, &m->val, lim->max_value);
@@ -476,6 +480,7 @@ const char *mgpu_store_op_name(uint8_t op)
         [MGPU_STORE_OP_NUM_KEYS] = "NUM_KEYS",
         [MGPU_STORE_OP_PING] = "PING",
         [MGPU_STORE_OP_ON_CLOSE] = "ON_CLOSE",
+        [MGPU_STORE_OP_ON_IDLE] = "ON_IDLE",
         [MGPU_STORE_OP_AUTH] = "AUTH",
     };
     op &= (uint8_t)~MGPU_STORE_RESP;

@@ -35,11 +35,20 @@
  *   9 NUM_KEYS    -                                        i64 number of keys
  *   10 PING       u32 nonce                                u32 nonce
  *   11 ON_CLOSE   u32 2n, n x (bytes key, bytes value)      -
+ *   13 ON_IDLE    u32 timeout_ms, u32 2n, n x (bytes key,   -
+ *                 bytes value)
  *
  * ON_CLOSE registers, for this connection, keys the server sets (each only if it has no value
  * then) when the connection closes for any reason but the server's own shutdown: how a peer's
  * death wakes the others that wait on those keys, like ZooKeeper's ephemeral nodes. A new
  * ON_CLOSE replaces the last one; 0 pairs clears it. Values are bounded like keys.
+ *
+ * ON_IDLE is ON_CLOSE's counterpart for a peer that is silent rather than gone (a host cut off
+ * the network, a stopped process: no FIN, no RST ever comes): once timeout_ms pass without a
+ * frame from this connection, the server sets its ON_IDLE keys (each only if it has no value
+ * then) and closes it, which then sets its ON_CLOSE keys that are still missing. A peer keeps
+ * its lease with any request (PING). A new ON_IDLE replaces the last; 0 pairs clears it. The
+ * two lists let readers tell a silence from a close.
  *
  * The handshake proves knowledge of the token (the shared secret, "" when the server has none)
  * without sending it: a capture of the traffic neither reveals it nor can be replayed. Both
@@ -108,7 +117,8 @@ enum {
     MGPU_STORE_OP_PING = 10,
     MGPU_STORE_OP_ON_CLOSE = 11,
     MGPU_STORE_OP_AUTH = 12,
-    MGPU_STORE_OP_LAST = MGPU_STORE_OP_AUTH,
+    MGPU_STORE_OP_ON_IDLE = 13,
+    MGPU_STORE_OP_LAST = MGPU_STORE_OP_ON_IDLE,
 };
 
 enum {
@@ -153,7 +163,7 @@ typedef struct mgpu_store_msg {
     uint8_t status;
     uint32_t id;
     uint8_t u8;              /* HELLO version; CHECK ready; DELETE deleted; COMPARE_SET exists */
-    uint32_t u32;            /* GET/WAIT timeout_ms; PING nonce */
+    uint32_t u32;            /* GET/WAIT/ON_IDLE timeout_ms; PING nonce */
     int64_t i64;             /* ADD delta or new value; NUM_KEYS */
     uint32_t nkeys;          /* WAIT/CHECK: number of keys, read them with mgpu_store_keys_next */
     mgpu_store_slice_t key;  /* the key; HELLO nonce; AUTH proof; WAIT/CHECK: the key list */

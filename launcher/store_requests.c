@@ -143,13 +143,13 @@ void mgpu_store_requests_waiter_free(waiter_t *w)
 }
 static int entry_set(mgpu_store_server_t *s, entry_t *e, const void *v, size_t n);
 
-/* The keys a closing connection registered with ON_CLOSE, set where they have no value. */
-void mgpu_store_requests_on_close(conn_t *c)
+/* An encoded key/value list (as ON_CLOSE and ON_IDLE carry it): each key set where it has no
+ * value. */
+static void set_pairs(mgpu_store_server_t *s, const uint8_t *p, uint32_t len, uint32_t n)
 {
-    mgpu_store_server_t *s = c->srv;
-    const uint8_t *p = c->on_close, *end = p + c->on_close_len;
+    const uint8_t *end = p + len;
 
-    for (uint32_t i = 0; i + 1 < c->on_close_n && p + 8 <= end; i += 2) {
+    for (uint32_t i = 0; i + 1 < n && p + 8 <= end; i += 2) {
         uint32_t kl, vl;
         const uint8_t *k, *v;
         entry_t *e;
@@ -164,6 +164,16 @@ void mgpu_store_requests_on_close(conn_t *c)
         if ((e = table_get(s, k, kl)) != NULL)
             entry_set(s, e, v, vl);
     }
+}
+
+void mgpu_store_requests_on_close(conn_t *c)
+{
+    set_pairs(c->srv, c->on_close, c->on_close_len, c->on_close_n);
+}
+
+void mgpu_store_requests_on_idle(conn_t *c)
+{
+    set_pairs(c->srv, c->on_idle, c->on_idle_len, c->on_idle_n);
 }
 
 /* A key for a message: printable, shortened. */
@@ -524,17 +534,27 @@ void mgpu_store_requests_handle(conn_t *c, const mgpu_store_frame_t *f)
         start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
         mgpu_store_buf_u32(&c->out, m.u32);
         break;
-    case MGPU_STORE_OP_ON_CLOSE: {
+    case MGPU_STORE_OP_ON_CLOSE:
+    case MGPU_STORE_OP_ON_IDLE: {
         /* The key list is already checked by the parser: keep it encoded as it came. */
         uint8_t *copy = m.key.len ? malloc(m.key.len) : NULL;
         if (m.key.len && copy == NULL)
             goto nomem;
         if (m.key.len)
             memcpy(copy, m.key.p, m.key.len);
-        free(c->on_close);
-        c->on_close = copy;
-        c->on_close_len = m.key.len;
-        c->on_close_n = m.nkeys;
+        if (m.op == MGPU_STORE_OP_ON_CLOSE) {
+            free(c->on_close);
+            c->on_close = copy;
+            c->on_close_len = m.key.len;
+            c->on_close_n = m.nkeys;
+        } else {
+            free(c->on_idle);
+            c->on_idle = copy;
+            c->on_idle_len = m.key.len;
+            c->on_idle_n = m.nkeys;
+            c->idle_ms = m.nkeys > 0 ? m.u32 : 0;
+            c->rx_ms = uv_now(s->loop);
+        }
         start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
         break;
     }

@@ -77,6 +77,10 @@ struct conn {
     waiter_t *waiters;
     uint8_t *on_close; /* ON_CLOSE's encoded key/value list, set when this one closes */
     uint32_t on_close_len, on_close_n;
+    uint8_t *on_idle; /* ON_IDLE's list, set when idle_ms pass without a frame (then closed) */
+    uint32_t on_idle_len, on_idle_n;
+    uint64_t idle_ms; /* ON_IDLE's timeout, 0 = none */
+    uint64_t rx_ms;   /* uv_now when bytes last came from the peer */
     char peer[64];
 };
 
@@ -124,6 +128,8 @@ struct mgpu_store_server {
 void mgpu_store_requests_handle(conn_t *c, const mgpu_store_frame_t *f);
 /* The keys c registered with ON_CLOSE, set where they have no value (c is closing). */
 void mgpu_store_requests_on_close(conn_t *c);
+/* The keys c registered with ON_IDLE, set where they have no value (c was silent too long). */
+void mgpu_store_requests_on_idle(conn_t *c);
 /* Unlinks the waiter from its keys and its connection and frees it (after its timer closed). */
 void mgpu_store_requests_waiter_free(waiter_t *w);
 /* Frees every entry (the server is going away). */

@@ -63,6 +63,7 @@ static void conn_closed(uv_handle_t *h)
     conn_t *c = h->data;
     mgpu_store_server_t *s = c->srv;
     free(c->on_close);
+    free(c->on_idle);
     mgpu_store_dec_free(&c->dec);
     mgpu_store_buf_free(&c->out);
     mgpu_store_buf_free(&c->wbuf);
@@ -395,6 +396,7 @@ static void conn_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = st->data;
     if (nread > 0) {
+        c->rx_ms = uv_now(c->srv->loop);
         mgpu_store_dec_commit(&c->dec, (size_t)nread);
         conn_process(c);
     } else if (nread == UV_EOF) {
@@ -515,6 +517,16 @@ static void sweep(uv_timer_t *t)
         snprintf(why, sizeof why, "no %s within %llu ms", c->hello ? "AUTH" : "HELLO",
                  (unsigned long long)s->hello_timeout_ms);
         mgpu_store_server_conn_refuse(c, 0, MGPU_STORE_ST_PROTOCOL, why);
+    }
+    /* ON_IDLE: a peer silent past its lease (cut off, stopped) is given up as if it closed. */
+    for (conn_t *n = NULL, *l = s->conns; l != NULL; l = n) {
+        n = l->next;
+        if (l->idle_ms == 0 || l->closing || now - l->rx_ms < l->idle_ms)
+            continue;
+        mgpu_info("store: no request from %s for %llu ms (its lease): closing it", l->peer,
+                  (unsigned long long)(now - l->rx_ms));
+        mgpu_store_requests_on_idle(l);
+        mgpu_store_server_conn_close(l);
     }
     log_flush(s, &s->log_refused);
     log_flush(s, &s->log_bad);
