@@ -364,8 +364,11 @@ int mgpu_store_connect(const char *host, int port, const char *token, double tim
 int mgpu_store_connect_env(double timeout_s, mgpu_store_t **out, mgpu_err_t *err)
 {
     const char *addr = getenv(MGPU_ENV_STORE_ADDR), *port = getenv(MGPU_ENV_STORE_PORT);
-    const char *run = getenv("TORCHELASTIC_RUN_ID"),
-               *attempt = getenv("TORCHELASTIC_RESTART_COUNT");
+    /* MGPU_ATTEMPT counts every start of the group (an elastic restart that admits a node
+     * keeps TORCHELASTIC_RESTART_COUNT): each start gets keys of its own. */
+    const char *run = getenv("TORCHELASTIC_RUN_ID"), *attempt = getenv("MGPU_ATTEMPT");
+    if (attempt == NULL || *attempt == '\0')
+        attempt = getenv("TORCHELASTIC_RESTART_COUNT");
     char *end, prefix[512];
     long p;
     int rc;
@@ -639,6 +642,12 @@ int mgpu_store_check(mgpu_store_t *s, const char *const *keys, size_t n, int *re
     if (rc == 0)
         *ready = m.u8 != 0;
     return rc;
+}
+
+void mgpu_store_set_io_timeout(mgpu_store_t *s, double timeout_s)
+{
+    if (timeout_s > 0)
+        s->io_timeout_s = timeout_s;
 }
 
 void mgpu_store_set_reconnect(mgpu_store_t *s, int on)

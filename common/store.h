@@ -77,6 +77,11 @@ int mgpu_store_ping(mgpu_store_t *s, mgpu_err_t *err);
  * store): reconnecting would hide it. */
 void mgpu_store_set_reconnect(mgpu_store_t *s, int on);
 
+/* The I/O timeout of calls that do not wait for keys, and of reconnecting, from now on (the
+ * connect's timeout_s until then): once a peer has been reached, a store gone for this long is
+ * gone. */
+void mgpu_store_set_io_timeout(mgpu_store_t *s, double timeout_s);
+
 /* When this connection closes for any reason but the server's shutdown (the caller died, say),
  * the server sets keys[i] = vals[i] for every key that has no value then (keys get the prefix,
  * values do not). A new call replaces the last; n = 0 clears it. Not retried on a new

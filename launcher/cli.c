@@ -90,7 +90,8 @@ static const opt_t opts[] = {
     {"rdzv_endpoint", 0, ARG_REQUIRED, O_RDZV_ENDPOINT, "HOST[:PORT]"},
     {"rdzv_id", 0, ARG_REQUIRED, O_RDZV_ID, "ID  run id (default none)"},
     {"rdzv_conf", 0, ARG_REQUIRED, O_RDZV_CONF,
-     "k=v,...  join_timeout, last_call_timeout, is_host, timeout (others ignored)"},
+     "k=v,...  join_timeout, last_call_timeout, heartbeat_timeout, is_host, timeout (others "
+     "ignored)"},
     {"rdzv_token", 0, ARG_REQUIRED, O_RDZV_TOKEN,
      "SECRET  the store's token (several hosts); PET_RDZV_TOKEN or --rdzv_token_file keep it "
      "off the command line"},
@@ -395,6 +396,9 @@ static int parse_rdzv_conf(const char *what, const char *v, mgpu_cli_t *cli, mgp
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "timeout") == 0) {
             if (parse_seconds(kwhat, val, 0.001, 1e7, &cli->rdzv_timeout, err) < 0)
+                return MGPU_E_USAGE;
+        } else if (strcmp(kv, "heartbeat_timeout") == 0) {
+            if (parse_seconds(kwhat, val, 0.1, 1e6, &cli->heartbeat_timeout, err) < 0)
                 return MGPU_E_USAGE;
         } else if (strcmp(kv, "is_host") == 0) {
             if (strcmp(val, "true") == 0 || strcmp(val, "True") == 0)
@@ -733,6 +737,7 @@ static void defaults(mgpu_cli_t *cli)
     cli->join_timeout = 600.0;
     cli->rdzv_timeout = -1.0;
     cli->last_call_timeout = 30.0;
+    cli->heartbeat_timeout = 15.0;
     cli->is_host = -1;
     cli->endpoint_port = 29400;
 }

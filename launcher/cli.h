@@ -44,6 +44,8 @@ typedef struct mgpu_cli {
     int join_timeout_given;   /* join_timeout was in --rdzv_conf */
     double rdzv_timeout;      /* from --rdzv_conf timeout, -1 unset (static rendezvous limit) */
     double last_call_timeout; /* from --rdzv_conf last_call_timeout (default 30) */
+    double heartbeat_timeout; /* from --rdzv_conf heartbeat_timeout (default 15): a silent node is
+                                 lost */
     int is_host;              /* from --rdzv_conf is_host: -1 unset, 0, 1 */
     char endpoint_host[256];  /* --rdzv_endpoint split: host ("" = none) */
     int endpoint_port;        /* and port (default 29400) */

@@ -462,6 +462,7 @@ static void copy_rdzv(mgpu_plan_rdzv_t *r, const mgpu_cli_t *cli)
     r->c10d = strcmp(cli->rdzv_backend, "c10d") == 0;
     r->join_timeout = cli->join_timeout;
     r->last_call_timeout = cli->last_call_timeout;
+    r->heartbeat_timeout = cli->heartbeat_timeout;
     if (cli->rdzv_timeout > 0) {
         /* torchrun's static rendezvous waits its store's timeout for every node; its dynamic
          * one (c10d, MIN:MAX) waits join_timeout and has no use for timeout. */
@@ -539,6 +540,8 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     ro->token = r->token[0] ? r->token : NULL;
     ro->join_timeout = r->join_timeout;
     ro->last_call_timeout = r->last_call_timeout;
+    ro->heartbeat_timeout = r->heartbeat_timeout;
+    ro->max_restarts = plan->max_restarts;
     ro->elastic = r->nnodes_min != r->nnodes_max || r->c10d;
     ro->max_conns = mgpu_plan_max_conns(plan);
     if (r->nnodes_max == 1) {
@@ -591,6 +594,9 @@ void mgpu_plan_set_world(mgpu_plan_t *plan, const mgpu_rdzv_world_t *world)
     plan->world_size = world->world_size;
     plan->role_base_rank = world->role_base_rank;
     plan->role_world_size = world->role_world_size;
+    plan->round = world->round;
+    plan->restarts = world->restarts;
+    snprintf(plan->world_hosts, sizeof plan->world_hosts, "%s", world->hosts);
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", world->master_addr);
     plan->master_port = world->master_port;
     plan->port_is_free_pick = 1;
@@ -797,31 +803,30 @@ void mgpu_plan_free(mgpu_plan_t *plan)
     plan->workers = NULL;
 }
 
-char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt,
+char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt, int restarts,
                      const char *error_file)
 {
+    static const char *const own[] = {"TORCHELASTIC_RESTART_COUNT", "MGPU_ATTEMPT",
+                                      "TORCHELASTIC_ERROR_FILE"};
     const mgpu_worker_plan_t *w = &plan->workers[k];
     size_t nenv = 0, bytes = 0, n = 0;
     char **out, *p;
-    char attempt_s[16];
 
-    snprintf(attempt_s, sizeof attempt_s, "%d", attempt);
     for (char **e = environ_; e && *e; e++, nenv++)
         bytes += strlen(*e) + 1;
     for (int i = 0; i < w->nvars; i++)
         bytes += strlen(w->vars[i].key) + strlen(w->vars[i].val) + 2;
-    bytes += 64 + strlen(attempt_s) + strlen(error_file) + 2;
-    out = malloc((nenv + (size_t)w->nvars + 3) * sizeof *out + bytes);
+    bytes += 128 + strlen(error_file) + 2;
+    out = malloc((nenv + (size_t)w->nvars + 4) * sizeof *out + bytes);
     if (out == NULL)
         return NULL;
-    p = (char *)(out + nenv + (size_t)w->nvars + 3);
+    p = (char *)(out + nenv + (size_t)w->nvars + 4);
     for (char **e = environ_; e && *e; e++) {
         const char *eq = strchr(*e, '=');
         size_t klen = eq ? (size_t)(eq - *e) : strlen(*e);
-        int overridden = (klen == strlen("TORCHELASTIC_RESTART_COUNT") &&
-                          strncmp(*e, "TORCHELASTIC_RESTART_COUNT", klen) == 0) ||
-                         (klen == strlen("TORCHELASTIC_ERROR_FILE") &&
-                          strncmp(*e, "TORCHELASTIC_ERROR_FILE", klen) == 0);
+        int overridden = 0;
+        for (size_t i = 0; i < sizeof own / sizeof *own && !overridden; i++)
+            overridden = klen == strlen(own[i]) && strncmp(*e, own[i], klen) == 0;
         for (int i = 0; i < w->nvars && !overridden; i++)
             overridden = strlen(w->vars[i].key) == klen && strncmp(*e, w->vars[i].key, klen) == 0;
         if (!overridden)
@@ -832,7 +837,9 @@ char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attemp
         p += sprintf(p, "%s=%s", w->vars[i].key, w->vars[i].val) + 1;
     }
     out[n++] = p;
-    p += sprintf(p, "TORCHELASTIC_RESTART_COUNT=%s", attempt_s) + 1;
+    p += sprintf(p, "TORCHELASTIC_RESTART_COUNT=%d", restarts) + 1;
+    out[n++] = p;
+    p += sprintf(p, "MGPU_ATTEMPT=%d", attempt) + 1;
     out[n++] = p;
     sprintf(p, "TORCHELASTIC_ERROR_FILE=%s", error_file);
     out[n] = NULL;

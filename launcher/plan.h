@@ -64,9 +64,10 @@ typedef struct mgpu_plan_rdzv {
     int c10d;            /* --rdzv_backend c10d: ranks in arrival order */
     double join_timeout; /* seconds */
     double last_call_timeout;
-    char local_addr[256];    /* --local_addr, "" = the hostname */
-    char token[128];         /* --rdzv_token, "" = generated on one node */
-    char endpoint_host[256]; /* --rdzv_endpoint's host, "" = none */
+    double heartbeat_timeout; /* a node silent this long is lost */
+    char local_addr[256];     /* --local_addr, "" = the hostname */
+    char token[128];          /* --rdzv_token, "" = generated on one node */
+    char endpoint_host[256];  /* --rdzv_endpoint's host, "" = none */
     int endpoint_port;
     char master_addr[256]; /* --master_addr as given (the plan's own may be the endpoint) */
     int master_port;       /* --master_port as given, -1 = none */
@@ -91,10 +92,13 @@ typedef struct mgpu_plan {
     int nnodes; /* nodes (the static rendezvous takes the maximum) */
     int node_rank;
     int world_size;
-    int base_rank;       /* global rank of local rank 0 */
-    int role_base_rank;  /* ROLE_RANK of local rank 0: counted among nodes of this role */
-    int role_world_size; /* workers of this role in the world */
-    int rdzv_port;       /* several nodes: the port the launchers' store listens on */
+    int base_rank;         /* global rank of local rank 0 */
+    int role_base_rank;    /* ROLE_RANK of local rank 0: counted among nodes of this role */
+    int role_world_size;   /* workers of this role in the world */
+    int round;             /* the attempt the world is for (elastic: its rendezvous round) */
+    int restarts;          /* failures restarted from before it (TORCHELASTIC_RESTART_COUNT) */
+    char world_hosts[512]; /* the nodes' hosts in node rank order */
+    int rdzv_port;         /* several nodes: the port the launchers' store listens on */
     int master_port;
     int port_is_free_pick;  /* 1 when the launcher chose it */
     int omp_warning;        /* print torchrun's OMP_NUM_THREADS banner */
@@ -155,9 +159,11 @@ void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages);
 const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);
 
 /* A worker's full environment for one attempt: environ minus what the plan sets, then the
- * plan's variables, then TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_ERROR_FILE. The result
- * and its strings are one allocation: free() it. */
-char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt,
+ * plan's variables, then TORCHELASTIC_RESTART_COUNT (restarts: the failures restarted from),
+ * MGPU_ATTEMPT (the attempt: every start of the group, restarts that admit new nodes
+ * included, so the workers' store keys are new each time) and TORCHELASTIC_ERROR_FILE. The
+ * result and its strings are one allocation: free() it. */
+char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt, int restarts,
                      const char *error_file);
 
 /* --dry-run (plan_print.c): text for people, or JSON (one object) for scripts. */

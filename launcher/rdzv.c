@@ -14,20 +14,9 @@
 #include "log.h"          /* mgpu_info */
 #include "store.h"        /* the blocking client */
 #include "store_thread.h" /* the server, when this node serves it */
+#include "rdzv_impl.h"    /* struct mgpu_rdzv */
 
 #define MAX_NODES 4096
-
-struct mgpu_rdzv {
-    mgpu_store_thread_t *server; /* this node serves the store */
-    mgpu_store_t *client;        /* rendezvous, failures, attempt ends: under lock */
-    pthread_mutex_t lock;        /* report and end may run on two pool threads at once */
-    mgpu_store_t *watch;         /* blocked in mgpu_rdzv_wait_failure */
-    int nnodes, node_rank;
-    int joined;        /* every node met: leaving is agreed too (mgpu_rdzv_close) */
-    char host[256];    /* this node's name, for the others' reports */
-    volatile int lost; /* the store went away: no call may wait on it again */
-    char where[300];   /* "host:port" for messages */
-};
 
 static void random_hex(char *buf, size_t len)
 {
@@ -173,156 +162,168 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     return rc;
 }
 
-/* Elastic: ranks in arrival order; closes MIN..MAX nodes after the last call. */
-static int join_elastic(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me, mgpu_err_t *err)
+/* A node's announcement: "nproc host pid role" (static) or "nproc host pid prev role"
+ * (elastic rounds: prev is its node rank in the round before, -1 for a new node). The role goes
+ * last, since it may hold spaces; an announcement without one is of the default role. */
+int mgpu_rdzv_parse_node(const char *val, size_t len, int fields, rdzv_node_t *n, int *prev,
+                         const char *role, int *same_role)
 {
-    char key[64], closed[32];
-    const char *ckeys[1] = {"closed"};
-    int64_t arrival, total;
-    void *val = NULL;
-    size_t len = 0;
-    int ready = 0, rc;
+    char buf[700];
+    int pid = 0, pv = -1, used = 0;
 
-    if ((rc = mgpu_store_check(r->client, ckeys, 1, &ready, err)) < 0)
-        return rc;
-    if (ready)
-        return mgpu_err_set(err, MGPU_E_PEER,
-                            "rendezvous '%s' at %s is closed already: the job started without this "
-                            "node",
-                            o->run_id, r->where);
-    if ((rc = mgpu_store_add(r->client, "arrivals", 1, &arrival, err)) < 0)
-        return rc;
-    r->node_rank = (int)(arrival - 1);
-    if (r->node_rank >= o->nnodes_max)
-        return mgpu_err_set(err, MGPU_E_PEER,
-                            "rendezvous '%s' at %s already has its maximum of %d nodes", o->run_id,
-                            r->where, o->nnodes_max);
-    snprintf(key, sizeof key, "node/%d", r->node_rank);
-    if ((rc = mgpu_store_set(r->client, key, me, strlen(me), err)) < 0)
-        return rc;
-    if (r->node_rank == 0) {
-        /* The first node decides when the round closes: MIN nodes, then the last call. */
-        char **keys = calloc((size_t)o->nnodes_max, sizeof *keys);
-        if (keys == NULL)
-            return mgpu_err_set(err, -ENOMEM, "out of memory");
-        for (int i = 0; i < o->nnodes_max; i++)
-            if (asprintf(&keys[i], "node/%d", i) < 0)
-                keys[i] = NULL;
-        const double t1 = first_part(o->join_timeout);
-        rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_min, t1, err);
-        if (rc == MGPU_E_TIMEOUT && o->join_timeout > t1) {
-            mgpu_store_add(r->client, "arrivals", 0, &total, NULL);
-            mgpu_warn("rendezvous '%s' at %s: %lld of at least %d nodes joined; waiting for the "
-                      "others (up to %g s more)",
-                      o->run_id, r->where, (long long)total, o->nnodes_min, o->join_timeout - t1);
-            rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_min,
-                                 o->join_timeout - t1, err);
-        }
-        if (rc == 0 && o->nnodes_max > o->nnodes_min) {
-            /* The last call can be long (30 s by default): a silent launcher looks hung. */
-            if (mgpu_store_add(r->client, "arrivals", 0, &total, NULL) == 0 &&
-                total < o->nnodes_max && o->last_call_timeout > 0)
-                mgpu_warn("rendezvous '%s' at %s: %lld nodes joined (at least %d, at most %d); "
-                          "waiting up to %g s (last_call_timeout) for more nodes",
-                          o->run_id, r->where, (long long)total, o->nnodes_min, o->nnodes_max,
-                          o->last_call_timeout);
-            rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)o->nnodes_max,
-                                 o->last_call_timeout, err);
-            if (rc == MGPU_E_TIMEOUT)
-                rc = 0;
-        }
-        for (int i = 0; i < o->nnodes_max; i++)
-            free(keys[i]);
-        free(keys);
-        if (rc == MGPU_E_TIMEOUT) {
-            mgpu_store_add(r->client, "arrivals", 0, &total, NULL);
-            return mgpu_err_set(err, MGPU_E_TIMEOUT,
-                                "rendezvous '%s' at %s: %lld of at least %d nodes joined within "
-                                "%g s",
-                                o->run_id, r->where, (long long)total, o->nnodes_min,
-                                o->join_timeout);
-        }
-        if (rc < 0)
-            return rc;
-        /* Close: the nodes whose announcement is in count; later arrivals are refused. */
-        int n = 0;
-        for (int i = 0; i < o->nnodes_max; i++) {
-            const char *k1[1] = {key};
-            snprintf(key, sizeof key, "node/%d", i);
-            if (mgpu_store_check(r->client, k1, 1, &ready, err) == 0 && ready)
-                n = i + 1;
-            else
-                break;
-        }
-        snprintf(closed, sizeof closed, "%d", n);
-        if ((rc = mgpu_store_set(r->client, "closed", closed, strlen(closed), err)) < 0)
-            return rc;
-    }
-    rc = mgpu_store_get(r->client, "closed", o->join_timeout + o->last_call_timeout, &val, &len,
-                        err);
-    if (rc < 0)
-        return rc;
-    snprintf(closed, sizeof closed, "%.*s", (int)(len < 31 ? len : 31), (char *)val);
-    free(val);
-    r->nnodes = atoi(closed);
-    if (r->node_rank >= r->nnodes)
-        return mgpu_err_set(err, MGPU_E_PEER,
-                            "rendezvous '%s' at %s closed with %d nodes before this one arrived",
-                            o->run_id, r->where, r->nnodes);
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf - 1 ? len : sizeof buf - 1), val);
+    memset(n, 0, sizeof *n);
+    if ((fields == 4 ? sscanf(buf, "%d %255s %d %d %n", &n->nproc, n->host, &pid, &pv, &used)
+                     : sscanf(buf, "%d %255s %d %n", &n->nproc, n->host, &pid, &used)) < fields)
+        return MGPU_E_PROTOCOL;
+    if (prev != NULL)
+        *prev = pv;
+    if (same_role != NULL)
+        *same_role =
+            used > 0 && buf[used] ? strcmp(buf + used, role) == 0 : strcmp(role, "default") == 0;
     return 0;
 }
 
-/* 1 when a node's announcement ("nproc host pid role") names role. */
-static int node_role_is(const char *val, size_t len, const char *role)
+int mgpu_rdzv_world_fill(mgpu_rdzv_t *r, char **vals, size_t *lens, int fields,
+                         const char *master_key, mgpu_rdzv_world_t *w, mgpu_err_t *err)
 {
-    size_t i = 0;
+    const char *role = r->role[0] ? r->role : "default";
+    rdzv_node_t *nodes = calloc((size_t)r->nnodes, sizeof *nodes);
+    void *val = NULL;
+    size_t len = 0, hn = 0;
+    int rc;
 
-    for (int field = 0; field < 3; field++) {
-        while (i < len && val[i] != ' ')
-            i++;
-        if (i >= len)
-            return strcmp(role, "default") == 0; /* no role field: the default role */
-        i++;
+    if (nodes == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    memset(w, 0, sizeof *w);
+    w->nnodes = r->nnodes;
+    w->node_rank = r->node_rank;
+    /* Global ranks by node rank: nodes may run different numbers of workers. Role ranks the
+     * same way, counting only the nodes of this node's role (torchrun's ROLE_RANK). */
+    for (int i = 0; i < r->nnodes; i++) {
+        int same = 0;
+        if (mgpu_rdzv_parse_node(vals[i], lens[i], fields, &nodes[i], NULL, role, &same) < 0) {
+            free(nodes);
+            return mgpu_err_set(err, MGPU_E_PROTOCOL, "rendezvous at %s: node %d announced '%.*s'",
+                                r->where, i, (int)(lens[i] > 200 ? 200 : lens[i]), vals[i]);
+        }
+        nodes[i].base = w->world_size;
+        if (i < r->node_rank)
+            w->base_rank += nodes[i].nproc;
+        if (i < r->node_rank && same)
+            w->role_base_rank += nodes[i].nproc;
+        if (same)
+            w->role_world_size += nodes[i].nproc;
+        w->world_size += nodes[i].nproc;
+        if (hn + strlen(nodes[i].host) + 2 < sizeof w->hosts)
+            hn += (size_t)snprintf(w->hosts + hn, sizeof w->hosts - hn, "%s%s", i ? "," : "",
+                                   nodes[i].host);
     }
-    return len - i == strlen(role) && memcmp(val + i, role, len - i) == 0;
+    free(r->nodes);
+    r->nodes = nodes;
+
+    /* MASTER_ADDR/MASTER_PORT: a port on the node of global rank 0, where PyTorch's rank 0
+     * hosts its own store (TORCHELASTIC_USE_AGENT_STORE=False). */
+    if (r->node_rank == 0) {
+        char master[400];
+        int mport = r->o.master_port > 0 ? r->o.master_port : mgpu_sock_free_port();
+        snprintf(master, sizeof master, "%d %s", mport, r->master_addr);
+        if ((rc = mgpu_store_set(r->client, master_key, master, strlen(master), err)) < 0)
+            return rc;
+    }
+    if ((rc = mgpu_store_get(r->client, master_key, r->o.join_timeout, &val, &len, err)) < 0)
+        return rc;
+    {
+        char master[400], *sp;
+        snprintf(master, sizeof master, "%.*s", (int)(len < 399 ? len : 399), (char *)val);
+        free(val);
+        sp = strchr(master, ' ');
+        w->master_port = atoi(master);
+        snprintf(w->master_addr, sizeof w->master_addr, "%s", sp ? sp + 1 : "127.0.0.1");
+    }
+    snprintf(w->store_addr, sizeof w->store_addr, "%s", r->store_host);
+    w->store_port = r->store_port;
+    snprintf(w->token, sizeof w->token, "%s", r->token);
+    w->round = r->round;
+    w->restarts = r->restarts;
+    return 0;
+}
+
+/* Static: the nodes' announcements under node/<i>, in node rank order. */
+static int world_static(mgpu_rdzv_t *r, mgpu_rdzv_world_t *w, mgpu_err_t *err)
+{
+    char key[64], **vals = calloc((size_t)r->nnodes, sizeof *vals);
+    size_t *lens = calloc((size_t)r->nnodes, sizeof *lens);
+    int rc = 0;
+
+    if (vals == NULL || lens == NULL)
+        rc = mgpu_err_set(err, -ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < r->nnodes; i++) {
+        void *v = NULL;
+        snprintf(key, sizeof key, "node/%d", i);
+        rc = mgpu_store_get(r->client, key, r->o.join_timeout, &v, &lens[i], err);
+        vals[i] = v;
+    }
+    if (rc == 0)
+        rc = mgpu_rdzv_world_fill(r, vals, lens, 3, "master", w, err);
+    for (int i = 0; vals != NULL && i < r->nnodes; i++)
+        free(vals[i]);
+    free(vals);
+    free(lens);
+    return rc;
 }
 
 int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world_t *w,
                    mgpu_err_t *err)
 {
     mgpu_rdzv_t *r = calloc(1, sizeof *r);
-    char prefix[300], me[600], token[80] = "", key[64];
-
-    if (r != NULL)
-        pthread_mutex_init(&r->lock, NULL);
-    int port = o->store_port, rc, elastic = o->elastic;
-    void *val = NULL;
-    size_t len = 0;
+    char me[600], token[80] = "";
+    int port = o->store_port, rc;
 
     *out = NULL;
     memset(w, 0, sizeof *w);
     if (r == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_init(&r->hb_lock, NULL);
+    pthread_cond_init(&r->hb_cond, NULL);
+    r->hb_attempt = -1;
+    r->o = *o;
+    snprintf(r->run_id, sizeof r->run_id, "%s", o->run_id);
+    snprintf(r->role, sizeof r->role, "%s", o->role != NULL ? o->role : "default");
+    snprintf(r->master_addr, sizeof r->master_addr, "%s",
+             o->master_addr != NULL ? o->master_addr : "127.0.0.1");
+    snprintf(r->store_host, sizeof r->store_host, "%s", o->store_host);
+    r->o.run_id = r->run_id;
+    r->o.role = r->role;
+    r->o.master_addr = r->master_addr;
+    r->o.store_host = r->store_host;
+    r->o.hostname = r->host;
+    r->o.token = NULL; /* not kept: the world carries it */
+    r->elastic = o->elastic;
     if (o->token != NULL && *o->token)
         snprintf(token, sizeof token, "%s", o->token);
     else if (o->nnodes_max == 1)
         random_hex(token, sizeof token); /* handed to the local workers only */
     else if (!mgpu_sock_is_loopback(o->store_host))
-        return free(r), mgpu_err_set(err, MGPU_E_USAGE,
-                                     "several nodes meet through a store open to the network at "
-                                     "%s:%d: give every node the same secret with --rdzv_token "
-                                     "(or PET_RDZV_TOKEN, or --rdzv_token_file)",
-                                     o->store_host, o->store_port);
+        return mgpu_rdzv_close(r), mgpu_err_set(err, MGPU_E_USAGE,
+                                                "several nodes meet through a store open to the "
+                                                "network at %s:%d: give every node the same secret "
+                                                "with --rdzv_token (or PET_RDZV_TOKEN, or "
+                                                "--rdzv_token_file)",
+                                                o->store_host, o->store_port);
+    snprintf(r->token, sizeof r->token, "%s", token);
 
     if (o->serve) {
         mgpu_store_server_opts_t so = {
             .bind_host = o->bind_host, .port = port, .token = token, .max_conns = o->max_conns};
         rc = mgpu_store_thread_start(&so, &r->server, &port, err);
         if (rc < 0) {
-            free(r);
+            mgpu_rdzv_close(r);
             return rc;
         }
     }
+    r->store_port = port;
     snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
     rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout, &r->client, err);
     if (rc < 0) {
@@ -333,65 +334,40 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
                      o->serve ? "" : " (has the node that serves it, node 0, started?)", msg);
         goto fail;
     }
-    snprintf(prefix, sizeof prefix, "mgpu/%s/", o->run_id);
-    mgpu_store_set_prefix(r->client, prefix);
-    /* The pid makes two launchers started with the same command line tell each other apart;
-     * the role goes last, since it may hold spaces. */
-    snprintf(me, sizeof me, "%d %s %d %s", o->nproc, o->hostname, (int)getpid(),
-             o->role != NULL ? o->role : "default");
+    snprintf(r->prefix, sizeof r->prefix, "mgpu/%s/", o->run_id);
+    mgpu_store_set_prefix(r->client, r->prefix);
+    /* Reached once: from now on a store that stays away for heartbeat_timeout is lost (not
+     * retried for the whole join timeout, as while it may still be starting). */
+    if (o->nnodes_max > 1)
+        mgpu_store_set_io_timeout(r->client, o->heartbeat_timeout);
     snprintf(r->host, sizeof r->host, "%s", o->hostname);
-    rc = elastic ? join_elastic(r, o, me, err) : join_static(r, o, me, err);
+    if (r->elastic) {
+        rc = mgpu_rdzv_join_rounds(r, 0, w, err);
+    } else {
+        /* The pid makes two launchers started with the same command line tell each other
+         * apart; the role goes last, since it may hold spaces. */
+        snprintf(me, sizeof me, "%d %s %d %s", o->nproc, o->hostname, (int)getpid(), r->role);
+        rc = join_static(r, o, me, err);
+        if (rc == 0)
+            rc = world_static(r, w, err);
+    }
     if (rc < 0)
         goto fail;
-
-    /* Global ranks by node rank: nodes may run different numbers of workers. Role ranks the
-     * same way, counting only the nodes of this node's role (torchrun's ROLE_RANK). */
-    w->nnodes = r->nnodes;
-    w->node_rank = r->node_rank;
-    for (int i = 0; i < r->nnodes; i++) {
-        int nproc, same;
-        snprintf(key, sizeof key, "node/%d", i);
-        if ((rc = mgpu_store_get(r->client, key, o->join_timeout, &val, &len, err)) < 0)
-            goto fail;
-        nproc = atoi(val);
-        same = node_role_is(val, len, o->role != NULL ? o->role : "default");
-        free(val);
-        if (i < r->node_rank)
-            w->base_rank += nproc;
-        if (i < r->node_rank && same)
-            w->role_base_rank += nproc;
-        if (same)
-            w->role_world_size += nproc;
-        w->world_size += nproc;
-    }
-
-    /* MASTER_ADDR/MASTER_PORT: a free port on the node of global rank 0, where PyTorch's rank 0
-     * hosts its own store (TORCHELASTIC_USE_AGENT_STORE=False). */
-    if (r->node_rank == 0) {
-        char master[400];
-        int mport = o->master_port > 0 ? o->master_port : mgpu_sock_free_port();
-        snprintf(master, sizeof master, "%d %s", mport, o->master_addr);
-        if ((rc = mgpu_store_set(r->client, "master", master, strlen(master), err)) < 0)
-            goto fail;
-    }
-    if ((rc = mgpu_store_get(r->client, "master", o->join_timeout, &val, &len, err)) < 0)
-        goto fail;
-    {
-        char master[400], *sp;
-        snprintf(master, sizeof master, "%.*s", (int)(len < 399 ? len : 399), (char *)val);
-        free(val);
-        sp = strchr(master, ' ');
-        w->master_port = atoi(master);
-        snprintf(w->master_addr, sizeof w->master_addr, "%s", sp ? sp + 1 : "127.0.0.1");
-    }
-    snprintf(w->store_addr, sizeof w->store_addr, "%s", o->store_host);
-    w->store_port = port;
-    snprintf(w->token, sizeof w->token, "%s", token);
     rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout, &r->watch, err);
     if (rc < 0)
         goto fail;
-    mgpu_store_set_prefix(r->watch, prefix);
+    mgpu_store_set_prefix(r->watch, r->prefix);
     mgpu_store_set_reconnect(r->watch, 0); /* its loss means the serving node is gone */
+    if (o->nnodes_max > 1) {
+        rc = mgpu_store_connect(o->store_host, port, token, o->heartbeat_timeout, &r->hb, err);
+        if (rc == 0) {
+            mgpu_store_set_prefix(r->hb, r->prefix);
+            mgpu_store_set_reconnect(r->hb, 0);
+            rc = mgpu_rdzv_beat_start(r, err);
+        }
+        if (rc < 0)
+            goto fail;
+    }
     r->joined = 1;
     *out = r;
     return 0;
@@ -400,32 +376,57 @@ fail:
     return rc;
 }
 
-static void failure_text(const mgpu_rdzv_failure_t *f, char *buf, size_t len)
+void mgpu_rdzv_failure_text(const mgpu_rdzv_failure_t *f, char *buf, size_t len)
 {
-    snprintf(buf, len, "%d %d %d %d %s", f->node_rank, f->rank, f->local_rank, f->exit_code,
-             f->host);
+    snprintf(buf, len, "%d %d %d %d %s%s%s", f->node_rank, f->rank, f->local_rank, f->exit_code,
+             f->host[0] ? f->host : "?", f->how[0] ? " " : "", f->how);
 }
 
-static int failure_parse(const char *v, size_t len, mgpu_rdzv_failure_t *f)
+int mgpu_rdzv_failure_parse(const char *v, size_t len, mgpu_rdzv_failure_t *f)
 {
-    char buf[400];
-    snprintf(buf, sizeof buf, "%.*s", (int)(len < 399 ? len : 399), v);
+    char buf[700];
+    int used = 0;
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf - 1 ? len : sizeof buf - 1), v);
     memset(f, 0, sizeof *f);
-    return sscanf(buf, "%d %d %d %d %255s", &f->node_rank, &f->rank, &f->local_rank, &f->exit_code,
-                  f->host) == 5
-               ? 0
-               : MGPU_E_PROTOCOL;
+    if (sscanf(buf, "%d %d %d %d %255s %n", &f->node_rank, &f->rank, &f->local_rank, &f->exit_code,
+               f->host, &used) < 5)
+        return MGPU_E_PROTOCOL;
+    if (used > 0)
+        snprintf(f->how, sizeof f->how, "%s", buf + used);
+    return 0;
+}
+
+void mgpu_rdzv_give_up(mgpu_rdzv_t *r, const char *why)
+{
+    if (__atomic_exchange_n(&r->lost, 1, __ATOMIC_ACQ_REL))
+        return;
+    snprintf(r->lost_why, sizeof r->lost_why, "%s", why);
+    r->cancel = 1;
+    if (r->watch != NULL)
+        mgpu_store_interrupt(r->watch);
+    if (r->client != NULL)
+        mgpu_store_interrupt(r->client);
+}
+
+const char *mgpu_rdzv_lost_why(const mgpu_rdzv_t *r)
+{
+    return r->lost ? r->lost_why : "";
 }
 
 static int report_locked(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
                          mgpu_err_t *err)
 {
-    char key[64], text[400];
+    char key[64], text[700];
     void *cur = NULL;
     size_t clen = 0;
     int rc;
 
-    failure_text(f, text, sizeof text);
+    mgpu_rdzv_failure_text(f, text, sizeof text);
+    if (f->rank == MGPU_RDZV_NODE) {
+        /* This node leaves (its launcher was stopped): a next round does not wait for it. */
+        snprintf(key, sizeof key, "attempt/%d/lost/%d", attempt, f->node_rank);
+        mgpu_store_set(r->client, key, f->how, strlen(f->how), NULL);
+    }
     snprintf(key, sizeof key, "attempt/%d/failure", attempt);
     rc = mgpu_store_compare_set(r->client, key, "", 0, text, strlen(text), &cur, &clen, err);
     if (rc < 0)
@@ -451,45 +452,29 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
     size_t len = 0;
     int rc;
 
-    /* If this launcher dies, the store itself tells the others: on this connection's close it
-     * records the failure, wakes every other node's watcher and ends this node's attempt. */
-    {
-        int n = r->nnodes + 2, k = 0;
-        char **keys = calloc((size_t)n, sizeof *keys), dead[320];
-        const char **vals = calloc((size_t)n, sizeof *vals);
-        snprintf(dead, sizeof dead, "%d -1 -1 137 %s", r->node_rank, r->host);
-        for (int i = 0; keys && vals && i < r->nnodes; i++) {
-            if (asprintf(&keys[k], i == r->node_rank ? "attempt/%d/end/%d" : "attempt/%d/watch/%d",
-                         attempt, i) < 0)
-                break;
-            vals[k++] = dead;
-        }
-        if (keys && vals && asprintf(&keys[k], "attempt/%d/failure", attempt) >= 0)
-            vals[k++] = dead;
-        if (keys && vals && asprintf(&keys[k], "left/%d", r->node_rank) >= 0)
-            vals[k++] = dead; /* the serving node need not wait for it at the end */
-        if (keys && vals)
-            mgpu_store_on_close(r->watch, (const char *const *)keys, vals, (size_t)k, NULL);
-        for (int i = 0; keys && i < k; i++)
-            free(keys[i]);
-        free(keys);
-        free(vals);
-    }
+    /* If this launcher dies or goes silent, the store itself tells the others (the leases of
+     * rdzv_beat.c). */
+    if (!r->lost && (rc = mgpu_rdzv_beat_lease(r, attempt, err)) < 0)
+        mgpu_warn("could not register this node's heartbeat lease: %s", err->msg);
     snprintf(key, sizeof key, "attempt/%d/watch/%d", attempt, r->node_rank);
-    rc = mgpu_store_get(r->watch, key, -1, &val, &len, err);
-    if (rc < 0 && r->server == NULL)
-        r->lost = 1;
-    if (rc < 0 && r->server == NULL)
-        return mgpu_err_set(err, MGPU_E_PEER,
-                            "the store at %s went away (node 0's launcher, which serves it, died?)",
-                            r->where);
+    rc = r->lost ? MGPU_E_CLOSED : mgpu_store_get(r->watch, key, -1, &val, &len, err);
+    if (rc < 0 && r->lost)
+        return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
+    if (rc < 0 && r->server == NULL) {
+        char why[400];
+        snprintf(why, sizeof why,
+                 "the store at %s went away (the launcher that serves it, on %s, died?)", r->where,
+                 r->store_host);
+        mgpu_rdzv_give_up(r, why);
+        return mgpu_err_set(err, MGPU_E_PEER, "%s", why);
+    }
     if (rc < 0)
         return rc;
     if (len == 3 && memcmp(val, "end", 3) == 0) {
         free(val);
         return MGPU_E_CLOSED;
     }
-    rc = failure_parse(val, len, f);
+    rc = mgpu_rdzv_failure_parse(val, len, f);
     free(val);
     return rc;
 }
@@ -541,7 +526,7 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
     if ((rc = mgpu_store_get(r->client, key, timeout, &val, &len, err)) < 0)
         return rc;
     *failed = 1;
-    rc = failure_parse(val, len, f);
+    rc = mgpu_rdzv_failure_parse(val, len, f);
     free(val);
     return rc;
 }
@@ -550,7 +535,7 @@ int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failur
                              mgpu_err_t *err)
 {
     if (r->lost)
-        return mgpu_err_set(err, MGPU_E_PEER, "the store at %s is gone", r->where);
+        return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
     pthread_mutex_lock(&r->lock);
     int rc = report_locked(r, attempt, f, first, err);
     pthread_mutex_unlock(&r->lock);
@@ -561,11 +546,53 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
     if (r->lost)
-        return mgpu_err_set(err, MGPU_E_PEER, "the store at %s is gone", r->where);
+        return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
     pthread_mutex_lock(&r->lock);
     int rc = end_locked(r, attempt, timeout, failed, f, err);
     pthread_mutex_unlock(&r->lock);
+    if (rc == 0)
+        mgpu_rdzv_beat_lease(r, -1, NULL); /* over: silence or an exit is no loss now */
     return rc;
+}
+
+int mgpu_rdzv_next_round(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_world_t *w, mgpu_err_t *err)
+{
+    if (r->lost)
+        return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
+    pthread_mutex_lock(&r->lock);
+    int rc = mgpu_rdzv_join_rounds(r, attempt + 1, w, err);
+    pthread_mutex_unlock(&r->lock);
+    if (rc < 0 && r->cancel && !r->lost)
+        return mgpu_err_set(err, MGPU_E_CLOSED, "rendezvous cancelled");
+    return rc;
+}
+
+void mgpu_rdzv_cancel(mgpu_rdzv_t *r)
+{
+    if (r != NULL)
+        r->cancel = 1;
+}
+
+void mgpu_rdzv_leave(mgpu_rdzv_t *r, const char *why)
+{
+    if (r == NULL || !r->elastic || r->lost)
+        return;
+    pthread_mutex_lock(&r->lock);
+    mgpu_store_set(r->client, "over", why, strlen(why), NULL);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void mgpu_rdzv_node_ranks(const mgpu_rdzv_t *r, int node, char *buf, size_t len)
+{
+    if (r == NULL || r->nodes == NULL || node < 0 || node >= r->nnodes) {
+        snprintf(buf, len, "the ranks of node %d", node);
+        return;
+    }
+    const rdzv_node_t *n = &r->nodes[node];
+    if (n->nproc == 1)
+        snprintf(buf, len, "rank %d", n->base);
+    else
+        snprintf(buf, len, "ranks %d-%d", n->base, n->base + n->nproc - 1);
 }
 
 int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
@@ -589,8 +616,7 @@ int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int
         rc = -ENOENT;
     if (rc == 0)
         rc = mgpu_store_get(r->client, key, 1.0, &val, &n, NULL);
-    snprintf(prefix, sizeof prefix, "mgpu/%s/", run_id);
-    mgpu_store_set_prefix(r->client, prefix);
+    mgpu_store_set_prefix(r->client, r->prefix);
     pthread_mutex_unlock(&r->lock);
     if (rc == 0)
         snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), (char *)val);
@@ -602,27 +628,31 @@ void mgpu_rdzv_close(mgpu_rdzv_t *r)
 {
     if (r == NULL)
         return;
+    mgpu_rdzv_beat_stop(r); /* its leases cleared first: a normal end is no loss */
     if (r->joined && r->nnodes > 1 && !r->lost) {
         /* The serving node keeps the store up until every node has read its last answer
          * (bounded: a node that died must not keep this one forever). */
         char key[64], **keys = calloc((size_t)r->nnodes, sizeof *keys);
-        snprintf(key, sizeof key, "left/%d", r->node_rank);
+        snprintf(key, sizeof key, "left/%d/%d", r->attempt, r->node_rank);
         mgpu_store_set(r->client, key, "1", 1, NULL);
         if (r->server != NULL && keys != NULL) {
             for (int i = 0; i < r->nnodes; i++)
-                if (asprintf(&keys[i], "left/%d", i) < 0)
+                if (asprintf(&keys[i], "left/%d/%d", r->attempt, i) < 0)
                     keys[i] = NULL;
             mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, 10.0, NULL);
             for (int i = 0; i < r->nnodes; i++)
                 free(keys[i]);
+            if (r->elastic)
+                mgpu_rdzv_wait_over_seen(r, 2.0);
         }
         free(keys);
     }
-    if (r->watch != NULL && !r->lost)
-        mgpu_store_on_close(r->watch, NULL, NULL, 0, NULL); /* a normal end is no death */
     mgpu_store_close(r->watch);
     mgpu_store_close(r->client);
     mgpu_store_thread_stop(r->server);
     pthread_mutex_destroy(&r->lock);
+    pthread_mutex_destroy(&r->hb_lock);
+    pthread_cond_destroy(&r->hb_cond);
+    free(r->nodes);
     free(r);
 }

@@ -5,9 +5,18 @@
  * --master_addr A --master_port P. Node 0 serves the store at A:P (a thread of its own); every
  * launcher, node 0 included, connects with the blocking client, announces itself
  * (node rank, local workers, host), and waits for all N. Global ranks follow node ranks; nodes
- * may run different numbers of workers. Elastic mode (--nnodes MIN:MAX): nodes get their rank
- * in arrival order; once MIN have come the rendezvous waits last_call_timeout for more (or
- * until MAX), then closes.
+ * may run different numbers of workers. Elastic mode (--nnodes MIN:MAX): every start of the
+ * worker group is a round of its own (rdzv_round.c): nodes join in arrival order; once MIN have
+ * come the round waits last_call_timeout for more (or until MAX), then closes. A restart after a
+ * failure or a lost node is the next round, with the nodes that come; a node that arrives while
+ * a round runs waits for the next one and, while the round has fewer than MAX nodes, asks for
+ * it (a restart that counts no failure, as torchrun's).
+ *
+ * Heartbeats (rdzv_beat.c): every launcher keeps a lease on the store (a ping every
+ * heartbeat_timeout/5, at most 1 s). A node whose connection closes (its launcher died) or
+ * whose lease runs out (a host cut off, a stopped launcher) is lost: the store itself records
+ * the failure and wakes every node's watcher. A launcher that cannot reach the store for
+ * heartbeat_timeout gives it up as lost.
  *
  * Keys live under "mgpu/<run_id>/" so two jobs sharing a store never mix. Every key of one
  * attempt lives under "mgpu/<run_id>/attempt/<n>/", so a restarted group never reads the last
@@ -46,6 +55,8 @@ typedef struct mgpu_rdzv_opts {
     const char *master_addr;  /* MASTER_ADDR the workers get: node 0's address as others see it */
     int master_port;          /* MASTER_PORT the workers get; 0: a free port on that node */
     int elastic;              /* ranks in arrival order (--nnodes MIN:MAX, --rdzv_backend c10d) */
+    double heartbeat_timeout; /* --rdzv_conf heartbeat_timeout (default 15 s) */
+    int max_restarts;         /* --max_restarts: whether a failed round is followed by another */
 } mgpu_rdzv_opts_t;
 
 typedef struct mgpu_rdzv_world {
@@ -59,6 +70,9 @@ typedef struct mgpu_rdzv_world {
     char store_addr[256];  /* MGPU_STORE_ADDR for workers of this node */
     int store_port;        /* MGPU_STORE_PORT */
     char token[80];        /* MGPU_STORE_TOKEN */
+    int round;             /* the round (attempt) this world is for: 0, then one per restart */
+    int restarts;    /* failures restarted from before this round (TORCHELASTIC_RESTART_COUNT) */
+    char hosts[512]; /* the nodes' hosts in node rank order, "h0,h1,..." (for reports) */
 } mgpu_rdzv_world_t;
 
 /* Serves the store if asked, connects, announces this node, waits for the others. A node
@@ -66,10 +80,16 @@ typedef struct mgpu_rdzv_world {
 int mgpu_rdzv_join(const mgpu_rdzv_opts_t *opts, mgpu_rdzv_t **out, mgpu_rdzv_world_t *world,
                    mgpu_err_t *err);
 
-/* The first failure of an attempt, as every node sees it. */
+/* The first failure of an attempt, as every node sees it. rank >= 0: that worker failed;
+ * MGPU_RDZV_NODE: the node as a whole (its launcher died, was cut off or stopped, or left by a
+ * signal; how says which); MGPU_RDZV_ARRIVAL: nodes wait to join (elastic: a restart that counts
+ * no failure). */
+#define MGPU_RDZV_NODE (-1)
+#define MGPU_RDZV_ARRIVAL (-2)
 typedef struct mgpu_rdzv_failure {
     int node_rank, rank, local_rank, exit_code;
     char host[256];
+    char how[256]; /* "" for a worker's failure; "lost: heartbeat missed for 15 s", ... */
 } mgpu_rdzv_failure_t;
 
 /* Records a failure of attempt n; the first one recorded by any node wins. *first = 1 when
@@ -90,6 +110,20 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
  * Returns 0, or a negative code when there is none. Does not wait. */
 int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
                             size_t len);
+/* Elastic: the next round after attempt `attempt` ended (in a failure, a lost node or an
+ * arrival): joins it with the nodes that come and fills world. Blocks up to join_timeout;
+ * MGPU_E_CLOSED when mgpu_rdzv_cancel was called, MGPU_E_PEER when the job ended without this
+ * node. */
+int mgpu_rdzv_next_round(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_world_t *world, mgpu_err_t *err);
+/* From any thread: a rendezvous in progress gives up (the launcher is stopping). */
+void mgpu_rdzv_cancel(mgpu_rdzv_t *r);
+/* Elastic: this node leaves for good (no restart left, or it was stopped): nodes waiting for a
+ * next round hear that the job is over. */
+void mgpu_rdzv_leave(mgpu_rdzv_t *r, const char *why);
+/* The global ranks of node `node` in the current world ("ranks 2-3", "rank 4"), for messages. */
+void mgpu_rdzv_node_ranks(const mgpu_rdzv_t *r, int node, char *buf, size_t len);
+/* Why this launcher gave the store up, "" while it has not. */
+const char *mgpu_rdzv_lost_why(const mgpu_rdzv_t *r);
 void mgpu_rdzv_close(mgpu_rdzv_t *r);
 
 #endif

@@ -62,6 +62,16 @@ typedef struct mgpu_stall_record {
     char **stacks;            /* n entries, malloc'd, NULL where none was collected */
 } mgpu_stall_record_t;
 
+/* One start of the worker group and the world it ran in (elastic jobs change it). */
+typedef struct mgpu_attempt_record {
+    int attempt, restarts; /* the group start, and TORCHELASTIC_RESTART_COUNT in it */
+    int nnodes, node_rank, world_size, base_rank;
+    char hosts[512];              /* the nodes' hosts in node rank order */
+    double t_start, t_first_exec; /* when it started; when its first worker executed */
+    double t_end;                 /* when it ended on this node (0 while it runs) */
+    char end[320];                /* "succeeded", "failed: ...", "node 1 (h1) lost: ...", ... */
+} mgpu_attempt_record_t;
+
 typedef struct mgpu_run_result {
     int exit_code;    /* what mgpu-launch exits with */
     int signal;       /* a signal the launcher itself received and stopped for, or 0 */
@@ -77,6 +87,8 @@ typedef struct mgpu_run_result {
     int nhistory;
     mgpu_rdzv_failure_t *remote_history; /* those that failed first on another node */
     int nremote_history;
+    mgpu_attempt_record_t *worlds; /* every attempt's world, in order */
+    int nworlds;
     mgpu_stall_record_t *stalls; /* every stall report of the run, in order */
     int nstalls;
     char log_root[2048]; /* the run's log folder */
@@ -91,7 +103,7 @@ typedef struct mgpu_run_result {
  * in *cg and *keeper what is left of them (on an early failure, all of it, for the caller).
  * Returns 0 when the supervision itself worked (whatever the workers did: see res), or a
  * negative code when it could not start (err says why). */
-int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
+int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
                  mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err);
 /* Frees res and removes the run's folder unless logs were asked for. */
 void mgpu_run_result_free(mgpu_run_result_t *res);

@@ -53,7 +53,7 @@ typedef struct sup {
     uv_timer_t grace_timer, drain_timer;
     uv_timer_t quiet_timer; /* flushes partial lines of streams gone quiet (live consoles) */
     uv_signal_t winch;      /* the launcher's terminal changed size: the workers' ptys follow */
-    const mgpu_plan_t *plan;
+    mgpu_plan_t *plan;      /* an elastic restart changes its world */
     mgpu_run_result_t *res;
     proc_t *procs;
     int nproc;
@@ -77,6 +77,9 @@ typedef struct sup {
     mgpu_outbuf_t ob;
     mgpu_rdzv_t *rdzv;           /* the launchers' rendezvous */
     int multi;                   /* several nodes: failures and attempt ends go through the store */
+    int elastic;                 /* --nnodes MIN:MAX: each restart is a new rendezvous round */
+    int restarts;                /* failures restarted from (TORCHELASTIC_RESTART_COUNT) */
+    int in_round;                /* an elastic rendezvous runs on the thread pool */
     int ending;                  /* this node's attempt is over; waiting for the other nodes */
     int pending_work;            /* rendezvous calls on the thread pool */
     int reports_pending;         /* failure reports not yet in the store: the attempt's end waits */

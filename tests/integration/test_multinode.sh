@@ -469,22 +469,48 @@ t_mn_elastic_third_node_within_last_call() {
     expect_eq "$(echo $ranks | tr ' ' '\n' | sort -n | tr '\n' ' ')" "0 1 2 3 " "global ranks"
 }
 
-t_mn_elastic_late_node_refused() {
-    # a launcher that comes after the round closed is told so at once (no hang, non-zero); the
-    # job that formed is not disturbed
+t_mn_elastic_late_node_admitted() {
+    # a launcher that comes after the round closed, while the job has fewer than MAX nodes, is
+    # admitted at a restart of the group (torchrun's membership change): a new world of 3, and
+    # the restart count not consumed
     local port; port=$(free_port)
     local a="--nnodes=2:3 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=late-$port --rdzv_conf=last_call_timeout=1 --nproc_per_node=1"
+    local w=("$TW" env e.%r.\$MGPU_ATTEMPT touch up.%r waitfile go)
+    start_node A - $a "$TW" env e.%r touch up.%r waitfile go
+    start_node B - $a "$TW" env e.%r touch up.%r waitfile go
+    wait_until 30 all_exist up.0 up.1 || { dump_nodes err.A err.B; fail "the first two nodes did not start"; }
+    rm -f e.0 e.1 up.0 up.1
+    start_node C - $a "$TW" env e.%r touch up.%r waitfile go
+    wait_until 30 all_exist up.0 up.1 up.2 || { dump_nodes err.A err.B err.C; fail "the late node was not admitted"; }
+    touch go
+    wait_node A 30; wait_node B 30; wait_node C 30
+    expect_eq "${MN_RC[A]}/${MN_RC[B]}/${MN_RC[C]}" 0/0/0 "exit statuses ($(dump_nodes err.A err.B err.C 2>&1))"
+    local r
+    for r in 0 1 2; do
+        expect_eq "$(envval e.$r WORLD_SIZE)/$(envval e.$r GROUP_WORLD_SIZE)" 3/3 "world of rank $r after the restart"
+        expect_eq "$(envval e.$r TORCHELASTIC_RESTART_COUNT)" 0 "restart count of rank $r (an arrival is no failure)"
+        expect_eq "$(envval e.$r MGPU_ATTEMPT)" 1 "attempt of rank $r"
+    done
+    expect_grep err.C 'waits to join at its next restart'
+    expect_grep err.A 'waiting to join'
+}
+
+t_mn_elastic_late_node_full_round() {
+    # a late node when the job has its maximum of nodes waits, and hears when the job ends
+    local port; port=$(free_port)
+    local a="--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=full-$port --rdzv_conf=last_call_timeout=1 --nproc_per_node=1"
     start_node A - $a "$TW" touch up.%r waitfile go
     start_node B - $a "$TW" touch up.%r waitfile go
     wait_until 30 all_exist up.0 up.1 || { dump_nodes err.A err.B; fail "the first two nodes did not start"; }
     start_node C - $a "$TW" touch late
-    wait_node C 15
-    [ "${MN_RC[C]}" -ne 0 ] || fail "a late node exited 0"
-    expect_grep err.C 'closed'
+    wait_until 10 grep -q 'maximum of nodes' err.C || { dump_nodes err.C; fail "the late node did not say it waits"; }
     [ ! -e late ] || fail "the late node started a worker"
     touch go
-    wait_node A 30; wait_node B 30
+    wait_node A 30; wait_node B 30; wait_node C 15
     expect_eq "${MN_RC[A]}/${MN_RC[B]}" 0/0 "the job that formed ($(dump_nodes err.A err.B 2>&1))"
+    [ "${MN_RC[C]}" -ne 0 ] || fail "the late node exited 0"
+    expect_grep err.C 'the job ended before this node could join'
+    [ ! -e late ] || fail "the late node started a worker"
 }
 
 t_mn_elastic_min_not_reached() {

@@ -149,7 +149,7 @@ static void test_env_contract(void)
     CHECK_STR(mgpu_plan_var(&p, 2, "OMP_NUM_THREADS"), "1");
     CHECK_INT(p.omp_warning, 1);
 
-    env = mgpu_plan_env(&p, 2, environ_, 4, "/tmp/x/error.json");
+    env = mgpu_plan_env(&p, 2, environ_, 6, 4, "/tmp/x/error.json");
     for (char **v = env; *v; v++) {
         seen_home += strcmp(*v, "HOME=/root") == 0;
         seen_rank += strncmp(*v, "RANK=", 5) == 0;
@@ -158,12 +158,14 @@ static void test_env_contract(void)
     }
     CHECK_INT(seen_home, 1);
     CHECK_INT(seen_rank, 1);
-    int found_restart = 0, found_err = 0;
+    int found_restart = 0, found_err = 0, found_attempt = 0;
     for (char **v = env; *v; v++) {
         found_restart += strcmp(*v, "TORCHELASTIC_RESTART_COUNT=4") == 0;
+        found_attempt += strcmp(*v, "MGPU_ATTEMPT=6") == 0;
         found_err += strcmp(*v, "TORCHELASTIC_ERROR_FILE=/tmp/x/error.json") == 0;
     }
     CHECK_INT(found_restart, 1);
+    CHECK_INT(found_attempt, 1);
     CHECK_INT(found_err, 1);
     free(env);
     mgpu_plan_free(&p);
