@@ -226,6 +226,8 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
             fprintf(out, "  rank      : %d (local_rank: %d)\n", f->rank, f->local_rank);
             fprintf(out, "  exitcode  : %d\n", f->exit_code);
             fprintf(out, "  details   : in the report of node %d's launcher\n", f->node_rank);
+        } else if (f->how[0]) {
+            fprintf(out, "  cause     : that node was %s\n", f->how);
         } else if (f->exit_code == 137) {
             fprintf(out, "  cause     : that node's launcher died (its connection to the store "
                          "closed)\n");
@@ -302,6 +304,9 @@ int mgpu_report_write_parent_error(const mgpu_plan_t *plan, const mgpu_run_resul
             snprintf(msg, sizeof msg,
                      "%s failed: rank %d (local_rank: %d) on node %d (%s), exitcode %d",
                      plan->entrypoint, f->rank, f->local_rank, f->node_rank, f->host, f->exit_code);
+        } else if (res->remote && f->how[0]) {
+            snprintf(msg, sizeof msg, "%s failed: node %d (%s) was %s", plan->entrypoint,
+                     f->node_rank, f->host, f->how);
         } else if (res->remote) {
             snprintf(msg, sizeof msg, "%s failed: the launcher of node %d (%s) died or was stopped",
                      plan->entrypoint, f->node_rank, f->host);
@@ -562,6 +567,8 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
         cJSON_AddNumberToObject(cause, "rank", res->remote_failure.rank);
         cJSON_AddNumberToObject(cause, "local_rank", res->remote_failure.local_rank);
         cJSON_AddNumberToObject(cause, "exit_code", res->remote_failure.exit_code);
+        if (res->remote_failure.how[0])
+            cJSON_AddStringToObject(cause, "how", res->remote_failure.how);
     } else {
         cJSON_AddNullToObject(root, "root_cause");
     }
@@ -579,7 +586,28 @@ int mgpu_report_write_summary(const mgpu_plan_t *plan, const mgpu_run_result_t *
         cJSON_AddNumberToObject(o, "rank", f->rank);
         cJSON_AddNumberToObject(o, "local_rank", f->local_rank);
         cJSON_AddNumberToObject(o, "exit_code", f->exit_code);
+        if (f->how[0])
+            cJSON_AddStringToObject(o, "how", f->how);
         cJSON_AddItemToArray(history, o);
+    }
+    /* Every start of the group and its world (an elastic job's changes). */
+    cJSON *worlds = cJSON_AddArrayToObject(root, "worlds");
+    for (int i = 0; i < res->nworlds; i++) {
+        const mgpu_attempt_record_t *w = &res->worlds[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "attempt", w->attempt);
+        cJSON_AddNumberToObject(o, "restart_count", w->restarts);
+        cJSON_AddNumberToObject(o, "nnodes", w->nnodes);
+        cJSON_AddNumberToObject(o, "node_rank", w->node_rank);
+        cJSON_AddNumberToObject(o, "world_size", w->world_size);
+        cJSON_AddNumberToObject(o, "base_rank", w->base_rank);
+        cJSON_AddStringToObject(o, "hosts", w->hosts);
+        cJSON_AddNumberToObject(o, "start_time", w->t_start);
+        if (w->t_first_exec > 0)
+            cJSON_AddNumberToObject(o, "first_exec_time", w->t_first_exec);
+        cJSON_AddNumberToObject(o, "end_time", w->t_end);
+        cJSON_AddStringToObject(o, "end", w->end[0] ? w->end : "running");
+        cJSON_AddItemToArray(worlds, o);
     }
 
     cJSON_AddItemToObject(root, "stalls", stalls_json(plan, res));

@@ -517,6 +517,13 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         }
     }
     mgpu_debug("attempt %d: every worker executed (or failed to)", s->attempt);
+    if (s->res->nworlds > 0)
+        for (int k = 0; k < s->nproc; k++) {
+            mgpu_attempt_record_t *w = &s->res->worlds[s->res->nworlds - 1];
+            double t = s->procs[k].out->t_exec;
+            if (t > 0 && (w->t_first_exec == 0 || t < w->t_first_exec))
+                w->t_first_exec = t;
+        }
     if (rc < 0)
         stop_group(s, SIGKILL);
     return rc;
