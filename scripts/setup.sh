@@ -6,7 +6,7 @@
 # parts are not built and workers run on the CPU.
 set -euo pipefail
 pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
-      clang libclang-rt-14-dev procps iproute2 time gnuplot-nox jq slurm-wlm munge openmpi-bin
+      clang libclang-rt-14-dev procps iproute2 nftables time gnuplot-nox jq slurm-wlm munge openmpi-bin
       pkg-config help2man go-md2man man-db gdb elfutils python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do

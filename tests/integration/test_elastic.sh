@@ -262,3 +262,93 @@ t_el_node_arrival_admitted() {
     no_leftovers elA elB
     echo "arrival: node B's workers ran in a world of 4 ${ms} ms after it started"
 }
+
+t_el_torch_elastic_script_survives_a_crash() {
+    # PyTorch's elastic pattern (torch.distributed.elastic's examples: load a snapshot at start,
+    # save one every few steps) under --nnodes 1:2: node B crashes mid-run; node A restarts
+    # alone, resumes from the snapshot and finishes, as under torchrun
+    need_torch
+    mn_netns_setup 2
+    export GLOO_SOCKET_IFNAME=mg0 # gloo would otherwise resolve the host name
+    EL_PORT=$(free_port)
+    cat >elastic.py <<'PY'
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+snap = "snapshot.pt"
+step, w = 0, torch.zeros(4)
+if os.path.exists(snap):
+    s = torch.load(snap)
+    step, w = s["step"], s["w"]
+print(f"start rank={rank} world={world} step={step} "
+      f"restart={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+while step < 40:
+    g = torch.ones(4)
+    dist.all_reduce(g)
+    w += g / world  # one a step, whatever the world
+    step += 1
+    if rank == 0 and step % 5 == 0:
+        torch.save({"step": step, "w": w}, snap + ".tmp")
+        os.replace(snap + ".tmp", snap)
+    time.sleep(0.05)
+print(f"done rank={rank} step={step} w={w[0].item():.1f}", flush=True)
+PY
+    local a; a=$(el_args "$EL_PORT" "${MN_ADDR[0]}" 1:2)
+    a=${a/--nproc_per_node=2/--nproc_per_node=1}
+    PYTHON_EXEC=$MN_PY MGPU_TEST_MARK=elA.$EL_PORT start_node A "${MN_NS[0]}" $a --local_addr="${MN_ADDR[0]}" elastic.py
+    PYTHON_EXEC=$MN_PY MGPU_TEST_MARK=elB.$EL_PORT start_node B "${MN_NS[1]}" $a --local_addr="${MN_ADDR[1]}" elastic.py
+    # mid-run: a snapshot exists, the job is not done
+    wait_until 60 all_exist snapshot.pt || { dump_nodes err.A err.B out.A out.B; fail "no snapshot"; }
+    grep -q "done" out.A out.B && fail "the job ended before the crash could come"
+    kill -KILL "${MN_PID[B]}"
+    wait_node A 60
+    wait_node B 5
+    expect_eq "${MN_RC[A]}" 0 "node A's exit status ($(dump_nodes err.A out.A 2>&1))"
+    expect_grep out.A 'start rank=0 world=1 step=[1-9][0-9]* restart=1'
+    expect_grep out.A 'done rank=0 step=40 w=40\.0'
+    no_leftovers elA elB
+}
+
+t_el_mgpu_worker_resumes_at_the_new_world_size() {
+    # mgpu-worker on 2 nodes x 2 CPU ranks with a checkpoint: node B's workers never get past
+    # their start and its launcher dies; node A restarts as a world of 2 and resumes from the
+    # checkpoint. Its result is byte for byte that of a 2-rank run resumed from the same
+    # checkpoint by hand: the same data order a one-node resume gives.
+    mn_netns_setup 2
+    EL_PORT=$(free_port)
+    local cfg="$MGPU_ROOT/configs/train.cfg" over="epochs=2 log_interval=10 metrics_file="
+    local a; a=$(el_args "$EL_PORT" "${MN_ADDR[0]}" 1:2)
+    # first part: both nodes train to step 20 and save the checkpoint
+    start_node A "${MN_NS[0]}" $a --local_addr="${MN_ADDR[0]}" --rdzv_id=first "$WORKER" "$cfg" $over checkpoint="$PWD/ck.bin" max_steps=20
+    start_node B "${MN_NS[1]}" $a --local_addr="${MN_ADDR[1]}" --rdzv_id=first "$WORKER" "$cfg" $over checkpoint="$PWD/ck.bin" max_steps=20
+    wait_node A 60; wait_node B 60
+    expect_eq "${MN_RC[A]}/${MN_RC[B]}" 0/0 "the first part ($(dump_nodes err.A err.B 2>&1))"
+    cp ck.bin ref.bin
+    # second part, to step 40: node B's workers stop themselves at once, then B's launcher dies
+    MGPU_TEST_MARK=elA.$EL_PORT start_node A "${MN_NS[0]}" $a --local_addr="${MN_ADDR[0]}" "$WORKER" "$cfg" $over checkpoint="$PWD/ck.bin" max_steps=40
+    MGPU_TEST_MARK=elB.$EL_PORT start_node B "${MN_NS[1]}" $a --local_addr="${MN_ADDR[1]}" \
+        /bin/sh -c 'kill -STOP $$; exec "$0" "$@"' "$WORKER" "$cfg" $over checkpoint="$PWD/ck.bin" max_steps=40
+    local p stopped=0
+    for _ in $(seq 100); do
+        stopped=0
+        for p in $(procs_with_mark elB.$EL_PORT); do
+            [ "$(awk '{print $3}' /proc/$p/stat 2>/dev/null)" = T ] && stopped=$((stopped + 1))
+        done
+        [ "$stopped" -ge 2 ] && break
+        sleep 0.05
+    done
+    [ "$stopped" -ge 2 ] || { dump_nodes err.A err.B; fail "node B's workers did not start"; }
+    kill -KILL "${MN_PID[B]}"
+    wait_node A 60
+    wait_node B 5
+    expect_eq "${MN_RC[A]}" 0 "node A's exit status ($(dump_nodes err.A out.A 2>&1))"
+    expect_grep out.A 'resumed from .*ck\.bin at epoch [0-9]+, step 20'
+    no_leftovers elA elB
+    # the reference: 2 ranks on one node resume from the same checkpoint
+    "$LAUNCH" --nproc_per_node=2 "$WORKER" "$cfg" $over checkpoint="$PWD/ref.bin" max_steps=40 >out.ref 2>err.ref ||
+        { cat err.ref; fail "the reference run failed"; }
+    cmp ck.bin ref.bin || fail "the elastic run's checkpoint differs from a 2-rank resume's"
+}
