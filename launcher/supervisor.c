@@ -31,12 +31,6 @@
 
 extern char **environ;
 
-/* Rendezvous calls run on the thread pool (see rwork_run). */
-enum { RW_WATCH, RW_REPORT, RW_END, RW_ROUND };
-
-static void report_failure(sup_t *s, int rank, int local_rank, int code);
-static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
-
 /* Signals every worker group still running (and their process groups). stop: the signal
  * ends the attempt (the workers it kills were stopped by the launcher), else it is only
  * passed on (SIGUSR1 or SIGUSR2 outside --signals_to_handle). */
@@ -133,7 +127,7 @@ static void on_grace_timer(uv_timer_t *t)
 }
 
 /* Starts stopping the attempt: sig to every running worker group now, SIGKILL after grace. */
-static void stop_group(sup_t *s, int sig)
+void mgpu_sup_stop_group(sup_t *s, int sig)
 {
     signal_all(s, sig, 1);
     if (s->stopping)
@@ -196,8 +190,8 @@ static void record_exit(sup_t *s, proc_t *p, int status)
     if (o->state == MGPU_W_FAILED && s->root < 0 && !s->user_signal) {
         s->root = p->k;
         /* Teardown first, words after: the other workers' SIGTERM must not wait on stderr. */
-        stop_group(s, SIGTERM);
-        report_failure(s, o->rank, p->k, o->exit_code);
+        mgpu_sup_stop_group(s, SIGTERM);
+        mgpu_sup_report_failure(s, o->rank, p->k, o->exit_code);
         if (o->exec_errno)
             mgpu_error("local rank %d (rank %d) could not be executed: %s (exit %d)", p->k, o->rank,
                        o->exec_reason, o->exit_code);
@@ -271,11 +265,11 @@ static void on_signal(uv_signal_t *h, int sig)
     }
     if (!s->user_signal) {
         s->user_signal = sig;
-        report_failure(s, -1, -1, 128 + sig);
+        mgpu_sup_report_failure(s, -1, -1, 128 + sig);
         mgpu_warn("received SIG%s: stopping the workers (SIGKILL after %gs%s)", sigabbrev_np(sig),
                   s->plan->grace_period, sig == SIGINT ? "; Ctrl-C again to kill at once" : "");
     }
-    stop_group(s, sig);
+    mgpu_sup_stop_group(s, sig);
 }
 
 /* Whether a worker's stream goes through a pseudo-terminal: --tty, --no_tty, or by default
@@ -321,44 +315,7 @@ static int open_log(const char *dir, const char *name, mgpu_err_t *err)
     return fd;
 }
 
-/* This attempt's world, for the summary (one record per start of the group). */
-static void record_world(sup_t *s)
-{
-    mgpu_run_result_t *r = s->res;
-    mgpu_attempt_record_t *w = realloc(r->worlds, (size_t)(r->nworlds + 1) * sizeof *w);
-    if (w == NULL)
-        return;
-    r->worlds = w;
-    w += r->nworlds++;
-    memset(w, 0, sizeof *w);
-    w->attempt = s->attempt;
-    w->restarts = s->restarts;
-    w->nnodes = s->plan->nnodes;
-    w->node_rank = s->plan->node_rank;
-    w->world_size = s->plan->world_size;
-    w->base_rank = s->plan->base_rank;
-    snprintf(w->hosts, sizeof w->hosts, "%s", s->plan->world_hosts);
-    w->t_start = mgpu_clock_real();
-}
-
-/* How this attempt ended, on its record. */
-static void record_end(sup_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void record_end(sup_t *s, const char *fmt, ...)
-{
-    mgpu_attempt_record_t *w;
-    va_list ap;
-    if (s->res->nworlds == 0)
-        return;
-    w = &s->res->worlds[s->res->nworlds - 1];
-    if (w->t_end > 0)
-        return;
-    w->t_end = mgpu_clock_real();
-    va_start(ap, fmt);
-    vsnprintf(w->end, sizeof w->end, fmt, ap);
-    va_end(ap);
-}
-
-static int start_attempt(sup_t *s, mgpu_err_t *err)
+int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
     const mgpu_plan_output_t *o_opts = &plan->output;
@@ -371,10 +328,10 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
     mgpu_watch_attempt(s); /* before the workers exist: their pages start blank */
     if (s->multi)
-        rwork_queue(s, RW_WATCH, NULL);
+        mgpu_sup_rdzv_work(s, MGPU_SUP_RW_WATCH, NULL);
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
     s->res->attempts++;
-    record_world(s);
+    mgpu_sup_record_world(s);
 
     /* --duplicate_std{out,err}_filters: one file an attempt, for every rank, as torchrun's */
     for (int i = 0; i < 2; i++) {
@@ -525,11 +482,11 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
                 w->t_first_exec = t;
         }
     if (rc < 0)
-        stop_group(s, SIGKILL);
+        mgpu_sup_stop_group(s, SIGKILL);
     return rc;
 }
 
-static void close_loop_handles(sup_t *s)
+void mgpu_sup_close_handles(sup_t *s)
 {
     for (int i = 0; i < s->nsigs; i++)
         uv_close((uv_handle_t *)&s->sigs[i], NULL);
@@ -542,285 +499,13 @@ static void close_loop_handles(sup_t *s)
     mgpu_watch_close(s);
 }
 
-/* Why the attempt ended, in words, for its record and the restart's message. */
-static void describe_end(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf, char *buf, size_t len)
-{
-    const mgpu_run_result_t *r = s->res;
-    if (!failed)
-        snprintf(buf, len, "succeeded");
-    else if (rf != NULL && rf->rank == MGPU_RDZV_ARRIVAL)
-        snprintf(buf, len, "stopped to admit nodes (%s)", rf->how);
-    else if (rf != NULL && rf->rank == MGPU_RDZV_NODE && rf->how[0])
-        snprintf(buf, len, "node %d (%s) %s", rf->node_rank, rf->host, rf->how);
-    else if (rf != NULL && rf->rank == MGPU_RDZV_NODE)
-        snprintf(buf, len, "node %d (%s) stopped", rf->node_rank, rf->host);
-    else if (rf != NULL)
-        snprintf(buf, len, "failed: rank %d on node %d (%s) exited with %d", rf->rank,
-                 rf->node_rank, rf->host, rf->exit_code);
-    else if (s->root >= 0)
-        snprintf(buf, len, "failed: rank %d exited with %d", r->outcomes[s->root].rank,
-                 r->outcomes[s->root].exit_code);
-    else if (s->user_signal)
-        snprintf(buf, len, "stopped by SIG%s", sigabbrev_np(s->user_signal));
-    else
-        snprintf(buf, len, "failed: %s",
-                 s->rdzv && mgpu_rdzv_lost_why(s->rdzv)[0] ? mgpu_rdzv_lost_why(s->rdzv)
-                                                           : "the nodes lost each other");
-}
-
-/* The run ends here: no restart. An elastic job tells nodes waiting to join that it is over
- * (unless only this node leaves: the others may go on). */
-static void finish(sup_t *s, const char *why)
-{
-    if (s->elastic && !s->user_signal && !s->res->rdzv_error)
-        mgpu_rdzv_leave(s->rdzv, why);
-    s->finished = 1;
-    close_loop_handles(s);
-}
-
-/* The attempt is over everywhere: restart it, or end the run. failed says whether any node
- * failed; rf (may be NULL) is the first failure when it happened on another node (or was a
- * node lost, or an arrival). */
-static void attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf)
-{
-    mgpu_run_result_t *r = s->res;
-    mgpu_err_t err;
-    int arrival = rf != NULL && rf->rank == MGPU_RDZV_ARRIVAL;
-    int node_gone = rf != NULL && rf->rank == MGPU_RDZV_NODE;
-    /* A static job stops everywhere when a node stops or is lost; an elastic one goes on
-     * with the nodes left, unless this is the node that left or was given up. */
-    int self_gone = node_gone && rf->node_rank == s->plan->node_rank;
-    int stopped_by_user = s->user_signal || (node_gone && (!s->elastic || self_gone));
-    char end[320];
-
-    describe_end(s, failed, rf, end, sizeof end);
-    record_end(s, "%s", end);
-    if (!failed) {
-        r->root = r->root_attempt = -1;
-        r->remote = 0;
-    } else if (!arrival) {
-        mgpu_outcome_t *h = realloc(r->history, (size_t)(r->nhistory + 1) * sizeof *h);
-        r->root = rf == NULL ? s->root : -1;
-        r->remote = rf != NULL;
-        if (rf != NULL) {
-            mgpu_rdzv_failure_t *rh =
-                realloc(r->remote_history, (size_t)(r->nremote_history + 1) * sizeof *rh);
-            r->remote_failure = *rf;
-            if (rh != NULL) {
-                r->remote_history = rh;
-                r->remote_history[r->nremote_history++] = *rf;
-            }
-        }
-        r->root_attempt = s->attempt;
-        if (h != NULL && r->root >= 0) {
-            r->history = h;
-            r->history[r->nhistory++] = r->outcomes[r->root];
-        } else if (h != NULL) {
-            r->history = h;
-        }
-    }
-    if (failed && !stopped_by_user && !r->rdzv_error &&
-        (arrival || s->restarts < s->plan->max_restarts)) {
-        int left = s->plan->max_restarts - s->restarts - !arrival;
-        if (s->elastic) {
-            /* A new rendezvous round: the nodes that come make the next world. */
-            mgpu_warn("worker group stopped: %s; restarting with the nodes that rejoin (at least "
-                      "%d, at most %d): %d restart%s left after it",
-                      end, s->plan->rdzv.nnodes_min, s->plan->rdzv.nnodes_max, left,
-                      left == 1 ? "" : "s");
-            s->in_round = 1;
-            rwork_queue(s, RW_ROUND, NULL);
-            return;
-        }
-        if (rf != NULL)
-            mgpu_warn("worker group failed (node %d, rank %d exited with %d); restarting: "
-                      "attempt %d, %d restart%s left after it",
-                      rf->node_rank, rf->rank, rf->exit_code, s->attempt + 1, left,
-                      left == 1 ? "" : "s");
-        else
-            mgpu_warn("worker group failed (rank %d exited with %d); restarting: attempt %d, "
-                      "%d restart%s left after it",
-                      r->outcomes[s->root].rank, r->outcomes[s->root].exit_code, s->attempt + 1,
-                      left, left == 1 ? "" : "s");
-        s->attempt++;
-        s->restarts++;
-        if (start_attempt(s, &err) == 0)
-            return;
-        mgpu_error("restart failed: %s", err.msg);
-    }
-    if (self_gone && !s->user_signal) {
-        r->rdzv_error = 1;
-        mgpu_error("the other nodes gave this node up (%s): it leaves the job", rf->how);
-    }
-    finish(s, failed ? end : "succeeded");
-}
-
-/* An elastic round is over (rwork_done): the new world, then its attempt. */
-static void round_done(sup_t *s, int rc, const mgpu_rdzv_world_t *w, const mgpu_err_t *e)
-{
-    mgpu_err_t err;
-
-    s->in_round = 0;
-    if (rc < 0 || s->user_signal) {
-        if (rc < 0 && rc != MGPU_E_CLOSED) {
-            mgpu_error("%s", e->msg);
-            s->res->rdzv_error = 1;
-        }
-        s->finished = 1;
-        close_loop_handles(s);
-        return;
-    }
-    mgpu_plan_set_world(s->plan, w);
-    s->attempt = w->round;
-    s->restarts = w->restarts;
-    mgpu_warn("attempt %d: %d node%s (%s), world size %d; this node is node %d, ranks %d-%d "
-              "(TORCHELASTIC_RESTART_COUNT=%d)",
-              w->round, w->nnodes, w->nnodes == 1 ? "" : "s", w->hosts, w->world_size, w->node_rank,
-              w->base_rank, w->base_rank + s->nproc - 1, w->restarts);
-    if (start_attempt(s, &err) == 0)
-        return;
-    mgpu_error("restart failed: %s", err.msg);
-    finish(s, "a restart failed");
-}
-
-/* Work on libuv's thread pool: the rendezvous calls block on the network. */
-typedef struct rwork {
-    uv_work_t req;
-    sup_t *s;
-    int kind, attempt, rc, failed, first;
-    mgpu_rdzv_failure_t f;
-    mgpu_rdzv_world_t world; /* RW_ROUND */
-    mgpu_err_t err;
-} rwork_t;
-
-static void rwork_run(uv_work_t *req)
-{
-    rwork_t *w = req->data;
-    sup_t *s = w->s;
-    switch (w->kind) {
-    case RW_WATCH:
-        w->rc = mgpu_rdzv_wait_failure(s->rdzv, w->attempt, &w->f, &w->err);
-        break;
-    case RW_REPORT:
-        w->rc = mgpu_rdzv_report_failure(s->rdzv, w->attempt, &w->f, &w->first, &w->err);
-        break;
-    case RW_END:
-        w->rc = mgpu_rdzv_end_attempt(s->rdzv, w->attempt, s->plan->grace_period + 30.0, &w->failed,
-                                      &w->f, &w->err);
-        break;
-    case RW_ROUND:
-        w->rc = mgpu_rdzv_next_round(s->rdzv, w->attempt, &w->world, &w->err);
-        break;
-    }
-}
-
-static void rwork_done(uv_work_t *req, int status)
-{
-    rwork_t *w = req->data;
-    sup_t *s = w->s;
-
-    s->pending_work--;
-    if (w->kind == RW_WATCH && w->rc == 0 && w->attempt == s->attempt && !s->finished &&
-        w->f.node_rank == s->plan->node_rank && w->f.rank == MGPU_RDZV_NODE && !s->user_signal &&
-        s->root < 0) {
-        /* This launcher was silent past heartbeat_timeout (stopped, starved, cut off) and the
-         * others gave it up: its workers' peers are gone. */
-        mgpu_error("the other nodes gave this node up (%s); stopping its workers", w->f.how);
-        s->res->rdzv_error = 1;
-        stop_group(s, SIGTERM);
-    } else if (w->kind == RW_WATCH && w->rc == 0 && w->attempt == s->attempt && !s->finished &&
-               (w->f.node_rank != s->plan->node_rank || w->f.rank == MGPU_RDZV_ARRIVAL) &&
-               s->root < 0) {
-        char ranks[64], lost[600];
-        if (w->f.rank >= 0) {
-            mgpu_warn("node %d (%s): rank %d failed with exit code %d; stopping this node's "
-                      "workers",
-                      w->f.node_rank, w->f.host, w->f.rank, w->f.exit_code);
-        } else if (w->f.rank == MGPU_RDZV_ARRIVAL) {
-            mgpu_warn("%s; stopping this node's workers to admit them", w->f.how);
-        } else {
-            mgpu_rdzv_node_ranks(s->rdzv, w->f.node_rank, ranks, sizeof ranks);
-            if (w->f.how[0])
-                snprintf(lost, sizeof lost, "%s (node %d, host %s) %s", ranks, w->f.node_rank,
-                         w->f.host, w->f.how);
-            else if (w->f.exit_code > 128 && w->f.exit_code != 137)
-                snprintf(lost, sizeof lost,
-                         "%s (node %d, host %s): its launcher was stopped by "
-                         "signal %d",
-                         ranks, w->f.node_rank, w->f.host, w->f.exit_code - 128);
-            else
-                snprintf(lost, sizeof lost, "%s (node %d, host %s): its launcher died", ranks,
-                         w->f.node_rank, w->f.host);
-            /* The workers hear it first: a collective waiting on those ranks returns now,
-             * naming them, rather than at its own timeout. */
-            if (s->plan->pages != NULL)
-                mgpu_pages_set_lost(s->plan->pages, lost);
-            mgpu_warn("%s; stopping this node's workers", lost);
-        }
-        stop_group(s, SIGTERM);
-    } else if (w->kind == RW_WATCH && w->rc < 0 && w->rc != MGPU_E_CLOSED &&
-               w->attempt == s->attempt && !s->finished && !s->ending) {
-        mgpu_error("lost the other nodes: %s; stopping this node's workers", w->err.msg);
-        s->res->rdzv_error = 1;
-        stop_group(s, SIGTERM);
-    } else if (w->kind == RW_REPORT) {
-        if (w->rc < 0)
-            mgpu_error("could not tell the other nodes of the failure: %s", w->err.msg);
-        /* The end of the attempt waited for this report, so every node reads the failure. */
-        if (--s->reports_pending == 0)
-            mgpu_sup_maybe_finish(s);
-    } else if (w->kind == RW_ROUND) {
-        round_done(s, w->rc, &w->world, &w->err);
-    } else if (w->kind == RW_END && w->attempt == s->attempt && !s->finished) {
-        if (w->rc < 0) {
-            mgpu_error("%s", w->err.msg);
-            s->res->rdzv_error = 1;
-            attempt_done(s, 1, NULL);
-        } else {
-            /* Another node's failure; or this node's own record when it asked to admit nodes
-             * or was given up (not when it was stopped by its own user). */
-            int own = w->f.node_rank == s->plan->node_rank;
-            int pass = w->failed && (!own || w->f.rank == MGPU_RDZV_ARRIVAL ||
-                                     (w->f.rank == MGPU_RDZV_NODE && !s->user_signal));
-            attempt_done(s, w->failed || s->root >= 0, pass ? &w->f : NULL);
-        }
-    }
-    free(w);
-}
-
-static void rwork_queue(sup_t *s, int kind, const mgpu_rdzv_failure_t *f)
-{
-    rwork_t *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        return;
-    w->req.data = w;
-    w->s = s;
-    w->kind = kind;
-    w->attempt = s->attempt;
-    if (f != NULL)
-        w->f = *f;
-    s->pending_work++;
-    uv_queue_work(&s->loop, &w->req, rwork_run, rwork_done);
-}
-
-static void report_failure(sup_t *s, int rank, int local_rank, int code)
-{
-    mgpu_rdzv_failure_t f = {
-        .node_rank = s->plan->node_rank, .rank = rank, .local_rank = local_rank, .exit_code = code};
-    if (!s->multi)
-        return;
-    snprintf(f.host, sizeof f.host, "%s", s->plan->hostname);
-    s->reports_pending++;
-    rwork_queue(s, RW_REPORT, &f);
-}
-
 void mgpu_sup_fail(sup_t *s, int k, int code)
 {
     if (s->root >= 0 || s->user_signal || s->stopping)
         return;
     s->root = k;
-    stop_group(s, SIGTERM);
-    report_failure(s, s->procs[k].out->rank, k, code);
+    mgpu_sup_stop_group(s, SIGTERM);
+    mgpu_sup_report_failure(s, s->procs[k].out->rank, k, code);
 }
 
 void mgpu_sup_maybe_finish(sup_t *s)
@@ -849,16 +534,16 @@ void mgpu_sup_maybe_finish(sup_t *s)
                    swept == 1 ? "" : "s");
     mgpu_debug("attempt %d over on this node", s->attempt);
     if (s->multi && s->res->rdzv_error) {
-        attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
+        mgpu_sup_attempt_done(s, 1, NULL); /* the store is gone: nobody to agree with */
         return;
     }
     if (s->multi) {
         /* Every node must end this attempt before any restarts or leaves. */
         s->ending = 1;
-        rwork_queue(s, RW_END, NULL);
+        mgpu_sup_rdzv_work(s, MGPU_SUP_RW_END, NULL);
         return;
     }
-    attempt_done(s, s->root >= 0, NULL);
+    mgpu_sup_attempt_done(s, s->root >= 0, NULL);
 }
 
 /* The expiration timers' view of the workers (filetimer.h). */
@@ -968,7 +653,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
     if ((rc = mgpu_watch_init(s, err)) == 0)
-        rc = start_attempt(s, err);
+        rc = mgpu_sup_start_attempt(s, err);
     if (rc < 0)
         mgpu_error("%s", err->msg);
     /* Exits that happened before the SIGCHLD handle existed are collected here too. */

@@ -101,6 +101,21 @@ void mgpu_relay_close(stream_t *st);
 /* The quiet-time flush of partial lines on a live console (sup_t's quiet_timer). */
 void mgpu_relay_quiet(uv_timer_t *t);
 
+/* supervisor.c: starting an attempt's workers; stopping them (sig now, SIGKILL after the grace
+ * period); closing the loop's handles when the run ends. */
+int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err);
+void mgpu_sup_stop_group(sup_t *s, int sig);
+void mgpu_sup_close_handles(sup_t *s);
+
+/* attempts.c: rendezvous calls on the thread pool (kind: MGPU_SUP_RW_*, f for a report); a
+ * failure of this node told to the others; an attempt's world recorded at its start; an
+ * attempt over everywhere, restarted or finished. */
+enum { MGPU_SUP_RW_WATCH, MGPU_SUP_RW_REPORT, MGPU_SUP_RW_END, MGPU_SUP_RW_ROUND };
+void mgpu_sup_rdzv_work(sup_t *s, int kind, const mgpu_rdzv_failure_t *f);
+void mgpu_sup_report_failure(sup_t *s, int rank, int local_rank, int code);
+void mgpu_sup_record_world(sup_t *s);
+void mgpu_sup_attempt_done(sup_t *s, int failed, const mgpu_rdzv_failure_t *rf);
+
 /* supervisor.c: the attempt may be over (a worker exited, a stream closed, ...). */
 void mgpu_sup_maybe_finish(sup_t *s);
 /* supervisor.c: local rank k is the attempt's root failure (a stall): the group stops as on
