@@ -15,10 +15,21 @@
  * seq, so a reader never blocks the writer and the writer never waits. coll_done is written
  * outside the seqlock (an atomic store) because another thread of the worker (the NCCL
  * watchdog, which sees collectives finish on the GPU) advances it. Times are CLOCK_MONOTONIC
- * nanoseconds, the same clock in every process of a host. */
+ * nanoseconds, the same clock in every process of a host.
+ *
+ * The page's tail goes the other way: the launcher writes it (mgpu_progress_set_lost, through
+ * mgpu_pages_set_lost: every local rank's page) when it learns that a node of the job is lost,
+ * and libmgpu reads it. lost_seq is 0 while no peer is lost; the writer makes it odd, writes
+ * lost_text, then makes it even again (a release store), so it has moved past 0 for good and
+ * a text read between two equal, even values is whole. A collective loads lost_seq (one
+ * relaxed load when it starts, and every few milliseconds while it waits) and, once it is not
+ * 0, fails naming the collective with lost_text (mgpu_progress_lost copies it). The launcher zeroes the pages at
+ * the start of each attempt, the worker never clears the tail, so a restarted worker starts
+ * with no lost peer and a worker that attaches after the loss still sees it. */
 #ifndef MGPU_PROGRESS_H
 #define MGPU_PROGRESS_H
 
+#include <stddef.h> /* size_t */
 #include <stdint.h> /* uint64_t, int64_t */
 
 #define MGPU_PROGRESS_MAGIC 0x4d475055u /* "MGPU" */
@@ -80,6 +91,11 @@ typedef struct mgpu_progress_page {
     char label[64]; /* free text of the program's, NUL-terminated ("epoch 3", "") */
     /* --- outside the seqlock, atomic --- */
     uint64_t coll_done; /* collectives finished (on the GPU for NCCL); <= coll_entered */
+    /* --- written by the launcher (mgpu_pages_set_lost), read by the worker --- */
+    uint32_t lost_seq;   /* 0: no peer lost; odd while lost_text is written, then even (release) */
+    uint32_t pad1;       /* keeps lost_text 8-byte aligned */
+    char lost_text[256]; /* NUL-terminated, e.g. "ranks 2-3 (node 1, host h1) lost: heartbeat
+                          * missed for 15.0 s" */
 } mgpu_progress_page_t;
 
 #ifdef __cplusplus
@@ -104,6 +120,22 @@ static inline void mgpu_progress_write_end(mgpu_progress_page_t *p)
  * stayed in the middle of a write (a worker stopped inside one: the copy is then the
  * best-effort last state). */
 int mgpu_progress_read(const mgpu_progress_page_t *page, mgpu_progress_page_t *out);
+
+/* The launcher's side: text (cut to 255 bytes) into lost_text, then lost_seq bumped past the
+ * odd value it held meanwhile. One writer per page (the launcher's loop). */
+void mgpu_progress_set_lost(mgpu_progress_page_t *page, const char *text);
+
+/* The worker's check, for waits: not 0 once a peer is lost. One relaxed load; page may be NULL
+ * (no launcher's page: never lost). */
+static inline uint32_t mgpu_progress_lost_seq(const mgpu_progress_page_t *page)
+{
+    return page != NULL ? __atomic_load_n(&page->lost_seq, __ATOMIC_RELAXED) : 0;
+}
+
+/* 0 when no peer is lost (text is ""), else 1 with lost_text copied whole into text
+ * (NUL-terminated; len > 0). A text that keeps changing under the copy (a launcher stopped
+ * in the middle of writing it) is replaced by a message that says so. */
+int mgpu_progress_lost(const mgpu_progress_page_t *page, char *text, size_t len);
 
 /* "forward", "all-reduce", ...; "?" for a value out of range. */
 const char *mgpu_progress_phase_name(uint32_t phase);

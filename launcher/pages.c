@@ -52,6 +52,15 @@ void mgpu_pages_reset(const mgpu_pages_t *pg)
         memset(pg->map, 0, pg->len);
 }
 
+void mgpu_pages_set_lost(const mgpu_pages_t *pg, const char *text)
+{
+    if (pg->map == MAP_FAILED || pg->map == NULL)
+        return;
+    for (int k = 0; k < pg->n; k++)
+        mgpu_progress_set_lost(
+            (mgpu_progress_page_t *)((char *)pg->map + (size_t)k * MGPU_PROGRESS_PAGE), text);
+}
+
 int mgpu_pages_read(const mgpu_pages_t *pg, int k, mgpu_progress_page_t *out)
 {
     if (pg->map == MAP_FAILED || pg->map == NULL || k < 0 || k >= pg->n)

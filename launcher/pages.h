@@ -32,6 +32,11 @@ typedef struct mgpu_pages {
 int mgpu_pages_open(mgpu_pages_t *pg, int n, mgpu_err_t *err);
 /* A new attempt starts: every page is zeroed (what the last workers wrote is gone). */
 void mgpu_pages_reset(const mgpu_pages_t *pg);
+/* A node of the job is lost: text (e.g. "ranks 2-3 (node 1, host h1) lost: heartbeat missed
+ * for 15.0 s", cut to 255 bytes) goes into every local rank's page and its lost_seq is bumped
+ * (progress.h), attached or not: libmgpu's collectives waiting in those workers fail with it
+ * within a few milliseconds, and those started later fail at once. Until mgpu_pages_reset. */
+void mgpu_pages_set_lost(const mgpu_pages_t *pg, const char *text);
 /* A consistent copy of rank k's page into out; 0, or -1 when the worker did not attach. */
 int mgpu_pages_read(const mgpu_pages_t *pg, int k, mgpu_progress_page_t *out);
 /* The heartbeat file's modification time of rank k (CLOCK_REALTIME ns), or 0. */

@@ -87,6 +87,7 @@ void mgpu_beacon_attach(mgpu_beacon_t *b, int rank)
     else if (path != NULL && mgpu_beacon_map(b, path, slot) < 0)
         b->pages = NULL;
     p = b->pages != NULL ? mgpu_beacon_page(b, b->slot) : &b->own;
+    b->lost = b->pages != NULL ? p : NULL;
     /* A restarted worker may find its predecessor's page: readers must not take it for this
      * one's until the magic comes back, and a seq left odd by a kill mid-write is evened. */
     __atomic_store_n(&p->magic, 0, __ATOMIC_RELEASE);
@@ -118,6 +119,7 @@ void mgpu_beacon_detach(mgpu_beacon_t *b)
         munmap(b->pages, b->map_len);
     b->pages = NULL;
     b->page = NULL;
+    b->lost = NULL;
 }
 
 /* Appends ", n" or "n" to a list of at most 16 names, then " and N more". */

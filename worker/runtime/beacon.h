@@ -9,6 +9,10 @@
  * writes cost the same either way and never ask whether anyone reads them. MGPU_PROGRESS=0
  * leaves page NULL, and every write returns at its first test (for measuring the cost).
  *
+ * The launcher writes the tail of the rank's page when a node of the job is lost; lost points
+ * at it, and the communicators watch it while they wait (lost stays NULL on a private page and
+ * with MGPU_PROGRESS=0: then nothing tells a worker that a peer is lost but its timeouts).
+ *
  * Threads: the thread that calls the collectives writes the page (under its seqlock); only
  * coll_done is written by another thread too (the NCCL watchdog), with an atomic maximum.
  * Ownership: the beacon lives in the caller's memory (mgpu_ctx_t); mgpu_beacon_detach unmaps
@@ -29,6 +33,9 @@ extern "C" {
 typedef struct mgpu_beacon {
     mgpu_progress_page_t *page;  /* this rank's; NULL when MGPU_PROGRESS=0 */
     mgpu_progress_page_t *pages; /* the mapped file (the local ranks' pages); NULL if private */
+    /* This rank's page in the launcher's file, whose tail says when a peer is lost
+     * (progress.h, mgpu_progress_lost_seq); NULL without one (private page, MGPU_PROGRESS=0). */
+    const mgpu_progress_page_t *lost;
     int npages;
     int slot;   /* this rank's page in pages */
     int bucket; /* of the collectives entered from now on; -1: none */
