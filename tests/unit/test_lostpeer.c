@@ -8,6 +8,7 @@
 
 #include <pthread.h>  /* pthread_create: the launcher's thread */
 #include <signal.h>   /* SIGKILL */
+#include <stddef.h>   /* offsetof */
 #include <stdlib.h>   /* setenv */
 #include <sys/mman.h> /* mmap */
 #include <uv.h>       /* uv_loop_t: the store server's loop */
@@ -171,6 +172,9 @@ static void test_pages_set_lost(void)
     const mgpu_progress_page_t *p;
     uint32_t seq;
 
+    /* tests/integration/test_lostpeer.sh writes the word from Python at these offsets. */
+    CHECK_INT(offsetof(mgpu_progress_page_t, lost_seq), 656);
+    CHECK_INT(offsetof(mgpu_progress_page_t, lost_text), 664);
     CHECK_INT(mgpu_pages_open(&pg, 3, &err), 0);
     for (int k = 0; k < 3; k++) {
         p = (const mgpu_progress_page_t *)((char *)pg.map + (size_t)k * MGPU_PROGRESS_PAGE);
