@@ -38,13 +38,13 @@
  *   allreduce_loop SECS     ignores SIGTERM (the launcher's SIGKILL after its grace period
  *                           ends it), joins libmgpu from the environment (mgpu_init, a CPU
  *                           communicator of the whole world, libmgpu's default 300 s timeout),
- *                           then sums 64 floats over the world every 10 ms, checking the sums,
- *                           until SECS have passed since the action began (on any rank: every
- *                           rank stops after the same all-reduce): then "allreduce_loop: N
- *                           all-reduces in X.X s" on stdout and the next action. The first
- *                           error ends the process with status 3 after "allreduce_loop: error
- *                           after X.X s: MESSAGE" on stderr (X.X: seconds since the action
- *                           began, mgpu_init included)
+ *                           then sums 64 floats (and a flag) over the world every 10 ms,
+ *                           checking the sums, until SECS have passed since the action began
+ *                           (on any rank: every rank stops after the same all-reduce): then
+ *                           "allreduce_loop: N all-reduces in X.X s" on stdout and the next
+ *                           action. The first error ends the process with status 3 after
+ *                           "allreduce_loop: error after X.X s: MESSAGE" on stderr (X.X:
+ *                           seconds since the action began, mgpu_init included)
  *
  * And a checker, run outside the launcher:
  *   testworker verify FILE STREAM RANKS NLINES SEED TEMPLATE ROLE [pieces]

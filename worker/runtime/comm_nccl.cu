@@ -140,7 +140,8 @@ static int mgpu_nccl_lost_locked(mgpu_nccl_t *n, mgpu_err_t *err)
     if (n->comm == NULL || mgpu_progress_lost_seq(lost) == 0)
         return 0;
     mgpu_progress_lost(lost, text, sizeof text);
-    what = n->head != n->tail ? n->ring[n->head % MGPU_NCCL_RING].what : "the communicator";
+    what = n->head != n->tail ? n->ring[n->head % MGPU_NCCL_RING].what
+                              : "the communicator (no collective pending)";
     return mgpu_nccl_fail_locked(n, err, MGPU_E_PEER, "rank %d: %s: %s", n->rank, what, text);
 }
 
