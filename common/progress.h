@@ -22,7 +22,7 @@
  * and libmgpu reads it. lost_seq is 0 while no peer is lost; the writer makes it odd, writes
  * lost_text, then makes it even again (a release store), so it has moved past 0 for good and
  * a text read between two equal, even values is whole. A collective loads lost_seq (one
- * relaxed load when it starts, and every few milliseconds while it waits) and, once it is not
+ * relaxed load when it starts, and every 5 to 50 ms while it waits) and, once it is not
  * 0, fails naming the collective with lost_text (mgpu_progress_lost copies it). The launcher zeroes the pages at
  * the start of each attempt, the worker never clears the tail, so a restarted worker starts
  * with no lost peer and a worker that attaches after the loss still sees it. */

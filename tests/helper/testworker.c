@@ -35,6 +35,16 @@
  *                           long, in write() calls of random sizes that split lines, then one
  *                           line to each without a newline
  *   output_short NLINES SEED     the same with lines of 0..120 bytes only
+ *   allreduce_loop SECS     ignores SIGTERM (the launcher's SIGKILL after its grace period
+ *                           ends it), joins libmgpu from the environment (mgpu_init, a CPU
+ *                           communicator of the whole world, libmgpu's default 300 s timeout),
+ *                           then sums 64 floats (and a flag) over the world every 10 ms,
+ *                           checking the sums, until SECS have passed since the action began
+ *                           (on any rank: every rank stops after the same all-reduce): then
+ *                           "allreduce_loop: N all-reduces in X.X s" on stdout and the next
+ *                           action. The first error ends the process with status 3 after
+ *                           "allreduce_loop: error after X.X s: MESSAGE" on stderr (X.X:
+ *                           seconds since the action began, mgpu_init included)
  *
  * And a checker, run outside the launcher:
  *   testworker verify FILE STREAM RANKS NLINES SEED TEMPLATE ROLE [pieces]
@@ -70,6 +80,7 @@
 #include "atomic_file.h" /* mgpu_atomic_file_write */
 #include "clock.h"       /* mgpu_clock_mono_ns */
 #include "fdio.h"        /* mgpu_fdio_write_all */
+#include "mgpu.h"        /* mgpu_init, mgpu_allreduce_f32: allreduce_loop */
 
 extern char **environ;
 
@@ -647,6 +658,62 @@ static void spawn(const char *mode, const char *pidfile, const char *sigfile)
         pause();
 }
 
+/* ---------------------------------------------------------------- allreduce_loop */
+
+/* 0 when SECS passed, 3 after the first error (said on stderr). */
+static int allreduce_loop(double secs)
+{
+    mgpu_init_opts_t o = {0, 60};
+    mgpu_ctx_t *ctx = NULL;
+    mgpu_comm_t *comm = NULL;
+    mgpu_err_t err = {0, ""};
+    int64_t t0 = mgpu_clock_mono_ns();
+    long done = 0;
+    float buf[65];
+    int rc, world, rank;
+
+    /* The launcher's SIGTERM must not end the loop: what a worker sees of a lost peer is the
+     * point, and the SIGKILL after the grace period is the backstop. */
+    signal(SIGTERM, SIG_IGN);
+    if ((rc = mgpu_init(&o, &ctx, &err)) == 0)
+        rc = mgpu_comm_create(ctx, MGPU_BACKEND_CPU, 0, &comm, &err);
+    world = ctx != NULL ? mgpu_rank(ctx)->world_size : 1;
+    rank = ctx != NULL ? mgpu_rank(ctx)->rank : 0;
+    /* The ranks' clocks disagree on when SECS have passed: each all-reduce also sums who
+     * thinks so, and every rank stops after the same one. */
+    while (rc == 0) {
+        for (int i = 0; i < 64; i++)
+            buf[i] = (float)(rank + 1 + i);
+        buf[64] = (double)(mgpu_clock_mono_ns() - t0) / 1e9 >= secs;
+        if ((rc = mgpu_allreduce_f32(comm, buf, 65, MGPU_SUM, NULL, &err)) < 0)
+            break;
+        for (int i = 0; i < 64 && rc == 0; i++) {
+            /* Small integers: the sum is exact in any order. */
+            float want = (float)(world * (world + 1) / 2 + world * i);
+            if (buf[i] != want)
+                rc = mgpu_err_set(&err, MGPU_E_PROTOCOL,
+                                  "all-reduce #%ld: element %d is %g, expected %g", done + 1, i,
+                                  (double)buf[i], (double)want);
+        }
+        done += rc == 0;
+        if (rc == 0 && buf[64] > 0)
+            break;
+        sleep_s(0.01); /* a worker between steps: the loop must not take a shared CPU */
+    }
+    if (rc < 0) {
+        fprintf(stderr, "allreduce_loop: error after %.1f s: %s\n",
+                (double)(mgpu_clock_mono_ns() - t0) / 1e9, err.msg);
+        fflush(stderr);
+        return 3;
+    }
+    printf("allreduce_loop: %ld all-reduces in %.1f s\n", done,
+           (double)(mgpu_clock_mono_ns() - t0) / 1e9);
+    fflush(stdout);
+    mgpu_comm_destroy(comm);
+    mgpu_finalize(ctx);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
@@ -837,6 +904,12 @@ int main(int argc, char **argv)
                 mgpu_fdio_write_all(fd, text, strlen(text));
                 close(fd);
                 _exit(code);
+            }
+        } else if (strcmp(a, "allreduce_loop") == 0) {
+            if (DO(1)) {
+                int rc = allreduce_loop(atof(argv[i]));
+                if (rc != 0)
+                    _exit(rc);
             }
         } else if (strcmp(a, "output") == 0 || strcmp(a, "output_short") == 0) {
             short_lines = a[6] == '_';

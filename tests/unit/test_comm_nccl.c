@@ -6,7 +6,8 @@
  * backend not built" in a build without CUDA). On a machine with a CUDA device (the H200; the
  * rest skip): collectives on device buffers at world size 1, an init that times out because
  * rank 1 never comes, and a collective stuck behind other work on its stream that the
- * watchdog aborts. Run there: build/tests/test_comm_nccl. */
+ * watchdog aborts, and one pending when the launcher says a node is lost. Run there:
+ * build/tests/test_comm_nccl. */
 #include "check.h"
 
 #include <stdint.h> /* int64_t */
@@ -15,6 +16,7 @@
 
 #include "dtype.h" /* mgpu_dtype_f32_to_f16, ...: operands and results on the host */
 #include "mgpu.h"
+#include "pages.h"        /* mgpu_pages_open, mgpu_pages_set_lost: the launcher's side */
 #include "store.h"        /* mgpu_store_connect, mgpu_store_get */
 #include "store_thread.h" /* mgpu_store_thread_start */
 #include "timeline.h"     /* mgpu_timeline_add, mgpu_timeline_format */
@@ -440,6 +442,68 @@ static void test_nccl_collective_timeout(void)
     mgpu_finalize(ctx);
 }
 
+/* The launcher's word that a node is lost (mgpu_pages_set_lost on the rank's progress page)
+ * while a collective is pending on the GPU (queued behind 2 s of other work; the deadline is
+ * 60 s): the watchdog aborts the communicator, and mgpu_comm_wait and every later call fail
+ * with MGPU_E_PEER naming the collective and carrying the launcher's text. ncclCommAbort
+ * returns only once the sleeping host function has ended (tests/bench/NCCL_RESULTS.md), so
+ * the bound on the time tells the word from the deadline, not the watchdog's poll. */
+static void test_nccl_lost_aborts(void)
+{
+    static const char lost[] = "ranks 2-3 (node 1, host h1) lost: heartbeat missed for 15.0 s";
+    mgpu_ctx_t *ctx;
+    mgpu_comm_t *comm;
+    mgpu_err_t err = {0, ""};
+    mgpu_pages_t pg;
+    cudaStream_t st;
+    char path[64];
+    float *d;
+    double t0, took;
+
+    need_gpu();
+    alarm(120);
+    CHECK_INT(mgpu_pages_open(&pg, 1, &err), 0);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", pg.fd);
+    setenv("MGPU_PROGRESS_FILE", path, 1);
+    setenv("MGPU_PROGRESS_SLOT", "0", 1);
+    comm = nccl_world1(&ctx, 60);
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CU(cudaMalloc((void **)&d, 1024 * sizeof *d));
+    OK(mgpu_allreduce_f32(comm, d, 1024, MGPU_SUM, st, &err)); /* a good one first */
+    OK(mgpu_comm_wait(comm, st, &err));
+    CU(cudaLaunchHostFunc(st, sleep_on_stream, (void *)(intptr_t)2000000));
+    mgpu_comm_set_label(comm, "bucket 0");
+    OK(mgpu_allreduce_f32(comm, d, 1024, MGPU_SUM, st, &err)); /* pending behind the sleep */
+    usleep(300000);
+    t0 = now_s();
+    mgpu_pages_set_lost(&pg, lost);
+    CHECK_INT(mgpu_comm_wait(comm, st, &err), MGPU_E_PEER);
+    took = now_s() - t0;
+    printf("  after %.3f s: %s\n", took, err.msg);
+    CHECK_CONTAINS(err.msg, "rank 0: all-reduce (sum) of 1024 floats (bucket 0), collective #2 "
+                            "of rank 0 of 1: ");
+    CHECK_CONTAINS(err.msg, lost);
+    CHECK_CONTAINS(err.msg, "aborted the communicator");
+    CHECK(took < 10.0);
+    CHECK(mgpu_comm_nccl(comm) == NULL);
+    /* Failed for good: every call says why. */
+    CHECK_INT(mgpu_allreduce_f32(comm, d, 1024, MGPU_SUM, st, &err), MGPU_E_PEER);
+    CHECK_CONTAINS(err.msg, lost);
+    CHECK_INT(mgpu_barrier(comm, &err), MGPU_E_PEER);
+    cudaStreamSynchronize(st); /* the sleeper ends; what NCCL left queued may fail: not ours */
+    mgpu_comm_destroy(comm);
+    mgpu_finalize(ctx);
+    /* A communicator made after the word fails its first collective at once. */
+    comm = nccl_world1(&ctx, 60);
+    CHECK_INT(mgpu_allreduce_f32(comm, d, 1024, MGPU_SUM, st, &err), MGPU_E_PEER);
+    CHECK_CONTAINS(err.msg, lost);
+    mgpu_comm_destroy(comm);
+    mgpu_finalize(ctx);
+    cudaFree(d);
+    cudaStreamDestroy(st);
+    mgpu_pages_close(&pg);
+}
+
 /* A CUDA graph holding an all-reduce: captured (not watched then), replayed, and its replay put
  * under the watchdog's deadline by mgpu_comm_watch; a replay stuck behind 3 s of other work
  * times out under the name the caller gave. */
@@ -824,6 +888,7 @@ NO_CUDA_TEST(test_nccl_graph_watch)
 NO_CUDA_TEST(test_nccl_two_ranks_one_gpu)
 NO_CUDA_TEST(test_nccl_general_world1)
 NO_CUDA_TEST(test_nccl_general_gpus)
+NO_CUDA_TEST(test_nccl_lost_aborts)
 #endif
 
 int main(void)
@@ -839,5 +904,6 @@ int main(void)
     RUN(test_nccl_two_ranks_one_gpu);
     RUN(test_nccl_general_world1);
     RUN(test_nccl_general_gpus);
+    RUN(test_nccl_lost_aborts);
     return check_done();
 }

@@ -37,7 +37,7 @@ static void targ_init(targ_t *a, size_t chunk, double timeout_s)
 
 static mgpu_shm_t *open_rank(const targ_t *a, int rank, int size)
 {
-    mgpu_shm_opts_t o = {a->name, rank, size, a->timeout_s, a->chunk, -1};
+    mgpu_shm_opts_t o = {a->name, rank, size, a->timeout_s, a->chunk, -1, NULL};
     mgpu_shm_t *s = NULL;
     mgpu_err_t err = {0, ""};
     int rc = mgpu_shm_open(&o, &s, &err);
@@ -531,7 +531,7 @@ static void test_stale_segment_replaced(void)
 static void rank_no_creator(int rank, int size, void *arg)
 {
     const targ_t *a = arg;
-    mgpu_shm_opts_t o = {a->name, rank, size, a->timeout_s, a->chunk, -1};
+    mgpu_shm_opts_t o = {a->name, rank, size, a->timeout_s, a->chunk, -1, NULL};
     mgpu_shm_t *s = NULL;
     mgpu_err_t err = {0, ""};
 

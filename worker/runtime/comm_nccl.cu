@@ -126,12 +126,31 @@ static int mgpu_nccl_failed_locked(mgpu_nccl_t *n, mgpu_err_t *err)
     return n->fail.code != 0 ? mgpu_err_set(err, n->fail.code, "%s", n->fail.msg) : 0;
 }
 
+/* Under mu. The launcher's word that a node of the job is lost (the tail of this rank's
+ * progress page): NCCL would wait for the lost ranks until the collective's deadline, inside
+ * kernels that spin for ever, so the communicator is aborted now with the launcher's text,
+ * which names them. Returns 0, or the failure (into err). One relaxed load while nothing is
+ * lost. */
+static int mgpu_nccl_lost_locked(mgpu_nccl_t *n, mgpu_err_t *err)
+{
+    const mgpu_progress_page_t *lost = n->beacon != NULL ? n->beacon->lost : NULL;
+    char text[sizeof lost->lost_text];
+    const char *what;
+
+    if (n->comm == NULL || mgpu_progress_lost_seq(lost) == 0)
+        return 0;
+    mgpu_progress_lost(lost, text, sizeof text);
+    what = n->head != n->tail ? n->ring[n->head % MGPU_NCCL_RING].what
+                              : "the communicator (no collective pending)";
+    return mgpu_nccl_fail_locked(n, err, MGPU_E_PEER, "rank %d: %s: %s", n->rank, what, text);
+}
+
 /* Under mu: one look at the communicator and the pending collectives, oldest first. */
 static void mgpu_nccl_poll_locked(mgpu_nccl_t *n)
 {
     ncclResult_t st = ncclSuccess, r;
 
-    if (n->comm == NULL)
+    if (n->comm == NULL || mgpu_nccl_lost_locked(n, NULL) < 0)
         return;
     r = ncclCommGetAsyncError(n->comm, &st);
     if (r != ncclSuccess) {
@@ -354,7 +373,8 @@ static int mgpu_nccl_enqueue(mgpu_nccl_t *n, const mgpu_nccl_call_t *c, mgpu_err
     int rc, line = 0;
 
     pthread_mutex_lock(&n->mu);
-    if ((rc = mgpu_nccl_failed_locked(n, err)) < 0)
+    /* A collective enqueued after the loss fails at once, before the watchdog's next look. */
+    if ((rc = mgpu_nccl_failed_locked(n, err)) < 0 || (rc = mgpu_nccl_lost_locked(n, err)) < 0)
         goto out;
     switch (c->op) {
     case MGPU_NCCL_AR:

@@ -13,7 +13,10 @@
  * from its enqueueing), it aborts the communicator (ncclCommAbort, which also makes NCCL's
  * spinning kernels return) and keeps the reason; every later call returns that code
  * (MGPU_E_NCCL, MGPU_E_TIMEOUT or MGPU_E_CUDA) with a message naming the operation. The
- * communicator is then only good for mgpu_nccl_close. A timeout's message also names the
+ * communicator is then only good for mgpu_nccl_close. The watchdog (and each enqueue) also
+ * looks at the launcher's word that a node is lost (beacon->lost, progress.h): once it is set
+ * the communicator is aborted the same way, and calls fail with MGPU_E_PEER naming the oldest
+ * pending collective and carrying the launcher's text. A timeout's message also names the
  * local ranks that never entered the collective, from their progress pages (beacon.h). Collectives
  * enqueued while the stream is being captured into a CUDA graph are not watched (an event query is
  * not allowed on a capturing stream); mgpu_nccl_watch after each launch of the graph puts its

@@ -392,6 +392,7 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
         so.size = c->local_size;
         so.timeout_s = c->timeout_s;
         so.spin_us = -1;
+        so.lost = ctx->beacon.lost;
         if ((rc = mgpu_shm_open(&so, &c->shm, err)) < 0)
             goto fail;
     }
@@ -408,6 +409,7 @@ int mgpu_comm_create(mgpu_ctx_t *ctx, mgpu_backend_t backend, double timeout_s, 
         to.advertise = getenv("MGPU_CPU_ADDR");
         to.route_host = getenv(MGPU_ENV_STORE_ADDR);
         to.timeout_s = c->timeout_s;
+        to.lost = ctx->beacon.lost;
         if ((rc = mgpu_tcp_open(&to, &c->tcp, err)) < 0)
             goto fail;
     }

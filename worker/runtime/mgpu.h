@@ -104,7 +104,10 @@ mgpu_store_t *mgpu_ctx_store(const mgpu_ctx_t *ctx);
  * order. timeout_s (<= 0: 300 s) bounds joining and every collective: one that does not
  * finish fails with MGPU_E_TIMEOUT naming the operation and the ranks that never arrived; a
  * peer that dies, fails or destroys its communicator makes the others fail fast
- * (MGPU_E_PEER) naming it; ranks calling different collectives fail with MGPU_E_PROTOCOL.
+ * (MGPU_E_PEER) naming it; so does the launcher's word that a node of the job is lost (the
+ * tail of the rank's progress page, <mgpu/progress.h>: collectives waiting when it comes and
+ * those started after fail with its text, e.g. "ranks 2-3 (node 1, host h1) lost: ...");
+ * ranks calling different collectives fail with MGPU_E_PROTOCOL.
  * After a failure the communicator only fails (MGPU_E_CLOSED): destroy it.
  * MGPU_BACKEND_NCCL needs a real GPU (not a simulated one) and a libmgpu built with CUDA
  * (otherwise MGPU_E_USAGE, "NCCL backend not built"): rank 0 draws NCCL's unique id and the

@@ -92,6 +92,7 @@ struct mgpu_shm {
     uint64_t free_at[2]; /* all seq >= free_at[set]: nobody reads that set any more */
     uint64_t ops;        /* collectives started */
     double timeout_s;
+    const mgpu_progress_page_t *lost; /* the launcher's word that a peer is lost, or NULL */
     double spin_s;
     int yields;
     int *pidfd; /* per rank, -1 where pidfd_open was not possible */
@@ -283,6 +284,16 @@ static int shm_check(mgpu_shm_t *s, uint64_t target, int who, int full, mgpu_err
     return 0;
 }
 
+/* The launcher says a node is lost (its lost_seq is not 0): the collective fails with its
+ * text, which names the ranks, instead of waiting for its deadline. */
+static int shm_lost(mgpu_shm_t *s, mgpu_err_t *err)
+{
+    char text[sizeof s->lost->lost_text];
+
+    mgpu_progress_lost(s->lost, text, sizeof text);
+    return mgpu_err_set(err, MGPU_E_PEER, "%s: %s", s->what, text);
+}
+
 /* Breaks the communicator: peers waiting for this rank fail at once with its reason. */
 static int shm_fail(mgpu_shm_t *s, int rc, mgpu_err_t *err)
 {
@@ -336,7 +347,7 @@ static int shm_wait(mgpu_shm_t *s, uint64_t target, int who, mgpu_err_t *err)
                 shm_cpu_relax();
                 if ((q = shm_pending(s, target, who, &from)) < 0)
                     break;
-                if ((i & 63) == 0 && shm_now() >= until)
+                if ((i & 63) == 0 && (shm_now() >= until || mgpu_progress_lost_seq(s->lost)))
                     break;
             }
         }
@@ -354,6 +365,9 @@ static int shm_wait(mgpu_shm_t *s, uint64_t target, int who, mgpu_err_t *err)
             atomic_fetch_sub_explicit(&s->hdr->sleepers, 1, memory_order_seq_cst);
             if (q < 0 || (q = shm_pending(s, target, who, &from)) < 0)
                 break;
+            /* Every slice (5 ms): a lost node is known here long before any deadline. */
+            if (mgpu_progress_lost_seq(s->lost) != 0)
+                return shm_fail(s, shm_lost(s, err), err);
             now = shm_now();
             rc = shm_check(s, target, who, now - s->last_peer_check >= SHM_PEER_CHECK_S, err);
             if (now - s->last_peer_check >= SHM_PEER_CHECK_S)
@@ -396,6 +410,10 @@ static int shm_begin(mgpu_shm_t *s, int kind, uint64_t n, int root, mgpu_err_t *
         return mgpu_err_set(err, MGPU_E_CLOSED,
                             "%s: the communicator is unusable after an earlier failure (%.400s)",
                             s->what, s->broken_msg);
+    /* One load: a collective started after the loss fails at once, even one whose local
+     * peers are all here (only the step between nodes would wait). */
+    if (mgpu_progress_lost_seq(s->lost) != 0)
+        return shm_fail(s, shm_lost(s, err), err);
     s->ops++;
     s->kind = kind;
     s->op_base = s->phase;
@@ -883,6 +901,7 @@ int mgpu_shm_open(const mgpu_shm_opts_t *o, mgpu_shm_t **out, mgpu_err_t *err)
     s->rank = o->rank;
     s->size = o->size;
     s->timeout_s = o->timeout_s > 0 ? o->timeout_s : 300;
+    s->lost = o->lost;
     /* Spinning helps only while every rank has a core; oversubscribed, a spinning waiter
      * steals the core from the very rank it waits for. Measured on 2 cores: see
      * tests/bench/ALLREDUCE_RESULTS.md. */

@@ -12,7 +12,9 @@
  * shared word, so oversubscribed hosts (more ranks than cores) do not burn a core spinning.
  * Every wait has the collective's deadline and checks the peers it waits for: a dead peer
  * (pidfd) or one that failed or left makes the wait fail at once (MGPU_E_PEER) naming it; a
- * deadline that passes fails with MGPU_E_TIMEOUT naming the ranks that never arrived. After
+ * deadline that passes fails with MGPU_E_TIMEOUT naming the ranks that never arrived; the
+ * launcher's word that a node is lost (opts.lost, looked at every few milliseconds of a wait
+ * and when a collective starts) fails it with MGPU_E_PEER and the launcher's text. After
  * any failure the communicator is broken: later calls fail with MGPU_E_CLOSED.
  *
  * Results are identical on every rank and independent of the message size: element i is
@@ -26,7 +28,8 @@
 #include <stddef.h> /* size_t */
 #include <stdint.h> /* uint64_t */
 
-#include "error.h" /* mgpu_err_t */
+#include "error.h"    /* mgpu_err_t */
+#include "progress.h" /* mgpu_progress_page_t: the launcher's word that a peer is lost */
 
 #define MGPU_SHM_MAX_RANKS 1024
 #define MGPU_SHM_DEFAULT_CHUNK (256u << 10)
@@ -40,6 +43,9 @@ typedef struct mgpu_shm_opts {
     size_t chunk_bytes; /* bytes per rank slot; 0: MGPU_SHM_CHUNK, else 256 KiB,
                          * less past 64 ranks (rank 0 decides) */
     int spin_us;        /* a waiter spins this long before it yields; -1: from cores and ranks */
+    /* The launcher's word that a peer is lost (progress.h; NULL: none): a collective waiting
+     * when it turns non-zero, or started after, fails with MGPU_E_PEER and its text. */
+    const mgpu_progress_page_t *lost;
 } mgpu_shm_opts_t;
 
 /* A segment name unique to one job and one communicator: a hash of the user id, run id,

@@ -24,6 +24,7 @@
 
 #define TCP_MAGIC 0x31706374757067ull /* "gputcp1" */
 #define TCP_RELAY_CHUNK (1u << 20)    /* broadcast relays in pieces: a pipeline, not n hops */
+#define TCP_LOST_SLICE_MS 50          /* a wait looks at the launcher's lost word this often */
 
 struct tcp_hello {
     uint64_t magic, nonce;
@@ -49,6 +50,7 @@ struct mgpu_tcp {
     size_t dsend_left, drecv_left; /* descriptor bytes still to send / to receive */
     int next_fd, prev_fd;
     double timeout_s, deadline;
+    const mgpu_progress_page_t *lost; /* the launcher's word that a peer is lost, or NULL */
     const char *what;
     int broken;
     char broken_msg[512];
@@ -87,6 +89,15 @@ static void tcp_setup_fd(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* The launcher says a node is lost: the call fails with its text (which names the ranks). */
+static int tcp_lost(const mgpu_tcp_t *t, mgpu_err_t *err)
+{
+    char text[sizeof t->lost->lost_text];
+
+    mgpu_progress_lost(t->lost, text, sizeof text);
+    return mgpu_err_set(err, MGPU_E_PEER, "%s: %s", t->what, text);
+}
+
 static int tcp_desc_check(mgpu_tcp_t *t, mgpu_err_t *err)
 {
     const struct tcp_desc *a = &t->desc_out, *b = &t->desc_in;
@@ -123,11 +134,20 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
             p[np] = (struct pollfd){t->prev_fd, POLLIN, 0};
             ri = np++;
         }
-        rc = poll(p, (nfds_t)np, tcp_ms_left(t->deadline));
+        int wait_ms = tcp_ms_left(t->deadline);
+        /* With a launcher's page the wait is sliced: a lost node sends nothing and closes
+         * nothing, and only the launcher's word ends the wait before the deadline. */
+        if (t->lost != NULL && wait_ms > TCP_LOST_SLICE_MS)
+            wait_ms = TCP_LOST_SLICE_MS;
+        rc = poll(p, (nfds_t)np, wait_ms);
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc < 0)
             return mgpu_err_set(err, -errno, "%s: poll: %s", t->what, strerror(errno));
+        if (rc == 0 && mgpu_progress_lost_seq(t->lost) != 0)
+            return tcp_lost(t, err);
+        if (rc == 0 && tcp_ms_left(t->deadline) > 0)
+            continue;
         if (rc == 0) {
             int m = ri >= 0 ? tcp_prev(t) : tcp_next(t);
             return mgpu_err_set(err, MGPU_E_TIMEOUT,
@@ -149,6 +169,8 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
             mh.msg_iov = dl > 0 ? iov : iov + 1;
             mh.msg_iovlen = dl > 0 ? 2 : 1;
             w = sendmsg(t->next_fd, &mh, MSG_NOSIGNAL);
+            if (w < 0 && errno != EAGAIN && errno != EINTR && mgpu_progress_lost_seq(t->lost))
+                return tcp_lost(t, err);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
                 return mgpu_err_set(err, MGPU_E_PEER, "%s: node %d (rank %d) went away: send: %s",
                                     t->what, tcp_next(t), tcp_next(t) * t->per, strerror(errno));
@@ -163,6 +185,11 @@ static int tcp_xfer(mgpu_tcp_t *t, const void *sbuf, size_t slen, void *rbuf, si
             size_t dl = t->drecv_left;
             char *dst = dl > 0 ? (char *)&t->desc_in + sizeof t->desc_in - dl : rp;
             ssize_t r = recv(t->prev_fd, dst, dl > 0 ? dl : rlen, 0);
+            /* A neighbour that gave up because the launcher named a lost node closes its
+             * connections: the cause is that word, when this node has it too. */
+            if ((r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) &&
+                mgpu_progress_lost_seq(t->lost))
+                return tcp_lost(t, err);
             if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
                 return mgpu_err_set(err, MGPU_E_PEER, "%s: node %d (rank %d) went away: %s",
                                     t->what, tcp_prev(t), tcp_prev(t) * t->per,
@@ -194,6 +221,9 @@ static int tcp_begin(mgpu_tcp_t *t, int kind, uint64_t n, int root, int sends, i
                             "%s: the ring between nodes is unusable after an earlier failure "
                             "(%.400s)",
                             what, t->broken_msg);
+    /* One load: a collective started after the loss fails at once. */
+    if (mgpu_progress_lost_seq(t->lost) != 0)
+        return tcp_end(t, tcp_lost(t, err), err);
     memset(&t->desc_out, 0, sizeof t->desc_out);
     t->desc_out.magic = TCP_MAGIC;
     t->desc_out.seq = ++t->seq;
@@ -468,6 +498,7 @@ int mgpu_tcp_open(const mgpu_tcp_opts_t *o, mgpu_tcp_t **out, mgpu_err_t *err)
     t->n = o->n;
     t->per = o->ranks_per_member;
     t->timeout_s = o->timeout_s;
+    t->lost = o->lost;
     t->next_fd = t->prev_fd = -1;
     if (o->n == 1) {
         *out = t;

@@ -9,7 +9,10 @@
  *
  * Every call has the communicator's deadline; a neighbour whose connection closes or resets
  * fails the call at once with MGPU_E_PEER naming its node and rank, one that sends nothing in
- * time fails it with MGPU_E_TIMEOUT. After a failure the ring is broken (MGPU_E_CLOSED).
+ * time fails it with MGPU_E_TIMEOUT. A node that is lost without closing its connections (a
+ * host that hangs, a cable pulled) is named by the launcher (opts.lost): a waiting call looks
+ * at it every TCP_LOST_SLICE_MS and fails with MGPU_E_PEER and the launcher's text, as does a
+ * call started after. After a failure the ring is broken (MGPU_E_CLOSED).
  *
  * Ownership: mgpu_tcp_open returns a ring the caller closes with mgpu_tcp_close. The store is
  * only used during mgpu_tcp_open. Not thread-safe; collectives in the same order everywhere. */
@@ -18,8 +21,9 @@
 
 #include <stddef.h> /* size_t */
 
-#include "error.h" /* mgpu_err_t */
-#include "store.h" /* mgpu_store_t */
+#include "error.h"    /* mgpu_err_t */
+#include "progress.h" /* mgpu_progress_page_t: the launcher's word that a peer is lost */
+#include "store.h"    /* mgpu_store_t */
 
 typedef struct mgpu_tcp mgpu_tcp_t;
 
@@ -32,6 +36,9 @@ typedef struct mgpu_tcp_opts {
                              * route to route_host (the store's host) */
     const char *route_host; /* e.g. MGPU_STORE_ADDR */
     double timeout_s;
+    /* The launcher's word that a peer is lost (progress.h; NULL: none): a collective waiting
+     * when it turns non-zero, or started after, fails with MGPU_E_PEER and its text. */
+    const mgpu_progress_page_t *lost;
 } mgpu_tcp_opts_t;
 
 int mgpu_tcp_open(const mgpu_tcp_opts_t *opts, mgpu_tcp_t **out, mgpu_err_t *err);
