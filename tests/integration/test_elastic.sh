@@ -352,3 +352,29 @@ t_el_mgpu_worker_resumes_at_the_new_world_size() {
         { cat err.ref; fail "the reference run failed"; }
     cmp ck.bin ref.bin || fail "the elastic run's checkpoint differs from a 2-rank resume's"
 }
+
+t_el_workers_hear_the_lost_ranks() {
+    # libmgpu workers in a CPU all-reduce across the nodes when node B's link is cut: the
+    # collective would wait out its own timeout (300 s); node A's launcher names the lost ranks
+    # on its workers' pages once the heartbeat is missed, and their all-reduce fails with them
+    mn_netns_setup 2
+    EL_PORT=$(free_port)
+    local a; a=$(el_args "$EL_PORT" "${MN_ADDR[0]}" 1:2 0)
+    MGPU_TEST_MARK=elA.$EL_PORT start_node A "${MN_NS[0]}" $a --local_addr="${MN_ADDR[0]}" "$TW" ids ids.%r allreduce_loop 120
+    MGPU_TEST_MARK=elB.$EL_PORT start_node B "${MN_NS[1]}" $a --local_addr="${MN_ADDR[1]}" "$TW" ids ids.%r allreduce_loop 120
+    wait_until 30 all_exist ids.0 ids.1 ids.2 ids.3 || { dump_nodes err.A err.B; fail "the job did not start"; }
+    sleep 0.5 # all-reduces under way
+    # the ranks node B runs: 2-3, or 0-1 when it came first
+    local lost=2
+    if tr '\0' '\n' </proc/"$(cut -d' ' -f1 ids.0)"/environ | grep -qx "MGPU_TEST_MARK=elB.$EL_PORT"; then lost=0; fi
+    local t0; t0=$(now_ms)
+    ip -n "${MN_NS[1]}" link set mg0 down || fail "link down"
+    wait_until 10 grep -q "allreduce_loop: error" err.A || { dump_nodes err.A; fail "node A's workers did not hear of the loss"; }
+    local ms=$(($(now_ms) - t0))
+    expect_grep err.A "^\[rank[0-9]\]:allreduce_loop: error after [0-9.]+ s: .*ranks $lost-$((lost + 1)) \(node [01], host ${MN_ADDR[1]//./\\.}\) lost: heartbeat missed for $EL_HB s"
+    [ "$ms" -le $((EL_HB * 1000 + 3000)) ] || fail "the workers heard of the loss after ${ms} ms (heartbeat_timeout=${EL_HB}s)"
+    wait_node A 15; wait_node B 15
+    [ "${MN_RC[A]}" -ne 0 ] || fail "node A exited 0 with no restart left"
+    no_leftovers elA elB
+    echo "workers: the all-reduce failed naming the lost ranks ${ms} ms after the cut"
+}
