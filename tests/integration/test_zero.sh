@@ -251,3 +251,19 @@ t_zero_bad_values_are_refused() {
     expect_eq $? 2 "exit status of mode = dp with zero = 1"
     expect_grep err "zero = 1 shards the optimizer over DDP's ranks; mode = dp"
 }
+
+# On a machine with an NVIDIA GPU and a CUDA build: a rank on the GPU refuses zero = 1 (exit 2,
+# naming the way out), and backend = cpu trains it on the CPU there.
+t_zero_gpu_rank_refuses_and_cpu_backend_trains() {
+    ls -d /proc/driver/nvidia/gpus/*/ >/dev/null 2>&1 || skip "no NVIDIA GPU here"
+    mlp_cfg
+    env -u MGPU_SIM_GPUS -u CUDA_VISIBLE_DEVICES "$WORKER" mlp.cfg max_steps=5 \
+        metrics_file=g.jsonl >out 2>err || { cat err >&2; fail "zero = 0 on the GPU exited $?"; }
+    [ "$(final g.jsonl backend)" != cpu ] || skip "this mgpu-worker trains on the CPU here"
+    env -u MGPU_SIM_GPUS -u CUDA_VISIBLE_DEVICES "$WORKER" mlp.cfg max_steps=5 zero=1 >out 2>err
+    expect_eq $? 2 "exit status of zero = 1 on a GPU"
+    expect_grep err "zero = 1 .* runs on CPU ranks only; this rank trains on a GPU"
+    env -u MGPU_SIM_GPUS -u CUDA_VISIBLE_DEVICES "$WORKER" mlp.cfg max_steps=5 zero=1 \
+        backend=cpu metrics_file=c.jsonl >out 2>err || { cat err >&2; fail "backend = cpu exited $?"; }
+    expect_eq "$(final c.jsonl backend)" cpu "backend of zero = 1 with backend = cpu"
+}
