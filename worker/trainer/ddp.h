@@ -5,7 +5,9 @@
  * reads it and broadcasts it) or broadcast rank 0's initial parameters, then per epoch draw the
  * DistributedSampler's shard, and per batch forward, backward, all-reduce (average) the
  * gradient in buckets, step. Rank 0 prints progress lines, writes metrics_file (JSON lines)
- * and checkpoints; evaluation is sharded over the ranks and reduced.
+ * and checkpoints; evaluation is sharded over the ranks and reduced. With zero = 1 (zero.h)
+ * each rank keeps the optimizer state of its slice of the parameters only: the gradients are
+ * reduce-scattered instead of all-reduced, and the updated slices all-gathered.
  *
  * The collectives are callbacks, so the loop runs over libmgpu's communicator (mgpu.h:
  * mgpu_allreduce_f32 / mgpu_broadcast, wired by main.c), over threads standing in for
