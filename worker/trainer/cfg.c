@@ -693,5 +693,8 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
              "dp_devices needs mode = dp (with ddp the launcher's --nproc_per_node decides)");
     CONFLICT(cfg->mode == MGPU_MODE_DP && cfg->checkpoint[0] != 0, "checkpoint mode",
              "checkpoint is not supported with mode = dp; use mode = ddp or remove checkpoint");
+    CONFLICT(cfg->mode == MGPU_MODE_DP && cfg->zero != 0, "zero mode",
+             "zero = 1 shards the optimizer over DDP's ranks; mode = dp steps one optimizer on "
+             "device 0: use mode = ddp or zero = 0");
     return 0;
 }

@@ -105,6 +105,8 @@ typedef struct mgpu_cfg {
     /* GPU */
     int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
+    /* data parallel */
+    int zero; /* 1: ZeRO-1, each rank keeps the optimizer state of its slice (zero.h) */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];

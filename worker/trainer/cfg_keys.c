@@ -153,6 +153,9 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"timing_warmup", MGPU_CFG_T_LL, F(timing_warmup), NULL, 0, BIG,
      "time the steps after the first timing_warmup ones (CUDA events on a GPU): a \"step time\" "
      "line and step_us in the final metrics line (0: no timing)"},
+    {"zero", MGPU_CFG_T_INT, F(zero), NULL, 0, 1,
+     "1: ZeRO-1, each rank keeps the optimizer state of its 1 / world slice of the parameters "
+     "(gradients reduce-scattered, parameters all-gathered); 0: every rank keeps all of it"},
 };
 const size_t mgpu_cfg_n_keys = sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0];
 _Static_assert(sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0] <=

@@ -14,6 +14,7 @@
 #include "run_util.h"   /* mgpu_run_*: what the two loops share */
 #include "sampler.h"    /* mgpu_sampler_* */
 #include "train.h"      /* mgpu_trainer_* */
+#include "zero.h"       /* mgpu_zero_*: zero = 1 */
 #ifdef MGPU_HAVE_CUDA
 #include "gpustep.h" /* mgpu_gpustep_*: the step on a GPU */
 #endif
@@ -28,7 +29,8 @@ typedef struct ddp_state {
     struct mgpu_gpustep *g; /* the GPU's step, NULL on the CPU */
     void *scratch;          /* backend memory for small collectives: the resume header, metrics */
     float *last_loss;       /* backend memory: the last step's loss when no log line read it */
-    float *h_params, *h_state;
+    float *h_params, *h_state; /* h_state: zero = 0's copy of the optimizer state for checkpoints */
+    mgpu_zero_t z;             /* zero = 1: this rank's slice of the optimizer */
     double t0;
     long long steps_this_run;
     double samples_this_run;
@@ -63,11 +65,17 @@ static int timer_stop(ddp_state_t *s, double t0, double *ms, mgpu_err_t *err)
     return rc;
 }
 
+/* The optimizer state of the whole model, as zero = 0 keeps it and a checkpoint holds it. */
+static size_t full_state(const ddp_state_t *s)
+{
+    return (size_t)mgpu_optim_state_arrays(&s->t->optim->spec) * s->t->model->n_params;
+}
+
 static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint64_t step,
                            mgpu_err_t *err)
 {
     mgpu_trainer_t *t = s->t;
-    if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
+    if (s->cfg->checkpoint[0] == 0 || (s->comm->rank != 0 && !s->cfg->zero))
         return 0;
     mgpu_progress_phase(s->comm->progress, MGPU_PHASE_CHECKPOINT);
     mgpu_ckpt_t c = {.model_hash = mgpu_model_shape_hash(t->model),
@@ -80,8 +88,12 @@ static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint6
                      .seed = s->cfg->seed,
                      .n_params = t->model->n_params,
                      .params = s->h_params,
-                     .n_state = t->optim->n_state,
+                     .n_state = full_state(s),
                      .state = s->h_state};
+    if (s->cfg->zero) /* every rank hands rank 0 its slice of the state */
+        return mgpu_zero_save(&s->z, s->k, s->comm, t->optim->state,
+                              mgpu_optim_state_arrays(&t->optim->spec), t->model->params, &c,
+                              s->cfg->checkpoint, err);
     return mgpu_run_checkpoint_write(s->k, s->cfg->checkpoint, &c, t->model->params,
                                      t->optim->state, err);
 }
@@ -93,14 +105,14 @@ static int ckpt_fits(void *ctx, const mgpu_ckpt_t *c, char *msg, size_t cap)
     const mgpu_trainer_t *t = s->t;
     const mgpu_cfg_t *cfg = s->cfg;
     if (c->model_hash == mgpu_model_shape_hash(t->model) && c->n_params == t->model->n_params &&
-        c->n_state == t->optim->n_state && c->seed == cfg->seed)
+        c->n_state == full_state(s) && c->seed == cfg->seed)
         return 1;
     snprintf(msg, cap,
              "checkpoint %.400s was written by another run (%zu params, %zu optimizer "
              "floats, seed %llu; this run has %zu, %zu, seed %llu): remove it or "
              "point checkpoint elsewhere",
              cfg->checkpoint, c->n_params, c->n_state, (unsigned long long)c->seed,
-             t->model->n_params, t->optim->n_state, (unsigned long long)cfg->seed);
+             t->model->n_params, full_state(s), (unsigned long long)cfg->seed);
     return 0;
 }
 
@@ -110,7 +122,13 @@ static int ckpt_fits(void *ctx, const mgpu_ckpt_t *c, char *msg, size_t cap)
 static int resume_or_broadcast(ddp_state_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
 {
     mgpu_trainer_t *t = s->t;
-    int rc = mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits,
+    int rc;
+    if (s->cfg->zero) /* rank 0 reads the whole state, each rank receives its slice */
+        rc = mgpu_zero_resume(&s->z, s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits, s,
+                              t->model->params, t->optim->state,
+                              mgpu_optim_state_arrays(&t->optim->spec), h, err);
+    else
+        rc = mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits,
                                           s, t->model->params, t->model->n_params, t->optim->state,
                                           t->optim->n_state, h, err);
     if (rc < 0)
@@ -184,7 +202,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     if (cfg->model == MGPU_MODEL_GPT)
         return mgpu_gpt_run(k, cfg, comm, out, result, err);
     mgpu_run_result_init(res);
-    if ((rc = mgpu_run_check_comm("ddp", comm, err)) < 0)
+    if ((rc = mgpu_run_check_comm("ddp", comm, err)) < 0 ||
+        (cfg->zero && (rc = mgpu_zero_check("ddp", k, comm, err)) < 0))
         return rc;
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
         (rc = mgpu_train_load_data(cfg, &tr, &ev, err)) < 0)
@@ -195,6 +214,13 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
     s.t->progress = comm->progress;
+    if (cfg->zero) {
+        mgpu_optim_spec_t os;
+        mgpu_train_optim_spec(cfg, &os);
+        mgpu_zero_init(&s.z, rank, W, s.t->model->n_params);
+        if ((rc = mgpu_optim_create_slice(k, &os, s.z.lo, s.z.hi - s.z.lo, &s.t->optim, err)) < 0)
+            goto out;
+    }
     void *p_loss = NULL;
     rc = mgpu_k_alloc(k, sizeof(float), &p_loss, err);
     s.last_loss = p_loss;
@@ -202,8 +228,9 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     idx = malloc(sizeof *idx * samp.num_samples);
     s.h_params = malloc(sizeof(float) * s.t->model->n_params);
-    s.h_state = malloc(sizeof(float) * (s.t->optim->n_state + 1));
-    if (idx == NULL || s.h_params == NULL || s.h_state == NULL) {
+    /* zero = 1 keeps no copy of the whole state: rank 0 makes one only to write it. */
+    s.h_state = cfg->zero ? NULL : malloc(sizeof(float) * (s.t->optim->n_state + 1));
+    if (idx == NULL || s.h_params == NULL || (!cfg->zero && s.h_state == NULL)) {
         rc = mgpu_err_set(err, -ENOMEM, "ddp: cannot allocate the index and host buffers");
         goto out;
     }
@@ -232,6 +259,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = mgpu_run_metrics_open("ddp", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
         goto out;
+    if (rank == 0)
+        mgpu_zero_print_state(s.out, "ddp", cfg->zero, W, s.t->optim->n_state, full_state(&s));
 
     size_t nb = mgpu_sampler_num_batches(&samp, B, cfg->drop_last_batch);
     long long step = (long long)h.step, epoch = (long long)h.epoch;
@@ -282,9 +311,11 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     rc = mgpu_model_read_scalars(s.t->model, &loss, NULL, err);
             } else
 #endif
-                rc = mgpu_trainer_step(s.t, &tr, idx + start, count,
-                                       W > 1 ? comm->allreduce_avg : NULL, comm->ctx,
-                                       log ? &loss : NULL, err);
+                rc = cfg->zero ? mgpu_zero_trainer_step(&s.z, comm, s.t, &tr, idx + start, count,
+                                                        log ? &loss : NULL, err)
+                               : mgpu_trainer_step(s.t, &tr, idx + start, count,
+                                                   W > 1 ? comm->allreduce_avg : NULL, comm->ctx,
+                                                   log ? &loss : NULL, err);
             if (rc < 0)
                 goto out;
             if (cfg->demo_prints) {
@@ -408,6 +439,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddNumberToObject(o, "samples_per_s", res->samples_per_s);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
         cJSON_AddNumberToObject(o, "world_size", W);
+        cJSON_AddNumberToObject(o, "zero", cfg->zero);
+        cJSON_AddNumberToObject(o, "optimizer_state_floats", (double)s.t->optim->n_state);
         if (res->timed_steps > 0) {
             cJSON_AddNumberToObject(o, "step_us", res->step_us);
             cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);

@@ -5,7 +5,9 @@
  * reads it and broadcasts it) or broadcast rank 0's initial parameters, then per epoch draw the
  * DistributedSampler's shard, and per batch forward, backward, all-reduce (average) the
  * gradient in buckets, step. Rank 0 prints progress lines, writes metrics_file (JSON lines)
- * and checkpoints; evaluation is sharded over the ranks and reduced.
+ * and checkpoints; evaluation is sharded over the ranks and reduced. With zero = 1 (zero.h)
+ * each rank keeps the optimizer state of its slice of the parameters only: the gradients are
+ * reduce-scattered instead of all-reduced, and the updated slices all-gathered.
  *
  * The collectives are callbacks, so the loop runs over libmgpu's communicator (mgpu.h:
  * mgpu_allreduce_f32 / mgpu_broadcast, wired by main.c), over threads standing in for
@@ -47,6 +49,12 @@ typedef struct mgpu_ddp_comm {
      * cudaStream_t) without waiting, so buckets overlap backward (gpustep.h for the MLP,
      * gpt_graph.h for the GPT), also inside a CUDA graph's capture. */
     int (*allreduce_avg_stream)(void *ctx, float *buf, size_t count, void *stream, mgpu_err_t *err);
+    /* zero = 1 (zero.h), in place over world_size blocks of count floats (buf holds
+     * world_size x count): the average of block r left in block r of rank r (a reduce-scatter
+     * of the gradients), and every rank's block r set to rank r's (an all-gather of the
+     * parameters). May be NULL when zero = 0. */
+    int (*reduce_scatter_avg)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
+    int (*all_gather)(void *ctx, float *buf, size_t count, mgpu_err_t *err);
     /* May be NULL: called with "first_step" once the first step has finished (libmgpu's
      * startup timeline, mgpu_timeline_mark). */
     void (*mark)(void *mark_ctx, const char *event);

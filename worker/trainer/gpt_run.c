@@ -30,6 +30,7 @@
 #include "sampler.h"     /* mgpu_sampler_* */
 #include "tokens.h"      /* mgpu_tokens_* */
 #include "transformer.h" /* mgpu_gpt_lr */
+#include "zero.h"        /* mgpu_zero_gpt_*: zero = 1 */
 
 typedef struct run {
     mgpu_kernels_t *k;
@@ -45,6 +46,7 @@ typedef struct run {
     void *scratch;          /* backend memory for small collectives */
     int32_t *h_tok, *h_tgt; /* one micro-batch, host */
     float *h_params;
+    mgpu_zero_gpt_t *zero; /* zero = 1: AdamW over this rank's slice (else NULL) */
 } run_t;
 
 /* Windows w[0..b) of the split starting at token `base` into the host batch and the model. */
@@ -67,10 +69,11 @@ static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t st
     float *state = NULL;
     int rc;
     mgpu_progress_phase(s->comm->progress, MGPU_PHASE_CHECKPOINT);
-    if (s->comm->rank != 0 || s->cfg->checkpoint[0] == 0)
+    if (s->cfg->checkpoint[0] == 0 || (s->comm->rank != 0 && s->zero == NULL))
         return 0;
-    state = malloc(sizeof(float) * 2 * m->n_params);
-    if (state == NULL)
+    if (s->zero == NULL)
+        state = malloc(sizeof(float) * 2 * m->n_params);
+    if (s->zero == NULL && state == NULL)
         return mgpu_err_set(err, -ENOMEM, "gpt: malloc for the checkpoint's optimizer state");
     mgpu_ckpt_t c = {.model_hash = mgpu_gpt_shape_hash(&m->spec),
                      .epoch = epoch,
@@ -84,6 +87,9 @@ static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t st
                      .params = s->h_params,
                      .n_state = 2 * m->n_params,
                      .state = state};
+    if (s->zero != NULL) /* every rank hands rank 0 its slice of the moments */
+        return mgpu_zero_save(&s->zero->z, s->k, s->comm, s->zero->moments, 2, m->params, &c,
+                              s->cfg->checkpoint, err);
     rc = mgpu_run_checkpoint_write(s->k, s->cfg->checkpoint, &c, m->params, m->moments, err);
     free(state);
     return rc;
@@ -120,6 +126,9 @@ static int ckpt_fits(void *ctx, const mgpu_ckpt_t *c, char *msg, size_t cap)
 static int resume_or_broadcast(run_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
 {
     mgpu_gpt_t *m = s->m;
+    if (s->zero != NULL) /* rank 0 reads all the moments, each rank receives its slice */
+        return mgpu_zero_resume(&s->zero->z, s->k, s->comm, s->scratch, s->cfg->checkpoint,
+                                ckpt_fits, s, m->params, s->zero->moments, 2, h, err);
     return mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits, s,
                                         m->params, m->n_params, m->moments, 2 * m->n_params, h,
                                         err);
@@ -362,13 +371,15 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     int rc;
 
     mgpu_run_result_init(res);
-    if ((rc = mgpu_run_check_comm("gpt", comm, err)) < 0)
+    if ((rc = mgpu_run_check_comm("gpt", comm, err)) < 0 ||
+        (cfg->zero && (rc = mgpu_zero_check("gpt", k, comm, err)) < 0))
         return rc;
     mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
                             .n_head = cfg->n_head,
                             .n_embd = cfg->n_embd,
                             .context = T,
-                            .vocab = cfg->vocab};
+                            .vocab = cfg->vocab,
+                            .sharded_optimizer = cfg->zero};
     int text = cfg->dataset == MGPU_DATASET_TEXT;
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
         (rc = mgpu_tokens_load(text ? cfg->data_text : cfg->data_tokens, text, cfg->vocab, &s.data,
@@ -384,6 +395,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = mgpu_gpt_create(k, &spec, (int)B, &s.m, err)) < 0 ||
         (rc = mgpu_gpt_init(s.m, cfg->seed, err)) < 0 ||
+        (cfg->zero && (rc = mgpu_zero_gpt_create(s.m, rank, W, &s.zero, err)) < 0) ||
         (rc = mgpu_gpt_buckets(s.m, cfg->bucket_mb, &s.buckets, &s.n_buckets, err)) < 0 ||
         (rc = mgpu_sampler_init(&samp, n_windows, W, rank, cfg->shuffle, cfg->seed, cfg->drop_last,
                                 err)) < 0 ||
@@ -426,6 +438,9 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 s.m->b16 != NULL ? "; bf16 activations" : "", n_windows,
                 mgpu_tokens_windows(s.n_eval, T), planned, (size_t)W, B, (int)accum);
         fflush(s.out);
+        mgpu_zero_print_state(s.out, "gpt", cfg->zero, W,
+                              s.zero != NULL ? s.zero->n_moments : 2 * s.m->n_params,
+                              2 * s.m->n_params);
         if (h.status == 1)
             mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
     }
@@ -446,7 +461,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                         .buckets = s.buckets,
                                         .n_buckets = s.n_buckets,
                                         .overlap = cfg->bucket_overlap};
-    if (cfg->cuda_graph && accum == 1 &&
+    if (cfg->cuda_graph && accum == 1 && s.zero == NULL &&
         (rc = mgpu_gpt_graph_create(s.m, 1.0f / ((float)B * T), &hp, (float)cfg->grad_clip,
                                     W > 1 && in_graph.fn != NULL ? &in_graph : NULL, &s.graph,
                                     err)) < 0)
@@ -486,12 +501,19 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                         (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
                         goto out;
                 }
-                mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
-                if ((rc = allreduce_grads(&s, err)) < 0)
-                    goto out;
-                mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
-                if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) < 0)
-                    goto out;
+                if (s.zero != NULL) {
+                    if ((rc = mgpu_zero_gpt_step(s.zero, comm, s.m, &hp, step + 1,
+                                                 (float)cfg->grad_clip, err)) < 0)
+                        goto out;
+                } else {
+                    mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
+                    if ((rc = allreduce_grads(&s, err)) < 0)
+                        goto out;
+                    mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
+                    if ((rc = mgpu_gpt_step(s.m, &hp, step + 1, (float)cfg->grad_clip, NULL, err)) <
+                        0)
+                        goto out;
+                }
                 grown |= rows == B * accum;
             }
             step++;
@@ -588,6 +610,9 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddNumberToObject(o, "tokens_per_s", res->samples_per_s);
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
         cJSON_AddNumberToObject(o, "world_size", W);
+        cJSON_AddNumberToObject(o, "zero", cfg->zero);
+        cJSON_AddNumberToObject(o, "optimizer_state_floats",
+                                (double)(s.zero != NULL ? s.zero->n_moments : 2 * s.m->n_params));
         if (res->timed_steps > 0) {
             cJSON_AddNumberToObject(o, "step_us", res->step_us);
             cJSON_AddNumberToObject(o, "timed_steps", (double)res->timed_steps);
@@ -602,6 +627,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     rc = mgpu_run_result_params(k, "gpt", s.m->params, s.m->n_params, res, err);
 out:
     mgpu_gpt_graph_destroy(s.graph);
+    mgpu_zero_gpt_destroy(s.zero);
     if (s.metrics != NULL)
         fclose(s.metrics);
     if (s.scratch != NULL)

@@ -23,6 +23,7 @@
 typedef struct comm_on_stream {
     mgpu_comm_t *comm;
     void *stream;
+    int rank;
 } comm_on_stream_t;
 
 static int avg(void *c, float *b, size_t n, mgpu_err_t *e)
@@ -48,6 +49,21 @@ static int avg_stream(void *c, float *b, size_t n, void *stream, mgpu_err_t *e)
 {
     comm_on_stream_t *cs = c;
     return mgpu_allreduce_f32(cs->comm, b, n, MGPU_AVG, stream, e);
+}
+
+/* zero = 1: this rank's block of the gradients averaged in place, everyone's block of the
+ * parameters gathered in place (mgpu.h's in-place forms). */
+static int rs_avg(void *c, float *b, size_t n, mgpu_err_t *e)
+{
+    comm_on_stream_t *cs = c;
+    return mgpu_reduce_scatter(cs->comm, b, b + (size_t)cs->rank * n, n, MGPU_DTYPE_F32, MGPU_AVG,
+                               cs->stream, e);
+}
+
+static int gather(void *c, float *b, size_t n, mgpu_err_t *e)
+{
+    comm_on_stream_t *cs = c;
+    return mgpu_all_gather(cs->comm, b + (size_t)cs->rank * n, b, n, MGPU_DTYPE_F32, cs->stream, e);
 }
 
 static void mark(void *ctx, const char *event)
@@ -193,7 +209,7 @@ int main(int argc, char **argv)
                               cfg.backend == MGPU_BACKEND_AUTO ? "auto" : "nccl");
             goto fail;
         }
-        comm_on_stream_t cs = {.comm = comm, .stream = NULL};
+        comm_on_stream_t cs = {.comm = comm, .stream = NULL, .rank = ri->rank};
 #ifdef MGPU_HAVE_CUDA
         cs.stream = mgpu_kernels_cuda_stream(k);
 #endif
@@ -204,6 +220,8 @@ int main(int argc, char **argv)
                               .allreduce_sum = sum,
                               .broadcast = bcast,
                               .allreduce_avg_stream = avg_stream,
+                              .reduce_scatter_avg = rs_avg,
+                              .all_gather = gather,
                               .mark = mark,
                               .mark_ctx = ctx,
                               .progress = ctx};

@@ -192,7 +192,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
     m->b16 = b16;
     if ((rc = alloc_f(m, m->n_params, &m->params, err)) < 0 ||
         (rc = alloc_f(m, m->n_params, &m->grads, err)) < 0 ||
-        (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0 ||
+        (!s->sharded_optimizer && (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0) ||
         (rc = alloc_f(m, NC, &m->xout, err)) < 0 || (rc = alloc_f(m, N, &m->lnf_mean, err)) < 0 ||
         (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 || (rc = alloc_f(m, NC, &m->dres, err)) < 0 ||
         (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
@@ -270,14 +270,14 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
     }
     for (int i = 0; i < m->n_tensors; i++) {
         const mgpu_gpt_tensor_t *t = &m->tensors[i];
-        m->adam[i] =
-            (mgpu_gpt_adamw_tensor_t){.p = m->params + t->off,
-                                      .g = m->grads + t->off,
-                                      .m = m->moments + t->off,
-                                      .v = m->moments + m->n_params + t->off,
-                                      .p16 = m->params16 != NULL ? m->params16 + t->off : NULL,
-                                      .n = t->n,
-                                      .decay = mgpu_gpt_decays(t->ndim)};
+        m->adam[i] = (mgpu_gpt_adamw_tensor_t){
+            .p = m->params + t->off,
+            .g = m->grads + t->off,
+            .m = m->moments != NULL ? m->moments + t->off : NULL,
+            .v = m->moments != NULL ? m->moments + m->n_params + t->off : NULL,
+            .p16 = m->params16 != NULL ? m->params16 + t->off : NULL,
+            .n = t->n,
+            .decay = mgpu_gpt_decays(t->ndim)};
         for (int l = 0; m->fc_kp > 0 && l < s->n_layer; l++) { /* into fc16's rows */
             mgpu_bf16_t *row0 = (mgpu_bf16_t *)fc_w16(m, l);
             if (t->off == m->blocks[l].fc_w)
@@ -290,7 +290,8 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         }
     }
     if ((rc = mgpu_k_zero(k, m->params, sizeof(float) * m->n_params, err)) < 0 ||
-        (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0 ||
+        (m->moments != NULL &&
+         (rc = mgpu_k_zero(k, m->moments, sizeof(float) * 2 * m->n_params, err)) < 0) ||
         (rc = mgpu_k_zero(k, m->scalars, sizeof(float) * 4, err)) < 0)
         goto fail;
     *out = m;
@@ -710,6 +711,11 @@ static int update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_clip
 {
     float *ss = m->scalars + 1, *factor = m->scalars + 2;
     int rc;
+
+    if (m->moments == NULL)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpt: AdamW step on a model without moments (sharded_optimizer: the "
+                            "slice's optimizer, zero.h, updates it)");
 
     /* Zeroed on the bf16 path and no backward since: the gradients were never written. */
     if (m->grads_fresh) {

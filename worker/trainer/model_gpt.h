@@ -28,6 +28,9 @@
 
 typedef struct mgpu_gpt_spec {
     int n_layer, n_head, n_embd, context, vocab;
+    /* 1: AdamW's moments live elsewhere (zero = 1: each rank keeps its slice's, zero.h), so
+     * the model allocates none (moments NULL) and mgpu_gpt_step / _update refuse to run. */
+    int sharded_optimizer;
 } mgpu_gpt_spec_t;
 
 /* Offsets (in floats) of one block's tensors in params / grads. */

@@ -37,8 +37,19 @@ static mgpu_adamw_hparams_t adamw_hp(const mgpu_optim_spec_t *s)
                                   .weight_decay = s->weight_decay};
 }
 
+int mgpu_optim_state_arrays(const mgpu_optim_spec_t *spec)
+{
+    return spec->kind == MGPU_OPTIM_ADAMW ? 2 : spec->momentum != 0.0f ? 1 : 0;
+}
+
 int mgpu_optim_create(mgpu_kernels_t *k, const mgpu_optim_spec_t *spec, size_t n,
                       mgpu_optim_t **out, mgpu_err_t *err)
+{
+    return mgpu_optim_create_slice(k, spec, 0, n, out, err);
+}
+
+int mgpu_optim_create_slice(mgpu_kernels_t *k, const mgpu_optim_spec_t *spec, size_t off, size_t n,
+                            mgpu_optim_t **out, mgpu_err_t *err)
 {
     mgpu_optim_t *o;
     int rc;
@@ -61,8 +72,9 @@ int mgpu_optim_create(mgpu_kernels_t *k, const mgpu_optim_spec_t *spec, size_t n
         return mgpu_err_set(err, -ENOMEM, "optim: calloc failed");
     o->k = k;
     o->spec = *spec;
+    o->off = off;
     o->n = n;
-    o->n_state = spec->kind == MGPU_OPTIM_ADAMW ? 2 * n : spec->momentum != 0.0f ? n : 0;
+    o->n_state = (size_t)mgpu_optim_state_arrays(spec) * n;
     if (o->n_state > 0) {
         void *p = NULL;
         rc = mgpu_k_alloc(k, o->n_state * sizeof(float), &p, err);
@@ -89,6 +101,8 @@ void mgpu_optim_destroy(mgpu_optim_t *o)
 int mgpu_optim_step(mgpu_optim_t *o, float *params, const float *grads, mgpu_err_t *err)
 {
     int rc;
+    params += o->off;
+    grads += o->off;
     if (o->spec.kind == MGPU_OPTIM_SGD) {
         mgpu_sgd_hparams_t hp = sgd_hp(&o->spec);
         rc = mgpu_k_sgd_step(o->k, o->n, params, grads, o->state, &hp, o->step + 1, err);

@@ -5,6 +5,10 @@
  * momentum buffer, n floats; AdamW: exp_avg then exp_avg_sq, 2n floats; plain SGD: none),
  * plus the step count, so a checkpoint saves it as one array.
  *
+ * An optimizer may own a slice of the parameters only (ZeRO-1, zero.h): it then updates
+ * params[off, off + n) from grads[off, off + n) and its state holds that slice's values (its
+ * arrays n floats each), so each rank keeps 1 / world of the state.
+ *
  * Ownership: mgpu_optim_create returns an object freed with mgpu_optim_destroy, before the
  * kernels object. */
 #ifndef MGPU_OPTIM_H
@@ -28,8 +32,9 @@ typedef struct mgpu_optim_spec {
 typedef struct mgpu_optim {
     mgpu_kernels_t *k;
     mgpu_optim_spec_t spec;
-    size_t n;       /* parameters */
-    size_t n_state; /* floats in state */
+    size_t off;     /* the first parameter it updates (0 unless a slice) */
+    size_t n;       /* parameters it updates, from off */
+    size_t n_state; /* floats in state: mgpu_optim_state_arrays x n */
     float *state;   /* backend memory, zeroed at creation */
     long long step; /* updates done so far */
 } mgpu_optim_t;
@@ -41,8 +46,15 @@ int mgpu_optim_parse(const char *s); /* "sgd", "adamw"; -1 when unknown */
  * step) and allocates the state for n parameters. */
 int mgpu_optim_create(mgpu_kernels_t *k, const mgpu_optim_spec_t *spec, size_t n,
                       mgpu_optim_t **out, mgpu_err_t *err);
+/* The same for the slice [off, off + n) of the parameters: state for those n only. */
+int mgpu_optim_create_slice(mgpu_kernels_t *k, const mgpu_optim_spec_t *spec, size_t off, size_t n,
+                            mgpu_optim_t **out, mgpu_err_t *err);
 void mgpu_optim_destroy(mgpu_optim_t *o);
-/* One update of params from grads (both n floats, backend memory); step becomes step + 1. */
+/* The arrays of state per parameter: AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum 1,
+ * plain SGD 0. State is that many arrays of n floats, one after the other. */
+int mgpu_optim_state_arrays(const mgpu_optim_spec_t *spec);
+/* One update of params from grads (the whole buffers, backend memory: a slice updates its
+ * floats [off, off + n) only); step becomes step + 1. */
 int mgpu_optim_step(mgpu_optim_t *o, float *params, const float *grads, mgpu_err_t *err);
 
 #endif

@@ -93,10 +93,11 @@ void mgpu_run_metrics_line(FILE *f, cJSON *obj)
     cJSON_Delete(obj);
 }
 
-int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
-                                 const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
-                                 float *params, size_t n_params, float *state, size_t n_state,
-                                 mgpu_run_resume_t *h, mgpu_err_t *err)
+/* host_state: state is rank 0's host memory, which only rank 0 fills (zero = 1 scatters it). */
+static int resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
+                               const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
+                               float *params, size_t n_params, float *state, size_t n_state,
+                               int host_state, mgpu_run_resume_t *h, mgpu_err_t *err)
 {
     int rc;
 
@@ -119,10 +120,12 @@ int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
             h->step = c.step;
             h->optim_step = c.optim_step;
             h->world_size = (int32_t)c.world_size;
+            if (host_state && c.n_state > 0)
+                memcpy(state, c.state, sizeof(float) * c.n_state);
             if ((rc = mgpu_k_copy_to_device(k, params, c.params, sizeof(float) * c.n_params, &e)) <
                     0 ||
-                (rc = mgpu_k_copy_to_device(k, state, c.state, sizeof(float) * c.n_state, &e)) <
-                    0) {
+                (!host_state && (rc = mgpu_k_copy_to_device(k, state, c.state,
+                                                            sizeof(float) * c.n_state, &e)) < 0)) {
                 h->status = -1;
                 snprintf(h->msg, sizeof h->msg, "%.1000s", e.msg);
             }
@@ -137,11 +140,29 @@ int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
     if (comm->world_size > 1) {
         if ((rc = comm->broadcast(comm->ctx, params, sizeof(float) * n_params, 0, err)) < 0)
             return rc;
-        if (h->status == 1 && n_state > 0 &&
+        if (!host_state && h->status == 1 && n_state > 0 &&
             (rc = comm->broadcast(comm->ctx, state, sizeof(float) * n_state, 0, err)) < 0)
             return rc;
     }
     return 0;
+}
+
+int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
+                                 const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
+                                 float *params, size_t n_params, float *state, size_t n_state,
+                                 mgpu_run_resume_t *h, mgpu_err_t *err)
+{
+    return resume_or_broadcast(k, comm, scratch, checkpoint, fits, fits_ctx, params, n_params,
+                               state, n_state, 0, h, err);
+}
+
+int mgpu_run_resume_host_state(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
+                               const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
+                               float *params, size_t n_params, float *state_host, size_t n_state,
+                               mgpu_run_resume_t *h, mgpu_err_t *err)
+{
+    return resume_or_broadcast(k, comm, scratch, checkpoint, fits, fits_ctx, params, n_params,
+                               state_host, n_state, 1, h, err);
 }
 
 int mgpu_run_checkpoint_write(mgpu_kernels_t *k, const char *path, mgpu_ckpt_t *c,

@@ -67,6 +67,14 @@ int mgpu_run_resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
                                  float *params, size_t n_params, float *state, size_t n_state,
                                  mgpu_run_resume_t *h, mgpu_err_t *err);
 
+/* The same, but on a resume rank 0 copies the optimizer state (n_state floats) into
+ * state_host, its host memory (NULL elsewhere), and nothing broadcasts it: zero = 1 hands each
+ * rank its slice of it (zero.h). The parameters are broadcast as above. */
+int mgpu_run_resume_host_state(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch,
+                               const char *checkpoint, mgpu_run_ckpt_fits_fn fits, void *fits_ctx,
+                               float *params, size_t n_params, float *state_host, size_t n_state,
+                               mgpu_run_resume_t *h, mgpu_err_t *err);
+
 /* Copies the parameters and optimizer state (backend memory) into c->params and c->state
  * (host buffers of c->n_params and c->n_state floats) and writes c to path. */
 int mgpu_run_checkpoint_write(mgpu_kernels_t *k, const char *path, mgpu_ckpt_t *c,

@@ -185,7 +185,8 @@ int mgpu_trainer_create(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_dat
     mgpu_train_optim_spec(cfg, &os);
     if ((rc = mgpu_model_create(k, &ms, max_batch, &t->model, err)) < 0 ||
         (rc = mgpu_model_init(t->model, seed, err)) < 0 ||
-        (rc = mgpu_optim_create(k, &os, t->model->n_params, &t->optim, err)) < 0 ||
+        (cfg->zero == 0 &&
+         (rc = mgpu_optim_create(k, &os, t->model->n_params, &t->optim, err)) < 0) ||
         (rc = mgpu_train_buckets(t->model, cfg->bucket_mb, &t->buckets, &t->n_buckets, err)) < 0)
         goto fail;
     t->bucket_layer = malloc(sizeof(int) * (size_t)t->n_buckets);

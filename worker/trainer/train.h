@@ -80,7 +80,8 @@ int mgpu_train_graph_eligible(const mgpu_cfg_t *cfg, size_t rank_samples, char *
                               size_t why_len);
 
 /* Model (initialised from seed), optimizer, buckets and batch buffers for batches up to
- * max_batch rows of data shaped like ds. */
+ * max_batch rows of data shaped like ds. With cfg->zero the optimizer is left NULL: the caller
+ * makes the one of its rank's slice (zero.h). */
 int mgpu_trainer_create(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_dataset_t *ds,
                         int max_batch, uint64_t seed, mgpu_trainer_t **out, mgpu_err_t *err);
 void mgpu_trainer_destroy(mgpu_trainer_t *t);
