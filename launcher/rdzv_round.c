@@ -106,8 +106,9 @@ static int join_one(mgpu_rdzv_t *r, int round, int prev, int *slot, int *n, mgpu
     const mgpu_rdzv_opts_t *o = &r->o;
     char key[96], me[700], val[700];
     int64_t arrival, arrivals;
-    double t0 = mgpu_clock_mono(), t_min = -1;
-    int rc, noticed = 0, said_last_call = 0;
+    double t0 = mgpu_clock_mono(), t_min = -1, t_expected = 0;
+    int rc, noticed = 0, said_last_call = 0, expected = 0;
+    int64_t expected_at = -1;
 
     snprintf(key, sizeof key, "round/%d/arrivals", round);
     if ((rc = mgpu_store_add(r->client, key, 1, &arrival, err)) < 0)
@@ -162,7 +163,13 @@ static int join_one(mgpu_rdzv_t *r, int round, int prev, int *slot, int *n, mgpu
         if (arrivals >= o->nnodes_max) {
             close_at = o->nnodes_max;
         } else if (arrivals >= o->nnodes_min) {
-            int expected = round > 0 ? expected_nodes(r, round) : 0;
+            /* Reading the expected nodes costs a request a node of the last round: twice a
+             * second, or when someone came, is often enough. */
+            if (round > 0 && (arrivals != expected_at || now - t_expected >= 0.5)) {
+                expected = expected_nodes(r, round);
+                expected_at = arrivals;
+                t_expected = now;
+            }
             if (t_min < 0)
                 t_min = now;
             if (round > 0 && arrivals >= expected)
