@@ -105,6 +105,9 @@ typedef struct mgpu_cfg {
     /* GPU */
     int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
+    /* text data at scale */
+    char data_val_tokens[MGPU_CFG_PATH_MAX]; /* gpt: held-out files (empty: eval_fraction) */
+    char tokenizer[MGPU_CFG_PATH_MAX];       /* gpt: a tokenizer.json for prompt and generate */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];
