@@ -50,14 +50,17 @@ typedef struct run {
     float *h_params;
 } run_t;
 
-/* Windows w[0..b) (or first, first + 1, ...) of a split into the host batch and the model. */
-static int load_windows(run_t *s, const mgpu_windows_t *split, const size_t *w, size_t first, int b,
-                        mgpu_err_t *err)
+/* b windows of a split into the host batch and the model: the sampler's indices first ..
+ * first + b - 1 of epoch, or (samp NULL) the windows first, first + 1, ... The indices are
+ * computed one by one (mgpu_sampler_index), so no rank holds a list of the data set's windows. */
+static int load_windows(run_t *s, const mgpu_windows_t *split, const mgpu_sampler_t *samp,
+                        long long epoch, size_t first, int b, mgpu_err_t *err)
 {
     const int T = s->cfg->context;
     int rc;
     for (int i = 0; i < b; i++) {
-        size_t win = w != NULL ? w[i] : first + (size_t)i;
+        size_t win = samp != NULL ? mgpu_sampler_index(samp, (uint64_t)epoch, first + (size_t)i)
+                                  : first + (size_t)i;
         if ((rc = mgpu_windows_read(split, win, s->h_tok + (size_t)i * T, s->h_tgt + (size_t)i * T,
                                     err)) < 0)
             return rc;
@@ -144,7 +147,7 @@ static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
         int b = hi - w < (size_t)B ? (int)(hi - w) : B;
         float l;
         if ((rc = mgpu_k_zero(s->k, s->m->scalars, sizeof(float), err)) < 0 ||
-            (rc = load_windows(s, &s->eval, NULL, w, b, err)) < 0 ||
+            (rc = load_windows(s, &s->eval, NULL, 0, w, b, err)) < 0 ||
             (rc = mgpu_gpt_loss(s->m, 1.0f / ((float)b * T), 0, err)) < 0 ||
             (rc = mgpu_k_copy_to_host(s->k, &l, s->m->scalars, sizeof l, err)) < 0)
             return rc;
@@ -379,11 +382,11 @@ static int allreduce_grads(run_t *s, mgpu_err_t *err)
     return 0;
 }
 
-/* A step of one full batch (the sampler's batch `batch` of this epoch's indices idx) replayed
+/* A step of one full batch (the sampler's batch `batch` of epoch) replayed
  * from the graphs: the batch and AdamW's step into device memory, then the replays. The
  * progress marks are the host's: it queues the graphs and goes on, so the GPU's work is in
  * the collectives' records. */
-static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, size_t batch,
+static int graph_step(run_t *s, const mgpu_sampler_t *samp, long long epoch, size_t batch,
                       const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
 {
     const mgpu_ddp_comm_t *comm = s->comm;
@@ -391,7 +394,7 @@ static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, s
     int rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
     mgpu_sampler_batch(samp, s->cfg->batch_size, batch, &start, &count);
-    if ((rc = load_windows(s, &s->train, idx + start, 0, (int)count, err)) < 0 ||
+    if ((rc = load_windows(s, &s->train, samp, epoch, start, (int)count, err)) < 0 ||
         (rc = mgpu_gpt_set_step(s->m, hp, step, err)) < 0)
         return rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_FORWARD);
@@ -446,7 +449,6 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     mgpu_ddp_result_t res_local, *res = result ? result : &res_local;
     mgpu_sampler_t samp;
     mgpu_run_resume_t h;
-    size_t *idx = NULL;
     const int W = comm->world_size, rank = comm->rank, T = cfg->context;
     const size_t B = (size_t)cfg->batch_size, accum = (size_t)cfg->grad_accum;
     int rc;
@@ -471,12 +473,11 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
     s.m->progress = comm->progress;
-    idx = malloc(sizeof *idx * samp.num_samples);
     s.h_tok = malloc(sizeof(int32_t) * B * T);
     s.h_tgt = malloc(sizeof(int32_t) * B * T);
     s.h_params = malloc(sizeof(float) * s.m->n_params);
-    if (idx == NULL || s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
-        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the index and host buffers");
+    if (s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the host buffers");
         goto out;
     }
     if ((rc = resume_or_broadcast(&s, &h, err)) < 0 || (rc = mgpu_gpt_params_changed(s.m, err)) < 0)
@@ -534,8 +535,6 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     double t0 = mgpu_run_now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
-        if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
-            goto out;
         for (; batch < per_epoch; batch++) {
             if (cfg->max_steps > 0 && step >= cfg->max_steps) {
                 stopped = 1;
@@ -549,7 +548,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             mgpu_progress_step(comm->progress, step + 1); /* numbered as the progress lines */
             hp.lr = mgpu_gpt_lr(step, cfg->warmup_steps, total, (float)cfg->lr, (float)cfg->lr_min);
             if (s.graph != NULL && grown && rows == B * accum) {
-                if ((rc = graph_step(&s, &samp, idx, (size_t)batch, &hp, step + 1, err)) < 0)
+                if ((rc = graph_step(&s, &samp, epoch, (size_t)batch, &hp, step + 1, err)) < 0)
                     goto out;
                 res->graphed = 1;
             } else {
@@ -563,7 +562,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 for (size_t j = 0; j < accum; j++) {
                     mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
                     mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
-                    if ((rc = load_windows(&s, &s.train, idx + start, 0, (int)count, err)) < 0 ||
+                    if ((rc = load_windows(&s, &s.train, &samp, epoch, start, (int)count, err)) <
+                            0 ||
                         (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
                         goto out;
                 }
@@ -688,7 +688,6 @@ out:
         fclose(s.metrics);
     if (s.scratch != NULL)
         mgpu_k_free(k, s.scratch);
-    free(idx);
     free(s.h_tok);
     free(s.h_tgt);
     free(s.h_params);
