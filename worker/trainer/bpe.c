@@ -538,7 +538,8 @@ static int encode_plain(const mgpu_bpe_t *t, const unsigned char *s, size_t n, i
                         mgpu_err_t *err)
 {
     unsigned char *buf = NULL;
-    int32_t *sym = NULL;
+    int32_t *sym = NULL; /* the longest piece's symbols so far: pieces are short, texts not */
+    size_t cap = 0;
     int rc = 0;
     if (n == 0)
         return 0;
@@ -550,12 +551,17 @@ static int encode_plain(const mgpu_bpe_t *t, const unsigned char *s, size_t n, i
         s = buf;
         n++;
     }
-    if ((sym = malloc(sizeof *sym * n)) == NULL) {
-        free(buf);
-        return mgpu_err_set(err, -ENOMEM, "tokenizer: malloc of %zu symbols failed", n);
-    }
     for (size_t i = 0; i < n && rc == 0;) {
         size_t e = t->use_regex ? next_piece(s, i, n) : n;
+        if (e - i > cap) {
+            int32_t *g = realloc(sym, sizeof *sym * (e - i));
+            if (g == NULL) {
+                rc = mgpu_err_set(err, -ENOMEM, "tokenizer: realloc of %zu symbols failed", e - i);
+                break;
+            }
+            sym = g;
+            cap = e - i;
+        }
         rc = encode_piece(t, s + i, e - i, o, sym, err);
         i = e;
     }
