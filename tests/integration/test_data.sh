@@ -148,7 +148,6 @@ open("id.bin", "wb").write(h.tobytes() + t.tobytes())'
     expect_grep err 'data_val_tokens holds the evaluation.s tokens: eval_fraction = 0.1'
 }
 
-# alone: t_data_four_ranks_map_a_1gb_set_in_little_memory
 t_data_four_ranks_map_a_1gb_set_in_little_memory() {
     # 512 Mi uint16 tokens (1 GiB) behind an llm.c header, sparse: its tokens are 0
     "$NPY" -c '
