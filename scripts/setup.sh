@@ -27,4 +27,11 @@ if ! command -v py-spy >/dev/null 2>&1; then
     echo "setup: installing py-spy (pip)"
     $SUDO /usr/bin/python3 -m pip install --quiet --no-cache-dir --root-user-action=ignore --break-system-packages py-spy
 fi
+# Hugging Face's tokenizers (PyPI only, a binary wheel) is what the tokenizer tests compare
+# mgpu's byte-level BPE with; the tests alone import it, never mgpu's programs.
+if ! /usr/bin/python3 -c 'import tokenizers' >/dev/null 2>&1; then
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "setup: installing tokenizers (pip)"
+    $SUDO /usr/bin/python3 -m pip install --quiet --no-cache-dir --root-user-action=ignore --break-system-packages tokenizers
+fi
 echo "setup: dependencies present"

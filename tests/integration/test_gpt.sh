@@ -277,13 +277,13 @@ t_gpt_cfg_errors_are_refused_by_name() {
     check_refused "grad_accum = '0': expected an integer in \[1, " grad_accum=0
     check_refused "temperature = '0': expected a number in" temperature=0
     head -c 20 text.txt >short.txt
-    check_refused 'short.txt has 20 tokens, 18 of them for training: fewer than context \+ 1 = 33' \
+    check_refused 'short.txt has 20 tokens, 18 of them for training: no run of context \+ 1 = 33' \
         data_text=short.txt
-    check_refused 'short.txt holds out 4: fewer than context \+ 1 = 9' data_text=short.txt context=8 \
-        eval_fraction=0.2
+    check_refused 'the 4 held-out tokens of .*short.txt hold no run of context \+ 1 = 9' \
+        data_text=short.txt context=8 eval_fraction=0.2
     python3 -c '
 import struct
-open("bad.bin", "wb").write(struct.pack("<4H", 1, 2, 300, 4))
+open("bad.bin", "wb").write(struct.pack("<2000H", *[300 if i == 2 else 1 for i in range(2000)]))
 open("ok.bin", "wb").write(struct.pack("<2000H", *[i % 256 for i in range(2000)]))'
     printf 'abc' >odd.bin
     grep -v '^data_text\|^dataset' g.cfg >tk.cfg
@@ -291,9 +291,11 @@ open("ok.bin", "wb").write(struct.pack("<2000H", *[i % 256 for i in range(2000)]
     CFG=tk.cfg check_refused 'tk.cfg:[0-9]+: dataset = tokens needs vocab'
     echo 'vocab = 256' >>tk.cfg
     "$WORKER" --check tk.cfg >out 2>err || { cat err >&2; fail "the tokens cfg is refused"; }
-    CFG=tk.cfg check_refused 'bad.bin: token 300 at byte offset 4, expected below vocab = 256' \
-        data_tokens=bad.bin
-    CFG=tk.cfg check_refused 'odd.bin: 3 bytes, expected whole little-endian uint16 tokens' \
+    # ids are checked as windows are read: the first epoch reads window 0
+    "$WORKER" tk.cfg data_tokens=bad.bin max_steps=0 epochs=1 >out 2>err
+    expect_eq "$?" 2 "exit status of a run over an id past vocab"
+    expect_grep err 'bad.bin: token 300 at position 2 \(byte offset 4\), expected below vocab = 256'
+    CFG=tk.cfg check_refused 'odd.bin: 3 bytes and no llm.c header .*, expected whole little-endian' \
         data_tokens=odd.bin
     CFG=tk.cfg check_refused 'data_text needs dataset = text' data_text=text.txt
     # an override replaces a file of the cfg's that does not exist (the file is checked once,

@@ -168,6 +168,55 @@ static void test_rng(void)
         CHECK_INT(hit[i], 1);
 }
 
+/* The O(1) index: PyTorch's partition; with shuffle a permutation of [0, n) per epoch that
+ * every rank draws alike (the ranks' lists together hold each index once, but the padding);
+ * without shuffle the same indices as mgpu_sampler_indices. */
+static void test_index_without_a_list(void)
+{
+    const size_t sizes[] = {1, 2, 3, 7, 64, 65, 1000, 4097};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        for (int world = 1; world <= 4; world++) {
+            int *hit = calloc(n, sizeof *hit), moved = 0;
+            size_t *list = malloc(sizeof *list * (n + 4));
+            for (int r = 0; r < world; r++) {
+                mgpu_sampler_t s, plain;
+                CHECK_INT(mgpu_sampler_init(&s, n, world, r, 1, 42, 0, NULL), 0);
+                CHECK_INT(mgpu_sampler_init(&plain, n, world, r, 0, 42, 0, NULL), 0);
+                CHECK_INT(mgpu_sampler_indices(&plain, 3, list, NULL), 0);
+                for (size_t i = 0; i < s.num_samples; i++) {
+                    size_t x = mgpu_sampler_index(&s, 3, i);
+                    CHECK(x < n);
+                    if (x < n && (size_t)r + i * (size_t)world < n)
+                        hit[x]++;
+                    moved += x != list[i];
+                    CHECK_INT(mgpu_sampler_index(&plain, 3, i), list[i]);
+                    CHECK_INT(mgpu_sampler_index(&s, 3, i), x); /* the same every time */
+                }
+            }
+            for (size_t i = 0; i < n; i++)
+                CHECK_INT(hit[i], 1);
+            if (n >= 64)
+                CHECK(moved > (int)n / 2); /* shuffled indeed */
+            free(hit);
+            free(list);
+        }
+    }
+    /* another epoch, another order; the padding repeats the start of the epoch's order */
+    mgpu_sampler_t s;
+    CHECK_INT(mgpu_sampler_init(&s, 1000, 3, 0, 1, 7, 0, NULL), 0);
+    int same = 0;
+    for (size_t i = 0; i < s.num_samples; i++)
+        same += mgpu_sampler_index(&s, 0, i) == mgpu_sampler_index(&s, 1, i);
+    CHECK(same < 20);
+    mgpu_sampler_t last;
+    CHECK_INT(mgpu_sampler_init(&last, 1000, 3, 1, 1, 7, 0, NULL), 0);
+    CHECK_INT(mgpu_sampler_index(&last, 5, 333), mgpu_sampler_index(&s, 5, 0)); /* 1000 -> 0 */
+    /* drop_last: the first total_size of the order, nothing repeated */
+    CHECK_INT(mgpu_sampler_init(&s, 10, 4, 3, 1, 7, 1, NULL), 0);
+    CHECK_INT(s.num_samples, 2);
+}
+
 int main(void)
 {
     RUN(test_torch_90_over_4);
@@ -177,5 +226,6 @@ int main(void)
     RUN(test_shuffle_partition);
     RUN(test_bad_arguments);
     RUN(test_rng);
+    RUN(test_index_without_a_list);
     return check_done();
 }

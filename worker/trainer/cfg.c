@@ -16,7 +16,9 @@
 #include <unistd.h>   /* access, read, close */
 
 #include "data.h"   /* mgpu_data_open_regular, mgpu_data_check_npy */
-#include "tokens.h" /* mgpu_tokens_load */
+#include "bpe.h"    /* mgpu_bpe_load: the tokenizer's vocabulary */
+#include "shards.h" /* mgpu_shards_open: the token files' headers */
+#include "tokens.h" /* mgpu_tokens_prompt */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
 #define CFG_MAX_BYTES (1 << 20) /* the whole file */
@@ -550,38 +552,78 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
     CONFLICT(cfg->lr_min > cfg->lr, "lr_min lr", "lr_min = %g is above lr = %g", cfg->lr_min,
              cfg->lr);
 
+    CONFLICT(text && line_of(cfg, "data_val_tokens") != 0, "data_val_tokens dataset",
+             "data_val_tokens needs dataset = tokens (dataset is text)");
+    CONFLICT(text && line_of(cfg, "tokenizer") != 0, "tokenizer dataset",
+             "tokenizer needs dataset = tokens (dataset = text has bytes for tokens)");
+    CONFLICT(line_of(cfg, "data_val_tokens") != 0 && cfg->eval_fraction > 0,
+             "data_val_tokens eval_fraction",
+             "data_val_tokens holds the evaluation's tokens: eval_fraction = %g would hold out "
+             "more; remove eval_fraction",
+             cfg->eval_fraction);
+
+    if (cfg->tokenizer[0] != 0) {
+        mgpu_bpe_t *tk;
+        mgpu_err_t e = {0};
+        if (mgpu_bpe_load(cfg->tokenizer, &tk, &e) < 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "tokenizer", w, sizeof w),
+                                e.msg);
+        int tv = mgpu_bpe_vocab_size(tk);
+        mgpu_bpe_free(tk);
+        CONFLICT(tv > cfg->vocab, "tokenizer vocab",
+                 "%s has ids up to %d, expected below vocab = %d (raise vocab)", cfg->tokenizer,
+                 tv - 1, cfg->vocab);
+    }
     if (cfg->generate > 0) {
         int32_t ids[MGPU_CFG_PATH_MAX];
         int n_ids;
         mgpu_err_t e = {0};
-        if (mgpu_tokens_prompt(cfg->prompt, text, cfg->vocab, ids, MGPU_CFG_PATH_MAX, &n_ids, &e) <
-            0)
+        /* With a tokenizer the prompt is text, whose ids the run computes. */
+        if (mgpu_tokens_prompt(cfg->prompt, text || cfg->tokenizer[0] != 0,
+                               text || cfg->tokenizer[0] != 0 ? 256 : cfg->vocab, ids,
+                               MGPU_CFG_PATH_MAX, &n_ids, &e) < 0)
             return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "prompt", w, sizeof w),
                                 e.msg);
     }
     const char *key = text ? "data_text" : "data_tokens";
     const char *path = text ? cfg->data_text : cfg->data_tokens;
-    mgpu_tokens_t t;
-    mgpu_err_t e = {0};
-    size_t n_train, n_eval;
     if (*path == 0)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: dataset = %s needs %s (a file)",
                             at(cfg, "dataset", w, sizeof w), mgpu_cfg_dataset_names[cfg->dataset],
                             key);
-    if (mgpu_tokens_load(path, text, cfg->vocab, &t, &e) < 0)
-        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: %s", at(cfg, key, w, sizeof w), key,
+    /* The headers and sizes of every file now; the ids as the run reads its windows. */
+    mgpu_shards_t sh = {0}, val = {0};
+    mgpu_windows_t train = {0}, eval = {0}, none = {0};
+    mgpu_err_t e = {0};
+    const char *bad = NULL; /* the key whose files failed */
+    const int has_val = cfg->data_val_tokens[0] != 0;
+    if (mgpu_shards_open(&sh, path, key, text, cfg->vocab, &e) < 0 ||
+        mgpu_windows_split(&sh, cfg->context, has_val ? 0 : cfg->eval_fraction, &train,
+                           has_val ? &none : &eval, &e) < 0)
+        bad = key;
+    else if (has_val && (mgpu_shards_open(&val, cfg->data_val_tokens, "data_val_tokens", 0,
+                                          cfg->vocab, &e) < 0 ||
+                         mgpu_windows_split(&val, cfg->context, 0, &eval, &none, &e) < 0))
+        bad = "data_val_tokens";
+    size_t n = sh.n_tokens, n_train = train.n_tokens, w_train = train.n_windows;
+    size_t n_eval = eval.n_tokens, w_eval = eval.n_windows;
+    mgpu_windows_free(&train);
+    mgpu_windows_free(&eval);
+    mgpu_windows_free(&none);
+    mgpu_shards_close(&sh);
+    mgpu_shards_close(&val);
+    if (bad != NULL)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: %s", at(cfg, bad, w, sizeof w), bad,
                             e.msg);
-    size_t n = t.n;
-    mgpu_tokens_free(&t);
-    mgpu_tokens_split(n, cfg->eval_fraction, &n_train, &n_eval);
-    CONFLICT(n_train < (size_t)cfg->context + 1, "context eval_fraction",
-             "%s has %zu tokens, %zu of them for training: fewer than context + 1 = %d (one "
-             "window)",
+    CONFLICT(w_train == 0, "context eval_fraction",
+             "%s has %zu tokens, %zu of them for training: no run of context + 1 = %d within "
+             "one file (one window)",
              path, n, n_train, cfg->context + 1);
-    CONFLICT(n_eval > 0 && n_eval < (size_t)cfg->context + 1, "context eval_fraction",
-             "eval_fraction = %g of the %zu tokens of %s holds out %zu: fewer than context + 1 = "
-             "%d (one window)",
-             cfg->eval_fraction, n, path, n_eval, cfg->context + 1);
+    CONFLICT(n_eval > 0 && w_eval == 0,
+             has_val ? "context data_val_tokens" : "context eval_fraction",
+             "the %zu held-out tokens of %s hold no run of context + 1 = %d within one file "
+             "(one window)",
+             n_eval, has_val ? cfg->data_val_tokens : path, cfg->context + 1);
     return 0;
 }
 
@@ -598,9 +640,10 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
         adamw = 1;
     } else {
         static const char *const gpt_keys[] = {
-            "n_layer", "n_head",       "n_embd",    "context",    "vocab",
-            "lr_min",  "warmup_steps", "grad_clip", "grad_accum", "generate",
-            "prompt",  "temperature",  "top_k",     "data_text",  "data_tokens"};
+            "n_layer",         "n_head",       "n_embd",    "context",    "vocab",
+            "lr_min",          "warmup_steps", "grad_clip", "grad_accum", "generate",
+            "prompt",          "temperature",  "top_k",     "data_text",  "data_tokens",
+            "data_val_tokens", "tokenizer"};
         for (size_t i = 0; i < sizeof gpt_keys / sizeof gpt_keys[0]; i++) {
             char names[64];
             snprintf(names, sizeof names, "%s model", gpt_keys[i]);

@@ -107,6 +107,9 @@ typedef struct mgpu_cfg {
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
     /* data parallel */
     int zero; /* 1: ZeRO-1, each rank keeps the optimizer state of its slice (zero.h) */
+    /* text data at scale */
+    char data_val_tokens[MGPU_CFG_PATH_MAX]; /* gpt: held-out files (empty: eval_fraction) */
+    char tokenizer[MGPU_CFG_PATH_MAX];       /* gpt: a tokenizer.json for prompt and generate */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];

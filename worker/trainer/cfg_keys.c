@@ -59,8 +59,9 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "npy: labels (N) of integers for cross_entropy, or targets (N) / (N, T) for mse"},
     {"data_text", MGPU_CFG_T_PATH, F(data_text), NULL, 0, 0,
      "text: a file whose bytes are the tokens (vocab 256); the held-out split is its tail"},
-    {"data_tokens", MGPU_CFG_T_PATH, F(data_tokens), NULL, 0, 0,
-     "tokens: little-endian uint16 token ids (nanoGPT's .bin layout), each below vocab"},
+    {"data_tokens", MGPU_CFG_T_PATHS, F(data_tokens), NULL, 0, 0,
+     "tokens: llm.c shards (uint16 or uint32) or raw uint16 files (nanoGPT's .bin), each id "
+     "below vocab: a file, a comma-separated list or a glob pattern (fineweb_train_*.bin)"},
     {"eval_fraction", MGPU_CFG_T_DBL, F(eval_fraction), NULL, 0, 0.99,
      "share of the samples held out for evaluation (0: no evaluation)"},
     {"clusters_per_class", MGPU_CFG_T_INT, F(clusters_per_class), NULL, 1, 1024,
@@ -156,6 +157,11 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"zero", MGPU_CFG_T_INT, F(zero), NULL, 0, 1,
      "1: ZeRO-1, each rank keeps the optimizer state of its 1 / world slice of the parameters "
      "(gradients reduce-scattered, parameters all-gathered); 0: every rank keeps all of it"},
+    {"data_val_tokens", MGPU_CFG_T_PATHS, F(data_val_tokens), NULL, 0, 0,
+     "tokens: the held-out files, as data_tokens (fineweb_val_*.bin); instead of eval_fraction"},
+    {"tokenizer", MGPU_CFG_T_PATH, F(tokenizer), NULL, 0, 0,
+     "tokens: a Hugging Face tokenizer.json (byte-level BPE, GPT-2's) that encodes prompt (text) "
+     "and decodes what generate prints"},
 };
 const size_t mgpu_cfg_n_keys = sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0];
 _Static_assert(sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0] <=
@@ -227,7 +233,7 @@ int mgpu_cfg_keys_set(mgpu_cfg_t *cfg, const mgpu_cfg_key_t *k, const char *v, c
     char accepted[256];
 
     if (*v == 0 && k->type != MGPU_CFG_T_PATH && k->type != MGPU_CFG_T_OUTPATH &&
-        k->type != MGPU_CFG_T_STR)
+        k->type != MGPU_CFG_T_STR && k->type != MGPU_CFG_T_PATHS)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s has no value (%s)", where, k->name, k->doc);
     switch (k->type) {
     case MGPU_CFG_T_ENUM:
@@ -301,6 +307,31 @@ int mgpu_cfg_keys_set(mgpu_cfg_t *cfg, const mgpu_cfg_key_t *k, const char *v, c
         if (n >= MGPU_CFG_PATH_MAX)
             return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: path longer than %d bytes", where,
                                 k->name, MGPU_CFG_PATH_MAX - 1);
+        return 0;
+    }
+    case MGPU_CFG_T_PATHS: {
+        size_t at = 0;
+        *field = 0;
+        for (const char *p = v; *p != 0;) {
+            size_t len = strcspn(p, ",");
+            const char *e = p;
+            size_t el = len;
+            while (el > 0 && (*e == ' ' || *e == '\t'))
+                e++, el--;
+            while (el > 0 && (e[el - 1] == ' ' || e[el - 1] == '\t'))
+                el--;
+            if (el > 0) {
+                int rel = *e != '/' && base_dir != NULL && *base_dir != 0;
+                int n =
+                    snprintf(field + at, MGPU_CFG_PATH_MAX - at, "%s%s%s%.*s", at > 0 ? "," : "",
+                             rel ? base_dir : "", rel ? "/" : "", (int)el, e);
+                if (n < 0 || (size_t)n >= MGPU_CFG_PATH_MAX - at)
+                    return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s: paths longer than %d bytes",
+                                        where, k->name, MGPU_CFG_PATH_MAX - 1);
+                at += (size_t)n;
+            }
+            p += len + (p[len] == ',');
+        }
         return 0;
     }
     case MGPU_CFG_T_HIDDEN: {
@@ -428,6 +459,7 @@ void mgpu_cfg_write(const mgpu_cfg_t *cfg, FILE *out)
         case MGPU_CFG_T_PATH:
         case MGPU_CFG_T_OUTPATH:
         case MGPU_CFG_T_STR:
+        case MGPU_CFG_T_PATHS:
             fprintf(out, "%s\n", field);
             break;
         case MGPU_CFG_T_HIDDEN:

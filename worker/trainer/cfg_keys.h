@@ -24,6 +24,8 @@ typedef enum mgpu_cfg_ktype {
     MGPU_CFG_T_HIDDEN,  /* "256,256" into hidden[] and n_hidden */
     MGPU_CFG_T_BETAS,   /* "0.9, 0.999" into beta1, beta2 */
     MGPU_CFG_T_STR,     /* char[MGPU_CFG_PATH_MAX], kept as written (may be empty) */
+    MGPU_CFG_T_PATHS,   /* char[MGPU_CFG_PATH_MAX], inputs separated by commas (each may be a
+                         * glob pattern), each resolved against the cfg's directory */
 } mgpu_cfg_ktype_t;
 
 typedef struct mgpu_cfg_key {

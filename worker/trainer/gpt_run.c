@@ -27,8 +27,10 @@
 #include "optim.h"       /* MGPU_OPTIM_ADAMW */
 #include "rng.h"         /* mgpu_rng_*: sampling */
 #include "run_util.h"    /* mgpu_run_*: what the two loops share */
+#include "bpe.h"         /* mgpu_bpe_*: prompt and generate through a tokenizer.json */
 #include "sampler.h"     /* mgpu_sampler_* */
-#include "tokens.h"      /* mgpu_tokens_* */
+#include "shards.h"      /* mgpu_shards_*, mgpu_windows_*: the mapped token files */
+#include "tokens.h"      /* mgpu_tokens_prompt */
 #include "transformer.h" /* mgpu_gpt_lr */
 #include "zero.h"        /* mgpu_zero_gpt_*: zero = 1 */
 
@@ -41,24 +43,29 @@ typedef struct run {
     mgpu_gpt_graph_t *graph; /* NULL: every step eager (cuda_graph off, not CUDA, grad_accum > 1) */
     mgpu_gpt_bucket_t *buckets; /* the gradients' all-reduce, in backward's order */
     int n_buckets;
-    mgpu_tokens_t data;
-    size_t n_train, n_eval; /* tokens of each split: train is data.ids[0..), eval the tail */
-    void *scratch;          /* backend memory for small collectives */
-    int32_t *h_tok, *h_tgt; /* one micro-batch, host */
+    mgpu_shards_t data, val_data; /* val_data: data_val_tokens' files (none: a tail of data) */
+    mgpu_windows_t train, eval;   /* the windows of each split */
+    mgpu_bpe_t *tokenizer;        /* NULL: prompt and output as ids (tokens) or bytes (text) */
+    void *scratch;                /* backend memory for small collectives */
+    int32_t *h_tok, *h_tgt;       /* one micro-batch, host */
     float *h_params;
     mgpu_zero_gpt_t *zero; /* zero = 1: AdamW over this rank's slice (else NULL) */
 } run_t;
 
-/* Windows w[0..b) of the split starting at token `base` into the host batch and the model. */
-static int load_windows(run_t *s, size_t base, const size_t *w, size_t first, int b,
-                        mgpu_err_t *err)
+/* b windows of a split into the host batch and the model: the sampler's indices first ..
+ * first + b - 1 of epoch, or (samp NULL) the windows first, first + 1, ... The indices are
+ * computed one by one (mgpu_sampler_index), so no rank holds a list of the data set's windows. */
+static int load_windows(run_t *s, const mgpu_windows_t *split, const mgpu_sampler_t *samp,
+                        long long epoch, size_t first, int b, mgpu_err_t *err)
 {
     const int T = s->cfg->context;
+    int rc;
     for (int i = 0; i < b; i++) {
-        size_t win = w != NULL ? w[i] : first + (size_t)i;
-        const int32_t *src = s->data.ids + base + win * (size_t)T;
-        memcpy(s->h_tok + (size_t)i * T, src, sizeof(int32_t) * T);
-        memcpy(s->h_tgt + (size_t)i * T, src + 1, sizeof(int32_t) * T);
+        size_t win = samp != NULL ? mgpu_sampler_index(samp, (uint64_t)epoch, first + (size_t)i)
+                                  : first + (size_t)i;
+        if ((rc = mgpu_windows_read(split, win, s->h_tok + (size_t)i * T, s->h_tgt + (size_t)i * T,
+                                    err)) < 0)
+            return rc;
     }
     return mgpu_gpt_load(s->m, s->h_tok, s->h_tgt, b, T, err);
 }
@@ -139,7 +146,7 @@ static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
 {
     const int W = s->comm->world_size, r = s->comm->rank, T = s->cfg->context;
     const int B = (int)s->cfg->batch_size;
-    size_t nw = mgpu_tokens_windows(s->n_eval, T);
+    size_t nw = s->eval.n_windows;
     mgpu_progress_phase(s->comm->progress, MGPU_PHASE_EVAL);
     size_t lo = nw * (size_t)r / (size_t)W, hi = nw * (size_t)(r + 1) / (size_t)W;
     double sum = 0;
@@ -149,7 +156,7 @@ static int evaluate(run_t *s, double *loss, mgpu_err_t *err)
         int b = hi - w < (size_t)B ? (int)(hi - w) : B;
         float l;
         if ((rc = mgpu_k_zero(s->k, s->m->scalars, sizeof(float), err)) < 0 ||
-            (rc = load_windows(s, s->n_train, NULL, w, b, err)) < 0 ||
+            (rc = load_windows(s, &s->eval, NULL, 0, w, b, err)) < 0 ||
             (rc = mgpu_gpt_loss(s->m, 1.0f / ((float)b * T), 0, err)) < 0 ||
             (rc = mgpu_k_copy_to_host(s->k, &l, s->m->scalars, sizeof l, err)) < 0)
             return rc;
@@ -172,7 +179,7 @@ static int report_eval(run_t *s, long long epoch, long long step, mgpu_ddp_resul
     res->eval_loss = loss;
     if (s->comm->rank != 0)
         return 0;
-    size_t nw = mgpu_tokens_windows(s->n_eval, s->cfg->context);
+    size_t nw = s->eval.n_windows;
     fprintf(s->out, "eval epoch %lld step %lld: loss %.4f perplexity %.2f on %zu windows\n",
             epoch + 1, step, loss, exp(loss), nw);
     fflush(s->out);
@@ -270,6 +277,58 @@ static void print_bytes(FILE *out, const int32_t *seq, int n)
     }
 }
 
+/* The prompt's ids into seq (at most max): through the tokenizer when there is one (the
+ * prompt's escapes read as for text first), else as mgpu_tokens_prompt reads it. */
+static int prompt_ids(run_t *s, int32_t *seq, int max, int *n, mgpu_err_t *err)
+{
+    const mgpu_cfg_t *cfg = s->cfg;
+    if (s->tokenizer == NULL)
+        return mgpu_tokens_prompt(cfg->prompt, cfg->dataset == MGPU_DATASET_TEXT, cfg->vocab, seq,
+                                  max, n, err);
+    int32_t *ids = NULL;
+    size_t k;
+    int rc, nb;
+    char *bytes = malloc((size_t)max);
+    if (bytes == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: malloc for the prompt failed");
+    if ((rc = mgpu_tokens_prompt(cfg->prompt, 1, 256, seq, max, &nb, err)) == 0) {
+        for (int i = 0; i < nb; i++)
+            bytes[i] = (char)seq[i];
+        rc = mgpu_bpe_encode(s->tokenizer, bytes, (size_t)nb, &ids, &k, err);
+    }
+    if (rc == 0 && (k == 0 || k > (size_t)max))
+        rc = mgpu_err_set(err, MGPU_E_CONFIG, "prompt = '%s': %zu tokens, expected 1 to %d",
+                          cfg->prompt, k, max);
+    if (rc == 0) {
+        memcpy(seq, ids, sizeof *ids * k);
+        *n = (int)k;
+    }
+    free(ids);
+    free(bytes);
+    return rc;
+}
+
+/* ids as the tokenizer decodes them, printed as print_bytes prints bytes. */
+static int print_decoded(run_t *s, const int32_t *ids, int n, mgpu_err_t *err)
+{
+    char *text;
+    size_t len;
+    int rc = mgpu_bpe_decode(s->tokenizer, ids, (size_t)n, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    int32_t *b = malloc(sizeof *b * (len ? len : 1));
+    if (b == NULL) {
+        free(text);
+        return mgpu_err_set(err, -ENOMEM, "gpt: malloc for the decoded text failed");
+    }
+    for (size_t i = 0; i < len; i++)
+        b[i] = (unsigned char)text[i];
+    print_bytes(s->out, b, (int)len);
+    free(b);
+    free(text);
+    return 0;
+}
+
 /* Rank 0: generate tokens after the prompt, one forward of the last context tokens each. */
 static int generate(run_t *s, mgpu_err_t *err)
 {
@@ -285,7 +344,7 @@ static int generate(run_t *s, mgpu_err_t *err)
         rc = mgpu_err_set(err, -ENOMEM, "gpt: malloc for generation failed");
         goto out;
     }
-    if ((rc = mgpu_tokens_prompt(cfg->prompt, text, V, seq, 4096, &n, err)) < 0)
+    if ((rc = prompt_ids(s, seq, 4096, &n, err)) < 0)
         goto out;
     int start = n;
     mgpu_rng_seed2(&r, cfg->seed, 0x67656e6572617465ull); /* "generate": its own stream */
@@ -301,9 +360,11 @@ static int generate(run_t *s, mgpu_err_t *err)
     fprintf(s->out,
             "generate: %lld tokens after a prompt of %d (temperature %g, top_k %d, seed %llu):\n",
             cfg->generate, start, cfg->temperature, cfg->top_k, (unsigned long long)cfg->seed);
-    if (text)
+    if (s->tokenizer != NULL)
+        rc = print_decoded(s, seq, n, err);
+    else if (text)
         print_bytes(s->out, seq, n);
-    for (int i = 0; !text && i < n; i++)
+    for (int i = 0; !text && s->tokenizer == NULL && i < n; i++)
         fprintf(s->out, "%s%d", i > 0 ? " " : "", seq[i]);
     fputc('\n', s->out);
     fflush(s->out);
@@ -330,11 +391,11 @@ static int allreduce_grads(run_t *s, mgpu_err_t *err)
     return 0;
 }
 
-/* A step of one full batch (the sampler's batch `batch` of this epoch's indices idx) replayed
+/* A step of one full batch (the sampler's batch `batch` of epoch) replayed
  * from the graphs: the batch and AdamW's step into device memory, then the replays. The
  * progress marks are the host's: it queues the graphs and goes on, so the GPU's work is in
  * the collectives' records. */
-static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, size_t batch,
+static int graph_step(run_t *s, const mgpu_sampler_t *samp, long long epoch, size_t batch,
                       const mgpu_adamw_hparams_t *hp, long long step, mgpu_err_t *err)
 {
     const mgpu_ddp_comm_t *comm = s->comm;
@@ -342,7 +403,7 @@ static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, s
     int rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
     mgpu_sampler_batch(samp, s->cfg->batch_size, batch, &start, &count);
-    if ((rc = load_windows(s, 0, idx + start, 0, (int)count, err)) < 0 ||
+    if ((rc = load_windows(s, &s->train, samp, epoch, start, (int)count, err)) < 0 ||
         (rc = mgpu_gpt_set_step(s->m, hp, step, err)) < 0)
         return rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_FORWARD);
@@ -358,6 +419,38 @@ static int graph_step(run_t *s, const mgpu_sampler_t *samp, const size_t *idx, s
     return mgpu_gpt_graph_run(s->graph, MGPU_GPT_GRAPH_UPDATE, err);
 }
 
+/* The token files mapped and split into windows (data_val_tokens: all of its windows are
+ * held out), and the tokenizer when the cfg names one. */
+static int open_data(run_t *s, mgpu_err_t *err)
+{
+    const mgpu_cfg_t *cfg = s->cfg;
+    const int text = cfg->dataset == MGPU_DATASET_TEXT, T = cfg->context;
+    mgpu_windows_t none;
+    int rc;
+
+    if ((rc = mgpu_shards_open(&s->data, text ? cfg->data_text : cfg->data_tokens,
+                               text ? "data_text" : "data_tokens", text, cfg->vocab, err)) < 0)
+        return rc;
+    if (cfg->data_val_tokens[0] == 0) {
+        if ((rc = mgpu_windows_split(&s->data, T, cfg->eval_fraction, &s->train, &s->eval, err)) <
+            0)
+            return rc;
+    } else {
+        if ((rc = mgpu_windows_split(&s->data, T, 0, &s->train, &none, err)) < 0 ||
+            (rc = mgpu_shards_open(&s->val_data, cfg->data_val_tokens, "data_val_tokens", 0,
+                                   cfg->vocab, err)) < 0 ||
+            (rc = mgpu_windows_split(&s->val_data, T, 0, &s->eval, &none, err)) < 0)
+            return rc;
+    }
+    if (s->train.n_windows == 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "gpt: %zu training tokens hold no window of context + 1 = %d",
+                            s->train.n_tokens, T + 1);
+    if (cfg->tokenizer[0] != 0 && (rc = mgpu_bpe_load(cfg->tokenizer, &s->tokenizer, err)) < 0)
+        return rc;
+    return 0;
+}
+
 int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t *comm, FILE *out,
                  mgpu_ddp_result_t *result, mgpu_err_t *err)
 {
@@ -365,7 +458,6 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     mgpu_ddp_result_t res_local, *res = result ? result : &res_local;
     mgpu_sampler_t samp;
     mgpu_run_resume_t h;
-    size_t *idx = NULL;
     const int W = comm->world_size, rank = comm->rank, T = cfg->context;
     const size_t B = (size_t)cfg->batch_size, accum = (size_t)cfg->grad_accum;
     int rc;
@@ -380,19 +472,10 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                             .context = T,
                             .vocab = cfg->vocab,
                             .sharded_optimizer = cfg->zero};
-    int text = cfg->dataset == MGPU_DATASET_TEXT;
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
-        (rc = mgpu_tokens_load(text ? cfg->data_text : cfg->data_tokens, text, cfg->vocab, &s.data,
-                               err)) < 0)
-        return rc;
-    mgpu_tokens_split(s.data.n, cfg->eval_fraction, &s.n_train, &s.n_eval);
-    size_t n_windows = mgpu_tokens_windows(s.n_train, T);
-    if (n_windows == 0) {
-        rc = mgpu_err_set(err, MGPU_E_CONFIG,
-                          "gpt: %zu training tokens hold no window of context + 1 = %d", s.n_train,
-                          T + 1);
+        (rc = open_data(&s, err)) < 0)
         goto out;
-    }
+    size_t n_windows = s.train.n_windows;
     if ((rc = mgpu_gpt_create(k, &spec, (int)B, &s.m, err)) < 0 ||
         (rc = mgpu_gpt_init(s.m, cfg->seed, err)) < 0 ||
         (cfg->zero && (rc = mgpu_zero_gpt_create(s.m, rank, W, &s.zero, err)) < 0) ||
@@ -402,12 +485,11 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         (rc = mgpu_k_alloc(k, sizeof h, &s.scratch, err)) < 0)
         goto out;
     s.m->progress = comm->progress;
-    idx = malloc(sizeof *idx * samp.num_samples);
     s.h_tok = malloc(sizeof(int32_t) * B * T);
     s.h_tgt = malloc(sizeof(int32_t) * B * T);
     s.h_params = malloc(sizeof(float) * s.m->n_params);
-    if (idx == NULL || s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
-        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the index and host buffers");
+    if (s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
+        rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the host buffers");
         goto out;
     }
     if ((rc = resume_or_broadcast(&s, &h, err)) < 0 || (rc = mgpu_gpt_params_changed(s.m, err)) < 0)
@@ -435,8 +517,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 "gpt: %zu parameters (%d layers, %d heads, %d wide, context %d, vocab %d%s); %zu "
                 "training windows, %zu held out; %lld steps of %zu x %zu x %d windows\n",
                 s.m->n_params, spec.n_layer, spec.n_head, spec.n_embd, T, spec.vocab,
-                s.m->b16 != NULL ? "; bf16 activations" : "", n_windows,
-                mgpu_tokens_windows(s.n_eval, T), planned, (size_t)W, B, (int)accum);
+                s.m->b16 != NULL ? "; bf16 activations" : "", n_windows, s.eval.n_windows, planned,
+                (size_t)W, B, (int)accum);
         fflush(s.out);
         mgpu_zero_print_state(s.out, "gpt", cfg->zero, W,
                               s.zero != NULL ? s.zero->n_moments : 2 * s.m->n_params,
@@ -468,8 +550,6 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     double t0 = mgpu_run_now_s(), tokens_run = 0, timer_t0 = 0;
     for (; epoch < cfg->epochs && !stopped; epoch++, batch = 0) {
-        if ((rc = mgpu_sampler_indices(&samp, (uint64_t)epoch, idx, err)) < 0)
-            goto out;
         for (; batch < per_epoch; batch++) {
             if (cfg->max_steps > 0 && step >= cfg->max_steps) {
                 stopped = 1;
@@ -483,7 +563,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
             mgpu_progress_step(comm->progress, step + 1); /* numbered as the progress lines */
             hp.lr = mgpu_gpt_lr(step, cfg->warmup_steps, total, (float)cfg->lr, (float)cfg->lr_min);
             if (s.graph != NULL && grown && rows == B * accum) {
-                if ((rc = graph_step(&s, &samp, idx, (size_t)batch, &hp, step + 1, err)) < 0)
+                if ((rc = graph_step(&s, &samp, epoch, (size_t)batch, &hp, step + 1, err)) < 0)
                     goto out;
                 res->graphed = 1;
             } else {
@@ -497,7 +577,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 for (size_t j = 0; j < accum; j++) {
                     mgpu_sampler_batch(&samp, B, (size_t)batch * accum + j, &start, &count);
                     mgpu_progress_phase(comm->progress, MGPU_PHASE_DATA);
-                    if ((rc = load_windows(&s, 0, idx + start, 0, (int)count, err)) < 0 ||
+                    if ((rc = load_windows(&s, &s.train, &samp, epoch, start, (int)count, err)) <
+                            0 ||
                         (rc = mgpu_gpt_loss(s.m, 1.0f / ((float)rows * T), 1, err)) < 0)
                         goto out;
                 }
@@ -571,7 +652,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         if (cfg->checkpoint_interval == 0 &&
             (rc = save_checkpoint(&s, (uint64_t)epoch + 1, 0, (uint64_t)step, err)) < 0)
             goto out;
-        if (s.n_eval > 0 && cfg->eval_interval > 0 && (epoch + 1) % cfg->eval_interval == 0) {
+        if (s.eval.n_windows > 0 && cfg->eval_interval > 0 &&
+            (epoch + 1) % cfg->eval_interval == 0) {
             if ((rc = report_eval(&s, epoch, step, res, err)) < 0 ||
                 (s.graph != NULL && (rc = mgpu_gpt_graph_drop(s.graph, err)) < 0))
                 goto out;
@@ -593,7 +675,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         }
     }
     res->seconds = mgpu_run_now_s() - t0;
-    if (s.n_eval > 0 && evaluated_at != step &&
+    if (s.eval.n_windows > 0 && evaluated_at != step &&
         (rc = report_eval(&s, mgpu_run_last_epoch(stopped, epoch, batch), step, res, err)) < 0)
         goto out;
     res->steps = step;
@@ -632,13 +714,16 @@ out:
         fclose(s.metrics);
     if (s.scratch != NULL)
         mgpu_k_free(k, s.scratch);
-    free(idx);
     free(s.h_tok);
     free(s.h_tgt);
     free(s.h_params);
     free(s.buckets);
     mgpu_gpt_destroy(s.m);
-    mgpu_tokens_free(&s.data);
+    mgpu_windows_free(&s.train);
+    mgpu_windows_free(&s.eval);
+    mgpu_shards_close(&s.data);
+    mgpu_shards_close(&s.val_data);
+    mgpu_bpe_free(s.tokenizer);
     if (rc < 0 && result != NULL) {
         free(res->params);
         res->params = NULL;

@@ -15,7 +15,9 @@
 #include "mgpu.h"    /* mgpu_init, collectives */
 #include "version.h" /* MGPU_VERSION */
 
+#include "bpe.h"        /* mgpu_bpe_*: --encode */
 #include "checkpoint.h" /* mgpu_ckpt_remove_stale */
+#include "shards.h"     /* mgpu_shards_*: --encode's input and output */
 #include "escape.h"     /* mgpu_escape */
 
 /* The collectives DDP calls, on the kernels backend's stream (NULL on the CPU), so an NCCL
@@ -80,10 +82,11 @@ static int usage(const char *bad)
     if (bad != NULL)
         fprintf(stderr,
                 "mgpu-worker: error: unknown option '%s' (expected a TRAIN.CFG, --check, "
-                "--help or --version)\n",
+                "--encode, --help or --version)\n",
                 mgpu_escape(bad, shown, sizeof shown));
     fprintf(stderr, "usage: mgpu-worker TRAIN.CFG [key=value ...]\n"
                     "       mgpu-worker --check TRAIN.CFG [key=value ...]\n"
+                    "       mgpu-worker --encode TOKENIZER.JSON TEXT OUT.bin\n"
                     "Try 'mgpu-worker --help' for more information.\n");
     return 2;
 }
@@ -93,6 +96,7 @@ static int help(void)
 {
     printf("Usage: mgpu-worker TRAIN.CFG [KEY=VALUE ...]\n"
            "  or:  mgpu-worker --check TRAIN.CFG [KEY=VALUE ...]\n"
+           "  or:  mgpu-worker --encode TOKENIZER.JSON TEXT OUT.bin\n"
            "Train a model data-parallel as one rank of a job, with the settings of TRAIN.CFG.\n"
            "\n"
            "mgpu-worker is what 'mgpu-launch --nproc_per_node=N TRAIN.CFG' runs on every rank.\n"
@@ -106,6 +110,10 @@ static int help(void)
            "      --check    only check TRAIN.CFG and the overrides (keys, values, data\n"
            "                 files) and exit; nothing starts (mgpu-launch runs this before\n"
            "                 it starts any worker)\n"
+           "      --encode   encode the file TEXT with the byte-level BPE of TOKENIZER.JSON\n"
+           "                 (Hugging Face's format, GPT-2's tokenizer) into OUT.bin, an\n"
+           "                 llm.c token shard (uint16 ids, or uint32 past 65535), for\n"
+           "                 data_tokens\n"
            "  -h, --help     display this help and exit\n"
            "      --version  output version information and exit\n"
            "\n"
@@ -117,6 +125,39 @@ static int help(void)
            "\n"
            "The keys of TRAIN.CFG, their defaults and meaning: see train.cfg(5).\n");
     return 0;
+}
+
+/* --encode: TEXT through the tokenizer into an llm.c shard. 2 for a bad tokenizer or input,
+ * 1 when the output cannot be written. */
+static int encode(const char *tokenizer, const char *in, const char *out)
+{
+    mgpu_err_t err = {0};
+    mgpu_bpe_t *t = NULL;
+    mgpu_shards_t text = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int version = 0, rc;
+
+    if ((rc = mgpu_bpe_load(tokenizer, &t, &err)) < 0 ||
+        (rc = mgpu_shards_open(&text, in, "the text", 1, 256, &err)) < 0)
+        goto out;
+    if (text.n_files != 1) {
+        rc = mgpu_err_set(&err, MGPU_E_USAGE, "--encode: '%s' names %d files, expected one", in,
+                          text.n_files);
+        goto out;
+    }
+    if ((rc = mgpu_bpe_encode(t, (const char *)text.f[0].map, text.f[0].n, &ids, &n, &err)) < 0 ||
+        (rc = mgpu_shards_write(out, ids, n, &version, &err)) < 0)
+        goto out;
+    printf("encode: %zu bytes of %s into %zu tokens, %s (llm.c shard version %d)\n", text.f[0].n,
+           in, n, out, version);
+out:
+    free(ids);
+    mgpu_shards_close(&text);
+    mgpu_bpe_free(t);
+    if (rc < 0)
+        mgpu_error("%s", err.msg);
+    return rc == 0 ? 0 : rc == MGPU_E_CONFIG || rc == MGPU_E_USAGE ? 2 : 1;
 }
 
 int main(int argc, char **argv)
@@ -134,6 +175,13 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {
         printf("mgpu-worker %s\n", MGPU_VERSION);
         return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--encode") == 0) {
+        if (argc != 5) {
+            fprintf(stderr, "mgpu-worker: error: --encode takes TOKENIZER.JSON TEXT OUT.bin\n");
+            return usage(NULL);
+        }
+        return encode(argv[2], argv[3], argv[4]);
     }
     /* --check: validate only (mgpu-launch runs this before it starts any worker). */
     int check = argc >= 3 && strcmp(argv[1], "--check") == 0;

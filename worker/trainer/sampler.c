@@ -62,6 +62,47 @@ int mgpu_sampler_indices(const mgpu_sampler_t *s, uint64_t epoch, size_t *out, m
     return 0;
 }
 
+/* splitmix64's finaliser: every bit of x reaches every bit of the result. */
+static uint64_t mix64(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* A bijection of [0, 4^half) keyed by key: six rounds of a balanced Feistel network on two
+ * halves of `half` bits (invertible whatever the round function is). */
+static uint64_t feistel(uint64_t x, unsigned half, uint64_t key)
+{
+    const uint64_t mask = (1ull << half) - 1;
+    uint64_t l = x >> half, r = x & mask;
+    for (uint64_t round = 0; round < 6; round++) {
+        uint64_t f = mix64(key ^ mix64(r + (round << 58))) & mask;
+        uint64_t t = l ^ f;
+        l = r;
+        r = t;
+    }
+    return l << half | r;
+}
+
+size_t mgpu_sampler_index(const mgpu_sampler_t *s, uint64_t epoch, size_t i)
+{
+    size_t pos = ((size_t)s->rank + i * (size_t)s->world) % s->n; /* as mgpu_sampler_indices */
+    if (!s->shuffle)
+        return pos;
+    unsigned half = 1;
+    while (half < 32 && (1ull << (2 * half)) < (uint64_t)s->n)
+        half++;
+    /* Walking the cycle of pos until it lands below n keeps a bijection of [0, n): the domain
+     * is under 4n, so a few steps on average. */
+    const uint64_t key = mix64(s->seed + epoch);
+    uint64_t x = pos;
+    do
+        x = feistel(x, half, key);
+    while (x >= (uint64_t)s->n);
+    return (size_t)x;
+}
+
 size_t mgpu_sampler_num_batches(const mgpu_sampler_t *s, size_t batch_size, int drop_last_batch)
 {
     if (batch_size == 0)

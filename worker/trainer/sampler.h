@@ -40,6 +40,14 @@ int mgpu_sampler_init(mgpu_sampler_t *s, size_t n, int world, int rank, int shuf
  * permutation cannot be allocated. */
 int mgpu_sampler_indices(const mgpu_sampler_t *s, uint64_t epoch, size_t *out, mgpu_err_t *err);
 
+/* Index i (< num_samples) of this rank's list for epoch, computed alone in O(1) memory, for a
+ * data set too large to hold a permutation of per rank (a language model's windows). The
+ * partition is the same as mgpu_sampler_indices'; with shuffle on, the order is another
+ * permutation: a keyed bijection of [0, n) drawn from seed + epoch (a Feistel network over the
+ * next power of four at or above n, stepping again while the result is n or more), the same on
+ * every rank. Without shuffle both give the same indices. */
+size_t mgpu_sampler_index(const mgpu_sampler_t *s, uint64_t epoch, size_t i);
+
 /* Batches of batch_size over num_samples indices (a DataLoader over the sampler): the last
  * one is smaller unless drop_last_batch. */
 size_t mgpu_sampler_num_batches(const mgpu_sampler_t *s, size_t batch_size, int drop_last_batch);
