@@ -105,6 +105,9 @@ typedef struct mgpu_cfg {
     /* GPU */
     int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
+    /* weights */
+    char init_from[MGPU_CFG_PATH_MAX];   /* gpt: GPT-2 weights to start from (empty: none) */
+    char export_file[MGPU_CFG_PATH_MAX]; /* gpt: the .safetensors file written at the end */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];

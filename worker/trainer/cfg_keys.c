@@ -153,6 +153,12 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"timing_warmup", MGPU_CFG_T_LL, F(timing_warmup), NULL, 0, BIG,
      "time the steps after the first timing_warmup ones (CUDA events on a GPU): a \"step time\" "
      "line and step_us in the final metrics line (0: no timing)"},
+    {"init_from", MGPU_CFG_T_PATH, F(init_from), NULL, 0, 0,
+     "gpt: start from these GPT-2 weights instead of the seed's: Hugging Face model.safetensors "
+     "or llm.c's gpt2_124M.bin (a checkpoint to resume from wins; empty: none)"},
+    {"export", MGPU_CFG_T_OUTPATH, F(export_file), NULL, 0, 0,
+     "gpt: rank 0 writes the trained model to this .safetensors file and a config.json beside "
+     "it, a folder GPT2LMHeadModel.from_pretrained loads (empty: none)"},
 };
 const size_t mgpu_cfg_n_keys = sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0];
 _Static_assert(sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0] <=
