@@ -297,6 +297,12 @@ static void test_hf_padding_crop_and_misfits(void)
     s = tiny;
     s.n_head = 4;
     misfit(f, &s, "config.json: n_head 2, the cfg has n_head = 4");
+    const char *by_layer = "{\"n_head\": 2, \"scale_attn_by_inverse_layer_idx\": true}";
+    put(path_in("config.json"), by_layer, strlen(by_layer));
+    misfit(f, &tiny, "config.json: scale_attn_by_inverse_layer_idx true or scale_attn_weights");
+    const char *relu = "{\"n_head\": 2, \"activation_function\": \"relu\"}";
+    put(path_in("config.json"), relu, strlen(relu));
+    misfit(f, &tiny, "config.json: activation_function 'relu', expected gelu_new");
     CHECK(remove(path_in("config.json")) == 0);
     CHECK(mgpu_weights_check(f, &s, &err) == 0); /* without config.json, n_head is not told */
     /* a wider model's first tensor that differs is named with both shapes */

@@ -130,6 +130,9 @@ static int check_hf_config(const char *path, const mgpu_gpt_spec_t *spec, mgpu_e
     const cJSON *nh = cJSON_GetObjectItemCaseSensitive(root, "n_head");
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_epsilon");
+    const cJSON *by_layer =
+        cJSON_GetObjectItemCaseSensitive(root, "scale_attn_by_inverse_layer_idx");
+    const cJSON *scaled = cJSON_GetObjectItemCaseSensitive(root, "scale_attn_weights");
     int rc = 0;
     if (cJSON_IsNumber(nh) && nh->valueint != spec->n_head)
         rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: n_head %d, the cfg has n_head = %d", cfg,
@@ -144,6 +147,11 @@ static int check_hf_config(const char *path, const mgpu_gpt_spec_t *spec, mgpu_e
         rc = mgpu_err_set(err, MGPU_E_CONFIG,
                           "%s: layer_norm_epsilon %g, expected 1e-05 (mgpu's LayerNorm's)", cfg,
                           eps->valuedouble);
+    else if (cJSON_IsTrue(by_layer) || cJSON_IsFalse(scaled))
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: scale_attn_by_inverse_layer_idx true or scale_attn_weights false: "
+                          "mgpu's attention scales its scores by 1 / sqrt(head size) alone",
+                          cfg);
     cJSON_Delete(root);
     return rc;
 }
