@@ -64,12 +64,13 @@ EOF
 t_weights_hf_safetensors_give_torchs_loss() {
     setup_run
     local dt
+    "$PY" "$REF" make hf_F32 50 24 32 2 2 7 F32 + make hf_BF16 50 24 32 2 2 7 BF16 \
+        + loss hf_F32/model.safetensors t.bin 16 4 56 out=ref_F32 \
+        + loss hf_BF16/model.safetensors t.bin 16 4 56 out=ref_BF16 || fail "gpt_weights_ref.py"
     for dt in F32 BF16; do
-        "$PY" "$REF" make hf_$dt 50 24 32 2 2 7 $dt || fail "gpt_weights_ref.py make $dt"
         "$WORKER" t.cfg init_from=hf_$dt/model.safetensors metrics_file=m_$dt.jsonl >out 2>err ||
             { cat out err >&2; fail "init_from a $dt file: exit $?"; }
         expect_grep out "^init_from: hf_$dt/model.safetensors \(Hugging Face safetensors, $dt, 28 tensors; wte 50 of the cfg's 56 rows \(the rest zero\), wpe 16 of 24 positions\)"
-        "$PY" "$REF" loss hf_$dt/model.safetensors t.bin 16 4 56 >ref_$dt || fail "reference loss"
         agree "$(step1_loss m_$dt.jsonl)" ref_$dt "$dt safetensors"
     done
 }
@@ -81,7 +82,9 @@ t_weights_export_holds_the_trained_model_and_loads_back() {
     "$WORKER" t.cfg max_steps=6 lr=0.01 weight_decay=0.1 shuffle=true export=out/model.safetensors \
         checkpoint=c.ckpt >out1 2>err1 || { cat out1 err1 >&2; fail "train and export: exit $?"; }
     expect_grep out1 '^export: out/model.safetensors and config.json beside it \(27776 parameters, F32\)$'
-    "$PY" "$REF" same out/model.safetensors c.ckpt 2 >cmp 2>&1 || { cat cmp >&2; fail "export differs"; }
+    "$PY" "$REF" same out/model.safetensors c.ckpt 2 out=cmp + make hf 50 24 32 2 2 7 F32 \
+        + loss out/model.safetensors t.bin 16 4 56 out=ref >err0 2>&1 ||
+        { cat cmp err0 >&2; fail "export differs"; }
     cat cmp
     python3 - <<'EOF' || fail "config.json"
 import json
@@ -96,10 +99,8 @@ EOF
     # the export's loss in PyTorch and in mgpu loading it back
     "$WORKER" t.cfg init_from=out/model.safetensors metrics_file=m.jsonl >out2 2>err2 ||
         { cat out2 err2 >&2; fail "init_from the export: exit $?"; }
-    "$PY" "$REF" loss out/model.safetensors t.bin 16 4 56 >ref || fail "reference loss"
     agree "$(step1_loss m.jsonl)" ref "the export"
     # Hugging Face's file through mgpu and out again: the same tensors (lr 0)
-    "$PY" "$REF" make hf 50 24 32 2 2 7 F32 || fail "make"
     mkdir back
     "$WORKER" t.cfg init_from=hf/model.safetensors vocab=50 context=24 \
         export=back/model.safetensors >out3 2>err3 || { cat out3 err3 >&2; fail "round trip: exit $?"; }
@@ -110,15 +111,15 @@ EOF
 
 t_weights_llmc_checkpoint_gives_torchs_loss() {
     setup_run
-    "$PY" "$REF" make hf 50 24 32 2 2 7 F32 || fail "make"
-    local v mode
+    "$PY" "$REF" make hf 50 24 32 2 2 7 F32 + llmc hf/model.safetensors gpt2_v3.bin 3 64 \
+        + llmc hf/model.safetensors gpt2_v5.bin 5 64 \
+        + loss hf/model.safetensors t.bin 16 4 56 out=ref_3 \
+        + loss hf/model.safetensors t.bin 16 4 56 llmc-bf16 out=ref_5 || fail "gpt_weights_ref.py"
+    local v
     for v in 3 5; do
-        "$PY" "$REF" llmc hf/model.safetensors gpt2_v$v.bin $v 64 || fail "llmc $v"
         "$WORKER" t.cfg init_from=gpt2_v$v.bin metrics_file=m_$v.jsonl >out 2>err ||
             { cat out err >&2; fail "init_from llm.c version $v: exit $?"; }
-        [ $v = 3 ] && mode= || mode=llmc-bf16
         expect_grep out "^init_from: gpt2_v$v.bin \(llm.c checkpoint, $([ $v = 3 ] && echo fp32 || echo bf16); wte 50 of the cfg's 56 rows \(padded vocab 64\), wpe 16 of 24 positions\)"
-        "$PY" "$REF" loss hf/model.safetensors t.bin 16 4 56 $mode >ref_$v || fail "reference loss"
         agree "$(step1_loss m_$v.jsonl)" ref_$v "llm.c version $v"
     done
 }
@@ -135,8 +136,7 @@ check_refused() {
 
 t_weights_misfits_are_refused_by_name() {
     setup_run
-    "$PY" "$REF" make hf 50 24 32 2 2 7 F32 || fail "make"
-    "$PY" "$REF" llmc hf/model.safetensors g.bin 3 64 || fail "llmc"
+    "$PY" "$REF" make hf 50 24 32 2 2 7 F32 + llmc hf/model.safetensors g.bin 3 64 || fail "make"
     check_refused "command line: init_from: .*hf/model.safetensors: tensor 'transformer.wte.weight' has shape \[50, 32\], expected \[at most vocab = 48, n_embd = 32\]" \
         init_from=hf/model.safetensors vocab=48
     check_refused "tensor 'transformer.wpe.weight' has shape \[24, 32\], expected \[at least context = 32" \

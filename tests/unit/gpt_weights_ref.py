@@ -19,6 +19,9 @@ PyTorch's loss from a file's tensors, to compare with the trainer's.
   equal A.safetensors B.safetensors
       the same names, shapes and values (B's dtype may be wider)
 
+Several commands separated by "+" run in one process; a command's last argument out=FILE
+sends what it prints to FILE.
+
 PyTorch computes in float64 (transformer_ref_torch.forward). Exits 0 when all is well, 1
 otherwise, 77 when torch or safetensors cannot be imported."""
 import json
@@ -192,7 +195,28 @@ def equal(a, b):
 
 
 def main():
-    cmd, a = sys.argv[1], sys.argv[2:]
+    """Commands separated by "+" run in one process (importing torch is most of the time)."""
+    rc, cmds, cur = 0, [], []
+    for arg in sys.argv[1:] + ["+"]:
+        if arg == "+":
+            cmds.append(cur)
+            cur = []
+        else:
+            cur.append(arg)
+    for c in cmds:
+        rc = rc or run(c[0], c[1:])
+    return rc
+
+
+def run(cmd, a):
+    if a and a[-1].startswith("out="):  # this command's output into a file
+        path, a = a[-1][4:], a[:-1]
+        saved, sys.stdout = sys.stdout, open(path, "w")
+        try:
+            return run(cmd, a)
+        finally:
+            sys.stdout.close()
+            sys.stdout = saved
     if cmd == "make":
         return make(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6]), a[7])
     if cmd == "llmc":
