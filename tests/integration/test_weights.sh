@@ -165,7 +165,8 @@ t_weights_misfits_are_refused_by_name() {
     expect_grep err "unexpected tensor 'transformer.h.1.[a-z_.12]+': the cfg's GPT-2 \(n_layer = 1\) has no such parameter"
 }
 
-# Two ranks start from the same file and end with one export, rank 0's.
+# Two ranks start from the same file and end with one export, rank 0's; a later run that finds
+# their checkpoint resumes from it rather than from the file.
 t_weights_two_ranks_start_from_a_file_and_export_once() {
     setup_run
     "$PY" "$REF" make hf 50 24 32 2 2 7 F32 || fail "make"
@@ -176,4 +177,8 @@ t_weights_two_ranks_start_from_a_file_and_export_once() {
     expect_eq "$(grep -c 'init_from: ' o)" 1 "init_from lines (rank 0's)"
     expect_eq "$(grep -c '^\[rank0\]:export: out/model.safetensors' o)" 1 "rank 0's export line"
     "$PY" "$REF" same out/model.safetensors c.ckpt 2 >cmp 2>&1 || { cat cmp >&2; fail "export differs"; }
+    # a checkpoint to resume from wins over init_from
+    "$WORKER" t.cfg init_from=hf/model.safetensors max_steps=4 checkpoint=c.ckpt >o2 2>e2 ||
+        { cat o2 e2 >&2; fail "resume: exit $?"; }
+    expect_grep o2 '^resumed from c.ckpt at epoch 1, step 3'
 }
