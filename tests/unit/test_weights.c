@@ -373,6 +373,51 @@ static void test_hf_padding_crop_and_misfits(void)
     teardown();
 }
 
+/* Every truncation of an export is refused, and every byte of its header changed is refused or
+ * (inside the metadata's strings, which the loader does not read) loaded, never read out of
+ * bounds: ASan watches. */
+static void test_truncated_and_garbled_files_are_refused(void)
+{
+    setup();
+    size_t n, size;
+    float *p = random_params(&tiny, &n), *q = malloc(sizeof(float) * n);
+    mgpu_err_t err = {0};
+    const char *f = path_in("model.safetensors"), *g = path_in("g.safetensors");
+    CHECK(mgpu_weights_export(f, &tiny, p, n, &err) == 0);
+    FILE *in = fopen(f, "rb");
+    unsigned char *b = malloc(1 << 20);
+    size = in != NULL ? fread(b, 1, 1 << 20, in) : 0;
+    if (in != NULL)
+        fclose(in);
+    CHECK(size > 1000 && size < (1 << 20));
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | b[i];
+    int refused_n = 0, tried = 0;
+    for (size_t cut = 0; cut < size; cut += cut < 8 + hlen + 64 ? 1 : 997) {
+        put(g, b, cut);
+        tried++;
+        refused_n += mgpu_weights_check(g, &tiny, &err) == MGPU_E_CONFIG;
+    }
+    CHECK_INT(refused_n, tried);
+    int loaded = 0;
+    for (size_t i = 0; i < 8 + hlen; i++) {
+        unsigned char was = b[i];
+        b[i] = was == '"' ? '}' : was == '}' ? '"' : i % 2 ? '"' : 0x7f; /* never itself */
+        put(g, b, size);
+        int rc = mgpu_weights_load(g, &tiny, q, n, NULL, 0, &err);
+        CHECK(rc == 0 || rc == MGPU_E_CONFIG);
+        loaded += rc == 0;
+        b[i] = was;
+    }
+    printf("  %d truncations refused; %zu header bytes changed, %d of them still loaded\n", tried,
+           (size_t)(8 + hlen), loaded);
+    free(b);
+    free(p);
+    free(q);
+    teardown();
+}
+
 /* llm.c's file of spec's params: header, then its order (each kind across the layers). */
 static void put_llmc(const char *path, const mgpu_gpt_spec_t *spec, const float *p, int version,
                      int maxT, int Vp, size_t trim)
@@ -463,5 +508,6 @@ int main(void)
     RUN(test_export_then_load);
     RUN(test_hf_padding_crop_and_misfits);
     RUN(test_llmc_checkpoint);
+    RUN(test_truncated_and_garbled_files_are_refused);
     return check_done();
 }
