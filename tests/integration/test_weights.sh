@@ -2,7 +2,8 @@
 # written by Hugging Face's safetensors package (F32 and BF16) and in llm.c's layout (fp32 and
 # bf16) give the loss Debian's PyTorch computes from the same tensors; an export holds the
 # trained parameters exactly under GPT2LMHeadModel's names and Conv1D layout, and loads back
-# to the same loss; weights that do not fit the cfg are refused by name. The Python side
+# to the same loss; weights that do not fit the cfg are refused by name; the GPU check against
+# transformers skips without a GPU and fails without transformers. The Python side
 # (tests/unit/gpt_weights_ref.py) needs torch and safetensors from /usr/bin/python3 and skips
 # without them.
 
@@ -181,4 +182,19 @@ t_weights_two_ranks_start_from_a_file_and_export_once() {
     "$WORKER" t.cfg init_from=hf/model.safetensors max_steps=4 checkpoint=c.ckpt >o2 2>e2 ||
         { cat o2 e2 >&2; fail "resume: exit $?"; }
     expect_grep o2 '^resumed from c.ckpt at epoch 1, step 3'
+}
+
+# tests/gpu/hf_weights_checks.sh without a GPU: every check skips (exit 77); without
+# transformers (Debian's Python here has none, or it is hidden) every check fails by name
+# rather than passing unseen.
+t_weights_hf_gpu_checks_skip_without_a_gpu() {
+    local checks=$MGPU_ROOT/tests/gpu/hf_weights_checks.sh
+    MGPU_GPU_PRESENT=0 bash "$checks" o >out 2>&1
+    expect_eq "$?" 77 "exit status without a GPU"
+    expect_grep out '^skip - hf_init_fp32_exact$'
+    expect_grep out '^skip - hf_init_padded$'
+    expect_grep out '^skip - hf_export_loads_in_transformers$'
+    MGPU_GPU_PRESENT=1 HF_PYTHON=/bin/false bash "$checks" o >out 2>&1
+    expect_eq "$?" 1 "exit status without transformers"
+    expect_grep out "^not ok - hf_export_loads_in_transformers: /bin/false cannot import torch, transformers and safetensors"
 }
