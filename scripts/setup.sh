@@ -34,4 +34,11 @@ if ! /usr/bin/python3 -c 'import tokenizers' >/dev/null 2>&1; then
     echo "setup: installing tokenizers (pip)"
     $SUDO /usr/bin/python3 -m pip install --quiet --no-cache-dir --root-user-action=ignore --break-system-packages tokenizers
 fi
+# safetensors (Hugging Face's reader and writer of model.safetensors) is on PyPI only: the
+# weights tests write and read GPT-2 files with it beside Debian's PyTorch.
+if ! /usr/bin/python3 -c 'import safetensors.torch' >/dev/null 2>&1; then
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "setup: installing safetensors (pip)"
+    $SUDO /usr/bin/python3 -m pip install --quiet --no-cache-dir --root-user-action=ignore --break-system-packages safetensors
+fi
 echo "setup: dependencies present"

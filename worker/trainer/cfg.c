@@ -19,6 +19,7 @@
 #include "bpe.h"    /* mgpu_bpe_load: the tokenizer's vocabulary */
 #include "shards.h" /* mgpu_shards_open: the token files' headers */
 #include "tokens.h" /* mgpu_tokens_prompt */
+#include "weights.h" /* mgpu_weights_check */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
 #define CFG_MAX_BYTES (1 << 20) /* the whole file */
@@ -497,6 +498,35 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
         }                                                                                          \
     } while (0)
 
+/* init_from's weights fit the cfg's GPT; export is a .safetensors file in a writable folder. */
+static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
+{
+    const char *ext = ".safetensors";
+    size_t n = strlen(cfg->export_file), ne = strlen(ext);
+    char w[MGPU_CFG_PATH_MAX + 32];
+    int rc;
+
+    if (cfg->init_from[0] != 0) {
+        mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
+                                .n_head = cfg->n_head,
+                                .n_embd = cfg->n_embd,
+                                .context = cfg->context,
+                                .vocab = cfg->vocab};
+        mgpu_err_t e = {0};
+        if (mgpu_weights_check(cfg->init_from, &spec, &e) < 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: init_from: %s",
+                                at(cfg, "init_from", w, sizeof w), e.msg);
+    }
+    if (n > 0 && (n <= ne || strcmp(cfg->export_file + n - ne, ext) != 0))
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: export = '%s': expected a file name ending in .safetensors "
+                            "(from_pretrained reads model.safetensors)",
+                            at(cfg, "export", w, sizeof w), cfg->export_file);
+    if ((rc = check_out(cfg, "export", cfg->export_file, err)) < 0)
+        return rc;
+    return 0;
+}
+
 /* model = gpt and its data (text, tokens): the keys that only it reads, the shape, the file
  * (read and checked token by token, so a bad id is refused before a run starts) and the
  * splits, each long enough for one window of context + 1 tokens. */
@@ -508,6 +538,7 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
     int gpt = cfg->model == MGPU_MODEL_GPT, text = cfg->dataset == MGPU_DATASET_TEXT;
     int lm = text || cfg->dataset == MGPU_DATASET_TOKENS;
     char w[MGPU_CFG_PATH_MAX + 32];
+    int rc;
 
     CONFLICT(gpt && !lm, "model dataset",
              "model = gpt needs dataset = text or tokens (dataset is %s)",
@@ -585,6 +616,8 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
             return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "prompt", w, sizeof w),
                                 e.msg);
     }
+    if ((rc = check_weights(cfg, err)) < 0)
+        return rc;
     const char *key = text ? "data_text" : "data_tokens";
     const char *path = text ? cfg->data_text : cfg->data_tokens;
     if (*path == 0)
@@ -643,7 +676,7 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
             "n_layer",         "n_head",       "n_embd",    "context",    "vocab",
             "lr_min",          "warmup_steps", "grad_clip", "grad_accum", "generate",
             "prompt",          "temperature",  "top_k",     "data_text",  "data_tokens",
-            "data_val_tokens", "tokenizer"};
+            "data_val_tokens", "tokenizer", "init_from", "export"};
         for (size_t i = 0; i < sizeof gpt_keys / sizeof gpt_keys[0]; i++) {
             char names[64];
             snprintf(names, sizeof names, "%s model", gpt_keys[i]);

@@ -110,6 +110,9 @@ typedef struct mgpu_cfg {
     /* text data at scale */
     char data_val_tokens[MGPU_CFG_PATH_MAX]; /* gpt: held-out files (empty: eval_fraction) */
     char tokenizer[MGPU_CFG_PATH_MAX];       /* gpt: a tokenizer.json for prompt and generate */
+    /* weights */
+    char init_from[MGPU_CFG_PATH_MAX];   /* gpt: GPT-2 weights to start from (empty: none) */
+    char export_file[MGPU_CFG_PATH_MAX]; /* gpt: the .safetensors file written at the end */
 
     /* Where each key was set: line in `file` (0 = default, -1 = command-line override). */
     char file[MGPU_CFG_PATH_MAX];

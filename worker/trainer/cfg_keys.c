@@ -162,6 +162,12 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"tokenizer", MGPU_CFG_T_PATH, F(tokenizer), NULL, 0, 0,
      "tokens: a Hugging Face tokenizer.json (byte-level BPE, GPT-2's) that encodes prompt (text) "
      "and decodes what generate prints"},
+    {"init_from", MGPU_CFG_T_PATH, F(init_from), NULL, 0, 0,
+     "gpt: start from these GPT-2 weights instead of the seed's: Hugging Face model.safetensors "
+     "or llm.c's gpt2_124M.bin (a checkpoint to resume from wins; empty: none)"},
+    {"export", MGPU_CFG_T_OUTPATH, F(export_file), NULL, 0, 0,
+     "gpt: rank 0 writes the trained model to this .safetensors file and a config.json beside "
+     "it, a folder GPT2LMHeadModel.from_pretrained loads (empty: none)"},
 };
 const size_t mgpu_cfg_n_keys = sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0];
 _Static_assert(sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0] <=

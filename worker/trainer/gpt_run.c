@@ -33,6 +33,7 @@
 #include "tokens.h"      /* mgpu_tokens_prompt */
 #include "transformer.h" /* mgpu_gpt_lr */
 #include "zero.h"        /* mgpu_zero_gpt_*: zero = 1 */
+#include "weights.h"     /* mgpu_weights_load, mgpu_weights_export */
 
 typedef struct run {
     mgpu_kernels_t *k;
@@ -139,6 +140,48 @@ static int resume_or_broadcast(run_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
     return mgpu_run_resume_or_broadcast(s->k, s->comm, s->scratch, s->cfg->checkpoint, ckpt_fits, s,
                                         m->params, m->n_params, m->moments, 2 * m->n_params, h,
                                         err);
+}
+
+/* The parameters before the first step: init_from's weights (every rank reads the file, so
+ * a bad one fails every rank alike; rank 0's then go to all as a fresh start's do), or
+ * GPT-2's initialisation from the seed. s->h_params is allocated here, for the checkpoints
+ * and the export too. */
+static int init_params(run_t *s, const mgpu_gpt_spec_t *spec, mgpu_err_t *err)
+{
+    mgpu_gpt_t *m = s->m;
+    char what[512];
+    int rc;
+    if ((s->h_params = malloc(sizeof(float) * m->n_params)) == NULL)
+        return mgpu_err_set(err, -ENOMEM, "gpt: malloc of %zu floats failed", m->n_params);
+    if (s->cfg->init_from[0] == 0)
+        return mgpu_gpt_init(m, s->cfg->seed, err);
+    if ((rc = mgpu_weights_load(s->cfg->init_from, spec, s->h_params, m->n_params, what,
+                                sizeof what, err)) < 0 ||
+        (rc = mgpu_k_copy_to_device(s->k, m->params, s->h_params, sizeof(float) * m->n_params,
+                                    err)) < 0)
+        return rc;
+    if (s->comm->rank == 0) {
+        fprintf(s->out, "init_from: %s (%s)\n", s->cfg->init_from, what);
+        fflush(s->out);
+    }
+    return mgpu_gpt_params_changed(m, err);
+}
+
+/* Rank 0 writes the parameters as a Hugging Face GPT-2 folder's model.safetensors and
+ * config.json. */
+static int export_model(run_t *s, mgpu_err_t *err)
+{
+    mgpu_gpt_t *m = s->m;
+    int rc;
+    if ((rc = mgpu_k_copy_to_host(s->k, s->h_params, m->params, sizeof(float) * m->n_params, err)) <
+            0 ||
+        (rc = mgpu_weights_export(s->cfg->export_file, &m->spec, s->h_params, m->n_params, err)) <
+            0)
+        return rc;
+    fprintf(s->out, "export: %s and config.json beside it (%zu parameters, F32)\n",
+            s->cfg->export_file, m->n_params);
+    fflush(s->out);
+    return 0;
 }
 
 /* The held-out windows, sharded over the ranks: the mean loss per token over all of them. */
@@ -477,7 +520,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     size_t n_windows = s.train.n_windows;
     if ((rc = mgpu_gpt_create(k, &spec, (int)B, &s.m, err)) < 0 ||
-        (rc = mgpu_gpt_init(s.m, cfg->seed, err)) < 0 ||
+        (rc = init_params(&s, &spec, err)) < 0 ||
         (cfg->zero && (rc = mgpu_zero_gpt_create(s.m, rank, W, &s.zero, err)) < 0) ||
         (rc = mgpu_gpt_buckets(s.m, cfg->bucket_mb, &s.buckets, &s.n_buckets, err)) < 0 ||
         (rc = mgpu_sampler_init(&samp, n_windows, W, rank, cfg->shuffle, cfg->seed, cfg->drop_last,
@@ -704,6 +747,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         mgpu_run_metrics_line(s.metrics, o);
     }
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
+    if (rank == 0 && cfg->export_file[0] != 0 && (rc = export_model(&s, err)) < 0)
+        goto out;
     if (rank == 0 && cfg->generate > 0 && (rc = generate(&s, err)) < 0)
         goto out;
     rc = mgpu_run_result_params(k, "gpt", s.m->params, s.m->n_params, res, err);
