@@ -1,0 +1,644 @@
+/* remote.c - one job on many hosts over ssh (see remote.h). */
+#include "remote.h"
+
+#include <errno.h>      /* errno */
+#include <fcntl.h>      /* open */
+#include <pthread.h>    /* pthread_create */
+#include <signal.h>     /* kill */
+#include <stdio.h>      /* printf */
+#include <stdlib.h>     /* malloc */
+#include <string.h>     /* strlen */
+#include <sys/random.h> /* getrandom */
+#include <unistd.h>     /* getcwd */
+#include <uv.h>         /* uv_spawn */
+
+#include "fdio.h"  /* mgpu_fdio_write_all */
+#include "hosts.h" /* mgpu_hosts_t */
+#include "log.h"   /* mgpu_error */
+
+extern char **environ;
+
+#define SETTLE_MS 5000   /* after a host fails, the others' own stop before theirs is forced */
+#define MAX_SSH_WORDS 64 /* words of --ssh */
+
+typedef struct rhost rhost_t;
+
+typedef struct rstream {
+    uv_pipe_t pipe;
+    rhost_t *h;
+    int fd;    /* 1 or 2: where its lines go */
+    char *buf; /* an unfinished line */
+    size_t used, cap;
+} rstream_t;
+
+typedef struct remote remote_t;
+
+struct rhost {
+    remote_t *r;
+    int k;
+    uv_process_t proc;
+    uv_pipe_t in;
+    uv_write_t wreq, sreq;
+    rstream_t out, err;
+    char **argv;     /* ssh ... HOST COMMAND */
+    char **pre_argv; /* ssh ... HOST true */
+    int in_open, exited, code;
+    char tail[1024]; /* the end of its stderr, for the preflight's message */
+    char line[300];  /* "[HOST]: " */
+};
+
+struct remote {
+    uv_loop_t loop;
+    const mgpu_cli_t *cli;
+    mgpu_hosts_t hosts;
+    rhost_t *h;
+    int preflight;
+    int handles; /* open handles of the hosts */
+    uv_signal_t sig[4];
+    int nsig;
+    uv_timer_t settle;
+    int user_signal, signals_seen, failed, exit_code;
+    char sigline[32];
+};
+
+/* ------------------------------------------------------------------ output */
+
+static void put_line(rstream_t *s, const char *line, size_t n)
+{
+    const rhost_t *h = s->h;
+    size_t pl = strlen(h->line) - 3; /* "[HOST" */
+    /* The workers' lines carry "[HOST:rankN]:" already (the template the host's launcher was
+     * given); the host's launcher's own lines get "[HOST]: ". */
+    int own = n > pl && memcmp(line, h->line, pl) == 0 && line[pl] == ':';
+    if (!own)
+        mgpu_fdio_write_all(s->fd, h->line, strlen(h->line));
+    mgpu_fdio_write_all(s->fd, line, n);
+    mgpu_fdio_write_all(s->fd, "\n", 1);
+}
+
+static void keep_tail(rhost_t *h, const char *p, size_t n)
+{
+    size_t have = strlen(h->tail), room = sizeof h->tail - 1;
+    if (n >= room) {
+        p += n - room;
+        n = room;
+    }
+    if (have + n > room) {
+        memmove(h->tail, h->tail + (have + n - room), room - n);
+        have = room - n;
+    }
+    memcpy(h->tail + have, p, n);
+    h->tail[have + n] = '\0';
+}
+
+static void on_alloc(uv_handle_t *handle, size_t want, uv_buf_t *buf)
+{
+    rstream_t *s = handle->data;
+    if (s->cap - s->used < 65536) {
+        size_t cap = s->cap + 65536;
+        char *b = realloc(s->buf, cap);
+        if (b == NULL) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        s->buf = b;
+        s->cap = cap;
+    }
+    (void)want;
+    *buf = uv_buf_init(s->buf + s->used, (unsigned)(s->cap - s->used));
+}
+
+static void on_closed(uv_handle_t *handle);
+
+static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
+{
+    rstream_t *s = stream->data;
+    size_t start = 0;
+    (void)buf;
+    if (n > 0) {
+        if (s->fd == 2)
+            keep_tail(s->h, s->buf + s->used, (size_t)n);
+        s->used += (size_t)n;
+        if (s->h->r->preflight)
+            s->used = 0; /* only the tail is wanted */
+        for (size_t i = 0; i < s->used; i++)
+            if (s->buf[i] == '\n') {
+                put_line(s, s->buf + start, i - start);
+                start = i + 1;
+            }
+        memmove(s->buf, s->buf + start, s->used - start);
+        s->used -= start;
+        return;
+    }
+    if (n < 0) {
+        if (s->used > 0 && !s->h->r->preflight)
+            put_line(s, s->buf, s->used); /* a last line without its newline, completed */
+        s->used = 0;
+        uv_close((uv_handle_t *)&s->pipe, on_closed);
+    }
+}
+
+/* ------------------------------------------------------------------ the hosts' processes */
+
+static void maybe_done(remote_t *r)
+{
+    if (r->handles == 0 && !r->preflight) {
+        for (int i = 0; i < r->nsig; i++)
+            if (!uv_is_closing((uv_handle_t *)&r->sig[i]))
+                uv_close((uv_handle_t *)&r->sig[i], NULL);
+        if (!uv_is_closing((uv_handle_t *)&r->settle))
+            uv_close((uv_handle_t *)&r->settle, NULL);
+    }
+}
+
+static void on_closed(uv_handle_t *handle)
+{
+    remote_t *r = handle->loop->data;
+    r->handles--;
+    maybe_done(r);
+}
+
+static void close_stdin(rhost_t *h)
+{
+    if (h->in_open) {
+        h->in_open = 0;
+        uv_close((uv_handle_t *)&h->in, on_closed);
+    }
+}
+
+static void stop_all(remote_t *r)
+{
+    for (int k = 0; k < r->hosts.n; k++)
+        close_stdin(&r->h[k]);
+}
+
+static void on_settled(uv_timer_t *t)
+{
+    remote_t *r = t->loop->data;
+    int left = 0;
+    for (int k = 0; k < r->hosts.n; k++)
+        left += !r->h[k].exited;
+    if (left > 0)
+        mgpu_warn("%d host(s) still running %d s after the first failure: closing their "
+                  "connections",
+                  left, SETTLE_MS / 1000);
+    stop_all(r);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
+{
+    rhost_t *h = p->data;
+    remote_t *r = h->r;
+    const char *name = r->hosts.v[h->k].name;
+
+    h->exited = 1;
+    h->code = sig ? 128 + sig : (int)status;
+    uv_close((uv_handle_t *)p, on_closed);
+    if (r->preflight)
+        return;
+    close_stdin(h);
+    if (h->code != 0 && !r->failed && !r->user_signal) {
+        r->failed = 1;
+        r->exit_code = h->code;
+        if (h->code == 255)
+            mgpu_error("host %s (node rank %d): ssh exited with status 255 (the connection "
+                       "failed or was lost); stopping every host",
+                       name, h->k);
+        else
+            mgpu_error("host %s (node rank %d) failed with exit status %d; stopping every host",
+                       name, h->k, h->code);
+        uv_timer_start(&r->settle, on_settled, SETTLE_MS, 0);
+    }
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    (void)w;
+    (void)status; /* a host that died before reading is reported by its exit */
+}
+
+static void on_signal(uv_signal_t *handle, int signum)
+{
+    remote_t *r = handle->loop->data;
+    if (r->signals_seen++ > 0 && signum == SIGINT) {
+        /* Ctrl-C twice: at once. The connections close, and the launchers there stop. */
+        mgpu_warn("%s again: killing every ssh", signum == SIGINT ? "SIGINT" : "signal");
+        for (int k = 0; k < r->hosts.n; k++)
+            if (!r->h[k].exited)
+                uv_process_kill(&r->h[k].proc, SIGKILL);
+        return;
+    }
+    if (r->user_signal)
+        return;
+    r->user_signal = signum;
+    mgpu_warn("signal %d (%s): stopping every host", signum, strsignal(signum));
+    /* The launcher there takes the same signal (its --watch_stdin), then the end of stdin. */
+    snprintf(r->sigline, sizeof r->sigline, "signal %d\n", signum);
+    for (int k = 0; k < r->hosts.n; k++) {
+        rhost_t *h = &r->h[k];
+        if (h->in_open) {
+            uv_buf_t b = uv_buf_init(r->sigline, (unsigned)strlen(r->sigline));
+            uv_write(&h->sreq, (uv_stream_t *)&h->in, &b, 1, on_written);
+        }
+    }
+}
+
+static int start_one(remote_t *r, rhost_t *h, const char *token)
+{
+    uv_process_options_t o = {0};
+    uv_stdio_container_t io[3];
+    int rc;
+
+    h->out.h = h->err.h = h;
+    h->out.fd = 1;
+    h->err.fd = 2;
+    uv_pipe_init(&r->loop, &h->out.pipe, 0);
+    uv_pipe_init(&r->loop, &h->err.pipe, 0);
+    h->out.pipe.data = &h->out;
+    h->err.pipe.data = &h->err;
+    io[0].flags = UV_IGNORE;
+    if (!r->preflight) {
+        uv_pipe_init(&r->loop, &h->in, 0);
+        io[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+        io[0].data.stream = (uv_stream_t *)&h->in;
+    }
+    io[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    io[1].data.stream = (uv_stream_t *)&h->out.pipe;
+    io[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    io[2].data.stream = (uv_stream_t *)&h->err.pipe;
+    o.args = r->preflight ? h->pre_argv : h->argv;
+    o.file = o.args[0];
+    o.stdio = io;
+    o.stdio_count = 3;
+    o.exit_cb = on_exit_cb;
+    /* A session of its own: Ctrl-C at the terminal reaches this launcher only, which passes it
+     * on in order (the hosts' reports still come back through ssh). */
+    o.flags = UV_PROCESS_DETACHED;
+    h->proc.data = h;
+    rc = uv_spawn(&r->loop, &h->proc, &o);
+    r->handles += 2 + !r->preflight;
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&h->out.pipe, on_closed);
+        uv_close((uv_handle_t *)&h->err.pipe, on_closed);
+        if (!r->preflight)
+            uv_close((uv_handle_t *)&h->in, on_closed);
+        h->exited = 1;
+        h->code = 127;
+        mgpu_error("host %s: cannot run %s: %s", r->hosts.v[h->k].name, h->argv[0],
+                   uv_strerror(rc));
+        return rc;
+    }
+    r->handles++;
+    uv_read_start((uv_stream_t *)&h->out.pipe, on_alloc, on_read);
+    uv_read_start((uv_stream_t *)&h->err.pipe, on_alloc, on_read);
+    if (!r->preflight) {
+        uv_buf_t b[2] = {uv_buf_init((char *)token, (unsigned)strlen(token)), uv_buf_init("\n", 1)};
+        h->in_open = 1;
+        uv_write(&h->wreq, (uv_stream_t *)&h->in, b, 2, on_written);
+    }
+    return 0;
+}
+
+/* Runs every host's argv at once and waits for all of them. */
+static void run_all(remote_t *r, const char *token)
+{
+    for (int k = 0; k < r->hosts.n; k++) {
+        rhost_t *h = &r->h[k];
+        h->r = r;
+        h->k = k;
+        h->in_open = h->exited = 0;
+        h->tail[0] = '\0';
+        if (start_one(r, h, token) < 0 && !r->preflight && !r->failed) {
+            r->failed = 1;
+            r->exit_code = 127;
+            stop_all(r);
+        }
+    }
+    maybe_done(r);
+    uv_run(&r->loop, UV_RUN_DEFAULT);
+}
+
+/* ------------------------------------------------------------------ commands */
+
+static void free_argv(char **argv)
+{
+    for (char **a = argv; a != NULL && *a; a++)
+        free(*a);
+    free(argv);
+}
+
+/* ssh's words, its options, the host and the command. */
+static char **ssh_argv(const char *ssh, const char *host, const char *cmd)
+{
+    static const char *const opts[] = {
+        "-o", "BatchMode=yes",          "-o", "ConnectTimeout=30",
+        "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"};
+    char **argv = calloc(MAX_SSH_WORDS + 16, sizeof *argv), *save = NULL, *w;
+    char *copy = strdup(ssh);
+    int n = 0;
+
+    if (argv == NULL || copy == NULL) {
+        free(argv);
+        free(copy);
+        return NULL;
+    }
+    for (w = strtok_r(copy, " \t", &save); w && n < MAX_SSH_WORDS; w = strtok_r(NULL, " \t", &save))
+        argv[n++] = strdup(w);
+    free(copy);
+    /* After the user's words: ssh takes an option's first value, so theirs win. */
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        argv[n++] = strdup(opts[i]);
+    argv[n++] = strdup(host);
+    argv[n++] = strdup(cmd);
+    for (int i = 0; i < n; i++)
+        if (argv[i] == NULL) {
+            free_argv(argv);
+            return NULL;
+        }
+    return argv;
+}
+
+/* argv for --dry-run, each word quoted where a shell needs it. */
+static void print_argv(FILE *out, char **argv)
+{
+    for (char **a = argv; *a; a++) {
+        const char *p = *a;
+        int plain = *p != '\0';
+        for (; *p; p++)
+            plain &= (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                     (*p >= '0' && *p <= '9') || strchr("-_./=:,@%+", *p) != NULL;
+        if (plain) {
+            fprintf(out, "%s%s", a == argv ? "" : " ", *a);
+        } else {
+            size_t len = 4 * strlen(*a) + 8, used = 0;
+            char *q = malloc(len);
+            if (q != NULL && mgpu_hosts_quote(q, len, &used, *a) == 0) {
+                q[used - 1] = '\0'; /* its trailing blank */
+                fprintf(out, "%s%s", a == argv ? "" : " ", q);
+            }
+            free(q);
+        }
+    }
+    fputc('\n', out);
+}
+
+static int hosts_of(const mgpu_cli_t *cli, mgpu_hosts_t *hosts, mgpu_err_t *err)
+{
+    int rc;
+    if (cli->hostfile[0] && cli->hosts[0])
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--hostfile and --hosts are given both: expected one of them");
+    if (mgpu_cli_given(cli, "nnodes") || mgpu_cli_given(cli, "node_rank"))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--nnodes and --node_rank come from the host list with %s: expected "
+                            "neither",
+                            cli->hostfile[0] ? "--hostfile" : "--hosts");
+    rc = cli->hostfile[0] ? mgpu_hosts_read_file(cli->hostfile, hosts, err)
+                          : mgpu_hosts_parse_list(cli->hosts, hosts, err);
+    if (rc == 0 && (rc = mgpu_hosts_select(hosts, cli->include, cli->exclude, err)) < 0)
+        mgpu_hosts_free(hosts);
+    return rc;
+}
+
+/* The user's options that every host's launcher gets as they are: all but those the ssh launch
+ * sets itself, and without the "--" before the program (the commands put their own). */
+static int forwarded(const mgpu_cli_t *cli, int argc, char **argv, const char **fwd)
+{
+    int end = (int)(cli->prog_argv - argv), n = 0;
+    for (int i = 1; i < end && i < argc; i++) {
+        int local = strcmp(argv[i], "--") == 0 && i == end - 1;
+        for (int j = 0; j < cli->n_local_args; j++)
+            local |= cli->local_args[j] == i;
+        if (!local)
+            fwd[n++] = argv[i];
+    }
+    return n;
+}
+
+static void random_token(char *out, size_t len)
+{
+    unsigned char b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+        for (size_t i = 0; i < sizeof b; i++)
+            b[i] = (unsigned char)(rand() ^ getpid() ^ (int)i);
+    for (size_t i = 0; i < sizeof b && 2 * i + 2 < len; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+/* Every host answers `ssh HOST true`, or is named with ssh's own words. */
+static int preflight(remote_t *r)
+{
+    int bad = 0;
+    r->preflight = 1;
+    run_all(r, NULL);
+    for (int k = 0; k < r->hosts.n; k++) {
+        rhost_t *h = &r->h[k];
+        if (h->code == 0)
+            continue;
+        char *t = h->tail;
+        size_t n = strlen(t);
+        while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == '\r'))
+            t[--n] = '\0';
+        for (char *c = t; *c; c++)
+            if (*c == '\n' || *c == '\r')
+                *c = ' ';
+        mgpu_error("host %s (%s) cannot be reached: ssh exited with status %d%s%s",
+                   r->hosts.v[k].name, r->hosts.v[k].origin, h->code, t[0] ? ": " : "", t);
+        bad = 1;
+    }
+    r->preflight = 0;
+    return bad ? -1 : 0;
+}
+
+static const char *env_lookup(const char *name)
+{
+    return getenv(name);
+}
+
+static int build(remote_t *r, const mgpu_cli_t *cli, int argc, char **argv, mgpu_err_t *err)
+{
+    char exe[4096], cwd[4096], env_path[4200];
+    const char **fwd = calloc((size_t)argc + 1, sizeof *fwd);
+    mgpu_hosts_env_t env;
+    mgpu_hosts_job_t job = {0};
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    int rc = 0;
+
+    if (fwd == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    exe[n > 0 ? n : 0] = '\0';
+    if (getcwd(cwd, sizeof cwd) == NULL) {
+        free(fwd);
+        return mgpu_err_set(err, -errno, "getcwd: %s", strerror(errno));
+    }
+    /* .mgpu_env of the working directory, else of the home directory (DeepSpeed reads its
+     * .deepspeed_env the same way). */
+    snprintf(env_path, sizeof env_path, "%s/.mgpu_env", cwd);
+    if (access(env_path, F_OK) != 0 && getenv("HOME"))
+        snprintf(env_path, sizeof env_path, "%s/.mgpu_env", getenv("HOME"));
+    if ((rc = mgpu_hosts_env_collect(environ, env_lookup, cli->exports, env_path, &env, err)) < 0) {
+        free(fwd);
+        return rc;
+    }
+    job.launcher = exe;
+    job.cwd = cwd;
+    job.master_addr = cli->master_given && mgpu_cli_given(cli, "master_addr") ? cli->master_addr
+                                                                              : r->hosts.v[0].name;
+    job.master_port = cli->master_port >= 0 ? cli->master_port : 29500;
+    job.nproc = mgpu_cli_given(cli, "nproc_per_node") ? cli->nproc : NULL;
+    job.fwd = fwd;
+    job.nfwd = forwarded(cli, argc, argv, fwd);
+    job.own_prefix = cli->prefix_template[0] || cli->no_prefix;
+    job.prog_argv = cli->prog_argv;
+    job.prog_argc = cli->prog_argc;
+    job.env = &env;
+    for (int k = 0; rc == 0 && k < r->hosts.n; k++) {
+        char *cmd = mgpu_hosts_command(&r->hosts, k, &job);
+        const char *ssh = cli->ssh[0] ? cli->ssh : "ssh";
+        r->h[k].argv = cmd ? ssh_argv(ssh, r->hosts.v[k].name, cmd) : NULL;
+        r->h[k].pre_argv = ssh_argv(ssh, r->hosts.v[k].name, "true");
+        if (r->h[k].argv == NULL || r->h[k].pre_argv == NULL)
+            rc = mgpu_err_set(err, -ENOMEM, "host %s: its command: out of memory",
+                              r->hosts.v[k].name);
+        snprintf(r->h[k].line, sizeof r->h[k].line, "[%s]: ", r->hosts.v[k].name);
+        free(cmd);
+    }
+    mgpu_hosts_env_free(&env);
+    free(fwd);
+    return rc;
+}
+
+static void start_signals(remote_t *r, const mgpu_cli_t *cli)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        if (!(cli->stop_signals & (1ull << sigs[i])))
+            continue;
+        uv_signal_init(&r->loop, &r->sig[r->nsig]);
+        uv_signal_start(&r->sig[r->nsig++], on_signal, sigs[i]);
+    }
+}
+
+int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
+{
+    remote_t r;
+    mgpu_err_t err = {0};
+    char token[128];
+    int rc;
+
+    memset(&r, 0, sizeof r);
+    r.cli = cli;
+    if (hosts_of(cli, &r.hosts, &err) < 0) {
+        mgpu_error("%s", err.msg);
+        return 2;
+    }
+    if ((r.h = calloc((size_t)r.hosts.n, sizeof *r.h)) == NULL) {
+        mgpu_hosts_free(&r.hosts);
+        mgpu_error("out of memory for %d hosts", r.hosts.n);
+        return 1;
+    }
+    rc = build(&r, cli, argc, argv, &err);
+    if (rc < 0) {
+        mgpu_error("%s", err.msg);
+        rc = rc == MGPU_E_USAGE ? 2 : 1;
+        goto out;
+    }
+    if (cli->dry_run != MGPU_DRY_NONE) {
+        printf("%d hosts; the store's token is sent on each ssh's standard input, never on a "
+               "command line\n",
+               r.hosts.n);
+        for (int k = 0; k < r.hosts.n; k++) {
+            printf("host %s (node rank %d, %s):\n  ", r.hosts.v[k].name, k, r.hosts.v[k].origin);
+            print_argv(stdout, r.h[k].argv);
+        }
+        rc = 0;
+        goto out;
+    }
+    if (cli->rdzv_token[0])
+        snprintf(token, sizeof token, "%s", cli->rdzv_token);
+    else
+        random_token(token, sizeof token);
+    uv_loop_init(&r.loop);
+    r.loop.data = &r;
+    uv_timer_init(&r.loop, &r.settle);
+    if (preflight(&r) < 0) {
+        rc = 255;
+    } else {
+        start_signals(&r, cli);
+        run_all(&r, token);
+        rc = r.user_signal ? 128 + r.user_signal : r.failed ? r.exit_code : 0;
+    }
+    if (!uv_is_closing((uv_handle_t *)&r.settle))
+        uv_close((uv_handle_t *)&r.settle, NULL);
+    uv_run(&r.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&r.loop);
+    memset(token, 0, sizeof token);
+out:
+    for (int k = 0; k < r.hosts.n; k++) {
+        free_argv(r.h[k].argv);
+        free_argv(r.h[k].pre_argv);
+        free(r.h[k].out.buf);
+        free(r.h[k].err.buf);
+    }
+    free(r.h);
+    mgpu_hosts_free(&r.hosts);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ --watch_stdin */
+
+static void *watch_main(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    char line[64];
+    size_t n = 0;
+    ssize_t r;
+    char c;
+
+    /* Only this thread reads: a line at a time, a byte at a time (lines are rare). */
+    while ((r = read(fd, &c, 1)) == 1 || (r < 0 && errno == EINTR)) {
+        if (r < 0)
+            continue;
+        if (c != '\n') {
+            if (n + 1 < sizeof line)
+                line[n++] = c;
+            continue;
+        }
+        line[n] = '\0';
+        n = 0;
+        int sig = 0;
+        if (sscanf(line, "signal %d", &sig) == 1 && sig > 0 && sig < 32 && sig != SIGKILL &&
+            sig != SIGSTOP)
+            kill(getpid(), sig);
+    }
+    /* The connection closed: the launcher that started this one is gone, or asks the job to
+     * end. Hang-up, as a terminal's end would say it. */
+    kill(getpid(), SIGHUP);
+    close(fd);
+    return NULL;
+}
+
+int mgpu_remote_watch_stdin(mgpu_err_t *err)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    int fd = fcntl(0, F_DUPFD_CLOEXEC, 3), nul, rc;
+
+    if (fd < 0)
+        return mgpu_err_set(err, -errno, "--watch_stdin: fcntl(0, F_DUPFD_CLOEXEC): %s",
+                            strerror(errno));
+    /* The workers get /dev/null: none of them may read this stream, or hold it open. */
+    if ((nul = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) {
+        dup2(nul, 0);
+        close(nul);
+    }
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    rc = pthread_create(&t, &a, watch_main, (void *)(intptr_t)fd);
+    pthread_attr_destroy(&a);
+    if (rc != 0) {
+        close(fd);
+        return mgpu_err_set(err, -rc, "--watch_stdin: pthread_create: %s", strerror(rc));
+    }
+    return 0;
+}
