@@ -205,8 +205,10 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
                        "failed or was lost); stopping every host",
                        name, h->k);
         else
-            mgpu_error("host %s (node rank %d) failed with exit status %d; stopping every host",
-                       name, h->k, h->code);
+            /* Not necessarily the host of the failing rank: every host learns of it through
+             * the store and may exit first with its status. The hosts' reports say who. */
+            mgpu_error("host %s (node rank %d) exited with status %d; stopping every host", name,
+                       h->k, h->code);
         uv_timer_start(&r->settle, on_settled, SETTLE_MS, 0);
     }
 }
