@@ -12,6 +12,7 @@
 #include <unistd.h>  /* read */
 
 #include "escape.h" /* mgpu_escape_inplace */
+#include "fdio.h"   /* mgpu_fdio_write_all */
 
 /* Options an ssh launch sets for each host itself: not passed on, nor their PET_ variables. */
 const char *const mgpu_cli_hosts_local[] = {
@@ -25,6 +26,7 @@ int mgpu_hosts_read_token(const char *what, char *out, size_t len, mgpu_err_t *e
     ssize_t r;
     char c;
 
+    mgpu_fdio_write_all(2, MGPU_HOSTS_READY_LINE "\n", strlen(MGPU_HOSTS_READY_LINE) + 1);
     /* A byte at a time: what follows the line belongs to --watch_stdin. */
     while ((r = read(0, &c, 1)) == 1 || (r < 0 && errno == EINTR)) {
         if (r < 0 || c == '\r')

@@ -32,8 +32,13 @@ typedef struct mgpu_hosts_env {
     int n;
 } mgpu_hosts_env_t;
 
+/* What a launcher reading its token from stdin says first, on stderr: the launcher that
+ * started it over ssh sends the token once every host has said it (remote.h). */
+#define MGPU_HOSTS_READY_LINE "mgpu-launch: reading the store's token from stdin"
+
 /* --rdzv_token_file -: the token is the first line of stdin (sent there by the launcher that
- * started this one over ssh, so that no command line shows it). out has len bytes. */
+ * started this one over ssh, so that no command line shows it), after MGPU_HOSTS_READY_LINE on
+ * stderr. out has len bytes. */
 int mgpu_hosts_read_token(const char *what, char *out, size_t len, mgpu_err_t *err);
 
 /* Reads a hostfile: one host a line, `HOST [slots=N] [max_slots=M]`, `#` to the end of a line

@@ -40,10 +40,11 @@ struct rhost {
     uv_pipe_t in;
     uv_write_t wreq, sreq;
     rstream_t out, err;
-    char **argv;     /* ssh ... HOST COMMAND */
-    char **pre_argv; /* ssh ... HOST true */
+    char **argv; /* ssh ... HOST COMMAND */
     int in_open, exited, code;
-    char tail[1024]; /* the end of its stderr, for the preflight's message */
+    int spawned;     /* its ssh runs (or ran) */
+    int ready;       /* its launcher runs, and waits for the token */
+    char tail[1024]; /* the end of its stderr before that, for the message if it never does */
     char line[300];  /* "[HOST]: " */
 };
 
@@ -52,8 +53,13 @@ struct remote {
     const mgpu_cli_t *cli;
     mgpu_hosts_t hosts;
     rhost_t *h;
-    int preflight;
-    int handles; /* open handles of the hosts */
+    const char *token;
+    int nready;     /* hosts whose launcher waits for the token */
+    int started;    /* the token was sent: the job runs */
+    int aborting;   /* a host did not come up: every host is stopped before the token */
+    int abort_code; /* that host's exit status */
+    int culprit;    /* and its index */
+    int handles;    /* open handles of the hosts */
     uv_signal_t sig[4];
     int nsig;
     uv_timer_t settle;
@@ -109,6 +115,29 @@ static void on_alloc(uv_handle_t *handle, size_t want, uv_buf_t *buf)
 }
 
 static void on_closed(uv_handle_t *handle);
+static void send_tokens(remote_t *r);
+
+/* One line of a host: before its launcher said it waits for the token, ssh's or the shell's
+ * words (kept for the message, should the host not come up); then the job's output. */
+static void take_line(rstream_t *s, const char *line, size_t n)
+{
+    rhost_t *h = s->h;
+    remote_t *r = h->r;
+    size_t rl = strlen(MGPU_HOSTS_READY_LINE);
+
+    if (!h->ready && s->fd == 2 && n == rl && memcmp(line, MGPU_HOSTS_READY_LINE, rl) == 0) {
+        h->ready = 1;
+        if (++r->nready == r->hosts.n && !r->aborting)
+            send_tokens(r);
+        return;
+    }
+    if (!h->ready || r->aborting) {
+        keep_tail(h, line, n);
+        keep_tail(h, "\n", 1);
+        return;
+    }
+    put_line(s, line, n);
+}
 
 static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 {
@@ -116,14 +145,10 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
     size_t start = 0;
     (void)buf;
     if (n > 0) {
-        if (s->fd == 2)
-            keep_tail(s->h, s->buf + s->used, (size_t)n);
         s->used += (size_t)n;
-        if (s->h->r->preflight)
-            s->used = 0; /* only the tail is wanted */
         for (size_t i = 0; i < s->used; i++)
             if (s->buf[i] == '\n') {
-                put_line(s, s->buf + start, i - start);
+                take_line(s, s->buf + start, i - start);
                 start = i + 1;
             }
         memmove(s->buf, s->buf + start, s->used - start);
@@ -131,8 +156,8 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (n < 0) {
-        if (s->used > 0 && !s->h->r->preflight)
-            put_line(s, s->buf, s->used); /* a last line without its newline, completed */
+        if (s->used > 0)
+            take_line(s, s->buf, s->used); /* a last line without its newline, completed */
         s->used = 0;
         uv_close((uv_handle_t *)&s->pipe, on_closed);
     }
@@ -142,7 +167,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 
 static void maybe_done(remote_t *r)
 {
-    if (r->handles == 0 && !r->preflight) {
+    if (r->handles == 0) {
         for (int i = 0; i < r->nsig; i++)
             if (!uv_is_closing((uv_handle_t *)&r->sig[i]))
                 uv_close((uv_handle_t *)&r->sig[i], NULL);
@@ -194,9 +219,19 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int sig)
     h->exited = 1;
     h->code = sig ? 128 + sig : (int)status;
     uv_close((uv_handle_t *)p, on_closed);
-    if (r->preflight)
-        return;
     close_stdin(h);
+    if (!r->started) {
+        /* Before the token: this host was not reached, or its launcher could not run. None
+         * has started anything; the others stop when their stdin ends, still waiting for the
+         * token. */
+        if (!r->aborting && !r->user_signal) {
+            r->aborting = 1;
+            r->abort_code = h->code ? h->code : 1;
+            r->culprit = h->k;
+            stop_all(r);
+        }
+        return;
+    }
     if (h->code != 0 && !r->failed && !r->user_signal) {
         r->failed = 1;
         r->exit_code = h->code;
@@ -233,6 +268,12 @@ static void on_signal(uv_signal_t *handle, int signum)
     if (r->user_signal)
         return;
     r->user_signal = signum;
+    if (!r->started) {
+        /* The hosts' launchers still wait for the token: the end of their stdin stops them. */
+        r->aborting = 1;
+        stop_all(r);
+        return;
+    }
     mgpu_warn("signal %d (%s): stopping every host", signum, strsignal(signum));
     /* The launcher there takes the same signal (its --watch_stdin), then the end of stdin. */
     snprintf(r->sigline, sizeof r->sigline, "signal %d\n", signum);
@@ -245,7 +286,20 @@ static void on_signal(uv_signal_t *handle, int signum)
     }
 }
 
-static int start_one(remote_t *r, rhost_t *h, const char *token)
+/* Every host's launcher waits for the token: the job starts. */
+static void send_tokens(remote_t *r)
+{
+    r->started = 1;
+    for (int k = 0; k < r->hosts.n; k++) {
+        rhost_t *h = &r->h[k];
+        uv_buf_t b[2] = {uv_buf_init((char *)r->token, (unsigned)strlen(r->token)),
+                         uv_buf_init("\n", 1)};
+        if (h->in_open)
+            uv_write(&h->wreq, (uv_stream_t *)&h->in, b, 2, on_written);
+    }
+}
+
+static int start_one(remote_t *r, rhost_t *h)
 {
     uv_process_options_t o = {0};
     uv_stdio_container_t io[3];
@@ -258,17 +312,14 @@ static int start_one(remote_t *r, rhost_t *h, const char *token)
     uv_pipe_init(&r->loop, &h->err.pipe, 0);
     h->out.pipe.data = &h->out;
     h->err.pipe.data = &h->err;
-    io[0].flags = UV_IGNORE;
-    if (!r->preflight) {
-        uv_pipe_init(&r->loop, &h->in, 0);
-        io[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
-        io[0].data.stream = (uv_stream_t *)&h->in;
-    }
+    uv_pipe_init(&r->loop, &h->in, 0);
+    io[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+    io[0].data.stream = (uv_stream_t *)&h->in;
     io[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     io[1].data.stream = (uv_stream_t *)&h->out.pipe;
     io[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     io[2].data.stream = (uv_stream_t *)&h->err.pipe;
-    o.args = r->preflight ? h->pre_argv : h->argv;
+    o.args = h->argv;
     o.file = o.args[0];
     o.stdio = io;
     o.stdio_count = 3;
@@ -278,41 +329,36 @@ static int start_one(remote_t *r, rhost_t *h, const char *token)
     o.flags = UV_PROCESS_DETACHED;
     h->proc.data = h;
     rc = uv_spawn(&r->loop, &h->proc, &o);
-    r->handles += 2 + !r->preflight;
+    r->handles += 3;
     if (rc < 0) {
         uv_close((uv_handle_t *)&h->out.pipe, on_closed);
         uv_close((uv_handle_t *)&h->err.pipe, on_closed);
-        if (!r->preflight)
-            uv_close((uv_handle_t *)&h->in, on_closed);
+        uv_close((uv_handle_t *)&h->in, on_closed);
         h->exited = 1;
         h->code = 127;
-        mgpu_error("host %s: cannot run %s: %s", r->hosts.v[h->k].name, h->argv[0],
-                   uv_strerror(rc));
+        snprintf(h->tail, sizeof h->tail, "cannot run %s here: %s", h->argv[0], uv_strerror(rc));
         return rc;
     }
+    h->spawned = 1;
     r->handles++;
+    h->in_open = 1;
     uv_read_start((uv_stream_t *)&h->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&h->err.pipe, on_alloc, on_read);
-    if (!r->preflight) {
-        uv_buf_t b[2] = {uv_buf_init((char *)token, (unsigned)strlen(token)), uv_buf_init("\n", 1)};
-        h->in_open = 1;
-        uv_write(&h->wreq, (uv_stream_t *)&h->in, b, 2, on_written);
-    }
     return 0;
 }
 
-/* Runs every host's argv at once and waits for all of them. */
-static void run_all(remote_t *r, const char *token)
+/* Starts every host's ssh at once, sends the token once every host's launcher waits for it,
+ * and waits for all of them. */
+static void run_all(remote_t *r)
 {
     for (int k = 0; k < r->hosts.n; k++) {
         rhost_t *h = &r->h[k];
         h->r = r;
         h->k = k;
-        h->in_open = h->exited = 0;
-        h->tail[0] = '\0';
-        if (start_one(r, h, token) < 0 && !r->preflight && !r->failed) {
-            r->failed = 1;
-            r->exit_code = 127;
+        if (start_one(r, h) < 0 && !r->aborting) {
+            r->aborting = 1;
+            r->abort_code = 127;
+            r->culprit = k;
             stop_all(r);
         }
     }
@@ -427,29 +473,35 @@ static void random_token(char *out, size_t len)
         snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
-/* Every host answers `ssh HOST true`, or is named with ssh's own words. */
-static int preflight(remote_t *r)
+/* After an abort: the hosts whose launcher never came up, named with ssh's (or the shell's)
+ * own words. */
+static void report_unreached(remote_t *r)
 {
-    int bad = 0;
-    r->preflight = 1;
-    run_all(r, NULL);
     for (int k = 0; k < r->hosts.n; k++) {
         rhost_t *h = &r->h[k];
-        if (h->code == 0)
-            continue;
         char *t = h->tail;
         size_t n = strlen(t);
+        if (h->ready && k != r->culprit)
+            continue; /* stopped, waiting for the token, because another did not come up */
         while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == '\r'))
             t[--n] = '\0';
         for (char *c = t; *c; c++)
             if (*c == '\n' || *c == '\r')
                 *c = ' ';
-        mgpu_error("host %s (%s) cannot be reached: ssh exited with status %d%s%s",
-                   r->hosts.v[k].name, r->hosts.v[k].origin, h->code, t[0] ? ": " : "", t);
-        bad = 1;
+        if (!h->spawned)
+            mgpu_error("host %s (%s): %s", r->hosts.v[k].name, r->hosts.v[k].origin, t);
+        else if (h->code == 255)
+            mgpu_error("host %s (%s) cannot be reached: ssh exited with status 255%s%s",
+                       r->hosts.v[k].name, r->hosts.v[k].origin, t[0] ? ": " : "", t);
+        else if (h->code == 127 || h->code == 126)
+            mgpu_error("host %s (%s): mgpu-launch cannot run there (status %d%s%s); it must be "
+                       "installed at the same path on every host",
+                       r->hosts.v[k].name, r->hosts.v[k].origin, h->code, t[0] ? ": " : "", t);
+        else
+            mgpu_error("host %s (%s): its launcher exited with status %d before the job "
+                       "started%s%s",
+                       r->hosts.v[k].name, r->hosts.v[k].origin, h->code, t[0] ? ": " : "", t);
     }
-    r->preflight = 0;
-    return bad ? -1 : 0;
 }
 
 static const char *env_lookup(const char *name)
@@ -498,8 +550,7 @@ static int build(remote_t *r, const mgpu_cli_t *cli, int argc, char **argv, mgpu
         char *cmd = mgpu_hosts_command(&r->hosts, k, &job);
         const char *ssh = cli->ssh[0] ? cli->ssh : "ssh";
         r->h[k].argv = cmd ? ssh_argv(ssh, r->hosts.v[k].name, cmd) : NULL;
-        r->h[k].pre_argv = ssh_argv(ssh, r->hosts.v[k].name, "true");
-        if (r->h[k].argv == NULL || r->h[k].pre_argv == NULL)
+        if (r->h[k].argv == NULL)
             rc = mgpu_err_set(err, -ENOMEM, "host %s: its command: out of memory",
                               r->hosts.v[k].name);
         snprintf(r->h[k].line, sizeof r->h[k].line, "[%s]: ", r->hosts.v[k].name);
@@ -563,13 +614,15 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
     uv_loop_init(&r.loop);
     r.loop.data = &r;
     uv_timer_init(&r.loop, &r.settle);
-    if (preflight(&r) < 0) {
-        rc = 255;
-    } else {
-        start_signals(&r, cli);
-        run_all(&r, token);
-        rc = r.user_signal ? 128 + r.user_signal : r.failed ? r.exit_code : 0;
-    }
+    r.token = token;
+    start_signals(&r, cli);
+    run_all(&r);
+    if (r.aborting && !r.user_signal)
+        report_unreached(&r);
+    rc = r.user_signal ? 128 + r.user_signal
+         : r.aborting  ? r.abort_code
+         : r.failed    ? r.exit_code
+                       : 0;
     if (!uv_is_closing((uv_handle_t *)&r.settle))
         uv_close((uv_handle_t *)&r.settle, NULL);
     uv_run(&r.loop, UV_RUN_DEFAULT);
@@ -578,7 +631,6 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
 out:
     for (int k = 0; k < r.hosts.n; k++) {
         free_argv(r.h[k].argv);
-        free_argv(r.h[k].pre_argv);
         free(r.h[k].out.buf);
         free(r.h[k].err.buf);
     }

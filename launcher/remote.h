@@ -1,10 +1,10 @@
 /* remote.h - one job on many hosts over ssh (`mgpu-launch --hostfile FILE` / `--hosts`):
  * this launcher starts one mgpu-launch per host through OpenSSH, as ordinary static nodes of
  * one job (hosts.c builds their commands), and gives the job one lifetime:
- *   - every host is first reached with `ssh HOST true`; one that cannot be is named, and
- *     nothing starts;
  *   - the store's token is written on each ssh's standard input (the launcher there reads it
- *     with --rdzv_token_file -), never on a command line;
+ *     with --rdzv_token_file -), never on a command line, once every host's launcher said it
+ *     waits for it (MGPU_HOSTS_READY_LINE): a host that cannot be reached (or cannot run
+ *     mgpu-launch) is named with ssh's own words, and nothing starts anywhere;
  *   - the hosts' output comes here, each line prefixed with its host;
  *   - the launchers there run with --watch_stdin: they stop their job when their ssh
  *     connection closes (this launcher killed, even by SIGKILL; ssh killed; the network gone)

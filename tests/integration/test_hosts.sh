@@ -248,3 +248,29 @@ t_hosts_dry_run_prints_each_hosts_command() {
     expect_grep out "^host b \(node rank 1, --hosts\):$"
     expect_grep out "--master_addr=10.0.0.9 --master_port=4000 --nproc_per_node=3 --local_addr=b"
 }
+
+t_hosts_launcher_missing_on_a_host_is_named() {
+    # an ssh stand-in that runs each host's command here, but on host b a launcher path that
+    # does not exist (as on a host without mgpu at that path): b is named, host a's launcher
+    # (waiting for the token) stops, nothing starts, exit status 127
+    cat >fake_ssh <<'SH'
+#!/bin/sh
+for last; do :; done
+eval "host=\${$(($# - 1))}"
+case $host in
+b) exec sh -c 'exec /nonexistent/mgpu-launch' ;;
+*) exec sh -c "$last" ;;
+esac
+SH
+    chmod +x fake_ssh
+    MGPU_TEST_MARK=missing-$$ run_launch --hosts a,b --ssh "$PWD/fake_ssh" --export $EXPORTS "$TW" touch ran.%r
+    expect_eq "$rc" 127 "exit status ($(cat err))"
+    expect_grep err "host b \(--hosts\): mgpu-launch cannot run there \(status 127: .*/nonexistent/mgpu-launch.*\); it must be installed at the same path on every host"
+    expect_no_grep err "host a"
+    [ -z "$(ls ran.* 2>/dev/null)" ] || fail "workers ran: $(ls ran.*)"
+    wait_until 5 eval '[ -z "$(procs_with_mark missing-'$$')" ]' || fail "left running: $(procs_with_mark missing-$$)"
+    # the ssh command itself missing
+    run_launch --hosts a,b --ssh /nonexistent/ssh "$TW" exit 0
+    expect_eq "$rc" 127 "exit status without ssh ($(cat err))"
+    expect_grep err "host a \(--hosts\): cannot run /nonexistent/ssh here: no such file or directory"
+}
