@@ -329,8 +329,10 @@ static int start_one(remote_t *r, rhost_t *h)
     o.flags = UV_PROCESS_DETACHED;
     h->proc.data = h;
     rc = uv_spawn(&r->loop, &h->proc, &o);
-    r->handles += 3;
+    r->handles += 4;
     if (rc < 0) {
+        /* libuv's process handle is to be closed even when the spawn failed */
+        uv_close((uv_handle_t *)&h->proc, on_closed);
         uv_close((uv_handle_t *)&h->out.pipe, on_closed);
         uv_close((uv_handle_t *)&h->err.pipe, on_closed);
         uv_close((uv_handle_t *)&h->in, on_closed);
@@ -340,7 +342,6 @@ static int start_one(remote_t *r, rhost_t *h)
         return rc;
     }
     h->spawned = 1;
-    r->handles++;
     h->in_open = 1;
     uv_read_start((uv_stream_t *)&h->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&h->err.pipe, on_alloc, on_read);
