@@ -1,8 +1,10 @@
 /* remote.c - one job on many hosts over ssh (see remote.h). */
 #include "remote.h"
 
+#include <dirent.h>     /* opendir */
 #include <errno.h>      /* errno */
 #include <fcntl.h>      /* open */
+#include <poll.h>       /* poll */
 #include <pthread.h>    /* pthread_create */
 #include <signal.h>     /* kill */
 #include <stdio.h>      /* printf */
@@ -20,6 +22,11 @@ extern char **environ;
 
 #define SETTLE_MS 5000   /* after a host fails, the others' own stop before theirs is forced */
 #define MAX_SSH_WORDS 64 /* words of --ssh */
+/* Seconds between the lines "alive N" sent to every host once the job runs (MGPU_SSH_KEEPALIVE
+ * changes it, for tests), and ssh's ServerAliveInterval: a host whose network goes away is
+ * given up by ssh here after 3 of them, and its launcher stops its job after 3 without a line
+ * (plus 2 s), even though its sshd may not notice for hours. */
+#define KEEPALIVE_S 10
 
 typedef struct rhost rhost_t;
 
@@ -63,6 +70,9 @@ struct remote {
     uv_signal_t sig[4];
     int nsig;
     uv_timer_t settle;
+    uv_timer_t alive;
+    int keepalive_s;
+    char aliveline[32];
     int user_signal, signals_seen, failed, exit_code;
     char sigline[32];
 };
@@ -173,6 +183,8 @@ static void maybe_done(remote_t *r)
                 uv_close((uv_handle_t *)&r->sig[i], NULL);
         if (!uv_is_closing((uv_handle_t *)&r->settle))
             uv_close((uv_handle_t *)&r->settle, NULL);
+        if (!uv_is_closing((uv_handle_t *)&r->alive))
+            uv_close((uv_handle_t *)&r->alive, NULL);
     }
 }
 
@@ -254,6 +266,30 @@ static void on_written(uv_write_t *w, int status)
     (void)status; /* a host that died before reading is reported by its exit */
 }
 
+static void on_alive_written(uv_write_t *w, int status)
+{
+    (void)status;
+    free(w);
+}
+
+/* The job runs: every host with its connection open hears from here (--watch_stdin there). */
+static void on_alive(uv_timer_t *t)
+{
+    remote_t *r = t->loop->data;
+    for (int k = 0; k < r->hosts.n; k++) {
+        rhost_t *h = &r->h[k];
+        uv_write_t *w;
+        uv_buf_t b = uv_buf_init(r->aliveline, (unsigned)strlen(r->aliveline));
+        /* A host that does not read is not written to without end: its pipe's kernel buffer
+         * holds hours of these lines, and ssh gives the host up long before. */
+        if (!h->in_open || uv_stream_get_write_queue_size((uv_stream_t *)&h->in) > 4096 ||
+            (w = malloc(sizeof *w)) == NULL)
+            continue;
+        if (uv_write(w, (uv_stream_t *)&h->in, &b, 1, on_alive_written) < 0)
+            free(w);
+    }
+}
+
 static void on_signal(uv_signal_t *handle, int signum)
 {
     remote_t *r = handle->loop->data;
@@ -290,6 +326,8 @@ static void on_signal(uv_signal_t *handle, int signum)
 static void send_tokens(remote_t *r)
 {
     r->started = 1;
+    snprintf(r->aliveline, sizeof r->aliveline, "alive %d\n", r->keepalive_s);
+    uv_timer_start(&r->alive, on_alive, 0, (uint64_t)r->keepalive_s * 1000);
     for (int k = 0; k < r->hosts.n; k++) {
         rhost_t *h = &r->h[k];
         uv_buf_t b[2] = {uv_buf_init((char *)r->token, (unsigned)strlen(r->token)),
@@ -377,15 +415,16 @@ static void free_argv(char **argv)
 }
 
 /* ssh's words, its options, the host and the command. */
-static char **ssh_argv(const char *ssh, const char *host, const char *cmd)
+static char **ssh_argv(const char *ssh, int keepalive_s, const char *host, const char *cmd)
 {
-    static const char *const opts[] = {
-        "-o", "BatchMode=yes",          "-o", "ConnectTimeout=30",
-        "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"};
+    char alive[64];
+    const char *const opts[] = {"-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
+                                "-o", alive,           "-o", "ServerAliveCountMax=3"};
     char **argv = calloc(MAX_SSH_WORDS + 16, sizeof *argv), *save = NULL, *w;
     char *copy = strdup(ssh);
     int n = 0;
 
+    snprintf(alive, sizeof alive, "ServerAliveInterval=%d", keepalive_s);
     if (argv == NULL || copy == NULL) {
         free(argv);
         free(copy);
@@ -550,7 +589,7 @@ static int build(remote_t *r, const mgpu_cli_t *cli, int argc, char **argv, mgpu
     for (int k = 0; rc == 0 && k < r->hosts.n; k++) {
         char *cmd = mgpu_hosts_command(&r->hosts, k, &job);
         const char *ssh = cli->ssh[0] ? cli->ssh : "ssh";
-        r->h[k].argv = cmd ? ssh_argv(ssh, r->hosts.v[k].name, cmd) : NULL;
+        r->h[k].argv = cmd ? ssh_argv(ssh, r->keepalive_s, r->hosts.v[k].name, cmd) : NULL;
         if (r->h[k].argv == NULL)
             rc = mgpu_err_set(err, -ENOMEM, "host %s: its command: out of memory",
                               r->hosts.v[k].name);
@@ -582,6 +621,9 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
 
     memset(&r, 0, sizeof r);
     r.cli = cli;
+    r.keepalive_s = KEEPALIVE_S;
+    if (getenv("MGPU_SSH_KEEPALIVE") && atoi(getenv("MGPU_SSH_KEEPALIVE")) > 0)
+        r.keepalive_s = atoi(getenv("MGPU_SSH_KEEPALIVE"));
     if (hosts_of(cli, &r.hosts, &err) < 0) {
         mgpu_error("%s", err.msg);
         return 2;
@@ -615,6 +657,7 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
     uv_loop_init(&r.loop);
     r.loop.data = &r;
     uv_timer_init(&r.loop, &r.settle);
+    uv_timer_init(&r.loop, &r.alive);
     r.token = token;
     start_signals(&r, cli);
     run_all(&r);
@@ -626,6 +669,8 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
                        : 0;
     if (!uv_is_closing((uv_handle_t *)&r.settle))
         uv_close((uv_handle_t *)&r.settle, NULL);
+    if (!uv_is_closing((uv_handle_t *)&r.alive))
+        uv_close((uv_handle_t *)&r.alive, NULL);
     uv_run(&r.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r.loop);
     memset(token, 0, sizeof token);
@@ -642,18 +687,60 @@ out:
 
 /* ------------------------------------------------------------------ --watch_stdin */
 
+/* 1 while this process has a child that is not a zombie nor its keeper: a worker (or a tool
+ * it runs) still there. /proc is read, not waited on: the supervisor reaps. */
+static int has_children(pid_t self)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int found = 0;
+
+    if (d == NULL)
+        return 1; /* cannot tell: as if some were left */
+    while (!found && (e = readdir(d)) != NULL) {
+        char path[64], buf[512], *rp;
+        int fd, ppid = 0;
+        ssize_t n;
+        char state;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            continue;
+        n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold blanks and parentheses */
+        if ((rp = strrchr(buf, ')')) == NULL || sscanf(rp + 1, " %c %d", &state, &ppid) != 2)
+            continue;
+        found = ppid == (int)self && state != 'Z' && strstr(buf, "(mgpu-keeper)") == NULL;
+    }
+    closedir(d);
+    return found;
+}
+
 static void *watch_main(void *arg)
 {
-    int fd = (int)(intptr_t)arg;
+    int fd = (int)(intptr_t)arg, wait_ms = -1;
     char line[64];
     size_t n = 0;
-    ssize_t r;
-    char c;
 
     /* Only this thread reads: a line at a time, a byte at a time (lines are rare). */
-    while ((r = read(fd, &c, 1)) == 1 || (r < 0 && errno == EINTR)) {
-        if (r < 0)
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        char c;
+        int rc = poll(&p, 1, wait_ms);
+        if (rc < 0 && errno == EINTR)
             continue;
+        if (rc == 0)
+            break; /* no keepalive for 3 periods: the network to that launcher is gone */
+        ssize_t r = read(fd, &c, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
         if (c != '\n') {
             if (n + 1 < sizeof line)
                 line[n++] = c;
@@ -661,15 +748,27 @@ static void *watch_main(void *arg)
         }
         line[n] = '\0';
         n = 0;
-        int sig = 0;
+        int sig = 0, period = 0;
         if (sscanf(line, "signal %d", &sig) == 1 && sig > 0 && sig < 32 && sig != SIGKILL &&
             sig != SIGSTOP)
             kill(getpid(), sig);
+        else if (sscanf(line, "alive %d", &period) == 1 && period > 0 && period < 86400)
+            wait_ms = (3 * period + 2) * 1000;
     }
-    /* The connection closed: the launcher that started this one is gone, or asks the job to
-     * end. Hang-up, as a terminal's end would say it. */
+    /* The connection closed, or went silent: the launcher that started this one is gone, or
+     * asks the job to end. Hang-up, as a terminal's end would say it. */
     kill(getpid(), SIGHUP);
     close(fd);
+    /* Nobody is left to report to. Once the workers are gone (SIGHUP, else the supervisor's
+     * SIGKILL after the grace period), the launcher normally exits within milliseconds; one
+     * still here 3 s later waits on a peer that is gone (seen: a node waiting on the store of
+     * a node 0 that had exited first, until the join timeout). It is killed, and its keeper
+     * removes whatever is left, as for any killed launcher. */
+    for (int quiet_ms = 0; quiet_ms < 3000;) {
+        usleep(100 * 1000);
+        quiet_ms = has_children(getpid()) ? 0 : quiet_ms + 100;
+    }
+    kill(getpid(), SIGKILL);
     return NULL;
 }
 

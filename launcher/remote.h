@@ -7,8 +7,9 @@
  *     mgpu-launch) is named with ssh's own words, and nothing starts anywhere;
  *   - the hosts' output comes here, each line prefixed with its host;
  *   - the launchers there run with --watch_stdin: they stop their job when their ssh
- *     connection closes (this launcher killed, even by SIGKILL; ssh killed; the network gone)
- *     and take the signals this one gets (Ctrl-C) through it;
+ *     connection closes (this launcher killed, even by SIGKILL; ssh killed) or goes silent
+ *     (the "alive N" lines sent every N s stop coming: the network gone), and take the signals
+ *     this one gets (Ctrl-C) through it;
  *   - the first host that fails stops the others (they also learn it from the store);
  *   - the exit status is the failing host's (its failing rank's), or 128+N for a signal N.
  * Owns every process and handle it makes; nothing outlives mgpu_remote_main. */
@@ -23,8 +24,10 @@
 int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv);
 
 /* --watch_stdin: a thread reads what is left of stdin (stdin itself becomes /dev/null, so no
- * worker inherits it): a line "signal N" raises signal N in this process, the end of the
- * stream raises SIGHUP. Call in the process that supervises the job, after any fork of the
+ * worker inherits it): a line "signal N" raises signal N in this process; the end of the
+ * stream, or 3 periods (+ 2 s) without a line after "alive N" (a period of N s), raises
+ * SIGHUP, and the process is killed 3 s after its last child is gone should it not have
+ * exited by then. Call in the process that supervises the job, after any fork of the
  * launcher (reaper.h). Returns 0 or a negative errno. */
 int mgpu_remote_watch_stdin(mgpu_err_t *err);
 

@@ -274,3 +274,26 @@ SH
     expect_eq "$rc" 127 "exit status without ssh ($(cat err))"
     expect_grep err "host a \(--hosts\): cannot run /nonexistent/ssh here: no such file or directory"
 }
+
+t_hosts_network_loss_stops_every_host() {
+    # host 2's network goes away mid-job (its link down): ssh here gives it up after 3
+    # keepalives, the other hosts are stopped, and host 2's launcher, hearing nothing on its
+    # stdin for 3 keepalive periods, stops its own job although its sshd never noticed.
+    # MGPU_SSH_KEEPALIVE=1: a period of 1 s instead of 10, to keep the test short.
+    hosts_up 3
+    hostfile 3
+    local port mark=net-$$; port=$(free_port)
+    MGPU_SSH_KEEPALIVE=1 MGPU_TEST_MARK=$mark launch_hosts L --hostfile hostfile --master_port "$port" \
+        --export $EXPORTS "$TW" trap sig.%r HUP,TERM touch r.%r pause
+    wait_until 30 all_exist r.0 r.1 r.2 r.3 r.4 r.5 || { dump_nodes err.L; fail "the 6 workers did not start"; }
+    ip -n "${MN_NS[2]}" link set mg0 down || fail "link down on host 2"
+    local t0; t0=$(now_ms)
+    wait_node L 30
+    expect_eq "${MN_RC[L]}" 255 "exit status ($(dump_nodes err.L 2>&1))"
+    expect_grep err.L "host ${MN_ADDR[2]//./\\.} \(node rank 2\): ssh exited with status 255 \(the connection failed or was lost\)"
+    # host 2's ranks stopped by their launcher (SIGHUP) once its stdin went silent
+    wait_until 15 all_exist sig.4 sig.5 || fail "host 2's workers were not stopped"
+    expect_grep sig.4 '^HUP'
+    wait_until 10 eval '[ -z "$(procs_with_mark '$mark')" ]' ||
+        fail "left running $(($(now_ms) - t0)) ms after the link went down: $(for p in $(procs_with_mark $mark); do tr '\0' ' ' </proc/$p/cmdline | cut -c1-80; echo; done)"
+}
