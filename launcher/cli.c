@@ -901,6 +901,11 @@ static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn get
                             "--rdzv_endpoint='%s': the static rendezvous (--nnodes=%d, node ranks "
                             "given) meets at HOST:PORT; expected a port",
                             cli->rdzv_endpoint, cli->nnodes_max);
+    if (!cli->hostfile[0] && !cli->hosts[0] &&
+        (cli->include[0] || cli->exclude[0] || cli->ssh[0] || cli->exports[0]))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--include, --exclude, --ssh and --export go with --hostfile or "
+                            "--hosts (one launcher per host over ssh)");
     if (cli->standalone) {
         /* torchrun: --standalone ignores the rendezvous options and runs one node. */
         if (cli->nnodes_max != 1)

@@ -61,14 +61,14 @@ static mgpu_host_t *find(mgpu_hosts_t *h, const char *name)
     return NULL;
 }
 
-/* A host name as ssh takes it: no blanks, quotes or shell characters, no leading '-' (ssh would
- * read an option). */
+/* A host name or IPv4 address as ssh takes it: no blanks, quotes or shell characters, no
+ * leading '-' (ssh would read an option), no ':' (the slot separator of --hosts). */
 static int name_ok(const char *s)
 {
     if (*s == '\0' || *s == '-')
         return 0;
     for (; *s; s++)
-        if (!isalnum((unsigned char)*s) && !strchr(".-_[]%", *s))
+        if (!isalnum((unsigned char)*s) && !strchr(".-_", *s))
             return 0;
     return 1;
 }
@@ -83,7 +83,7 @@ static int add(mgpu_hosts_t *h, const char *name, int slots, const char *origin,
     if (strlen(name) >= sizeof h->v[0].name || !name_ok(name))
         return mgpu_err_set(err, MGPU_E_USAGE,
                             "%s: '%s': expected a host name or address (letters, digits, '.', "
-                            "'-', '_', ':' only between brackets)",
+                            "'-' and '_')",
                             origin, name);
     if (slots < 1 || slots > MGPU_MAX_LOCAL)
         return mgpu_err_set(err, MGPU_E_USAGE, "%s: host '%s': slots=%d: expected 1 to %d", origin,

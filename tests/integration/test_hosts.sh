@@ -222,6 +222,9 @@ t_hosts_hostfile_errors_name_file_and_line() {
     rm .mgpu_env
     run_launch --hostfile hf --nnodes 2 --ssh "$PWD/fake_ssh" "$TW" exit 0
     expect_grep err "--nnodes and --node_rank come from the host list"
+    run_launch --include a "$TW" exit 0
+    expect_eq "$rc" 2 "exit status of --include without a host list"
+    expect_grep err "--include, --exclude, --ssh and --export go with --hostfile or --hosts"
     [ ! -e ssh_called ] || fail "ssh was started"
 }
 
