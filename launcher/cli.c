@@ -13,6 +13,7 @@
 #include <unistd.h>   /* read, close */
 
 #include "escape.h"   /* mgpu_escape_inplace */
+#include "hosts.h"    /* mgpu_hosts_read_token, mgpu_cli_hosts_local */
 #include "signames.h" /* mgpu_signames_parse */
 #include "text.h"     /* mgpu_append_line, mgpu_trim */
 
@@ -65,6 +66,13 @@ typedef enum {
     O_VERBOSE,
     O_HELP,
     O_VERSION,
+    O_HOSTFILE,
+    O_HOSTS,
+    O_INCLUDE,
+    O_EXCLUDE,
+    O_SSH,
+    O_EXPORT,
+    O_WATCH_STDIN,
 } opt_id;
 
 typedef enum { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL } arg_kind;
@@ -150,7 +158,16 @@ static const opt_t opts[] = {
     {"verbose", 'v', ARG_NONE, O_VERBOSE, "the launcher's info messages"},
     {"help", 'h', ARG_NONE, O_HELP, "this help"},
     {"version", 0, ARG_NONE, O_VERSION, "print the version"},
+    {"hostfile", 0, ARG_REQUIRED, O_HOSTFILE,
+     "FILE  one launcher per host over ssh; lines 'HOST slots=N' (launcher/README.md)"},
+    {"hosts", 0, ARG_REQUIRED, O_HOSTS, "H1:N,H2:N  the same from a list"},
+    {"include", 0, ARG_REQUIRED, O_INCLUDE, "H1[:S,S]@H2  only these hosts or slots"},
+    {"exclude", 0, ARG_REQUIRED, O_EXCLUDE, "H1[:S,S]@H2  not these hosts or slots"},
+    {"ssh", 0, ARG_REQUIRED, O_SSH, "CMD  the ssh command (default ssh)"},
+    {"export", 0, ARG_REQUIRED, O_EXPORT, "VAR,...  variables set on every host"},
+    {"watch_stdin", 0, ARG_NONE, O_WATCH_STDIN, "stop the job when stdin closes (as SIGHUP)"},
 };
+
 #define NOPTS (sizeof opts / sizeof opts[0])
 
 static int parse_long(const char *what, const char *s, long min, long max, long *out,
@@ -446,8 +463,11 @@ static int read_token_file(const char *what, const char *path, mgpu_cli_t *cli, 
     char buf[sizeof cli->rdzv_token + 2];
     struct stat st;
     ssize_t n = 0, r;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd;
 
+    if (strcmp(path, "-") == 0) /* from the launcher that started this one over ssh */
+        return mgpu_hosts_read_token(what, cli->rdzv_token, sizeof cli->rdzv_token, err);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "%s: open(%s): %s", what, path, strerror(errno));
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -686,6 +706,21 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_VERSION:
         cli->show_version = 1;
         return 0;
+    case O_HOSTFILE:
+        return copy_str(what, cli->hostfile, sizeof cli->hostfile, v, err);
+    case O_HOSTS:
+        return copy_str(what, cli->hosts, sizeof cli->hosts, v, err);
+    case O_INCLUDE:
+        return copy_str(what, cli->include, sizeof cli->include, v, err);
+    case O_EXCLUDE:
+        return copy_str(what, cli->exclude, sizeof cli->exclude, v, err);
+    case O_SSH:
+        return copy_str(what, cli->ssh, sizeof cli->ssh, v, err);
+    case O_EXPORT:
+        return copy_str(what, cli->exports, sizeof cli->exports, v, err);
+    case O_WATCH_STDIN:
+        cli->watch_stdin = 1;
+        return 0;
     }
     return 0;
 }
@@ -775,6 +810,7 @@ static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn get
 
     for (i = 1; i < argc; i++) {
         const char *arg = argv[i];
+        const int first = i;
         const opt_t *o = NULL;
         const char *val = NULL;
         char what[128];
@@ -828,6 +864,13 @@ static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn get
         }
         if (apply(cli, o, what, val, 0, err) < 0)
             return MGPU_E_USAGE;
+        for (const char *const *l = mgpu_cli_hosts_local; *l; l++)
+            for (int k = first; strcmp(*l, o->name) == 0 && k <= i; k++) {
+                if (cli->n_local_args >= MGPU_CLI_MAX_LOCAL_ARGS)
+                    return mgpu_err_set(err, MGPU_E_USAGE, "more than %d options like %s",
+                                        MGPU_CLI_MAX_LOCAL_ARGS, what);
+                cli->local_args[cli->n_local_args++] = k;
+            }
         if (o->id == O_RDZV_TOKEN) {
             if (cli->n_token_args >= MGPU_CLI_MAX_TOKEN_ARGS)
                 return mgpu_err_set(err, MGPU_E_USAGE, "%s given more than %d times", what,
@@ -863,6 +906,11 @@ static int parse_args(mgpu_cli_t *cli, int argc, char **argv, mgpu_getenv_fn get
                             "--rdzv_endpoint='%s': the static rendezvous (--nnodes=%d, node ranks "
                             "given) meets at HOST:PORT; expected a port",
                             cli->rdzv_endpoint, cli->nnodes_max);
+    if (!cli->hostfile[0] && !cli->hosts[0] &&
+        (cli->include[0] || cli->exclude[0] || cli->ssh[0] || cli->exports[0]))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "--include, --exclude, --ssh and --export go with --hostfile or "
+                            "--hosts (one launcher per host over ssh)");
     if (cli->standalone) {
         /* torchrun: --standalone ignores the rendezvous options and runs one node. */
         if (cli->nnodes_max != 1)

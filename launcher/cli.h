@@ -11,8 +11,9 @@
 #include "numa.h"   /* mgpu_numa_mode_t */
 #include "output.h" /* mgpu_line_filters_t */
 
-#define MGPU_MAX_LOCAL 1024       /* workers per node; more is refused as absurd */
-#define MGPU_CLI_MAX_TOKEN_ARGS 8 /* --rdzv_token given more often is refused */
+#define MGPU_MAX_LOCAL 1024        /* workers per node; more is refused as absurd */
+#define MGPU_CLI_MAX_TOKEN_ARGS 8  /* --rdzv_token given more often is refused */
+#define MGPU_CLI_MAX_LOCAL_ARGS 64 /* argv entries of mgpu_cli_hosts_local options */
 
 /* torchrun's -r/-t value: one value for every local rank, or a map "0:1,1:2". Bit 1 is
  * stdout, bit 2 is stderr. */
@@ -85,7 +86,20 @@ typedef struct mgpu_cli {
     /* the worker program and its arguments (pointers into the caller's argv) */
     int prog_argc;
     char **prog_argv;
+    /* several hosts over ssh (hosts.c, remote.c): "" when not given */
+    char hostfile[1024];
+    char hosts[8192];
+    char include[1024], exclude[1024];
+    char ssh[1024];
+    char exports[2048];
+    int watch_stdin; /* --watch_stdin: stop the job when stdin reaches its end */
+    /* argv indexes of the options an ssh launch does not pass on (mgpu_cli_hosts_local) */
+    int local_args[MGPU_CLI_MAX_LOCAL_ARGS];
+    int n_local_args;
 } mgpu_cli_t;
+
+/* Names of the options that an ssh launch sets for each host (NULL-terminated; hosts.c). */
+extern const char *const mgpu_cli_hosts_local[];
 
 /* Reads the environment through getenv_fn (getenv in main; a table in tests). */
 typedef const char *(*mgpu_getenv_fn)(const char *name);

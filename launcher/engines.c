@@ -1,4 +1,4 @@
-/* engines.c - Slurm and Open MPI (see engines.h). */
+/* engines.c - Slurm, Open MPI and Kubeflow's PyTorchJob (see engines.h). */
 #include "engines.h"
 
 #include <stdarg.h> /* va_list */
@@ -247,11 +247,59 @@ static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
     return 1;
 }
 
+/* Kubeflow's training operator (PyTorchJob, pkg/controller.v1/pytorch/envvar.go, master.go):
+ * its current releases set torchrun's PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE and
+ * PET_MASTER_* (read as every PET_ default is, cli.h); earlier ones give a pod of a job that is
+ * not elastic only MASTER_ADDR, MASTER_PORT, WORLD_SIZE = the number of pods and RANK = the
+ * pod's index (master 0, worker i at i + 1). torchrun's WORLD_SIZE and RANK count processes:
+ * the pod's are taken here as the nodes and the node rank, and the workers get torchrun's own.
+ * A torchrun worker's environment (LOCAL_RANK, TORCHELASTIC_RUN_ID) is not a pod's. */
+static int apply_kubeflow(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
+{
+    int pods = 0, index = 0, port = 0;
+
+    if (g("KUBERNETES_SERVICE_HOST") == NULL || g("PET_NNODES") != NULL ||
+        g("LOCAL_RANK") != NULL || g("TORCHELASTIC_RUN_ID") != NULL || g("MASTER_ADDR") == NULL ||
+        !env_int(g, "WORLD_SIZE", &pods) || !env_int(g, "RANK", &index))
+        return 0;
+    if (pods < 1 || index < 0 || index >= pods)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "WORLD_SIZE=%s RANK=%s from the PyTorchJob: expected the number of "
+                            "pods and this pod's index below it",
+                            g("WORLD_SIZE"), g("RANK"));
+    if (!mgpu_cli_given(cli, "nnodes")) {
+        cli->nnodes_min = cli->nnodes_max = pods;
+        note(cli, "nnodes=%d (WORLD_SIZE: the PyTorchJob's pods)", pods);
+    }
+    if (!mgpu_cli_given(cli, "node_rank")) {
+        cli->node_rank = index;
+        note(cli, "node_rank=%d (RANK: this pod's index)", index);
+    }
+    if (!mgpu_cli_given(cli, "master_addr") && cli->nnodes_max > 1 && *g("MASTER_ADDR") &&
+        strlen(g("MASTER_ADDR")) < sizeof cli->master_addr) {
+        snprintf(cli->master_addr, sizeof cli->master_addr, "%s", g("MASTER_ADDR"));
+        note(cli, "master_addr=%s (MASTER_ADDR)", cli->master_addr);
+    }
+    if (!mgpu_cli_given(cli, "master_port") && env_int(g, "MASTER_PORT", &port) && port > 0 &&
+        port < 65535) {
+        cli->master_port = port;
+        note(cli, "master_port=%d (MASTER_PORT)", port);
+    }
+    return 1;
+}
+
 static int engines_apply(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
 {
-    int rc = apply_slurm(cli, g, err);
+    int rc;
+
+    /* One launcher per host over ssh: the host list says it all (remote.h). */
+    if (cli->hostfile[0] || cli->hosts[0])
+        return 0;
+    rc = apply_slurm(cli, g, err);
     if (rc == 0)
         rc = apply_ompi(cli, g, err);
+    if (rc == 0)
+        rc = apply_kubeflow(cli, g, err);
     if (rc < 0)
         return rc;
     if (cli->node_rank >= cli->nnodes_max)

@@ -1,6 +1,8 @@
-/* engines.h - running under Slurm or Open MPI: one mgpu-launch per node, started by srun or
- * mpirun, takes the number of nodes, its node rank and node 0's address from their variables
- * (SLURM_* / OMPI_COMM_WORLD_*) for every option the user did not give. Explicit options win;
+/* engines.h - running under Slurm, Open MPI or Kubernetes: one mgpu-launch per node, started by
+ * srun, mpirun or a pod, takes the number of nodes, its node rank and node 0's address from
+ * their variables (SLURM_* / OMPI_COMM_WORLD_* / a PyTorchJob's WORLD_SIZE, RANK, MASTER_ADDR;
+ * the PET_* variables of Kubeflow's operators are read as torchrun reads them, cli.h) for
+ * every option the user did not give. Explicit options win;
  * cli->derived says what was taken, for --dry-run and the logs. */
 #ifndef MGPU_ENGINES_H
 #define MGPU_ENGINES_H

@@ -18,6 +18,7 @@
 #include "plan.h"          /* mgpu_plan_build */
 #include "reaper.h"        /* mgpu_reaper_start */
 #include "rdzv.h"          /* mgpu_rdzv_join */
+#include "remote.h"        /* mgpu_remote_main */
 #include "report.h"        /* mgpu_report_print */
 #include "sock.h"          /* mgpu_sock_free_port */
 #include "spawner.h"       /* mgpu_spawner_keeper_start */
@@ -266,6 +267,8 @@ int main(int argc, char **argv)
     if ((rc = parse(&cli, argc, argv)) >= 0)
         return rc;
     mgpu_cli_scrub_token(&cli); /* before the keeper is forked: it inherits argv's memory */
+    if (cli.hostfile[0] || cli.hosts[0]) /* one launcher per host, over ssh */
+        return mgpu_remote_main(&cli, argc, argv);
     if (plan_run(&plan, &cli, &err) < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);
@@ -323,6 +326,14 @@ int main(int argc, char **argv)
      * the open descriptors' part of the table, and growing it once the store's thread runs
      * cost 4 ms a worker on a 16-core host (8 workers: 32 ms to start and exit, not 6). */
     mgpu_fdio_grow_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
+    /* Started over ssh: the job ends with the connection (remote.h). */
+    if (cli.watch_stdin && mgpu_remote_watch_stdin(&err) < 0) {
+        mgpu_error("%s", err.msg);
+        uncontain(&cg, &keeper);
+        mgpu_plan_free(&plan);
+        mgpu_pages_close(&pages);
+        return 1;
+    }
 
     if ((rc = rendezvous(&plan, &rdzv, &err)) < 0) {
         mgpu_error("%s", err.msg);

@@ -3,11 +3,12 @@
 # go-md2man for the man pages) and the tests' real clients (Debian's PyTorch 1.13 with gloo,
 # scikit-learn, clang for the fuzzer) and the tools that show every rank's stack (gdb and
 # eu-stack from Debian, py-spy from PyPI). The CUDA toolkit is optional: without nvcc the CUDA
-# parts are not built and workers run on the CPU.
+# parts are not built and workers run on the CPU. openssh-server: the ssh launch's tests start
+# its sshd themselves (the package's own service is not needed).
 set -euo pipefail
 pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
       clang libclang-rt-14-dev procps iproute2 nftables time gnuplot-nox jq slurm-wlm munge openmpi-bin
-      pkg-config help2man go-md2man man-db gdb elfutils python3-pip)
+      pkg-config help2man go-md2man man-db gdb elfutils python3-pip openssh-server)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

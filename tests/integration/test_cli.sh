@@ -523,13 +523,13 @@ t_opt_help_states_port_rule() {
 }
 
 t_opt_readme_lists_every_option() {
-    # README.md's options table names every option --help shows (in either spelling).
+    # launcher/README.md's options table names every option --help shows (in either spelling).
     run_launch --help
     expect_eq "$rc" 0
     local o u d missing=
     for o in $(grep -oE '^ +(-[a-z], )?--[a-z_]+' out | grep -oE -- '--[a-z_]+'); do
         u=$o; d="--$(echo "${o#--}" | tr _ -)"
-        grep -qE -- "^\|.*\`(-[a-z]/)?($u|$d)[\` =\[]" "$MGPU_ROOT/README.md" || missing="$missing $o"
+        grep -qE -- "^\|.*\`(-[a-z]/)?($u|$d)[\` =\[]" "$MGPU_ROOT/launcher/README.md" || missing="$missing $o"
     done
-    [ -z "$missing" ] || fail "README.md's options table lacks:$missing"
+    [ -z "$missing" ] || fail "launcher/README.md's options table lacks:$missing"
 }

@@ -20,3 +20,17 @@ t_repo_speaks_of_the_project_alone() {
     [ -z "$hits" ] || fail "words about something other than the project:
 $hits"
 }
+
+t_repo_readme_stays_a_short_map() {
+    # the top README is a first screen and a map: under 250 lines, the two commands first, one
+    # section for several hosts; the details live in the folders' READMEs
+    local f="$MGPU_ROOT/README.md" n
+    n=$(wc -l <"$f")
+    [ "$n" -lt 250 ] || fail "README.md has $n lines: keep it under 250 (details go to the folders' READMEs)"
+    head -6 "$f" | grep -q '^make test$' || fail "README.md's first screen lacks the two commands"
+    expect_eq "$(grep -c '^## Several hosts$' "$f")" 1 "sections 'Several hosts' in README.md"
+    local way
+    for way in 'mgpu-launch --hostfile' 'srun ' 'mpirun ' 'command: \["mgpu-launch"'; do
+        sed -n '/^## Several hosts$/,/^## /p' "$f" | grep -q "$way" || fail "the Several hosts section lacks '$way'"
+    done
+}

@@ -1,4 +1,5 @@
-/* test_engines.c - Slurm host lists, and options taken from Slurm and Open MPI variables. */
+/* test_engines.c - Slurm host lists, and options taken from Slurm, Open MPI and Kubeflow
+ * variables. */
 #include <stdlib.h> /* calloc */
 
 #include "check.h"
@@ -181,11 +182,56 @@ static void test_slurm_tasks_per_node(void)
     memset(env, 0, sizeof env);
 }
 
+/* A pod of a PyTorchJob from an operator that sets no PET_ variable: WORLD_SIZE counts the
+ * pods, RANK is the pod's index (pkg/controller.v1/pytorch/envvar.go). */
+static void test_kubeflow(void)
+{
+    char *argv[] = {"mgpu-launch", "--nproc_per_node=2", "prog"};
+    mgpu_err_t e;
+    mgpu_cli_t *c;
+    memset(env, 0, sizeof env);
+    env[0][0] = "KUBERNETES_SERVICE_HOST", env[0][1] = "10.96.0.1";
+    env[1][0] = "MASTER_ADDR", env[1][1] = "job-master-0";
+    env[2][0] = "MASTER_PORT", env[2][1] = "23456";
+    env[3][0] = "WORLD_SIZE", env[3][1] = "3";
+    env[4][0] = "RANK", env[4][1] = "2";
+    c = parse(argv, 3);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 3);
+    CHECK_INT(c->node_rank, 2);
+    CHECK_STR(c->master_addr, "job-master-0");
+    CHECK_INT(c->master_port, 23456);
+    CHECK_CONTAINS(c->derived, "nnodes=3 (WORLD_SIZE: the PyTorchJob's pods)");
+    free(c);
+    env[4][1] = "3"; /* an index the pods cannot hold */
+    c = parse(argv, 3);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "WORLD_SIZE=3 RANK=3 from the PyTorchJob");
+    free(c);
+    /* a torchrun worker's environment, and a pod whose operator sets PET_NNODES: not taken */
+    env[5][0] = "LOCAL_RANK", env[5][1] = "0";
+    c = parse(argv, 3);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 1);
+    free(c);
+    env[5][0] = "PET_NNODES", env[5][1] = "2";
+    env[6][0] = "PET_NODE_RANK", env[6][1] = "1";
+    env[4][1] = "1";
+    c = parse(argv, 3);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
+    CHECK_INT(c->nnodes_max, 2);
+    CHECK_INT(c->node_rank, 1);
+    CHECK_STR(c->derived, "");
+    free(c);
+    memset(env, 0, sizeof env);
+}
+
 int main(void)
 {
     RUN(test_hostlists);
     RUN(test_slurm);
     RUN(test_openmpi);
     RUN(test_slurm_tasks_per_node);
+    RUN(test_kubeflow);
     return check_done();
 }
