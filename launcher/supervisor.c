@@ -26,6 +26,7 @@
 #include "reaper.h"   /* mgpu_reaper_children */
 #include "shm_head.h" /* mgpu_shm_remove_stale */
 #include "spawner.h"  /* mgpu_spawner_worker */
+#include "trace.h"    /* mgpu_trace_mark */
 
 extern char **environ;
 
@@ -205,6 +206,7 @@ static void record_exit(sup_t *s, proc_t *p, int status)
                       p->k, o->rank, (int)p->pid, o->exit_code);
     }
     if (s->running == 0) {
+        mgpu_trace_mark("workers exit");
         /* Every worker exited: stop what they left behind, SIGKILL after the grace period
          * (at once when the SIGKILL already went out: a stubborn child of a worker killed
          * then was reparented here only when that worker died). */
@@ -413,6 +415,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     }
 
     mgpu_debug("attempt %d: log folders and pipes ready", s->attempt);
+    mgpu_trace_mark("pipes");
     /* Fork every worker first, then collect exec results: the workers start in parallel. */
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
@@ -446,6 +449,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
+    mgpu_trace_mark("fork");
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -469,6 +473,17 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         }
     }
     mgpu_debug("attempt %d: every worker executed (or failed to)", s->attempt);
+    mgpu_trace_mark("exec");
+    if (mgpu_trace_on()) {
+        /* The children stamp their exec on CLOCK_REALTIME: brought onto the trace's clock */
+        double first = 0, real = mgpu_clock_real();
+        int64_t mono = mgpu_clock_mono_ns();
+        for (int k = 0; k < s->nproc; k++)
+            if (s->procs[k].out->t_exec > 0 && (first == 0 || s->procs[k].out->t_exec < first))
+                first = s->procs[k].out->t_exec;
+        if (first > 0)
+            mgpu_trace_point("first exec", mono - (int64_t)((real - first) * 1e9));
+    }
     if (rc < 0)
         stop_group(s, SIGKILL);
     return rc;
@@ -756,6 +771,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         mgpu_spawner_keeper_tell_path(&s->keeper, res->log_root);
     }
 
+    mgpu_trace_mark("run folder");
     uv_loop_init(&s->loop);
     if ((rc = mgpu_filetimer_open(&s->loop, environ,
                                   &(mgpu_filetimer_hooks_t){timer_worker_of, timer_expired, s},
@@ -786,14 +802,18 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     uv_signal_init(&s->loop, &s->winch);
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
-    if ((rc = mgpu_watch_init(s, err)) == 0)
+    mgpu_trace_mark("loop");
+    if ((rc = mgpu_watch_init(s, err)) == 0) {
+        mgpu_trace_mark("status socket");
         rc = start_attempt(s, err);
+    }
     if (rc < 0)
         mgpu_error("%s", err->msg);
     /* Exits that happened before the SIGCHLD handle existed are collected here too. */
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    mgpu_trace_mark("loop end");
     for (int i = 0; i < 2; i++)
         if (s->filtered_fd[i] >= 0)
             close(s->filtered_fd[i]);
@@ -806,6 +826,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     if (mgpu_cgroup_remove(&s->cg, 50) == 0)
         s->cg.path[0] = '\0';
     mgpu_spawner_keeper_release(&s->keeper);
+    mgpu_trace_mark("cgroup remove");
     res->signal = s->user_signal;
     res->t_end = mgpu_clock_real();
     /* The workers' startup timelines of the last attempt, when they published any. */
@@ -818,6 +839,7 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         res->keep_error_files |= access(res->outcomes[k].error_file, F_OK) == 0;
     for (int i = 0; i < res->nhistory; i++)
         res->keep_error_files |= access(res->history[i].error_file, F_OK) == 0;
+    mgpu_trace_mark("timelines");
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)

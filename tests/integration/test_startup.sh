@@ -1,0 +1,53 @@
+# test_startup.sh - the launcher's own start and stop: MGPU_LAUNCH_TRACE's timeline of its
+# phases.
+
+# hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
+for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
+unset LOGLEVEL PYTHON_EXEC MGPU_CGROUP MGPU_LAUNCH_TRACE
+export MGPU_SIM_GPUS=0
+unset CUDA_VISIBLE_DEVICES
+export OMP_NUM_THREADS=1
+
+# trace_rows FILE: the phase rows of the trace tables in FILE ("name took end share mono")
+trace_rows() { awk '/^mgpu-launch trace:/ { t = 1; next } t && /^  / && !/^  phase / && $0 !~ /\((point|start)\)/' "$1"; }
+
+t_trace_phases_in_order() {
+    MGPU_LAUNCH_TRACE=1 run_launch --nproc_per_node=2 /bin/true
+    expect_eq "$rc" 0
+    expect_grep err '^mgpu-launch trace: pid [0-9]+, [0-9.]+ ms from main to exit$'
+    # the start path's phases come in this order, exit last
+    local names prev=0 n w
+    names=$(trace_rows err | awk '{ n = $0; sub(/^  /, "", n); sub(/ +[0-9].*$/, "", n); print n }')
+    for w in parse plan pages cgroup keeper rendezvous pipes fork exec "workers exit" "store stop" exit; do
+        n=$(grep -nxF "$w" <<<"$names" | head -1 | cut -d: -f1)
+        [ -n "$n" ] || fail "no phase '$w' in: $(cat err)"
+        [ "$n" -gt "$prev" ] || fail "phase '$w' comes before the one listed ahead of it: $(cat err)"
+        prev=$n
+    done
+    expect_eq "$(tail -n 1 <<<"$names")" exit "the last phase"
+    # numbers: each phase's end is its start plus its length, the ends never go back, and the
+    # shares add up to 100%
+    trace_rows err | awk '{ n = NF; took = $(n - 3); end = $(n - 2); share = $(n - 1); sub(/%/, "", share)
+            d = end - prev - took; if (d < -0.0025 || d > 0.0025 || end < prev) { print "bad row: " $0; bad = 1 }
+            prev = end; sum += share }
+        END { if (sum < 99 || sum > 101) { print "shares add up to " sum; bad = 1 } exit bad }' ||
+        fail "inconsistent table: $(cat err)"
+    expect_grep err '^  first exec +\(point\) +[0-9.]+ +[0-9]+$'
+}
+
+t_trace_to_a_file_appends() {
+    MGPU_LAUNCH_TRACE=$PWD/trace.txt run_launch --nproc_per_node=1 /bin/true
+    expect_eq "$rc" 0
+    MGPU_LAUNCH_TRACE=$PWD/trace.txt run_launch --nproc_per_node=1 /bin/false
+    expect_eq "$rc" 1
+    expect_eq "$(grep -c '^mgpu-launch trace:' trace.txt)" 2 "tables in trace.txt"
+    ! grep -q 'mgpu-launch trace' err || fail "a trace on stderr too: $(cat err)"
+}
+
+t_trace_off_by_default() {
+    run_launch --nproc_per_node=1 /bin/true
+    expect_eq "$rc" 0
+    ! grep -q 'mgpu-launch trace' err || fail "a trace without MGPU_LAUNCH_TRACE: $(cat err)"
+    MGPU_LAUNCH_TRACE=0 run_launch --nproc_per_node=1 /bin/true
+    ! grep -q 'mgpu-launch trace' err || fail "a trace with MGPU_LAUNCH_TRACE=0: $(cat err)"
+}
