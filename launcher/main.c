@@ -196,7 +196,7 @@ static int contain(mgpu_cgroup_t *cg, mgpu_err_t *err)
     char name[64];
 
     memset(cg, 0, sizeof *cg);
-    cg->procs_fd = -1;
+    cg->procs_fd = cg->dir_fd = -1;
     if (v != NULL && strcmp(v, "0") == 0) {
         mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
         return 0;

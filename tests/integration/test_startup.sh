@@ -51,3 +51,53 @@ t_trace_off_by_default() {
     MGPU_LAUNCH_TRACE=0 run_launch --nproc_per_node=1 /bin/true
     ! grep -q 'mgpu-launch trace' err || fail "a trace with MGPU_LAUNCH_TRACE=0: $(cat err)"
 }
+
+# require_cgroup: skips where no cgroup can be made for the job (not root, no delegation)
+require_cgroup() {
+    MGPU_CGROUP= "$LAUNCH" -v --nproc_per_node=1 /bin/true >out 2>err
+    grep -q 'containment: cgroup /' err || skip "no cgroup for the job here: $(grep containment: err)"
+}
+# require_strace: skips without strace, or where it may not trace (a container without ptrace)
+require_strace() {
+    command -v strace >/dev/null 2>&1 || skip "no strace (apt-get install strace)"
+    strace -f -o /dev/null /bin/true 2>/dev/null || skip "strace cannot trace here"
+}
+
+# in_job_cgroup ERR N: the N workers' /proc/self/cgroup (files cg.K) name the job's group
+in_job_cgroup() {
+    local cg k rel
+    cg=$(sed -n 's/.*containment: cgroup //p' "$1")
+    [ -n "$cg" ] || fail "no cgroup in: $(cat "$1")"
+    for k in $(seq 0 $(($2 - 1))); do
+        rel=$(sed -n 's/^0:://p' "cg.$k")
+        [ -n "$rel" ] && [[ "$cg" == *"$rel" ]] || fail "local rank $k is in '$rel', not in the job's $cg"
+    done
+}
+CG_WORKER='cat /proc/self/cgroup >cg.$LOCAL_RANK'
+
+# Workers are born inside the job's cgroup (clone3 with CLONE_INTO_CGROUP): none moves itself
+# there by writing to cgroup.procs, which waits for an RCU grace period, worker after worker.
+t_workers_born_in_the_cgroup() {
+    require_cgroup
+    require_strace
+    strace -f -e trace=clone3,write -o st.txt "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
+        >out 2>err || fail "launcher failed: $(cat err)"
+    grep -q 'clone3({flags=CLONE_INTO_CGROUP.*= -1 ENOSYS' st.txt &&
+        skip "this kernel has no CLONE_INTO_CGROUP (before 5.7)"
+    expect_eq "$(grep -c 'clone3({flags=CLONE_INTO_CGROUP, exit_signal=SIGCHLD.*= [0-9]' st.txt)" 3 \
+        "workers forked into the cgroup"
+    ! grep -qE 'write\([0-9]+, "0", 1' st.txt ||
+        fail "a worker joined by writing cgroup.procs: $(grep -E 'write\([0-9]+, "0", 1' st.txt)"
+    in_job_cgroup err 3
+}
+
+# Where the kernel refuses clone3 (before 5.7, or a seccomp filter), each worker is forked and
+# joins the group itself, before it execs.
+t_workers_join_the_cgroup_without_clone3() {
+    require_cgroup
+    require_strace
+    strace -f -e trace=clone3,write -e inject=clone3:error=ENOSYS -o st.txt "$LAUNCH" -v \
+        --nproc_per_node=3 sh -c "$CG_WORKER" >out 2>err || fail "launcher failed: $(cat err)"
+    expect_eq "$(grep -cE 'write\([0-9]+, "0", 1' st.txt)" 3 "workers that joined by cgroup.procs"
+    in_job_cgroup err 3
+}
