@@ -101,3 +101,50 @@ t_workers_join_the_cgroup_without_clone3() {
     expect_eq "$(grep -cE 'write\([0-9]+, "0", 1' st.txt)" 3 "workers that joined by cgroup.procs"
     in_job_cgroup err 3
 }
+
+# The run's temporary folder: $TMPDIR when set; else in memory when it only holds error files
+# ($XDG_RUNTIME_DIR when it is this user's, else /dev/shm when it is a tmpfs); /tmp for logs.
+# Removed at exit either way when no worker wrote an error file.
+errfile_of() { sed -n 's/^TORCHELASTIC_ERROR_FILE=//p' "$1"; }
+# (the folder mgpu/ of $XDG_RUNTIME_DIR holds the status sockets: it stays, empty)
+t_run_folder_in_memory() {
+    local xdg=$PWD/xdg f
+    mkdir -m 700 "$xdg"
+    env -u TMPDIR XDG_RUNTIME_DIR="$xdg" "$LAUNCH" --nproc_per_node=2 "$TW" env e.%l exit 0 >out 2>err ||
+        fail "launcher failed: $(cat err)"
+    f=$(errfile_of e.1)
+    case "$f" in "$xdg"/mgpu_none_*/attempt_0/1/error.json) ;; *) fail "error file '$f' not under \$XDG_RUNTIME_DIR" ;; esac
+    expect_eq "$(find "$xdg" -mindepth 1 ! -path "$xdg/mgpu")" "" "leftovers in \$XDG_RUNTIME_DIR (its mgpu/ holds status sockets)"
+    # without XDG_RUNTIME_DIR (or one that is not a folder of this user's): /dev/shm, a tmpfs
+    if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] && [ -w /dev/shm ]; then
+        env -u TMPDIR XDG_RUNTIME_DIR=/nonexistent "$LAUNCH" --nproc_per_node=2 "$TW" env e.%l exit 0 \
+            >out 2>err || fail "launcher failed: $(cat err)"
+        f=$(errfile_of e.0)
+        case "$f" in /dev/shm/mgpu_none_*/attempt_0/0/error.json) ;; *) fail "error file '$f' not under /dev/shm" ;; esac
+        [ ! -e "${f%/attempt_0/0/error.json}" ] || fail "the run folder ${f%/attempt_0/0/error.json} is left"
+    fi
+    # a worker's error file keeps the folder, and the report names it
+    env -u TMPDIR XDG_RUNTIME_DIR="$xdg" "$LAUNCH" --nproc_per_node=2 "$TW" only 1 errfile "RuntimeError: kept" \
+        only 1 exit 1 pause >out 2>err
+    f=$(sed -n 's/^ *error_file: //p' err)
+    case "$f" in "$xdg"/mgpu_none_*/attempt_0/1/error.json) ;; *) fail "reported error file '$f' not under \$XDG_RUNTIME_DIR: $(cat err)" ;; esac
+    [ -f "$f" ] || fail "the error file $f is gone"
+}
+
+t_run_folder_with_logs_on_disk() {
+    local xdg=$PWD/xdg f
+    mkdir -m 700 "$xdg"
+    env -u TMPDIR XDG_RUNTIME_DIR="$xdg" "$LAUNCH" --nproc_per_node=1 --tee 3 "$TW" env e.%l exit 0 >out 2>err ||
+        fail "launcher failed: $(cat err)"
+    f=$(errfile_of e.0)
+    case "$f" in /tmp/mgpu_none_*/attempt_0/0/error.json) ;; *) fail "error file '$f' with --tee not under /tmp" ;; esac
+    expect_grep err "worker logs are in /tmp/mgpu_none_"
+    rm -rf "${f%/attempt_0/0/error.json}"
+    expect_eq "$(find "$xdg" -mindepth 1 ! -path "$xdg/mgpu")" "" "leftovers in \$XDG_RUNTIME_DIR (its mgpu/ holds status sockets)"
+    # TMPDIR, when set, wins
+    mkdir tmp2
+    TMPDIR=$PWD/tmp2 XDG_RUNTIME_DIR="$xdg" "$LAUNCH" --nproc_per_node=1 "$TW" env e.%l exit 0 >out 2>err ||
+        fail "launcher failed: $(cat err)"
+    f=$(errfile_of e.0)
+    case "$f" in "$PWD"/tmp2/mgpu_none_*/attempt_0/0/error.json) ;; *) fail "error file '$f' not under \$TMPDIR" ;; esac
+}
