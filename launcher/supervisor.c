@@ -833,10 +833,12 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
     mgpu_trace_mark("loop");
-    if ((rc = mgpu_watch_init(s, err)) == 0) {
-        mgpu_trace_mark("status socket");
+    if ((rc = mgpu_watch_init(s, err)) == 0)
         rc = start_attempt(s, err);
-    }
+    /* `mgpu-launch status`'s socket: made once the workers run, off their way to exec. */
+    if (rc == 0)
+        mgpu_watch_serve(s);
+    mgpu_trace_mark("status socket");
     if (rc < 0)
         mgpu_error("%s", err->msg);
     /* Exits that happened before the SIGCHLD handle existed are collected here too. */

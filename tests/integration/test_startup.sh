@@ -1,5 +1,6 @@
 # test_startup.sh - the launcher's own start and stop: MGPU_LAUNCH_TRACE's timeline of its
-# phases.
+# phases; workers born in the job's cgroup; where the run's temporary folder goes; what waits
+# until the workers run (the status socket).
 
 # hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
@@ -18,7 +19,8 @@ t_trace_phases_in_order() {
     # the start path's phases come in this order, exit last
     local names prev=0 n w
     names=$(trace_rows err | awk '{ n = $0; sub(/^  /, "", n); sub(/ +[0-9].*$/, "", n); print n }')
-    for w in parse plan pages cgroup keeper rendezvous pipes fork exec "workers exit" "store stop" exit; do
+    for w in parse plan pages cgroup keeper rendezvous pipes fork exec "status socket" "workers exit" \
+        "store stop" exit; do
         n=$(grep -nxF "$w" <<<"$names" | head -1 | cut -d: -f1)
         [ -n "$n" ] || fail "no phase '$w' in: $(cat err)"
         [ "$n" -gt "$prev" ] || fail "phase '$w' comes before the one listed ahead of it: $(cat err)"
