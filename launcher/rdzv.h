@@ -90,6 +90,11 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
  * Returns 0, or a negative code when there is none. Does not wait. */
 int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
                             size_t len);
+/* How many keys the store holds now, of every prefix: taken before the workers start and
+ * after they end, it says whether any of them wrote one (a worker that deletes as many keys
+ * as it writes aside), so that the timelines need not be asked for one by one when none did.
+ * Returns 0, or a negative code. Does not wait. */
+int mgpu_rdzv_num_keys(mgpu_rdzv_t *r, long long *n);
 void mgpu_rdzv_close(mgpu_rdzv_t *r);
 
 #endif

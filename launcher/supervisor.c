@@ -752,7 +752,8 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
                  mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
-    int rc;
+    long long keys0, keys1;
+    int rc, published;
 
     memset(res, 0, sizeof *res);
     res->root = res->root_attempt = -1;
@@ -833,6 +834,10 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
     mgpu_trace_mark("loop");
+    /* The store's keys before any worker runs: the same number at the end means that no worker
+     * published a timeline (mgpu_rdzv_num_keys), and 2 round trips a rank are saved. */
+    if (rdzv == NULL || mgpu_rdzv_num_keys(rdzv, &keys0) < 0)
+        keys0 = -1;
     if ((rc = mgpu_watch_init(s, err)) == 0)
         rc = start_attempt(s, err);
     /* `mgpu-launch status`'s socket: made once the workers run, off their way to exec. */
@@ -862,7 +867,10 @@ int mgpu_sup_run(const mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     res->signal = s->user_signal;
     res->t_end = mgpu_clock_real();
     /* The workers' startup timelines of the last attempt, when they published any. */
-    for (int k = 0; rdzv != NULL && k < s->nproc; k++)
+    published = rdzv != NULL;
+    if (published && keys0 >= 0 && mgpu_rdzv_num_keys(rdzv, &keys1) == 0 && keys1 == keys0)
+        published = 0;
+    for (int k = 0; published && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
                                 res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
     /* The report prints the error files' paths: without --log_dir they must not go with the

@@ -1,6 +1,6 @@
 # test_startup.sh - the launcher's own start and stop: MGPU_LAUNCH_TRACE's timeline of its
 # phases; workers born in the job's cgroup; where the run's temporary folder goes; what waits
-# until the workers run (the status socket).
+# until the workers run (the status socket) or is skipped (asking for timelines none wrote).
 
 # hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
@@ -149,4 +149,19 @@ t_run_folder_with_logs_on_disk() {
         fail "launcher failed: $(cat err)"
     f=$(errfile_of e.0)
     case "$f" in "$PWD"/tmp2/mgpu_none_*/attempt_0/0/error.json) ;; *) fail "error file '$f' not under \$TMPDIR" ;; esac
+}
+
+# The launcher asks the store for each rank's startup timeline only when some worker wrote to
+# the store: with none (a program without libmgpu), the requests are as many for 16 workers as
+# for 1 (test_timeline.sh checks that published timelines are still read).
+t_no_timeline_requests_when_none_published() {
+    require_strace
+    local n1 n16
+    strace -f -e trace=sendto -o st1.txt "$LAUNCH" --nproc_per_node=1 /bin/true >out 2>err ||
+        fail "launcher failed: $(cat err)"
+    strace -f -e trace=sendto -o st16.txt "$LAUNCH" --nproc_per_node=16 /bin/true >out 2>err ||
+        fail "launcher failed: $(cat err)"
+    n1=$(grep -c 'sendto(' st1.txt)
+    n16=$(grep -c 'sendto(' st16.txt)
+    expect_eq "$n16" "$n1" "requests to the store with 16 workers (1 worker: $n1)"
 }
