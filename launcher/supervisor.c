@@ -352,7 +352,7 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         char rank_dir[2300];
         int redirect = mgpu_std_spec_get(&o_opts->redirects, k);
         int tee = mgpu_std_spec_get(&o_opts->tee, k);
-        int shown = o_opts->nfilter == 0;
+        int shown = o_opts->nfilter == 0, fresh;
 
         for (int i = 0; i < o_opts->nfilter; i++)
             shown |= o_opts->filter[i] == k;
@@ -364,10 +364,16 @@ static int start_attempt(sup_t *s, mgpu_err_t *err)
         p->k = k;
         p->pid = -1;
         snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
-        if ((rc = mgpu_fs_mkdir_p(rank_dir)) < 0)
-            return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
+        /* The attempt's folder once, then one mkdir a rank (not one a level); a folder made
+         * now holds no error file of an earlier run to remove. */
+        if (k == 0 && (rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
+        fresh = mkdir(rank_dir, 0755) == 0;
+        if (!fresh && errno != EEXIST)
+            return mgpu_err_set(err, -errno, "mkdir(%s): %s", rank_dir, strerror(errno));
         snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
-        unlink(o->error_file);
+        if (!fresh)
+            unlink(o->error_file);
         if (o_opts->no_prefix)
             p->prefix[0] = '\0';
         else
