@@ -64,6 +64,9 @@ require_strace() {
     command -v strace >/dev/null 2>&1 || skip "no strace (apt-get install strace)"
     strace -f -o /dev/null /bin/true 2>/dev/null || skip "strace cannot trace here"
 }
+# traced ARGS...: strace ARGS; in the sanitizer build without the leak check, which cannot run
+# under ptrace (it would fail the launcher's exit)
+traced() { ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 strace "$@"; }
 
 # in_job_cgroup ERR N: the N workers' /proc/self/cgroup (files cg.K) name the job's group
 in_job_cgroup() {
@@ -82,7 +85,7 @@ CG_WORKER='cat /proc/self/cgroup >cg.$LOCAL_RANK'
 t_workers_born_in_the_cgroup() {
     require_cgroup
     require_strace
-    strace -f -e trace=clone3,write -o st.txt "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
+    traced -f -e trace=clone3,write -o st.txt "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
         >out 2>err || fail "launcher failed: $(cat err)"
     grep -q 'clone3({flags=CLONE_INTO_CGROUP.*= -1 ENOSYS' st.txt &&
         skip "this kernel has no CLONE_INTO_CGROUP (before 5.7)"
@@ -98,7 +101,7 @@ t_workers_born_in_the_cgroup() {
 t_workers_join_the_cgroup_without_clone3() {
     require_cgroup
     require_strace
-    strace -f -e trace=clone3,write -e inject=clone3:error=ENOSYS -o st.txt "$LAUNCH" -v \
+    traced -f -e trace=clone3,write -e inject=clone3:error=ENOSYS -o st.txt "$LAUNCH" -v \
         --nproc_per_node=3 sh -c "$CG_WORKER" >out 2>err || fail "launcher failed: $(cat err)"
     expect_eq "$(grep -cE 'write\([0-9]+, "0", 1' st.txt)" 3 "workers that joined by cgroup.procs"
     in_job_cgroup err 3
@@ -157,9 +160,9 @@ t_run_folder_with_logs_on_disk() {
 t_no_timeline_requests_when_none_published() {
     require_strace
     local n1 n16
-    strace -f -e trace=sendto -o st1.txt "$LAUNCH" --nproc_per_node=1 /bin/true >out 2>err ||
+    traced -f -e trace=sendto -o st1.txt "$LAUNCH" --nproc_per_node=1 /bin/true >out 2>err ||
         fail "launcher failed: $(cat err)"
-    strace -f -e trace=sendto -o st16.txt "$LAUNCH" --nproc_per_node=16 /bin/true >out 2>err ||
+    traced -f -e trace=sendto -o st16.txt "$LAUNCH" --nproc_per_node=16 /bin/true >out 2>err ||
         fail "launcher failed: $(cat err)"
     n1=$(grep -c 'sendto(' st1.txt)
     n16=$(grep -c 'sendto(' st16.txt)
