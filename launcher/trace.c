@@ -1,9 +1,10 @@
 /* trace.c - the launcher's own timeline (see trace.h). */
 #include "trace.h"
 
+#include <errno.h>  /* errno */
 #include <fcntl.h>  /* open */
 #include <stdio.h>  /* snprintf */
-#include <string.h> /* strcmp */
+#include <string.h> /* strcmp, strerror */
 #include <unistd.h> /* getpid, write */
 
 #include "clock.h" /* mgpu_clock_mono_ns */
@@ -98,8 +99,16 @@ void mgpu_trace_report(void)
     if (u >= sizeof buf)
         u = sizeof buf - 1;
     if (trace.path[0] &&
-        (fd = open(trace.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) < 0)
+        (fd = open(trace.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) < 0) {
+        /* The table is not lost: it goes where MGPU_LAUNCH_TRACE=1 would send it. */
+        char note[1200];
+        int n = snprintf(note, sizeof note,
+                         "mgpu-launch: warning: MGPU_LAUNCH_TRACE=%s: open: %s; expected 1 "
+                         "(stderr) or a file that can be written: the trace follows here\n",
+                         trace.path, strerror(errno));
         fd = 2;
+        mgpu_fdio_write_all(fd, note, n > 0 && (size_t)n < sizeof note ? (size_t)n : 0);
+    }
     mgpu_fdio_write_all(fd, buf, u);
     if (fd != 2)
         close(fd);

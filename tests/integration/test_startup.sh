@@ -44,6 +44,11 @@ t_trace_to_a_file_appends() {
     expect_eq "$rc" 1
     expect_eq "$(grep -c '^mgpu-launch trace:' trace.txt)" 2 "tables in trace.txt"
     ! grep -q 'mgpu-launch trace' err || fail "a trace on stderr too: $(cat err)"
+    # a file that cannot be written: said, and the table comes on stderr
+    MGPU_LAUNCH_TRACE=$PWD/no/such/dir/trace.txt run_launch --nproc_per_node=1 /bin/true
+    expect_eq "$rc" 0
+    expect_grep err "MGPU_LAUNCH_TRACE=$PWD/no/such/dir/trace.txt: open: No such file or directory"
+    expect_grep err '^mgpu-launch trace: pid'
 }
 
 t_trace_off_by_default() {
