@@ -3,11 +3,12 @@
 
 #include <errno.h>       /* errno */
 #include <fcntl.h>       /* open */
-#include <signal.h>      /* kill */
+#include <signal.h>      /* kill, SIGCHLD */
+#include <stdint.h>      /* uint64_t */
 #include <stdio.h>       /* snprintf */
 #include <string.h>      /* strncmp */
 #include <sys/stat.h>    /* mkdir */
-#include <sys/syscall.h> /* SYS_getdents64 */
+#include <sys/syscall.h> /* SYS_getdents64, SYS_clone3 */
 #include <time.h>        /* nanosleep */
 #include <unistd.h>      /* read, write, rmdir */
 
@@ -134,7 +135,7 @@ int mgpu_cgroup_create(mgpu_cgroup_t *cg, const char *parent, const char *name, 
     int rc;
 
     memset(cg, 0, sizeof *cg);
-    cg->procs_fd = -1;
+    cg->procs_fd = cg->dir_fd = -1;
     if (parent != NULL && parent[0]) {
         snprintf(dir, sizeof dir, "%s", parent);
     } else {
@@ -180,6 +181,8 @@ int mgpu_cgroup_create(mgpu_cgroup_t *cg, const char *parent, const char *name, 
         cg->path[0] = '\0';
         return rc;
     }
+    /* Without it, workers are forked and then join (mgpu_cgroup_fork_into says why not). */
+    cg->dir_fd = open(cg->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     return 0;
 }
 
@@ -189,6 +192,40 @@ int mgpu_cgroup_join(const mgpu_cgroup_t *cg)
     if (cg == NULL || cg->procs_fd < 0)
         return 0;
     return write(cg->procs_fd, "0", 1) == 1 ? 0 : -errno;
+}
+
+/* clone3's argument, struct clone_args of <linux/sched.h> up to its `cgroup` field (88 bytes,
+ * CLONE_ARGS_SIZE_VER2): written out because that header's CLONE_* names clash with
+ * <sched.h>'s. */
+struct clone3_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
+};
+#define CLONE3_INTO_CGROUP 0x200000000ULL
+
+pid_t mgpu_cgroup_fork_into(const mgpu_cgroup_t *cg)
+{
+#ifdef SYS_clone3
+    struct clone3_args a;
+    long pid;
+
+    if (cg == NULL || cg->dir_fd < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    memset(&a, 0, sizeof a);
+    a.flags = CLONE3_INTO_CGROUP;
+    a.exit_signal = SIGCHLD;
+    a.cgroup = (uint64_t)cg->dir_fd;
+    /* No stack of its own and no CLONE_VM: the child runs on a copy of this stack, as after
+     * fork, and returns here with 0. */
+    pid = syscall(SYS_clone3, &a, sizeof a);
+    return pid < 0 ? -1 : (pid_t)pid;
+#else
+    (void)cg;
+    errno = ENOSYS;
+    return -1;
+#endif
 }
 
 /* Calls fn(pid, arg) for every pid in cgroup.procs; returns how many there were, or -errno.
@@ -333,5 +370,7 @@ void mgpu_cgroup_close(mgpu_cgroup_t *cg)
 {
     if (cg->procs_fd >= 0)
         close(cg->procs_fd);
-    cg->procs_fd = -1;
+    if (cg->dir_fd >= 0)
+        close(cg->dir_fd);
+    cg->procs_fd = cg->dir_fd = -1;
 }

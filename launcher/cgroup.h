@@ -15,12 +15,13 @@
  * mgpu_cgroup_signal, mgpu_cgroup_kill and mgpu_cgroup_remove use only async-signal-safe calls
  * (no stdio, no malloc): the keeper, forked from the multi-threaded launcher, calls them.
  *
- * Ownership: the caller owns the mgpu_cgroup_t; procs_fd is close-on-exec and is closed by
- * mgpu_cgroup_close, which leaves the group itself to mgpu_cgroup_remove. */
+ * Ownership: the caller owns the mgpu_cgroup_t; procs_fd and dir_fd are close-on-exec and are
+ * closed by mgpu_cgroup_close, which leaves the group itself to mgpu_cgroup_remove. */
 #ifndef MGPU_CGROUP_H
 #define MGPU_CGROUP_H
 
-#include <stddef.h> /* size_t */
+#include <stddef.h>    /* size_t */
+#include <sys/types.h> /* pid_t */
 
 #include "error.h" /* mgpu_err_t */
 
@@ -32,6 +33,7 @@ typedef struct mgpu_cgroup {
     char kill[MGPU_CGROUP_PATH_MAX + 16];   /* path/cgroup.kill, "" when the kernel lacks it */
     char freeze[MGPU_CGROUP_PATH_MAX + 16]; /* path/cgroup.freeze, "" when the kernel lacks it */
     int procs_fd; /* open for writing: a child writes "0" to it to join, -1 when none */
+    int dir_fd;   /* the group's folder, for clone3's CLONE_INTO_CGROUP; -1 when none */
 } mgpu_cgroup_t;
 
 /* The mount point of the cgroup2 file system from the text of /proc/self/mountinfo, with its
@@ -50,6 +52,16 @@ int mgpu_cgroup_dir(const char *mnt, const char *root, const char *self, char *o
 int mgpu_cgroup_create(mgpu_cgroup_t *cg, const char *parent, const char *name, mgpu_err_t *err);
 /* Called in a child between fork and exec: moves it into the group. Returns 0 or -errno. */
 int mgpu_cgroup_join(const mgpu_cgroup_t *cg);
+/* Forks, as fork(2) does, a child that is born inside the group: clone3 with
+ * CLONE_INTO_CGROUP (Linux 5.7). Moving a process afterwards (mgpu_cgroup_join) takes the
+ * kernel's cgroup-wide write lock, which waits for an RCU grace period: 0.5 to 15 ms a worker
+ * on a 2-core VM, where a fork into the group costs what a fork costs. Returns the child's pid
+ * in the parent and 0 in the child; or -1 with errno and no child (EBADF: no group; ENOSYS: a
+ * kernel before 5.7 or a seccomp filter that refuses clone3; or the kernel's refusal of the
+ * group), when the caller forks and joins instead. The child must only make async-signal-safe
+ * calls until it execs: it is not a fork of the C library's (no atfork handlers, and the
+ * thread id the library keeps for it is its parent's). */
+pid_t mgpu_cgroup_fork_into(const mgpu_cgroup_t *cg);
 /* Number of processes in the group now (0 when none or no group). */
 int mgpu_cgroup_count(const mgpu_cgroup_t *cg);
 /* Sends sig to every process in the group. Returns how many were signalled. */
@@ -60,7 +72,7 @@ int mgpu_cgroup_kill(const mgpu_cgroup_t *cg);
 /* Kills what is left and removes the group, waiting up to timeout_ms for the dying processes
  * to leave it. Returns 0 (or when there is no group), or -errno of the last rmdir. */
 int mgpu_cgroup_remove(const mgpu_cgroup_t *cg, int timeout_ms);
-/* Closes procs_fd (the group itself stays). */
+/* Closes procs_fd and dir_fd (the group itself stays). */
 void mgpu_cgroup_close(mgpu_cgroup_t *cg);
 
 #endif

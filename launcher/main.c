@@ -24,6 +24,7 @@
 #include "spawner.h"       /* mgpu_spawner_keeper_start */
 #include "status_client.h" /* mgpu_status_client_main */
 #include "supervisor.h"    /* mgpu_sup_run */
+#include "trace.h"         /* mgpu_trace_mark */
 
 static const char *env_lookup(const char *name)
 {
@@ -196,7 +197,7 @@ static int contain(mgpu_cgroup_t *cg, mgpu_err_t *err)
     char name[64];
 
     memset(cg, 0, sizeof *cg);
-    cg->procs_fd = -1;
+    cg->procs_fd = cg->dir_fd = -1;
     if (v != NULL && strcmp(v, "0") == 0) {
         mgpu_info("containment: subreaper keeper (no cgroup: MGPU_CGROUP=0)");
         return 0;
@@ -258,6 +259,7 @@ int main(int argc, char **argv)
     int level = loglevel ? mgpu_log_level_parse(loglevel) : -1;
     int rc;
 
+    mgpu_trace_init(getenv("MGPU_LAUNCH_TRACE"));
     ensure_std_fds();
     mgpu_log_init("mgpu-launch", level >= 0 ? (mgpu_log_level_t)level : MGPU_LOG_WARN);
     /* `mgpu-launch status`: another terminal asks the running jobs (a program named status
@@ -269,11 +271,13 @@ int main(int argc, char **argv)
     mgpu_cli_scrub_token(&cli); /* before the keeper is forked: it inherits argv's memory */
     if (cli.hostfile[0] || cli.hosts[0]) /* one launcher per host, over ssh */
         return mgpu_remote_main(&cli, argc, argv);
+    mgpu_trace_mark("parse");
     if (plan_run(&plan, &cli, &err) < 0) {
         mgpu_error("%s", err.msg);
         mgpu_plan_free(&plan);
         return 2;
     }
+    mgpu_trace_mark("plan");
     /* The workers' progress pages: made here so that --dry-run shows their variables. */
     if (mgpu_pages_open(&pages, plan.nproc, &err) < 0) {
         mgpu_error("%s", err.msg);
@@ -282,6 +286,7 @@ int main(int argc, char **argv)
         return 1;
     }
     mgpu_plan_set_pages(&plan, &pages);
+    mgpu_trace_mark("pages");
     if (plan.dry_run != MGPU_DRY_NONE) {
         if (plan.dry_run == MGPU_DRY_JSON)
             mgpu_plan_print_json(&plan, stdout);
@@ -300,6 +305,7 @@ int main(int argc, char **argv)
         mgpu_pages_close(&pages);
         return 2;
     }
+    mgpu_trace_mark("cgroup");
     /* Without a cgroup, this process splits in two around a keeper that is the subreaper of
      * everything the job starts: this one waits and exits with the job's status, the other
      * goes on from here. With one (or should the split fail), the keeper watches the
@@ -325,6 +331,7 @@ int main(int argc, char **argv)
      * opens them and before its first thread. Not before the split above: fork copies only
      * the open descriptors' part of the table, and growing it once the store's thread runs
      * cost 4 ms a worker on a 16-core host (8 workers: 32 ms to start and exit, not 6). */
+    mgpu_trace_mark("keeper");
     mgpu_fdio_grow_table(128 + 8L * plan.nproc + mgpu_plan_max_conns(&plan));
     /* Started over ssh: the job ends with the connection (remote.h). */
     if (cli.watch_stdin && mgpu_remote_watch_stdin(&err) < 0) {
@@ -334,6 +341,7 @@ int main(int argc, char **argv)
         mgpu_pages_close(&pages);
         return 1;
     }
+    mgpu_trace_mark("fd table");
 
     if ((rc = rendezvous(&plan, &rdzv, &err)) < 0) {
         mgpu_error("%s", err.msg);
@@ -342,12 +350,14 @@ int main(int argc, char **argv)
         mgpu_pages_close(&pages);
         return rc == MGPU_E_USAGE ? 2 : 1;
     }
+    mgpu_trace_mark("rendezvous");
     fflush(stdout);
     fflush(stderr);
 
     /* Spawn and supervise, every attempt. */
     rc = mgpu_sup_run(&plan, rdzv, &cg, &keeper, &res, &err);
     mgpu_rdzv_close(rdzv);
+    mgpu_trace_mark("store stop");
     if (rc < 0) {
         mgpu_error("%s", err.msg);
         mgpu_run_result_free(&res);
@@ -358,12 +368,15 @@ int main(int argc, char **argv)
     }
     mgpu_debug("run over");
     report(&plan, &res);
+    mgpu_trace_mark("report");
     rc = res.exit_code;
     /* The run's folder goes here, unless it holds what must be kept: only then may the keeper
      * forget it. */
     mgpu_run_result_free(&res);
+    mgpu_trace_mark("run folder removal");
     mgpu_spawner_keeper_forget(&keeper);
     mgpu_plan_free(&plan);
     mgpu_pages_close(&pages);
+    mgpu_trace_report();
     return rc;
 }

@@ -624,6 +624,20 @@ int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int
     return rc;
 }
 
+int mgpu_rdzv_num_keys(mgpu_rdzv_t *r, long long *n)
+{
+    int64_t v = 0;
+    int rc;
+
+    if (r->lost)
+        return MGPU_E_PEER;
+    pthread_mutex_lock(&r->lock);
+    rc = mgpu_store_num_keys(r->client, &v, NULL);
+    pthread_mutex_unlock(&r->lock);
+    *n = (long long)v;
+    return rc;
+}
+
 void mgpu_rdzv_close(mgpu_rdzv_t *r)
 {
     if (r == NULL)

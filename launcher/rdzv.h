@@ -124,6 +124,11 @@ void mgpu_rdzv_leave(mgpu_rdzv_t *r, const char *why);
 void mgpu_rdzv_node_ranks(const mgpu_rdzv_t *r, int node, char *buf, size_t len);
 /* Why this launcher gave the store up, "" while it has not. */
 const char *mgpu_rdzv_lost_why(const mgpu_rdzv_t *r);
+/* How many keys the store holds now, of every prefix: taken before the workers start and
+ * after they end, it says whether any of them wrote one (a worker that deletes as many keys
+ * as it writes aside), so that the timelines need not be asked for one by one when none did.
+ * Returns 0, or a negative code. Does not wait. */
+int mgpu_rdzv_num_keys(mgpu_rdzv_t *r, long long *n);
 void mgpu_rdzv_close(mgpu_rdzv_t *r);
 
 #endif

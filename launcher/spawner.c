@@ -24,8 +24,9 @@ static void child_exec(const char *path, char *const argv[], char *const envp[],
     sigset_t none;
     int e;
 
-    /* Into the job's cgroup before anything else: all the worker will ever start is born
-     * inside it. Should the write fail, the process groups and the keeper still hold it. */
+    /* Into the job's cgroup before anything else (unless it was born there: cg NULL): all the
+     * worker will ever start is born inside it. Should the write fail, the process groups and
+     * the keeper still hold it. */
     mgpu_cgroup_join(cg);
     /* --numa_binding: set here, before exec, so that every thread the program starts and
      * every process it forks inherits it (a raw syscall: safe between fork and exec). The
@@ -83,9 +84,15 @@ pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp
                           const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
 {
     pid_t self = getpid();
-    pid_t pid = fork();
+    /* Born in the job's cgroup where the kernel can; else forked, and it joins (cgroup.h). */
+    pid_t pid = mgpu_cgroup_fork_into(cg);
+    int joined = pid >= 0;
+
+    if (pid < 0)
+        pid = fork();
     if (pid == 0)
-        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, cg, cpus);
+        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, joined ? NULL : cg,
+                   cpus);
     return pid < 0 ? -errno : pid;
 }
 

@@ -25,10 +25,10 @@
 /* Forks a worker that executes path with argv and envp, its stdout on out_w, its stderr on
  * err_w. exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
  * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno. The signals in reset go back
- * to their default action in the child. The child joins the job's cgroup cg first (NULL or
- * a cg with no group: none), and runs on the CPUs of cpus (NULL: the launcher's), which its
- * threads and children inherit. Call with every signal blocked. Returns the child's pid, or
- * a negative errno when fork failed. */
+ * to their default action in the child. The child is born in the job's cgroup cg (or, where
+ * the kernel cannot do that, joins it first; NULL or a cg with no group: none), and runs on the
+ * CPUs of cpus (NULL: the launcher's), which its threads and children inherit. Call with every
+ * signal blocked. Returns the child's pid, or a negative errno when fork failed. */
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
                           const mgpu_cgroup_t *cg, const cpu_set_t *cpus);

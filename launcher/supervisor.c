@@ -12,7 +12,8 @@
 #include <string.h>    /* strerror */
 #include <sys/ioctl.h> /* FIONREAD, TIOCGWINSZ */
 #include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER */
-#include <sys/stat.h>  /* mkdir */
+#include <sys/stat.h>  /* mkdir, stat */
+#include <sys/vfs.h>   /* statfs */
 #include <sys/wait.h>  /* waitpid */
 #include <unistd.h>    /* fork, execve */
 #include <uv.h>        /* the event loop */
@@ -28,6 +29,7 @@
 #include "pages.h"    /* mgpu_pages_set_lost */
 #include "shm_head.h" /* mgpu_shm_remove_stale */
 #include "spawner.h"  /* mgpu_spawner_worker */
+#include "trace.h"    /* mgpu_trace_mark */
 
 extern char **environ;
 
@@ -201,6 +203,7 @@ static void record_exit(sup_t *s, proc_t *p, int status)
                       p->k, o->rank, (int)p->pid, o->exit_code);
     }
     if (s->running == 0) {
+        mgpu_trace_mark("workers exit");
         /* Every worker exited: stop what they left behind, SIGKILL after the grace period
          * (at once when the SIGKILL already went out: a stubborn child of a worker killed
          * then was reparented here only when that worker died). */
@@ -354,7 +357,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         char rank_dir[2300];
         int redirect = mgpu_std_spec_get(&o_opts->redirects, k);
         int tee = mgpu_std_spec_get(&o_opts->tee, k);
-        int shown = o_opts->nfilter == 0;
+        int shown = o_opts->nfilter == 0, fresh;
 
         for (int i = 0; i < o_opts->nfilter; i++)
             shown |= o_opts->filter[i] == k;
@@ -366,10 +369,16 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         p->k = k;
         p->pid = -1;
         snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
-        if ((rc = mgpu_fs_mkdir_p(rank_dir)) < 0)
-            return mgpu_err_set(err, rc, "mkdir(%s): %s", rank_dir, strerror(-rc));
+        /* The attempt's folder once, then one mkdir a rank (not one a level); a folder made
+         * now holds no error file of an earlier run to remove. */
+        if (k == 0 && (rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
+        fresh = mkdir(rank_dir, 0755) == 0;
+        if (!fresh && errno != EEXIST)
+            return mgpu_err_set(err, -errno, "mkdir(%s): %s", rank_dir, strerror(errno));
         snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
-        unlink(o->error_file);
+        if (!fresh)
+            unlink(o->error_file);
         if (o_opts->no_prefix)
             p->prefix[0] = '\0';
         else
@@ -418,6 +427,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     }
 
     mgpu_debug("attempt %d: log folders and pipes ready", s->attempt);
+    mgpu_trace_mark("pipes");
     /* Fork every worker first, then collect exec results: the workers start in parallel. */
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
@@ -451,6 +461,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
+    mgpu_trace_mark("fork");
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -481,6 +492,17 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
             if (t > 0 && (w->t_first_exec == 0 || t < w->t_first_exec))
                 w->t_first_exec = t;
         }
+    mgpu_trace_mark("exec");
+    if (mgpu_trace_on()) {
+        /* The children stamp their exec on CLOCK_REALTIME: brought onto the trace's clock */
+        double first = 0, real = mgpu_clock_real();
+        int64_t mono = mgpu_clock_mono_ns();
+        for (int k = 0; k < s->nproc; k++)
+            if (s->procs[k].out->t_exec > 0 && (first == 0 || s->procs[k].out->t_exec < first))
+                first = s->procs[k].out->t_exec;
+        if (first > 0)
+            mgpu_trace_point("first exec", mono - (int64_t)((real - first) * 1e9));
+    }
     if (rc < 0)
         mgpu_sup_stop_group(s, SIGKILL);
     return rc;
@@ -546,6 +568,36 @@ void mgpu_sup_maybe_finish(sup_t *s)
     mgpu_sup_attempt_done(s, s->root >= 0, NULL);
 }
 
+/* Where the run's temporary folder goes when there is no --log_dir: $TMPDIR when it is set,
+ * as torchrun's tempfile does. Else a folder that only ever holds the workers' error files (no
+ * --tee, --redirects or --duplicate_*_filters: no logs, which may be large) lives in memory:
+ * $XDG_RUNTIME_DIR when it is this user's folder, else /dev/shm when it is a tmpfs; else /tmp.
+ * The folder and one folder a rank are made at every start and removed at every exit: on a
+ * disk they were most of the start (a 2-core VM's ext4 without a journal, mounted with
+ * discard: 0.2-0.4 ms a mkdir, 0.1-3 ms an rmdir; tmpfs: 5 us). */
+static const char *run_folder_base(const mgpu_plan_t *plan)
+{
+    const char *tmp = getenv("TMPDIR"), *xdg = getenv("XDG_RUNTIME_DIR");
+    const mgpu_plan_output_t *o = &plan->output;
+    struct stat st;
+    struct statfs sf;
+    int logs = o->dup[0].n > 0 || o->dup[1].n > 0;
+
+    if (tmp != NULL && tmp[0])
+        return tmp;
+    for (int k = 0; k < plan->nproc; k++)
+        logs |= (mgpu_std_spec_get(&o->redirects, k) | mgpu_std_spec_get(&o->tee, k)) != 0;
+    if (logs)
+        return "/tmp";
+    if (xdg != NULL && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+        st.st_uid == getuid() && access(xdg, W_OK | X_OK) == 0)
+        return xdg;
+    if (statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 /* TMPFS_MAGIC */ &&
+        access("/dev/shm", W_OK | X_OK) == 0)
+        return "/dev/shm";
+    return "/tmp";
+}
+
 /* The expiration timers' view of the workers (filetimer.h). */
 static int timer_worker_of(void *arg, pid_t pid, int *rank)
 {
@@ -568,7 +620,8 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
                  mgpu_spawner_keeper_t *keeper, mgpu_run_result_t *res, mgpu_err_t *err)
 {
     sup_t *s = calloc(1, sizeof *s);
-    int rc;
+    long long keys0, keys1;
+    int rc, published;
 
     memset(res, 0, sizeof *res);
     res->root = res->root_attempt = -1;
@@ -610,9 +663,8 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
             goto out;
         }
     } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(res->log_root, sizeof res->log_root, "%s/mgpu_%s_XXXXXX",
-                 tmp && *tmp ? tmp : "/tmp", plan->run_id);
+        snprintf(res->log_root, sizeof res->log_root, "%s/mgpu_%s_XXXXXX", run_folder_base(plan),
+                 plan->run_id);
         if (mkdtemp(res->log_root) == NULL) {
             rc = mgpu_err_set(err, -errno, "mkdtemp(%s): %s", res->log_root, strerror(errno));
             goto out;
@@ -622,6 +674,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         mgpu_spawner_keeper_tell_path(&s->keeper, res->log_root);
     }
 
+    mgpu_trace_mark("run folder");
     uv_loop_init(&s->loop);
     if ((rc = mgpu_filetimer_open(&s->loop, environ,
                                   &(mgpu_filetimer_hooks_t){timer_worker_of, timer_expired, s},
@@ -652,14 +705,24 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     uv_signal_init(&s->loop, &s->winch);
     s->winch.data = s;
     uv_signal_start(&s->winch, on_winch, SIGWINCH);
+    mgpu_trace_mark("loop");
+    /* The store's keys before any worker runs: the same number at the end means that no worker
+     * published a timeline (mgpu_rdzv_num_keys), and 2 round trips a rank are saved. */
+    if (rdzv == NULL || mgpu_rdzv_num_keys(rdzv, &keys0) < 0)
+        keys0 = -1;
     if ((rc = mgpu_watch_init(s, err)) == 0)
         rc = mgpu_sup_start_attempt(s, err);
+    /* `mgpu-launch status`'s socket: made once the workers run, off their way to exec. */
+    if (rc == 0)
+        mgpu_watch_serve(s);
+    mgpu_trace_mark("status socket");
     if (rc < 0)
         mgpu_error("%s", err->msg);
     /* Exits that happened before the SIGCHLD handle existed are collected here too. */
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    mgpu_trace_mark("loop end");
     for (int i = 0; i < 2; i++)
         if (s->filtered_fd[i] >= 0)
             close(s->filtered_fd[i]);
@@ -672,10 +735,14 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     if (mgpu_cgroup_remove(&s->cg, 50) == 0)
         s->cg.path[0] = '\0';
     mgpu_spawner_keeper_release(&s->keeper);
+    mgpu_trace_mark("cgroup remove");
     res->signal = s->user_signal;
     res->t_end = mgpu_clock_real();
     /* The workers' startup timelines of the last attempt, when they published any. */
-    for (int k = 0; rdzv != NULL && k < s->nproc; k++)
+    published = rdzv != NULL;
+    if (published && keys0 >= 0 && mgpu_rdzv_num_keys(rdzv, &keys1) == 0 && keys1 == keys0)
+        published = 0;
+    for (int k = 0; published && k < s->nproc; k++)
         mgpu_rdzv_read_timeline(rdzv, plan->run_id, s->attempt, res->outcomes[k].rank,
                                 res->outcomes[k].timeline, sizeof res->outcomes[k].timeline);
     /* The report prints the error files' paths: without --log_dir they must not go with the
@@ -684,6 +751,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         res->keep_error_files |= access(res->outcomes[k].error_file, F_OK) == 0;
     for (int i = 0; i < res->nhistory; i++)
         res->keep_error_files |= access(res->history[i].error_file, F_OK) == 0;
+    mgpu_trace_mark("timelines");
     if (s->user_signal)
         res->exit_code = 128 + s->user_signal;
     else if (res->root >= 0)

@@ -123,8 +123,11 @@ void mgpu_sup_maybe_finish(sup_t *s);
 void mgpu_sup_fail(sup_t *s, int k, int code);
 
 /* watch.c: stall detection (--stall_timeout). init once (0 or a negative code), attempt at
- * each attempt's start once the workers run, close with the loop's other handles. */
+ * each attempt's start once the workers run, close with the loop's other handles. serve
+ * opens the status socket (status_server.h), once, after the first attempt's workers were
+ * started: a failure to open it is a warning. */
 int mgpu_watch_init(sup_t *s, mgpu_err_t *err);
+void mgpu_watch_serve(sup_t *s);
 void mgpu_watch_attempt(sup_t *s);
 void mgpu_watch_close(sup_t *s);
 /* relay.c tells of whole output lines (raw: n bytes, one or more lines) of local rank p. */

@@ -221,18 +221,22 @@ static void on_status(void *arg, mgpu_status_conn_t *c, int stacks)
 
 int mgpu_watch_init(sup_t *s, mgpu_err_t *err)
 {
-    mgpu_err_t serr = {0};
-
     uv_timer_init(&s->loop, &s->stall_timer);
     s->stall_timer.data = s;
     s->stall = calloc((size_t)s->nproc, sizeof *s->stall);
     if (s->stall == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
+    return 0;
+}
+
+void mgpu_watch_serve(sup_t *s)
+{
+    mgpu_err_t serr = {0};
+
     if (mgpu_status_server_start(&s->status, &s->loop, on_status, s, &serr) < 0)
         mgpu_warn("`mgpu-launch status` will not see this job: %s", serr.msg);
     else
         mgpu_spawner_keeper_tell_path(&s->keeper, s->status.path);
-    return 0;
 }
 
 void mgpu_watch_close(sup_t *s)

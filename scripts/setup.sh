@@ -8,7 +8,7 @@
 set -euo pipefail
 pkgs=(build-essential libuv1-dev libcjson-dev python3 python3-numpy python3-torch python3-sklearn
       clang libclang-rt-14-dev procps iproute2 nftables time gnuplot-nox jq slurm-wlm munge openmpi-bin
-      pkg-config help2man go-md2man man-db gdb elfutils python3-pip openssh-server)
+      pkg-config help2man go-md2man man-db gdb elfutils python3-pip openssh-server strace)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

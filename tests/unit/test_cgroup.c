@@ -122,6 +122,39 @@ static void test_create_join_kill_remove(void)
     CHECK(stat(cg.path, &st) != 0);
 }
 
+/* A child forked into the group (clone3's CLONE_INTO_CGROUP) is in it from its first
+ * instruction: counted at once, with no join, and killed with the group. */
+static void test_fork_into(void)
+{
+    mgpu_cgroup_t cg;
+    mgpu_err_t err = {0};
+    char name[64];
+    pid_t pid;
+    int status = 0;
+
+    snprintf(name, sizeof name, "mgpu-test-into-%d", (int)getpid());
+    if (mgpu_cgroup_create(&cg, NULL, name, &err) < 0)
+        SKIP("no cgroup can be made here: %s", err.msg);
+    CHECK(cg.dir_fd >= 0);
+    pid = mgpu_cgroup_fork_into(&cg);
+    if (pid < 0 && errno == ENOSYS) {
+        mgpu_cgroup_close(&cg);
+        mgpu_cgroup_remove(&cg, 100);
+        SKIP("clone3 is refused here (a kernel before 5.7, or a seccomp filter)");
+    }
+    if (pid == 0)
+        for (;;)
+            pause();
+    CHECK(pid > 0);
+    CHECK_INT(mgpu_cgroup_count(&cg), 1);
+    CHECK_INT(mgpu_cgroup_kill(&cg), 0);
+    CHECK_INT(waitpid(pid, &status, 0), pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    mgpu_cgroup_close(&cg);
+    CHECK_INT(cg.dir_fd, -1);
+    CHECK_INT(mgpu_cgroup_remove(&cg, 2000), 0);
+}
+
 /* Kernels before 5.14 have no cgroup.kill: the group is frozen and emptied one by one, even
  * while a process in it keeps forking. */
 static void test_kill_without_cgroup_kill(void)
@@ -190,6 +223,10 @@ static void test_create_under_missing_parent_fails(void)
     CHECK_INT(mgpu_cgroup_kill(&cg), 0);
     CHECK_INT(mgpu_cgroup_remove(&cg, 10), 0);
     CHECK_INT(mgpu_cgroup_join(&cg), 0);
+    /* and no fork into it: the caller forks and joins (nothing) instead */
+    errno = 0;
+    CHECK_INT(mgpu_cgroup_fork_into(&cg), -1);
+    CHECK_INT(errno, EBADF);
 }
 
 int main(void)
@@ -201,6 +238,7 @@ int main(void)
     RUN(test_v2_self);
     RUN(test_dir);
     RUN(test_create_join_kill_remove);
+    RUN(test_fork_into);
     RUN(test_kill_without_cgroup_kill);
     RUN(test_remove_with_nested_groups);
     RUN(test_create_under_missing_parent_fails);
