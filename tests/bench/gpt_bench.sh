@@ -176,7 +176,7 @@ mgpu_case() { # SHAPE PRECISION
         smi_start "$W/$n.smi"
         t0=$(date +%s)
         # a worker that runs but slowly (on the CPU, say) must not take the whole run's time
-        timeout "$((lim - 5))" "$BUILD/bin/mgpu-worker" "$cfg" "${kv[@]}" \
+        timeout -k 5 "$((lim - 10))" "$BUILD/bin/mgpu-worker" "$cfg" "${kv[@]}" \
             metrics_file="$W/$n.jsonl" >"$W/$n.out" 2>&1
         rc=$?
         smi_stop
@@ -208,7 +208,7 @@ torch_case() { # SHAPE MODE PRECISION
     [ "$budget" -lt 10 ] && budget=10
     smi_start "$W/$n.smi"
     # shellcheck disable=SC2086 # TORCH_ARGS is a list of options
-    timeout "$((lim - 5))" "$PY" "$bench" run --shapes "$s" --modes "$m" --precision "$p" \
+    timeout -k 5 "$((lim - 10))" "$PY" "$bench" run --shapes "$s" --modes "$m" --precision "$p" \
         --compile-budget "$budget" --window-s "${TORCH_WINDOW_S:-1}" ${TORCH_ARGS:-} \
         >"$W/$n.jsonl" 2>"$W/$n.err"
     rc=$?
