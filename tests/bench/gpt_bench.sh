@@ -55,6 +55,11 @@ root=$(cd "$here/../.." && pwd)
 BUILD=${MGPU_BUILD:-$root/build}
 PY=${PYTHON:-python3}
 bench=$here/gpt_torch_bench.py
+if [ $# -gt 0 ] && [ ! -d "$1" ] && "$PY" "$bench" spec bf16 1 "$1" >/dev/null 2>&1; then
+    echo "gpt_bench.sh: the first argument is the output folder, not a shape ('$1')" \
+        "(usage: gpt_bench.sh OUTDIR [SHAPE ...] [key=value ...])" >&2
+    exit 2
+fi
 OUT=${1:-$(mktemp -d)}
 [ $# -gt 0 ] && shift
 shapes=()
@@ -76,6 +81,18 @@ for p in $PRECISIONS; do
         exit 2
         ;;
     esac
+done
+for v in RUNS DEADLINE_S TORCH_COMPILE_BUDGET_S MGPU_TIMEOUT_S TOKENS; do
+    if ! [[ ${!v:-1} =~ ^[0-9]+$ ]]; then
+        echo "gpt_bench.sh: $v='${!v}': expected a whole number" >&2
+        exit 2
+    fi
+done
+for v in MGPU_TIME_S TORCH_WINDOW_S; do
+    if ! [[ ${!v:-1} =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+        echo "gpt_bench.sh: $v='${!v}': expected a number of seconds" >&2
+        exit 2
+    fi
 done
 # each shape known or well-formed before anything runs (the message names it and the known)
 "$PY" "$bench" spec bf16 1 "${shapes[@]}" >/dev/null || exit 2

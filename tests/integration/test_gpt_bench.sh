@@ -208,6 +208,13 @@ t_gpt_bench_shapes() {
     bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o L=2,D=64,H=2 >out 2>&1
     expect_eq "$?" 2 "exit status of a generic shape with letters missing"
     expect_grep out "shape 'L=2,D=64,H=2': T, B missing"
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" 124m 350m >out 2>&1
+    expect_eq "$?" 2 "exit status of a shape where the output folder goes"
+    expect_grep out "the first argument is the output folder, not a shape \('124m'\)"
+    DEADLINE_S=9m bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o 124m >out 2>&1
+    expect_eq "$?" 2 "exit status of a deadline that is no number"
+    expect_grep out "DEADLINE_S='9m': expected a whole number"
+    [ ! -e o ] || fail "a refused call left o behind"
     PRECISIONS="bf16 fp16" bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o small >out 2>&1
     expect_eq "$?" 2 "exit status of an unknown precision"
     expect_grep out "PRECISIONS: unknown precision 'fp16' \(expected bf16, tf32, fp32\)"
