@@ -24,13 +24,14 @@
 #      product"); with GEMM_PROFILE=1, 20 steps of mgpu-worker and 10 of PyTorch eager at 124M
 #      under Nsight Systems (nsys, CUDA graphs traced node by node): the time of their GEMM
 #      kernels per step; without nsys, mgpu's side alone through build/lib/libmgpu_trace.so;
-#   4. the table of every shape whose results OUTDIR holds (a run into an OUTDIR that holds
-#      other shapes' results replaces those of its own shapes and keeps the rest, so that a run
-#      too long for one call can be split): per shape and precision tokens/s of each, mgpu over
-#      compiled (bf16, target 1.2x; 1.5x for the small model) and over eager (fp32, target
-#      1.0x), model FLOP utilisation, peak GPU memory of each process (nvidia-smi's per-process
-#      used memory sampled every 200 ms, or the device's used memory above what it was before
-#      the run when no process is listed) and PyTorch's max_memory_allocated.
+#   4. the table (also OUTDIR/table.md) of every shape whose results OUTDIR holds (a run into
+#      one that holds other shapes' results replaces those of its own shapes and keeps the rest,
+#      so that a run too long for one call can be split): per shape and precision tokens/s of
+#      each, mgpu over compiled (bf16, target 1.2x; 1.5x for the small model) and over eager
+#      (fp32, target 1.0x), model FLOP utilisation, peak GPU memory of each process
+#      (nvidia-smi's per-process used memory sampled every 200 ms, or the device's used memory
+#      above what it was before the run when no process is listed) and PyTorch's
+#      max_memory_allocated.
 #
 # Every variant is bounded: a worker run by MGPU_TIMEOUT_S, a compile by its budget, and the
 # whole call by DEADLINE_S: what is left when it comes is reported as skipped, and the table is
@@ -298,7 +299,8 @@ fi
 
 # --- 4. table ----------------------------------------------------------------------------------
 say ""
-"$PY" "$bench" table "$W/mgpu.jsonl" "$W/torch.jsonl" "$W/peaks.jsonl" "$W/profile.jsonl" |
-    tee -a "$log"
+"$PY" "$bench" table "$W/mgpu.jsonl" "$W/torch.jsonl" "$W/peaks.jsonl" "$W/profile.jsonl" \
+    >"$OUT/table.md"
+tee -a "$log" <"$OUT/table.md"
 say ""
-say "outputs in $OUT (bench.log, work/)"
+say "outputs in $OUT (table.md: every shape's results in OUT; bench.log, work/)"

@@ -254,4 +254,5 @@ t_gpt_bench_cpu_runs_merge() {
     expect_eq "$?" 0 "exit status of a call past its deadline"
     expect_grep four "^\| $b \| bf16 \| not run: skipped: the deadline of 1 s was reached \| error: skipped"
     expect_grep four "^\| $a \| bf16 \| $cpu \|"
+    expect_grep o/table.md "^\| $b \| bf16 \| not run: skipped"
 }
