@@ -182,9 +182,10 @@ mgpu_case() { # SHAPE PRECISION
     fi
     for i in $(seq "$RUNS"); do
         n=mgpu_${tag}_${p}_$i
-        lim=$(left)
+        # MGPU_TIMEOUT_S, or what the deadline leaves less 10 s for the table
+        lim=$(($(left) - 10))
         [ "$lim" -gt "${MGPU_TIMEOUT_S:-150}" ] && lim=${MGPU_TIMEOUT_S:-150}
-        if [ "$lim" -lt 20 ]; then
+        if [ "$lim" -lt 10 ]; then
             say "  mgpu $s $p run $i: skipped, the deadline of $DEADLINE s is reached"
             [ "$i" -eq 1 ] && record_error mgpu "$s" mgpu "$p" \
                 "skipped: the deadline of $DEADLINE s was reached" >>"$W/mgpu.jsonl"
@@ -194,7 +195,7 @@ mgpu_case() { # SHAPE PRECISION
         smi_start "$W/$n.smi"
         t0=$(date +%s)
         # a worker that runs but slowly (on the CPU, say) must not take the whole run's time
-        timeout -k 5 "$((lim - 10))" "$BUILD/bin/mgpu-worker" "$cfg" "${kv[@]}" \
+        timeout -k 5 "$lim" "$BUILD/bin/mgpu-worker" "$cfg" "${kv[@]}" \
             metrics_file="$W/$n.jsonl" >"$W/$n.out" 2>&1
         rc=$?
         smi_stop

@@ -153,6 +153,10 @@ t_gpt_bench_helpers() {
     python3 "$BENCH" table mgpu.jsonl t.jsonl m32.jsonl t32.jsonl >fp32 2>&1
     expect_grep fp32 '^\| 124m \| fp32 \| 500\.0k \| 100\.0k \| - \| - \| 5\.000x \| >= 1\.0x eager \| yes \|'
     # drop forgets the named shapes' records and keeps the others'
+    # a worker stopped by its time limit says so
+    echo 'epoch 1/1 step 50/220 loss 5.5 tokens/s 84687' >slow.out
+    python3 "$BENCH" mgpu 350m 124 /dev/null slow.out /dev/null bf16 >slow.jsonl
+    expect_grep slow.jsonl '"error": "exit 124 \(stopped by its time limit\): epoch 1/1 step 50'
     cp mgpu.jsonl d.jsonl
     python3 "$BENCH" drop d.jsonl -- 124m
     expect_eq "$(grep -c '"shape": "small"' d.jsonl) $(grep -c '"shape": "124m"' d.jsonl)" \
