@@ -3,13 +3,19 @@
 trained on one GPU in bf16, and the helpers of the driver.
 
   python3 gpt_torch_bench.py run [--shapes 124m,small] [--modes eager,compile,gemm]
-                                 [--warmup N] [--steps N] [--windows N]
+                                 [--precision bf16|tf32|fp32] [--device cuda|cpu]
+                                 [--warmup N] [--steps N] [--windows N] [--window-s S]
                                  [--compile-budget S] [--compile-mode MODE] [--peak-tflops T]
   python3 gpt_torch_bench.py tokens FILE COUNT VOCAB [SEED]   random little-endian uint16 < VOCAB
-  python3 gpt_torch_bench.py mgpu SHAPE RC METRICS STDOUT SMI  one JSON line of a worker's run
-  python3 gpt_torch_bench.py peak SHAPE MODE SMI               one JSON line: a run's peak MiB
+  python3 gpt_torch_bench.py spec PRECISION SECONDS SHAPE...   a shape's mgpu-worker key=values
+  python3 gpt_torch_bench.py mgpu SHAPE RC METRICS STDOUT SMI [PREC]  a worker run's record
+  python3 gpt_torch_bench.py peak SHAPE MODE SMI [PRECISION]   one JSON line: a run's peak MiB
   python3 gpt_torch_bench.py kernels IMPL SHAPE STEPS CSV      GEMM time a step, from nsys stats
+  python3 gpt_torch_bench.py drop FILE... -- SHAPE...          forget those shapes' records
   python3 gpt_torch_bench.py table FILE...                     the table of the JSON lines
+
+Shapes: 124m, 124m-2k, 350m, 774m, h128, 1.5b (GPT-2's, vocabulary 50304), small (bytes), or
+the generic L=layers,D=width,H=heads,T=context,B=batch[,V=vocabulary] (see SHAPES).
 
 The model is nanoGPT's GPT: token and learned position embeddings, pre-LayerNorm blocks
 (LayerNorm with bias, eps 1e-5) of causal self-attention through
@@ -22,6 +28,10 @@ AdamW step (torch.optim.AdamW(fused=True), lr 6e-4 with warm-up and cosine decay
 both embeddings; none on biases and LayerNorm) and zero_grad. Batches are synthetic tokens
 staged on the GPU before timing, the cheapest input path PyTorch has.
 
+Precisions: bf16 (the above), tf32 (no autocast, TF32 products), fp32 (no autocast, no TF32:
+PyTorch's default). --device cpu runs the same on the CPU (to check the script where there is
+no GPU; attention as a masked softmax where torch has no scaled_dot_product_attention).
+
 Modes: "eager"; "compile" = torch.compile(model) (nanoGPT's way: the model, not the
 optimizer), compiled during the first steps under --compile-budget seconds (a compile that
 fails or runs past it prints an "error" line and the run goes on); "gemm" = a bare bf16
@@ -31,7 +41,8 @@ and left out) and of an 8192^3 square, the denominator of "the step's GEMMs at X
 product".
 
 Timing: --warmup steps, then --windows windows of --steps steps, each timed with CUDA events;
-tokens/s is the median window's. Memory: torch.cuda.max_memory_allocated and
+tokens/s is the median window's. With --window-s, the steps per window follow from the last
+warm-up step's time (3 to --steps), and the warm-up ends once it took three windows' time. Memory: torch.cuda.max_memory_allocated and
 max_memory_reserved from the model's creation to the last step. Model FLOPs per token follow
 nanoGPT's estimate_mfu: 6 * (parameters less the position embedding) + 12 * n_layer * n_embd *
 context (attention's two products, forward and backward, counted over the full T x T square);
@@ -48,13 +59,65 @@ import sys
 import time
 
 SHAPES = {
-    # name: the GPT-2 124M shape with nanoGPT's padded vocabulary, and a byte-level model
+    # name: GPT-2's shapes with nanoGPT's padded vocabulary (the six of the benchmark), and a
+    # byte-level model; "cfg" is the shape's file under configs/
     "124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "context": 1024, "vocab": 50304,
-             "batch": 16, "target": 1.1},
+             "batch": 16, "target": 1.2, "cfg": "bench_gpt_124m.cfg"},
+    "124m-2k": {"n_layer": 12, "n_head": 12, "n_embd": 768, "context": 2048, "vocab": 50304,
+                "batch": 8, "target": 1.2, "cfg": "bench_gpt_124m_2k.cfg"},
+    "350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "context": 1024, "vocab": 50304,
+             "batch": 8, "target": 1.2, "cfg": "bench_gpt_350m.cfg"},
+    "774m": {"n_layer": 36, "n_head": 20, "n_embd": 1280, "context": 1024, "vocab": 50304,
+             "batch": 8, "target": 1.2, "cfg": "bench_gpt_774m.cfg"},
+    "h128": {"n_layer": 12, "n_head": 12, "n_embd": 1536, "context": 1024, "vocab": 50304,
+             "batch": 8, "target": 1.2, "cfg": "bench_gpt_h128.cfg"},
+    "1.5b": {"n_layer": 48, "n_head": 25, "n_embd": 1600, "context": 1024, "vocab": 50304,
+             "batch": 4, "target": 1.2, "cfg": "bench_gpt_1558m.cfg"},
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "context": 256, "vocab": 256,
-              "batch": 64, "target": 1.5},
+              "batch": 64, "target": 1.5, "cfg": "bench_gpt_small.cfg"},
 }
+# The generic form's letters: L=layers, D=width, H=heads, T=context, B=batch, V=vocabulary
+# (optional, 50304); its target is the named GPT-2 shapes' one.
+GENERIC = {"L": "n_layer", "D": "n_embd", "H": "n_head", "T": "context", "B": "batch",
+           "V": "vocab"}
+GENERIC_FORM = "L=24,D=1024,H=16,T=1024,B=8[,V=50304]"
 H200_BF16_DENSE_TFLOPS = 989.4  # NVIDIA's H200 SXM data sheet: 1,979 with 2:4 sparsity
+# The peak each precision's products run against (the same data sheet, dense): TF32 tensor
+# cores, and fp32 without them (torch with allow_tf32 off, mgpu-worker's precision = fp32).
+PEAK_TFLOPS = {"bf16": H200_BF16_DENSE_TFLOPS, "tf32": 494.7, "fp32": 66.9}
+PRECISIONS = ("bf16", "tf32", "fp32")
+
+
+def shape_of(name):
+    """The spec of a named shape or of the generic form; ValueError naming what is wrong."""
+    if name in SHAPES:
+        return SHAPES[name]
+    if "=" not in name:
+        raise ValueError(f"unknown shape '{name}' (expected one of {', '.join(SHAPES)}, "
+                         f"or {GENERIC_FORM})")
+    s = {"vocab": 50304, "target": 1.2, "cfg": "bench_gpt_124m.cfg"}
+    for part in name.split(","):
+        k, _, v = part.partition("=")
+        if k not in GENERIC or not v.isdigit() or int(v) < 1:
+            raise ValueError(f"shape '{name}': '{part}' is not one of L, D, H, T, B, V = a "
+                             f"positive integer (expected {GENERIC_FORM})")
+        s[GENERIC[k]] = int(v)
+    missing = [k for k, f in GENERIC.items() if f not in s]
+    if missing:
+        raise ValueError(f"shape '{name}': {', '.join(missing)} missing "
+                         f"(expected {GENERIC_FORM})")
+    if s["n_embd"] % s["n_head"]:
+        raise ValueError(f"shape '{name}': D = {s['n_embd']} is not a multiple of "
+                         f"H = {s['n_head']}")
+    if s["vocab"] > 65536:
+        raise ValueError(f"shape '{name}': V = {s['vocab']} is over 65536 (the tokens are "
+                         "uint16)")
+    return s
+
+
+def shape_tag(name):
+    """A file-name-safe form of a shape's name."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in name)
 
 
 def n_params(s):
@@ -95,7 +158,12 @@ def build_gpt(s):
             q = q.view(B, T, nh, C // nh).transpose(1, 2)
             k = k.view(B, T, nh, C // nh).transpose(1, 2)
             v = v.view(B, T, nh, C // nh).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if hasattr(F, "scaled_dot_product_attention"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # torch before 2.0 (the CPU check on Debian's 1.13): the same product
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(C // nh)
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
             return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
     class MLP(nn.Module):
@@ -162,13 +230,18 @@ class BudgetExceeded(Exception):
 
 def run_shape(name, mode, a):
     import torch
-    s = SHAPES[name]
+    s = shape_of(name)
+    cuda = a.device == "cuda"
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 products outside autocast, as nanoGPT
-    torch.backends.cudnn.allow_tf32 = True
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model = build_gpt(s).cuda()
+    # bf16: products under autocast, the rest fp32 with TF32 products as nanoGPT sets them;
+    # tf32: fp32 with TF32 products; fp32: fp32 throughout (PyTorch's own default)
+    tf32 = a.precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = build_gpt(s).to(a.device)
     count = sum(p.numel() for p in model.parameters())
     if count != n_params(s):
         print(f"warning: {name}: the model has {count} parameters, the formula {n_params(s)}",
@@ -176,27 +249,41 @@ def run_shape(name, mode, a):
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    # fused AdamW exists for CUDA tensors only (and not at all in old releases)
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if cuda else {}))
     B, T = s["batch"], s["context"]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    data = [torch.randint(0, s["vocab"], (B, T + 1), device="cuda", generator=g)
+    g = torch.Generator(device=a.device).manual_seed(0)
+    data = [torch.randint(0, s["vocab"], (B, T + 1), device=a.device, generator=g)
             for _ in range(8)]
     xs = [d[:, :-1].contiguous() for d in data]
     ys = [d[:, 1:].contiguous() for d in data]
     fwd = model
-    rec = {"impl": "torch", "shape": name, "mode": mode, "batch": B, "context": T,
-           "params": count, "flops_per_token": flops_per_token(s)}
+    peak = a.peak_tflops or PEAK_TFLOPS[a.precision]
+    rec = {"impl": "torch", "shape": name, "mode": mode, "precision": a.precision,
+           "device": a.device, "batch": B, "context": T, "params": count,
+           "flops_per_token": flops_per_token(s)}
     if mode == "compile":
+        if not hasattr(torch, "compile"):
+            rec["error"] = f"torch {torch.__version__} has no torch.compile"
+            return rec
         fwd = torch.compile(model, mode=a.compile_mode)
         rec["compile_mode"] = a.compile_mode
     it = [0]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
     def step():
         i = it[0]
         it[0] += 1
         for grp in opt.param_groups:
             grp["lr"] = lr_at(i)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        if a.precision == "bf16":
+            with torch.autocast(a.device, dtype=torch.bfloat16):
+                loss = fwd(xs[i % len(xs)], ys[i % len(ys)])
+        else:
             loss = fwd(xs[i % len(xs)], ys[i % len(ys)])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -215,7 +302,7 @@ def run_shape(name, mode, a):
         try:
             for _ in range(3):
                 step()
-            torch.cuda.synchronize()
+            sync()
         except BudgetExceeded:
             rec["error"] = f"compile ran past its budget of {a.compile_budget:g} s"
         except Exception as e:  # reported, not fatal: the other modes still run
@@ -226,31 +313,48 @@ def run_shape(name, mode, a):
         rec["compile_s"] = round(time.time() - t0, 1)
         if "error" in rec:
             return rec
-    for _ in range(a.warmup):
+    # Warm-up, each step waited for: with --window-s it ends early once it has taken three
+    # windows' time (a large shape's slow steps), and its last step sizes the windows.
+    steps, last = a.steps, None
+    tw = time.time()
+    for i in range(a.warmup):
+        t1 = time.time()
         step()
-    torch.cuda.synchronize()
+        sync()
+        last = time.time() - t1
+        if a.window_s and i >= 2 and time.time() - tw > 3 * a.window_s:
+            break
+    if a.window_s and last:
+        steps = max(3, min(a.steps, math.ceil(a.window_s / last)))
     rates, losses = [], []
     for _ in range(a.windows):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(a.steps):
+        if cuda:
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+        else:
+            t1 = time.perf_counter()
+        for _ in range(steps):
             loss = step()
-        e1.record()
-        e1.synchronize()
-        rates.append(B * T * a.steps / (e0.elapsed_time(e1) * 1e-3))
+        if cuda:
+            e1.record()
+            e1.synchronize()
+            sec = e0.elapsed_time(e1) * 1e-3
+        else:
+            sec = time.perf_counter() - t1
+        rates.append(B * T * steps / sec)
         losses.append(loss.item())
     tps = statistics.median(rates)
     rec.update({
         "tokens_per_s": tps, "step_ms": B * T / tps * 1e3,
         "windows_tokens_per_s": [round(r) for r in rates], "warmup": a.warmup,
-        "steps": a.steps, "loss": losses[-1],
+        "steps": steps, "loss": losses[-1],
         "model_tflops": tps * flops_per_token(s) / 1e12,
-        "mfu": tps * flops_per_token(s) / (a.peak_tflops * 1e12),
-        "peak_tflops": a.peak_tflops,
-        "max_memory_allocated": torch.cuda.max_memory_allocated(),
-        "max_memory_reserved": torch.cuda.max_memory_reserved(),
-        "setup_s": round(time.time() - t0, 1)})
+        "mfu": tps * flops_per_token(s) / (peak * 1e12),
+        "peak_tflops": peak, "setup_s": round(time.time() - t0, 1)})
+    if cuda:
+        rec.update({"max_memory_allocated": torch.cuda.max_memory_allocated(),
+                    "max_memory_reserved": torch.cuda.max_memory_reserved()})
     return rec
 
 
@@ -275,7 +379,7 @@ def run_gemms(name, a):
     """Bare bf16 products of the step's shapes, laid out as nn.Linear's forward (x @ W^T),
     input gradient (dy @ W) and weight gradient (dy^T @ x) lay them out."""
     import torch
-    s = SHAPES[name]
+    s = shape_of(name)
     bf = torch.bfloat16
     out = []
     total_us = total_flops = 0.0
@@ -309,34 +413,55 @@ def run_gemms(name, a):
 def cmd_run(argv):
     import argparse
     p = argparse.ArgumentParser(prog="gpt_torch_bench.py run")
-    p.add_argument("--shapes", default="124m,small")
+    p.add_argument("--shapes", default="124m,small",
+                   help=f"named shapes ({', '.join(SHAPES)}) or {GENERIC_FORM}, "
+                   "separated by spaces or semicolons (commas where no shape is generic)")
     p.add_argument("--modes", default="eager,compile,gemm")
+    p.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                   help="bf16: autocast, TF32 elsewhere; tf32: fp32 with TF32 products; "
+                   "fp32: fp32 throughout")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cpu: to check the script where there is no GPU (no gemm mode)")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--steps", type=int, default=20, help="steps per timed window")
+    p.add_argument("--steps", type=int, default=20, help="steps per timed window (at most)")
     p.add_argument("--windows", type=int, default=5)
+    p.add_argument("--window-s", type=float, default=0.0,
+                   help="seconds a timed window should take: the steps per window follow "
+                   "from the last warm-up step's time (3 to --steps); 0: --steps")
     p.add_argument("--compile-budget", type=float,
-                   default=float(os.environ.get("TORCH_COMPILE_BUDGET_S", "300")),
-                   help="seconds each compile may take (default TORCH_COMPILE_BUDGET_S or 300)")
+                   default=float(os.environ.get("TORCH_COMPILE_BUDGET_S", "120")),
+                   help="seconds each compile may take (default TORCH_COMPILE_BUDGET_S or 120)")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile's mode: default, reduce-overhead, max-autotune...")
-    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="the MFU's denominator (default: the H200 SXM's dense figure of "
+                   "the precision: " + ", ".join(f"{k} {v}" for k, v in PEAK_TFLOPS.items())
+                   + ")")
     a = p.parse_args(argv)
-    shapes = [x for x in a.shapes.split(",") if x]
+    sep = ";" if any("=" in x for x in a.shapes.replace(";", " ").split()) else ","
+    shapes = [x for y in a.shapes.split() for x in y.split(sep) if x]
     modes = [x for x in a.modes.split(",") if x]
     for x in shapes:
-        if x not in SHAPES:
-            p.error(f"--shapes: unknown shape '{x}' (expected {', '.join(SHAPES)})")
+        try:
+            shape_of(x)
+        except ValueError as e:
+            p.error(f"--shapes: {e}")
     for x in modes:
         if x not in ("eager", "compile", "gemm"):
             p.error(f"--modes: unknown mode '{x}' (expected eager, compile, gemm)")
-    if min(a.warmup, a.steps - 1, a.windows - 1) < 0:
-        p.error("--warmup must be >= 0, --steps and --windows >= 1")
+    if a.device == "cpu" and "gemm" in modes:
+        p.error("--modes gemm needs --device cuda")
+    if min(a.warmup, a.steps - 1, a.windows - 1) < 0 or a.window_s < 0:
+        p.error("--warmup and --window-s must be >= 0, --steps and --windows >= 1")
     import torch
-    if not torch.cuda.is_available():
-        print("gpt_torch_bench.py: no CUDA device visible to torch", file=sys.stderr)
-        return 1
-    print(f"torch {torch.__version__} cuda {torch.version.cuda} on "
-          f"{torch.cuda.get_device_name()}", file=sys.stderr)
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            print("gpt_torch_bench.py: no CUDA device visible to torch", file=sys.stderr)
+            return 1
+        where = torch.cuda.get_device_name()
+    else:
+        where = "the CPU"
+    print(f"torch {torch.__version__} cuda {torch.version.cuda} on {where}", file=sys.stderr)
     recs = []
     for name in shapes:
         for mode in modes:
@@ -395,13 +520,15 @@ def cmd_mgpu(argv):
     else the last "tokens/s" figure of the worker's output; the process's peak GPU memory from
     the nvidia-smi samples taken during the run (MiB), and the worker's own figure if its
     final line has peak_mem_bytes."""
-    if len(argv) != 5:
-        print("usage: gpt_torch_bench.py mgpu SHAPE RC METRICS STDOUT SMI", file=sys.stderr)
+    if len(argv) not in (5, 6) or (len(argv) == 6 and argv[5] not in PRECISIONS):
+        print("usage: gpt_torch_bench.py mgpu SHAPE RC METRICS STDOUT SMI [PRECISION]",
+              file=sys.stderr)
         return 2
     import re
     name, rc, metrics, stdout, smi = argv[0], int(argv[1]), argv[2], argv[3], argv[4]
-    s = SHAPES[name]
-    rec = {"impl": "mgpu", "shape": name, "mode": "mgpu", "rc": rc,
+    prec = argv[5] if len(argv) == 6 else "bf16"
+    s = shape_of(name)
+    rec = {"impl": "mgpu", "shape": name, "mode": "mgpu", "precision": prec, "rc": rc,
            "flops_per_token": flops_per_token(s)}
     final = {}
     for o in json_lines(metrics):
@@ -433,6 +560,8 @@ def cmd_mgpu(argv):
         tps = None
     elif rc != 0 or tps is None:
         why = f"exit {rc}" if rc != 0 else "no tokens/s in its output"
+        if rc == 124:
+            why += " (stopped by its time limit)"
         try:
             with open(stdout, errors="replace") as f:
                 lines = [x.strip() for x in f if x.strip()]
@@ -445,7 +574,7 @@ def cmd_mgpu(argv):
     if tps is not None:
         rec.update({"tokens_per_s": tps, "tokens_per_s_from": src,
                     "model_tflops": tps * flops_per_token(s) / 1e12,
-                    "mfu": tps * flops_per_token(s) / (H200_BF16_DENSE_TFLOPS * 1e12)})
+                    "mfu": tps * flops_per_token(s) / (PEAK_TFLOPS[prec] * 1e12)})
     peak = smi_peak_mib(smi)
     if peak is not None:
         rec["process_peak_mib"] = peak
@@ -539,13 +668,76 @@ def cmd_trace(argv):
 
 def cmd_peak(argv):
     """One JSON line giving a PyTorch run's process peak (MiB) for the table."""
-    if len(argv) != 3:
-        print("usage: gpt_torch_bench.py peak SHAPE MODE SMI", file=sys.stderr)
+    if len(argv) not in (3, 4) or (len(argv) == 4 and argv[3] not in PRECISIONS):
+        print("usage: gpt_torch_bench.py peak SHAPE MODE SMI [PRECISION]", file=sys.stderr)
         return 2
     peak = smi_peak_mib(argv[2])
     if peak is not None:
         print(json.dumps({"impl": "torch", "shape": argv[0], "mode": argv[1],
+                          "precision": argv[3] if len(argv) == 4 else "bf16",
                           "peak_of_run": True, "process_peak_mib": peak}))
+    return 0
+
+
+# What the driver assumes of a step's speed to size mgpu-worker's runs (model TFLOP/s of the
+# whole step: about half the H200's dense peak in bf16 and TF32, and fp32 without tensor
+# cores). A run that is slower than this only takes longer; it is still bounded by
+# MGPU_TIMEOUT_S and the run's deadline.
+PLAN_TFLOPS = {"bf16": 450.0, "tf32": 200.0, "fp32": 40.0}
+
+
+def cmd_spec(argv):
+    """For gpt_bench.sh: per SHAPE, one line of its tag, vocabulary, cfg file and the
+    mgpu-worker key=values of the shape at PRECISION (the model, the batch, and max_steps and
+    timing_warmup so that the timed steps take about SECONDS); an unknown or malformed shape
+    is an error naming it and listing the known ones (exit 2)."""
+    if len(argv) < 3 or argv[0] not in PRECISIONS:
+        print("usage: gpt_torch_bench.py spec PRECISION SECONDS SHAPE...", file=sys.stderr)
+        return 2
+    prec, secs = argv[0], float(argv[1])
+    out = []
+    for name in argv[2:]:
+        try:
+            s = shape_of(name)
+        except ValueError as e:
+            print(f"gpt_bench: {e}", file=sys.stderr)
+            return 2
+        step_s = flops_per_token(s) * s["batch"] * s["context"] / (PLAN_TFLOPS[prec] * 1e12)
+        timed = max(10, min(200, round(secs / step_s)))
+        warm = max(5, min(20, timed // 5))
+        args = (f"n_layer={s['n_layer']} n_head={s['n_head']} n_embd={s['n_embd']} "
+                f"context={s['context']} vocab={s['vocab']} batch_size={s['batch']} "
+                f"precision={prec} max_steps={timed + warm} timing_warmup={warm}")
+        out.append(f"{shape_tag(name)}\t{s['vocab']}\t{s['cfg']}\t{args}")
+    print("\n".join(out))
+    return 0
+
+
+def cmd_drop(argv):
+    """Rewrites each FILE of JSON lines without the records of the SHAPEs: a run of those
+    shapes into an OUTDIR that holds others' results replaces theirs and keeps the rest."""
+    if "--" not in argv:
+        print("usage: gpt_torch_bench.py drop FILE... -- SHAPE...", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    files, shapes = argv[:i], set(argv[i + 1:])
+    for path in files:
+        try:
+            with open(path, errors="replace") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            continue
+        keep = []
+        for line in lines:
+            try:
+                o = json.loads(line)
+            except ValueError:
+                o = None
+            if not (isinstance(o, dict) and o.get("shape") in shapes):
+                keep.append(line)
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
     return 0
 
 
@@ -576,66 +768,114 @@ def fmt_rate(v):
     return f"{v / 1e6:.3f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
 
 
+def describe(name):
+    s = shape_of(name)
+    return (f"{s['n_layer']} layers x {s['n_embd']}, {s['n_head']} heads of "
+            f"{s['n_embd'] // s['n_head']}, context {s['context']}, vocab {s['vocab']}, "
+            f"batch {s['batch']}")
+
+
+def cell_error(text):
+    """An error inside a table cell: short, and no '|' to break the row."""
+    text = text.replace("|", "/").replace("\n", " ")
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
 def table(recs):
-    """The readable summary: per shape mgpu (median of its runs), PyTorch eager and compiled,
-    ratios, targets, peak memory and MFU; then the bare GEMMs."""
+    """The readable summary: per shape and precision mgpu (median of its runs), PyTorch eager
+    and compiled, ratios against the targets, MFU, peak memory; then the bare GEMMs. A shape
+    or variant that gave no figure is a row with its message, never left out."""
     lines = []
-    peaks = {(r["shape"], r["mode"]): r["process_peak_mib"] for r in recs
-             if r.get("peak_of_run")}
-    recs = [dict(r, process_peak_mib=peaks[(r["shape"], r["mode"])])
-            if r.get("impl") == "torch" and not r.get("peak_of_run")
-            and (r.get("shape"), r.get("mode")) in peaks else r
-            for r in recs if not r.get("peak_of_run")]
-    shapes = [n for n in SHAPES if any(r.get("shape") == n for r in recs)]
-    lines.append("| shape | mgpu tokens/s | torch eager | torch compiled | mgpu / compiled "
-                 "| target | mgpu / eager | MFU mgpu / eager / compiled |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    prec = lambda r: r.get("precision", "bf16")
+    key = lambda r: (r.get("shape"), r.get("mode"), prec(r))
+    peaks = {key(r): r["process_peak_mib"] for r in recs if r.get("peak_of_run")}
+    recs = [dict(r, process_peak_mib=peaks[key(r)])
+            if r.get("impl") == "torch" and not r.get("peak_of_run") and key(r) in peaks
+            else r for r in recs if not r.get("peak_of_run")]
+    seen = []
+    for r in recs:
+        n = r.get("shape")
+        if n is not None and n not in seen and r.get("mode") not in ("gemm", "gemm_total",
+                                                                     "gemm_profile"):
+            try:
+                shape_of(n)
+                seen.append(n)
+            except ValueError:
+                pass
+    shapes = [n for n in SHAPES if n in seen] + [n for n in seen if n not in SHAPES]
+    lines.append("| shape | precision | mgpu tokens/s | torch eager | torch compiled "
+                 "| mgpu / compiled | mgpu / eager | target | met | MFU mgpu / eager / compiled |")
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
     notes = []
     mem = []
     for n in shapes:
-        mg = [r for r in recs if r.get("shape") == n and r.get("impl") == "mgpu"]
-        ok = [r for r in mg if "error" not in r and r.get("tokens_per_s")]
-        m = statistics.median([r["tokens_per_s"] for r in ok]) if ok else None
-        if mg and not ok:
-            notes.append(f"{n}: mgpu-worker did not run the GPT on the GPU here "
-                         f"({mg[-1].get('error', 'no figure')}): no mgpu figure")
-        elif not mg:
-            notes.append(f"{n}: mgpu-worker was not run")
-        elif len(ok) > 1:
-            notes.append(f"{n}: mgpu tokens/s of {len(ok)} runs: "
-                         + ", ".join(fmt_rate(r["tokens_per_s"]) for r in ok)
-                         + f" (from {ok[0]['tokens_per_s_from']})")
-        t = {}
-        for mode in ("eager", "compile"):
-            rs = [r for r in recs if r.get("shape") == n and r.get("impl") == "torch"
-                  and r.get("mode") == mode]
-            if rs and "error" in rs[-1]:
-                notes.append(f"{n}: torch {mode}: {rs[-1]['error']}")
-            t[mode] = rs[-1] if rs and "error" not in rs[-1] else {}
-        e, c = t["eager"].get("tokens_per_s"), t["compile"].get("tokens_per_s")
-        ratio = lambda x, y: f"{x / y:.3f}x" if x and y else "-"
-        fl = flops_per_token(SHAPES[n])
-        mfu = lambda v: f"{100 * v * fl / (H200_BF16_DENSE_TFLOPS * 1e12):.1f}%" if v else "-"
-        mcell = fmt_rate(m) if ok else "not run" if mg else "-"
-        lines.append(f"| {n} | {mcell} | {fmt_rate(e)} | {fmt_rate(c)} | {ratio(m, c)} "
-                     f"| {SHAPES[n]['target']}x | {ratio(m, e)} "
-                     f"| {mfu(m)} / {mfu(e)} / {mfu(c)} |")
-        mib = lambda v: f"{v:,}" if v is not None else "-"
-        mb = lambda v: f"{v / 2 ** 20:,.0f}" if v else "-"
-        mp = [r["process_peak_mib"] for r in mg if "process_peak_mib" in r]
-        mw = [r["peak_mem_bytes"] for r in mg if "peak_mem_bytes" in r]
-        mem.append(f"| {n} | {mib(max(mp) if mp else None)} | {mb(max(mw) if mw else None)} "
-                   f"| {mib(t['eager'].get('process_peak_mib'))} "
-                   f"| {mb(t['eager'].get('max_memory_allocated'))} "
-                   f"| {mib(t['compile'].get('process_peak_mib'))} "
-                   f"| {mb(t['compile'].get('max_memory_allocated'))} |")
+        s = shape_of(n)
+        fl = flops_per_token(s)
+        precs = [p for p in PRECISIONS if any(r.get("shape") == n and prec(r) == p
+                                              for r in recs)]
+        for p in precs:
+            mine = [r for r in recs if r.get("shape") == n and prec(r) == p]
+            mg = [r for r in mine if r.get("impl") == "mgpu"]
+            ok = [r for r in mg if "error" not in r and r.get("tokens_per_s")]
+            m = statistics.median([r["tokens_per_s"] for r in ok]) if ok else None
+            if mg and not ok:
+                err = mg[-1].get("error", "no figure")
+                notes.append(f"{n} {p}: mgpu-worker did not run the GPT on the GPU here "
+                             f"({err}): no mgpu figure")
+                mcell = "not run: " + cell_error(err)
+            elif not mg:
+                notes.append(f"{n} {p}: mgpu-worker was not run")
+                mcell = "-"
+            else:
+                mcell = fmt_rate(m)
+                if len(ok) > 1:
+                    notes.append(f"{n} {p}: mgpu tokens/s of {len(ok)} runs: "
+                                 + ", ".join(fmt_rate(r["tokens_per_s"]) for r in ok)
+                                 + f" (from {ok[0]['tokens_per_s_from']})")
+            t, tcell = {}, {}
+            for mode in ("eager", "compile"):
+                rs = [r for r in mine if r.get("impl") == "torch" and r.get("mode") == mode]
+                t[mode] = rs[-1] if rs and "error" not in rs[-1] else {}
+                tcell[mode] = fmt_rate(t[mode].get("tokens_per_s"))
+                if rs and "error" in rs[-1]:
+                    notes.append(f"{n} {p}: torch {mode}: {rs[-1]['error']}")
+                    tcell[mode] = "error: " + cell_error(rs[-1]["error"])
+            e, c = t["eager"].get("tokens_per_s"), t["compile"].get("tokens_per_s")
+            ratio = lambda x, y: f"{x / y:.3f}x" if x and y else "-"
+            # bf16 against PyTorch compiled; fp32 and tf32 against PyTorch eager
+            if p == "bf16":
+                want, got = f">= {s['target']}x compiled", m / c if m and c else None
+                goal = s["target"]
+            else:
+                want, got, goal = ">= 1.0x eager", m / e if m and e else None, 1.0
+            met = "-" if got is None else "yes" if got >= goal else "no"
+            pk = PEAK_TFLOPS[p]
+            mfu = lambda v: f"{100 * v * fl / (pk * 1e12):.1f}%" if v else "-"
+            lines.append(f"| {n} | {p} | {mcell} | {tcell['eager']} | {tcell['compile']} "
+                         f"| {ratio(m, c)} | {ratio(m, e)} | {want} | {met} "
+                         f"| {mfu(m)} / {mfu(e)} / {mfu(c)} |")
+            mib = lambda v: f"{v:,}" if v is not None else "-"
+            mb = lambda v: f"{v / 2 ** 20:,.0f}" if v else "-"
+            mp = [r["process_peak_mib"] for r in mg if "process_peak_mib" in r]
+            mw = [r["peak_mem_bytes"] for r in mg if "peak_mem_bytes" in r]
+            mpk, cpk = max(mp) if mp else None, t["compile"].get("process_peak_mib")
+            below = "-" if mpk is None or cpk is None else "yes" if mpk <= cpk else "no"
+            mem.append(f"| {n} | {p} | {mib(mpk)} | {mb(max(mw) if mw else None)} "
+                       f"| {mib(t['eager'].get('process_peak_mib'))} "
+                       f"| {mb(t['eager'].get('max_memory_allocated'))} "
+                       f"| {mib(cpk)} | {mb(t['compile'].get('max_memory_allocated'))} "
+                       f"| {below} |")
+    lines.append("")
+    lines.append("Shapes: " + "; ".join(f"{n}: {describe(n)}" for n in shapes))
     lines.append("")
     lines.append("Peak GPU memory, MiB (process: nvidia-smi's used_memory of the process, the "
                  "largest sample; worker: its own figure; allocated: "
-                 "torch.cuda.max_memory_allocated)")
-    lines.append("| shape | mgpu process | mgpu worker | eager process | eager allocated "
-                 "| compiled process | compiled allocated |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "torch.cuda.max_memory_allocated); target: mgpu's process at or below "
+                 "compiled's")
+    lines.append("| shape | precision | mgpu process | mgpu worker | eager process "
+                 "| eager allocated | compiled process | compiled allocated "
+                 "| mgpu <= compiled |")
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     lines += mem
     gem = [r for r in recs if r.get("mode") == "gemm" and "gemm" in r]
     notes += [f"{r['shape']}: bare GEMMs: {r['error']}" for r in recs
@@ -670,9 +910,9 @@ def table(recs):
                                  f"{100 * r['us_per_step'] / g:.1f}% of the bare products"
                                  if g > 0 else f"{n}: {q['impl']}: no GEMM kernel found")
     lines.append("")
-    lines.append(f"MFU: model FLOPs (6 x parameters less wpe + 12 x n_layer x n_embd x context "
-                 f"per token) over {H200_BF16_DENSE_TFLOPS} TFLOP/s, the H200 SXM's dense "
-                 "bf16 peak")
+    lines.append("MFU: model FLOPs (6 x parameters less wpe + 12 x n_layer x n_embd x context "
+                 "per token) over the H200 SXM's dense peak of the precision: "
+                 + ", ".join(f"{k} {v} TFLOP/s" for k, v in PEAK_TFLOPS.items()))
     lines += notes
     return "\n".join(lines)
 
@@ -687,7 +927,8 @@ def cmd_table(argv):
 
 def main():
     cmds = {"run": cmd_run, "tokens": cmd_tokens, "mgpu": cmd_mgpu, "peak": cmd_peak,
-            "kernels": cmd_kernels, "trace": cmd_trace, "table": cmd_table}
+            "kernels": cmd_kernels, "trace": cmd_trace, "table": cmd_table,
+            "spec": cmd_spec, "drop": cmd_drop}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         return 2

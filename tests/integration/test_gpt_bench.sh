@@ -138,10 +138,29 @@ t_gpt_bench_helpers() {
     echo '{"impl":"torch","shape":"124m","mode":"gemm_total","us_per_step":405,"flops_per_step":2e11,"tflops":500}' >>t.jsonl
     python3 "$BENCH" table mgpu.jsonl t.jsonl p.jsonl >table 2>&1
     expect_eq "$?" 0 "exit status of table ($(cat table))"
-    expect_grep table '^\| 124m \| 500\.0k \| - \| 400\.0k \| 1\.250x \| 1\.1x \|'
-    expect_grep table '^\| small \| not run \| - \| - \| - \| 1\.5x \|'
-    expect_grep table "^small: mgpu-worker did not run the GPT on the GPU here \(exit 2: .*'gpt'"
-    expect_grep table '^small: torch compile: compile ran past 9 s$'
+    expect_grep table '^\| 124m \| bf16 \| 500\.0k \| - \| 400\.0k \| 1\.250x \| - \| >= 1\.2x compiled \| yes \|'
+    expect_grep table '^\| small \| bf16 \| not run: exit 2: .* \| - \| error: compile ran past 9 s \| - \| - \| >= 1\.5x compiled \| - \|'
+    expect_grep table "^small bf16: mgpu-worker did not run the GPT on the GPU here \(exit 2: .*'gpt'"
+    expect_grep table '^small bf16: torch compile: compile ran past 9 s$'
+    # mgpu's process memory against compiled's
+    expect_grep table '^\| 124m \| bf16 \| 9,100 \| .* \| - \|$'
+    echo '{"impl":"torch","shape":"124m","mode":"compile","peak_of_run":true,"process_peak_mib":9000}' >pk.jsonl
+    python3 "$BENCH" table mgpu.jsonl t.jsonl pk.jsonl >mem 2>&1
+    expect_grep mem '^\| 124m \| bf16 \| 9,100 \| - \| - \| - \| 9,000 \| - \| no \|$'
+    # an fp32 row is judged against eager
+    printf '%s\n' '{"impl":"torch","shape":"124m","mode":"eager","precision":"fp32","tokens_per_s":100000}' >t32.jsonl
+    python3 "$BENCH" mgpu 124m 0 m.jsonl /dev/null run.smi fp32 >m32.jsonl
+    python3 "$BENCH" table mgpu.jsonl t.jsonl m32.jsonl t32.jsonl >fp32 2>&1
+    expect_grep fp32 '^\| 124m \| fp32 \| 500\.0k \| 100\.0k \| - \| - \| 5\.000x \| >= 1\.0x eager \| yes \|'
+    # drop forgets the named shapes' records and keeps the others'
+    # a worker stopped by its time limit says so
+    echo 'epoch 1/1 step 50/220 loss 5.5 tokens/s 84687' >slow.out
+    python3 "$BENCH" mgpu 350m 124 /dev/null slow.out /dev/null bf16 >slow.jsonl
+    expect_grep slow.jsonl '"error": "exit 124 \(stopped by its time limit\): epoch 1/1 step 50'
+    cp mgpu.jsonl d.jsonl
+    python3 "$BENCH" drop d.jsonl -- 124m
+    expect_eq "$(grep -c '"shape": "small"' d.jsonl) $(grep -c '"shape": "124m"' d.jsonl)" \
+        "1 0" "records of small and 124m left after drop"
     expect_grep table "^124m: mgpu's GEMM kernels take 0\.450 ms a step .*: at 90\.0% of the bare products$"
     # a CUPTI trace (kernel_trace.c's CSV): the last 2 of 3 steps, each ending with AdamW
     {
@@ -162,4 +181,82 @@ t_gpt_bench_helpers() {
     expect_grep q.jsonl '"error": "trace.csv: 3 steps ending in /adamw_multi/, expected 4'
     python3 "$BENCH" table mgpu.jsonl t.jsonl q.jsonl >table 2>&1
     expect_grep table "^124m: mgpu GEMMs under CUPTI trace: trace.csv: 3 steps"
+}
+
+# the shapes on the command line: each named one and the generic form resolve to a cfg that the
+# real mgpu-worker accepts at both precisions; a wrong one is refused before anything runs
+t_gpt_bench_shapes() {
+    python3 "$MGPU_ROOT/tests/bench/gpt_torch_bench.py" tokens tok.bin 300000 50304 || exit 1
+    local p tag v cfg args n=0
+    for p in bf16 fp32; do
+        while IFS=$'\t' read -r tag v cfg args; do
+            # shellcheck disable=SC2086 # the spec's key=values, one word each
+            "$WORKER" --check "$MGPU_ROOT/configs/$cfg" $args data_tokens=tok.bin >chk 2>&1
+            expect_eq "$?" 0 "mgpu-worker --check of $tag at $p: $(cat chk)"
+            n=$((n + 1))
+        done < <(python3 "$BENCH" spec "$p" 4 124m 124m-2k 350m 774m h128 1.5b \
+            L=24,D=1024,H=16,T=1024,B=8)
+    done
+    expect_eq "$n" 14 "shapes checked"
+    python3 "$BENCH" spec bf16 4 1.5b h128 124m-2k >spec
+    expect_grep spec $'^1\\.5b\t50304\tbench_gpt_1558m\\.cfg\tn_layer=48 n_head=25 n_embd=1600 context=1024 vocab=50304 batch_size=4 precision=bf16 max_steps=[0-9]* timing_warmup=[0-9]*$'
+    expect_grep spec $'^h128\t.*n_layer=12 n_head=12 n_embd=1536 context=1024 .* batch_size=8 '
+    expect_grep spec $'^124m-2k\t.*n_embd=768 context=2048 .* batch_size=8 '
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o 124m 350n >out 2>&1
+    expect_eq "$?" 2 "exit status of an unknown shape"
+    expect_grep out "unknown shape '350n' \(expected one of 124m, 124m-2k, 350m, 774m, h128, 1\.5b, small, or L=24,D=1024,H=16,T=1024,B=8\[,V=50304\]\)"
+    [ ! -e o ] || fail "an unknown shape left o behind"
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o L=2,D=65,H=2,T=8,B=1 >out 2>&1
+    expect_eq "$?" 2 "exit status of a generic shape whose width is no multiple of its heads"
+    expect_grep out "shape 'L=2,D=65,H=2,T=8,B=1': D = 65 is not a multiple of H = 2"
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o L=2,D=64,H=2 >out 2>&1
+    expect_eq "$?" 2 "exit status of a generic shape with letters missing"
+    expect_grep out "shape 'L=2,D=64,H=2': T, B missing"
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" 124m 350m >out 2>&1
+    expect_eq "$?" 2 "exit status of a shape where the output folder goes"
+    expect_grep out "the first argument is the output folder, not a shape \('124m'\)"
+    DEADLINE_S=9m bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o 124m >out 2>&1
+    expect_eq "$?" 2 "exit status of a deadline that is no number"
+    expect_grep out "DEADLINE_S='9m': expected a whole number"
+    [ ! -e o ] || fail "a refused call left o behind"
+    PRECISIONS="bf16 fp16" bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o small >out 2>&1
+    expect_eq "$?" 2 "exit status of an unknown precision"
+    expect_grep out "PRECISIONS: unknown precision 'fp16' \(expected bf16, tf32, fp32\)"
+}
+
+# the whole driver on the CPU, split in two calls into one OUTDIR: the real mgpu-worker (which
+# runs on the CPU here, so gives no GPU figure) and PyTorch 1.13's CPU run of a tiny generic
+# shape; the table holds both calls' shapes, a shape run again replaces its own rows, and a
+# deadline that is spent skips what is left and still writes the table
+t_gpt_bench_cpu_runs_merge() {
+    need_torch 'import torch'
+    skip_under_sanitizers "its time goes to PyTorch; make test runs it"
+    export PYTHON=$PY TOKENS=20000 TORCH_WINDOW_S=0.05 RUNS=1
+    export TORCH_ARGS="--device cpu --warmup 2 --windows 2 --steps 3"
+    local a=L=1,D=32,H=2,T=16,B=2,V=256 b=L=2,D=32,H=4,T=8,B=2,V=300
+    local cpu='not run: ran on backend cpu, not on the GPU'
+    bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o "$a" max_steps=30 >one 2>&1
+    expect_eq "$?" 0 "exit status of the first call ($(tail -n 5 one))"
+    expect_grep one "^\| $a \| bf16 \| $cpu \| [0-9.]*k \| error: torch 1\.13.* has no torch\.compile \|"
+    expect_grep one "^\| $a \| fp32 \| $cpu \| [0-9.]*k \| - \| - \| - \| >= 1\.0x eager \| - \|"
+    # the command line's key=values come after the shape's
+    expect_grep o/work/mgpu_L_1_D_32_H_2_T_16_B_2_V_256_fp32_1.out ' 30 steps of '
+    expect_grep o/work/torch.jsonl '"precision": "fp32", "device": "cpu"'
+    PRECISIONS=fp32 bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o "$b" >two 2>&1
+    expect_eq "$?" 0 "exit status of the second call ($(tail -n 5 two))"
+    expect_grep two "^\| $a \| bf16 \| $cpu \|"
+    expect_grep two "^\| $a \| fp32 \| $cpu \|"
+    expect_grep two "^\| $b \| fp32 \| $cpu \| [0-9.]*k \|"
+    # run again in bf16 alone, a shape's rows are this call's: its fp32 row is gone
+    PRECISIONS=bf16 SKIP_TORCH_COMPILE=1 bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o "$a" \
+        >three 2>&1
+    expect_eq "$(grep -c "^| $a | " three)" 2 "rows of the shape run again (two tables)"
+    expect_eq "$(grep -c "\"shape\": \"$a\", \"mode\": \"eager\"" o/work/torch.jsonl)" 1 \
+        "eager records of the shape run again"
+    expect_grep three "^\| $b \| fp32 \| $cpu \|"
+    DEADLINE_S=1 bash "$MGPU_ROOT/tests/bench/gpt_bench.sh" o "$b" >four 2>&1
+    expect_eq "$?" 0 "exit status of a call past its deadline"
+    expect_grep four "^\| $b \| bf16 \| not run: skipped: the deadline of 1 s was reached \| error: skipped"
+    expect_grep four "^\| $a \| bf16 \| $cpu \|"
+    expect_grep o/table.md "^\| $b \| bf16 \| not run: skipped"
 }
