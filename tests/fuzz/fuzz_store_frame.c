@@ -53,10 +53,11 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
             break;
         case MGPU_STORE_OP_WAIT:
         case MGPU_STORE_OP_CHECK:
-        case MGPU_STORE_OP_ON_CLOSE: {
+        case MGPU_STORE_OP_ON_CLOSE:
+        case MGPU_STORE_OP_ON_IDLE: {
             uint32_t pos = 0, n = 0;
             mgpu_store_slice_t k;
-            if (op == MGPU_STORE_OP_WAIT)
+            if (op == MGPU_STORE_OP_WAIT || op == MGPU_STORE_OP_ON_IDLE)
                 mgpu_store_buf_u32(&b, m->u32);
             mgpu_store_buf_u32(&b, m->nkeys);
             while (mgpu_store_keys_next(m, &pos, &k)) {
@@ -95,6 +96,7 @@ static void check_reencode(const mgpu_store_msg_t *m, const mgpu_store_frame_t *
         case MGPU_STORE_OP_SET:
         case MGPU_STORE_OP_WAIT:
         case MGPU_STORE_OP_ON_CLOSE:
+        case MGPU_STORE_OP_ON_IDLE:
             break;
         case MGPU_STORE_OP_GET:
             mgpu_store_buf_bytes(&b, m->val.p, m->val.len);
