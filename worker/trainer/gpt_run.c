@@ -530,8 +530,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     s.m->progress = comm->progress;
     s.h_tok = malloc(sizeof(int32_t) * B * T);
     s.h_tgt = malloc(sizeof(int32_t) * B * T);
-    s.h_params = malloc(sizeof(float) * s.m->n_params);
-    if (s.h_tok == NULL || s.h_tgt == NULL || s.h_params == NULL) {
+    if (s.h_tok == NULL || s.h_tgt == NULL) {
         rc = mgpu_err_set(err, -ENOMEM, "gpt: cannot allocate the host buffers");
         goto out;
     }
