@@ -16,6 +16,7 @@
 #include "mgpu.h"
 #include "ranks.h"
 #include "store.h"        /* mgpu_store_get */
+#include "store_child.h"  /* store_start, store_stop: a store server in a child */
 #include "store_server.h" /* mgpu_store_server_start */
 
 typedef struct job {
@@ -348,43 +349,6 @@ static void test_peer_killed(void)
 }
 
 /* ---- several nodes on this host: shared memory per node, TCP between leaders --------- */
-
-/* A store server (launcher/store_server.c) in a child process; returns its pid, sets port. */
-static pid_t store_start(int *port)
-{
-    int fds[2];
-    pid_t pid;
-
-    CHECK_INT(pipe(fds), 0);
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        uv_loop_t loop;
-        mgpu_store_server_t *srv = NULL;
-        mgpu_err_t err = {0, ""};
-        uv_loop_init(&loop);
-        if (mgpu_store_server_start(&loop, NULL, &srv, &err) < 0) {
-            printf("  store: %s\n", err.msg);
-            _exit(1);
-        }
-        int p = mgpu_store_server_port(srv);
-        if (write(fds[1], &p, sizeof p) != sizeof p)
-            _exit(1);
-        uv_run(&loop, UV_RUN_DEFAULT);
-        _exit(0);
-    }
-    close(fds[1]);
-    *port = 0;
-    CHECK_INT(read(fds[0], port, sizeof *port), (long)sizeof *port);
-    close(fds[0]);
-    return pid;
-}
-
-static void store_stop(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-}
 
 static void nodes_all_ops(int nodes, int size)
 {

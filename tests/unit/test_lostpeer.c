@@ -17,6 +17,7 @@
 #include "pages.h" /* mgpu_pages_open, mgpu_pages_set_lost: the launcher's side */
 #include "progress.h"
 #include "ranks.h"
+#include "store_child.h"  /* store_start, store_stop: a store server in a child */
 #include "store_server.h" /* mgpu_store_server_start */
 
 #define LOST_TEXT "ranks 2-3 (node 1, host h1) lost: heartbeat missed for 15.0 s"
@@ -315,43 +316,6 @@ static void test_shm_wait_ends_on_lost(void)
     j.delay_ms = 300; /* they wait by then */
     CHECK_INT(job_run(&j, 3, rank_shm_wait), 0);
     job_free(&j);
-}
-
-/* A store server (launcher/store_server.c) in a child process; returns its pid, sets port. */
-static pid_t store_start(int *port)
-{
-    int fds[2];
-    pid_t pid;
-
-    CHECK_INT(pipe(fds), 0);
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        uv_loop_t loop;
-        mgpu_store_server_t *srv = NULL;
-        mgpu_err_t err = {0, ""};
-        uv_loop_init(&loop);
-        if (mgpu_store_server_start(&loop, NULL, &srv, &err) < 0) {
-            printf("  store: %s\n", err.msg);
-            _exit(1);
-        }
-        int p = mgpu_store_server_port(srv);
-        if (write(fds[1], &p, sizeof p) != sizeof p)
-            _exit(1);
-        uv_run(&loop, UV_RUN_DEFAULT);
-        _exit(0);
-    }
-    close(fds[1]);
-    *port = 0;
-    CHECK_INT(read(fds[0], port, sizeof *port), (long)sizeof *port);
-    close(fds[0]);
-    return pid;
-}
-
-static void store_stop(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
 }
 
 /* Two nodes of 2: node 1 (ranks 2, 3) hangs without closing anything. Node 0's leader waits
