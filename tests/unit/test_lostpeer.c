@@ -39,6 +39,7 @@ typedef struct job {
     int lost_node;         /* whose launcher says a node is lost; -1: every node's */
     int wait_for;          /* the launcher sets the word once this many ranks are ready */
     int delay_ms;          /* ... and this long after */
+    int launcher_up;       /* the launcher's thread runs (atomic) */
     shared_t *sh;
 } job_t;
 
@@ -123,6 +124,7 @@ static void *launcher(void *arg)
 {
     job_t *j = arg;
 
+    __atomic_store_n(&j->launcher_up, 1, __ATOMIC_SEQ_CST);
     for (int ms = 0; ms < 20000 && __atomic_load_n(&j->sh->ready, __ATOMIC_SEQ_CST) < j->wait_for;
          ms++)
         ranks_sleep_ms(1);
@@ -141,7 +143,12 @@ static int job_run(job_t *j, int size, ranks_fn fn)
     int bad;
 
     fflush(stdout);
+    j->launcher_up = 0;
     pthread_create(&th, NULL, launcher, j);
+    /* The ranks are forked once the thread runs: a fork while it is still being set up (the
+     * sanitizer's allocator locked for its state) leaves a child that waits on that lock. */
+    while (!__atomic_load_n(&j->launcher_up, __ATOMIC_SEQ_CST))
+        ranks_sleep_ms(1);
     bad = ranks_run(size, fn, j, 25);
     pthread_join(th, NULL);
     return bad;
