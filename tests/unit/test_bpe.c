@@ -5,26 +5,9 @@
  * the tokenizers it refuses. */
 #include "bpe.h"
 #include "check.h"
+#include "tmpdir.h" /* make_tmpdir, tmp, remove_tmpdir */
 
 #include <cjson/cJSON.h> /* the tokenizer.json */
-
-static char tmpdir[64];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mgpu_test_bpe.XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) {
-        perror("mkdtemp");
-        exit(1);
-    }
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    CHECK(system(cmd) == 0);
-}
 
 /* GPT-2's map: printable bytes stand for themselves, the rest for 256 + n, as UTF-8. */
 static void byte_char(int b, char *out)
@@ -127,7 +110,7 @@ static void test_fixed_ids(void)
 {
     mgpu_bpe_t *t = NULL;
     mgpu_err_t err = {0};
-    make_tmpdir();
+    make_tmpdir("bpe");
     CHECK_INT(mgpu_bpe_load(write_tokenizer("tok.json", NULL), &t, &err), 0);
     CHECK_INT(mgpu_bpe_vocab_size(t), EOT + 1);
     /* "the" | " cat" | "'s" | " café" (é = C3 A9: rank 4 merges before c a's rank 5),
@@ -163,7 +146,7 @@ static void test_add_prefix_space(void)
     mgpu_err_t err = {0};
     int32_t *ids = NULL;
     size_t n = 0;
-    make_tmpdir();
+    make_tmpdir("bpe");
     CHECK_INT(mgpu_bpe_load(write_tokenizer("p.json", prefix_space), &t, &err), 0);
     CHECK_INT(mgpu_bpe_encode(t, "the", 3, &ids, &n, &err), 0);
     CHECK_INT(n, 1);
@@ -202,7 +185,7 @@ static void test_refused_tokenizers(void)
 {
     mgpu_bpe_t *t = NULL;
     mgpu_err_t err = {0};
-    make_tmpdir();
+    make_tmpdir("bpe");
     CHECK_INT(mgpu_bpe_load(write_tokenizer("n.json", with_normalizer), &t, &err), MGPU_E_CONFIG);
     CHECK_CONTAINS(err.msg, "n.json: normalizer is set, expected none");
     CHECK_INT(mgpu_bpe_load(write_tokenizer("w.json", with_wordpiece), &t, &err), MGPU_E_CONFIG);

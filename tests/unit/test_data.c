@@ -2,6 +2,7 @@
  * byte by byte here (every supported dtype, shapes, and each way a file can be wrong), files
  * written by numpy.save itself when /usr/bin/python3 has numpy, and the held-out split. */
 #include "check.h"
+#include "tmpdir.h" /* make_tmpdir, tmp, remove_tmpdir */
 #include "data.h"
 
 #include <errno.h> /* ENOENT */
@@ -10,35 +11,6 @@
 #include <fcntl.h>        /* fcntl, FD_CLOEXEC */
 #include <sys/resource.h> /* setrlimit */
 #include <sys/stat.h>     /* mkfifo */
-
-static char tmpdir[64];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mgpu_test_data.XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) {
-        perror("mkdtemp");
-        exit(1);
-    }
-}
-
-/* Each test runs in its own process (check.h) and removes its own directory at the end. */
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    CHECK(system(cmd) == 0);
-}
-
-static const char *tmp(const char *name)
-{
-    /* A few rotating buffers: one call may pass two paths. */
-    static char path[4][512];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
-    return p;
-}
 
 /* Writes a .npy v1.0 file with this header dict and raw payload. */
 static void write_npy(const char *path, const char *dict, const void *data, size_t bytes)
@@ -108,7 +80,7 @@ static void test_synthetic_dataset(void)
 
 static void test_npy_roundtrip_f32(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     float x[6] = {1.5f, -2, 3, 4.25f, 5, -6};
     mgpu_npy_t a;
     CHECK_INT(mgpu_npy_write_f32(tmp("x.npy"), x, 3, 2, NULL), 0);
@@ -129,7 +101,7 @@ static void test_npy_roundtrip_f32(void)
 
 static void test_npy_dtypes(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     mgpu_npy_t a;
     double f8[3] = {0.5, -1.25, 1e10};
     write_npy(tmp("f8.npy"), "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", f8,
@@ -182,7 +154,7 @@ static void test_npy_dtypes(void)
 
 static void test_npy_errors(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     mgpu_npy_t a;
     mgpu_dataset_t ds;
     mgpu_err_t err = {0};
@@ -245,7 +217,7 @@ static void test_npy_errors(void)
 /* Files from numpy.save itself (any header padding and version numpy picks), when present. */
 static void test_npy_from_numpy(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 -c \"import numpy as np; "
@@ -326,7 +298,7 @@ static void test_split(void)
  * would block the reader); the kind and a link's target are named. */
 static void test_npy_file_kinds(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     mgpu_npy_t a;
     mgpu_err_t err = {0};
     char want[600];
@@ -359,7 +331,7 @@ static void test_npy_file_kinds(void)
 /* A damaged header is an error that says so, never an allocation of what it claims. */
 static void test_npy_damaged_headers(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     mgpu_npy_t a;
     mgpu_err_t err = {0};
     float f4[4] = {0};
@@ -408,7 +380,7 @@ static void test_npy_damaged_headers(void)
 /* mgpu_data_check_npy finds what mgpu_data_load_npy would refuse, and in which file. */
 static void test_data_check_npy(void)
 {
-    make_tmpdir();
+    make_tmpdir("data");
     mgpu_err_t err = {0};
     float f6[6] = {0};
     int64_t lab[3] = {0, 1, 2}, lab2[2] = {0, 1};

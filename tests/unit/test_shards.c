@@ -2,36 +2,10 @@
  * and globs, windows that never cross a file, the held-out tail across files, ids checked as
  * windows are read, the shard writer, and every way a header can be wrong. */
 #include "check.h"
+#include "tmpdir.h" /* make_tmpdir, tmp, remove_tmpdir */
 #include "shards.h"
 
 #include <stdint.h> /* uint32_t */
-
-static char tmpdir[64];
-
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mgpu_test_shards.XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) {
-        perror("mkdtemp");
-        exit(1);
-    }
-}
-
-static void remove_tmpdir(void)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    CHECK(system(cmd) == 0);
-}
-
-static const char *tmp(const char *name)
-{
-    static char path[4][512];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%s/%s", tmpdir, name);
-    return p;
-}
 
 /* An llm.c header (magic, version, count as given) and n tokens token(i) of width bytes. */
 static void write_file(const char *path, int header, uint32_t magic, uint32_t version,
@@ -67,7 +41,7 @@ static void test_windows_stay_inside_each_file(void)
     mgpu_err_t err = {0};
     const size_t n[3] = {1000, 777, 1500};
     const int T = 16;
-    make_tmpdir();
+    make_tmpdir("shards");
     /* the three kinds: llm.c uint16, raw uint16, llm.c uint32 */
     file_k = 0;
     write_file(tmp("d_000.bin"), 1, MGPU_SHARD_MAGIC, 1, (uint32_t)n[0], 2, n[0], where);
@@ -124,7 +98,7 @@ static void test_held_out_tail_spans_files(void)
     mgpu_shards_t s;
     mgpu_windows_t tr, ev;
     mgpu_err_t err = {0};
-    make_tmpdir();
+    make_tmpdir("shards");
     file_k = 0;
     write_file(tmp("a.bin"), 1, MGPU_SHARD_MAGIC, 1, 600, 2, 600, where);
     file_k = 1;
@@ -159,7 +133,7 @@ static void test_id_past_vocab_names_file_and_position(void)
     mgpu_shards_t s;
     mgpu_windows_t tr, ev;
     mgpu_err_t err = {0};
-    make_tmpdir();
+    make_tmpdir("shards");
     write_file(tmp("bad.bin"), 1, MGPU_SHARD_MAGIC, 1, 1000, 2, 1000, bad_at_700);
     CHECK_INT(mgpu_shards_open(&s, tmp("bad.bin"), "data_tokens", 0, 256, &err), 0);
     CHECK_INT(mgpu_windows_split(&s, 100, 0, &tr, &ev, &err), 0);
@@ -186,7 +160,7 @@ static void expect_open_error(const char *path, const char *want)
 
 static void test_bad_headers_are_named(void)
 {
-    make_tmpdir();
+    make_tmpdir("shards");
     file_k = 0;
     write_file(tmp("v2.bin"), 1, MGPU_SHARD_MAGIC, 2, 10, 2, 10, where);
     expect_open_error(tmp("v2.bin"), "v2.bin: llm.c header version 2 at byte 4 with magic "
@@ -225,7 +199,7 @@ static void test_writer_round_trips_both_widths(void)
     mgpu_err_t err = {0};
     int32_t small[5] = {0, 1, 65535, 7, 8}, wide[5] = {0, 70000, 128255, 3, 4}, got[4];
     int version = 0;
-    make_tmpdir();
+    make_tmpdir("shards");
     CHECK_INT(mgpu_shards_write(tmp("s.bin"), small, 5, &version, &err), 0);
     CHECK_INT(version, 1);
     CHECK_INT(mgpu_shards_write(tmp("w.bin"), wide, 5, &version, &err), 0);
