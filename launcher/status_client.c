@@ -4,6 +4,8 @@
 #include <cjson/cJSON.h> /* the launchers' answers */
 #include <dirent.h>      /* opendir */
 #include <errno.h>       /* errno */
+#include <libgen.h>      /* basename */
+#include <signal.h>      /* kill */
 #include <stdlib.h>      /* strtol */
 #include <string.h>      /* strcmp */
 #include <sys/socket.h>  /* connect */
@@ -17,8 +19,28 @@
 #include "log.h"           /* mgpu_error */
 #include "status_server.h" /* mgpu_status_dirs */
 
+/* Whether the launcher behind path ended while it was asked: a launcher removes its socket
+ * before it closes the connections, and one killed leaves no process behind its pid (the
+ * socket's name). Waits up to a second for either. */
+static int ended(const char *path)
+{
+    char copy[600];
+    long pid;
+
+    snprintf(copy, sizeof copy, "%s", path);
+    pid = strtol(basename(copy), NULL, 10);
+    for (int i = 0; i < 100; i++) {
+        if (access(path, F_OK) != 0 && errno == ENOENT)
+            return 1;
+        if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+            return 1;
+        usleep(10 * 1000);
+    }
+    return 0;
+}
+
 /* The answer of the launcher listening on path, or NULL (*bad set when it failed in a way
- * worth an exit status of 1). */
+ * worth an exit status of 1; a job that ends while it is asked is just not listed). */
 static cJSON *ask(const char *path, int stacks, int *bad)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -28,6 +50,7 @@ static cJSON *ask(const char *path, int stacks, int *bad)
     char *buf = NULL;
     size_t len = 0, cap = 0;
     cJSON *j = NULL;
+    int read_err = 0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
     if (fd < 0) {
@@ -39,7 +62,9 @@ static cJSON *ask(const char *path, int stacks, int *bad)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        if (errno == ECONNREFUSED) {
+        if (errno == ENOENT) {
+            /* ended between the listing and now */
+        } else if (errno == ECONNREFUSED) {
             /* its launcher is gone (killed before it could remove it) */
             mgpu_info("removing %s: no launcher listens on it", path);
             unlink(path);
@@ -50,10 +75,13 @@ static cJSON *ask(const char *path, int stacks, int *bad)
         close(fd);
         return NULL;
     }
-    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
-        mgpu_error("write(%s): %s", path, strerror(errno));
-        *bad = 1;
+    if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+        int err = errno;
         close(fd);
+        if (!ended(path)) {
+            mgpu_error("write(%s): %s", path, strerror(err));
+            *bad = 1;
+        }
         return NULL;
     }
     for (;;) {
@@ -69,7 +97,7 @@ static cJSON *ask(const char *path, int stacks, int *bad)
             continue;
         if (n <= 0) {
             if (n < 0)
-                mgpu_error("read(%s): %s", path, strerror(errno));
+                read_err = errno;
             break;
         }
         len += (size_t)n;
@@ -78,6 +106,16 @@ static cJSON *ask(const char *path, int stacks, int *bad)
     if (buf != NULL) {
         buf[len] = '\0';
         j = cJSON_ParseWithOpts(buf, NULL, 0);
+    }
+    if (j == NULL && ended(path)) {
+        free(buf);
+        return NULL;
+    }
+    if (j == NULL && read_err != 0) {
+        mgpu_error("read(%s): %s", path, strerror(read_err));
+        *bad = 1;
+        free(buf);
+        return NULL;
     }
     if (j == NULL || cJSON_GetObjectItemCaseSensitive(j, "error") != NULL) {
         const cJSON *e = j != NULL ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;

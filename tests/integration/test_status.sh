@@ -115,6 +115,39 @@ t_status_stale_socket_removed() {
     grep -q '^job of launcher' st || expect_grep st '^no running mgpu-launch job'
 }
 
+# A launcher that ends while it is asked (it removes its socket, then drops the connection
+# unread) is not an error: status lists the others and exits 0. One that drops the connection
+# and stays is named.
+t_status_job_ending_while_asked_is_skipped() {
+    use_own_dir
+    mkdir -m 0700 run/mgpu
+    python3 -c 'import os, socket, sys, time
+path, keep = sys.argv[1], sys.argv[2] == "keep"
+s = socket.socket(socket.AF_UNIX); s.bind(path); os.chmod(path, 0o600); s.listen(4)
+open("ready", "w").close()
+c, _ = s.accept(); time.sleep(0.2)
+if not keep: os.unlink(path)
+c.close()
+if keep: time.sleep(30)' "run/mgpu/$$.sock" end &
+    local fake=$!
+    wait_until 10 test -e ready || fail "fake launcher did not start"
+    "$LAUNCH" status >st 2>st.err || fail "status failed: $(cat st.err)"
+    expect_no_grep st.err 'error'
+    grep -q '^job of launcher' st || expect_grep st '^no running mgpu-launch job'
+    wait $fake
+    rm -f ready
+    python3 -c 'import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o600); s.listen(4)
+open("ready", "w").close()
+c, _ = s.accept(); c.close(); time.sleep(30)' "run/mgpu/$$.sock" &
+    fake=$!
+    wait_until 10 test -e ready || fail "fake launcher did not start"
+    "$LAUNCH" status >st 2>st.err
+    expect_eq "$?" 1 "status exit when a launcher drops the connection"
+    expect_grep st.err "error: .*/$$.sock"
+    kill $fake; wait $fake 2>/dev/null || true
+}
+
 t_status_other_user_cannot_connect() {
     [ "$(id -u)" = 0 ] || skip "needs root to run a client as another user"
     command -v setpriv >/dev/null || skip "setpriv not installed"
