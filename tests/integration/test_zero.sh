@@ -271,3 +271,15 @@ t_zero_gpu_rank_trains() {
     expect_grep out "optimizer state [0-9]* floats .* on rank 0, sharded over 1 ranks"
     expect_eq "$(final g.jsonl cuda_graph)" False "cuda_graph of zero = 1 (gpt)"
 }
+
+# tests/gpu/zero_checks.sh without a GPU: every check skipped by name, exit 77 (lib.sh's judge
+# then calls the part a skip, not a pass).
+t_zero_gpu_checks_skip_without_a_gpu() {
+    MGPU_GPU_PRESENT=0 bash "$MGPU_ROOT/tests/gpu/zero_checks.sh" o >out 2>&1
+    expect_eq "$?" 77 "exit status without a GPU"
+    for c in zero_one_rank_gpt_bf16 zero_two_ranks_gpt_bf16 zero_resume_two_ranks_at_one \
+        zero_shared_gpu_ranks zero_resume_shared_ranks_on_gpu; do
+        expect_grep out "^skip - $c\$"
+    done
+    expect_no_grep out '^(ok|not ok) - '
+}
