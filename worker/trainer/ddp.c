@@ -247,7 +247,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     if (k->backend == MGPU_KBACKEND_CUDA) {
 #ifdef MGPU_HAVE_CUDA
-        char why[256];
+        char why[256] = "zero = 1 (its update runs eagerly)";
         /* zero = 1: the sharded update follows the backward eagerly, without buckets. */
         int graph = !cfg->zero && mgpu_train_graph_eligible(cfg, samp.num_samples, why, sizeof why);
         if (W > 1 && !cfg->zero && comm->allreduce_avg_stream == NULL) {
