@@ -8,7 +8,16 @@ namespace mgpu_cuda
 namespace
 {
 
-/* The flags are uniform across the grid, so their branches cost nothing per element. */
+/* The flags are uniform across the grid, so their branches cost nothing per element.
+ *
+ * Every operation of an update rounds on its own (__fmul_rn, __fadd_rn, ...), in the order of
+ * the CPU reference, which has no fused multiply-add. Left to the compiler, the contractions
+ * into FMAs differed between vec() and one(): in PTX of nvcc 13 for sm_90, AdamW's
+ * b2 v + (1 - b2) g g became fma(g, (1 - b2) g, b2 v) in vec() and fma(b2, v, g (1 - b2) g) in
+ * one(), and SGD's momentum likewise. So a float's update depended on whether its buffer was
+ * 16-byte aligned and where the float4 part ended, and an optimizer of a slice of the
+ * parameters (ZeRO-1: zero.h), whose slice starts anywhere, did not give the whole
+ * optimizer's bits. */
 struct Sgd {
     float *p;
     const float *g;
@@ -18,15 +27,15 @@ struct Sgd {
     bool has_mom, first, nesterov;
     __device__ __forceinline__ void upd(float &pi, float gi, float &bi) const
     {
-        float d = gi + wd * pi;
+        const float d = __fadd_rn(gi, __fmul_rn(wd, pi));
         if (!has_mom) {
-            pi -= lr * d;
+            pi = __fsub_rn(pi, __fmul_rn(lr, d));
             return;
         }
         /* The first step clones d into the buffer, undamped; the old buffer is not read. */
-        float b = first ? d : mom * bi + damp * d;
+        const float b = first ? d : __fadd_rn(__fmul_rn(mom, bi), __fmul_rn(damp, d));
         bi = b;
-        pi -= lr * (nesterov ? d + mom * b : b);
+        pi = __fsub_rn(pi, __fmul_rn(lr, nesterov ? __fadd_rn(d, __fmul_rn(mom, b)) : b));
     }
     __device__ void vec(size_t i) const
     {
@@ -81,9 +90,11 @@ struct AdamW {
     __device__ __forceinline__ void upd(float &pi, float gi, float &mi, float &vi) const
     {
         const float step_size = st->step_size, bc2_sqrt = st->bc2_sqrt;
-        mi = mi + (1.0f - b1) * (gi - mi); /* m.lerp_(g, 1 - b1) */
-        vi = b2 * vi + (1.0f - b2) * gi * gi;
-        pi = pi * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        /* m.lerp_(g, 1 - b1) */
+        mi = __fadd_rn(mi, __fmul_rn(__fsub_rn(1.0f, b1), __fsub_rn(gi, mi)));
+        vi = __fadd_rn(__fmul_rn(b2, vi), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), gi), gi));
+        const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        pi = __fsub_rn(__fmul_rn(pi, decay), __fdiv_rn(__fmul_rn(step_size, mi), den));
     }
     __device__ void vec(size_t i) const
     {

@@ -1,11 +1,15 @@
 /* test_zero.c - ZeRO-1's pieces on one process: the slices cover the parameters once whatever
  * the world size, an optimizer of a slice makes the whole optimizer's update of those floats
- * bit for bit (AdamW and SGD with momentum), and the GPT's sharded AdamW cuts the model's
+ * bit for bit (AdamW and SGD with momentum), the GPT's sharded AdamW cuts the model's
  * tensors at the slice's edges with their weight decay and, alone, steps as mgpu_gpt_step
- * does. The ranks together (collectives, checkpoints) are tests/integration/test_zero.sh. */
+ * does, on the fp32 path and on the bf16 path (whose bf16 copy of the weights, fc16's rows
+ * inside a wider matrix included, comes out with the same bits), and the check takes GPU
+ * ranks but wants every collective. The ranks together (collectives, checkpoints) are
+ * tests/integration/test_zero.sh and, on thread-ranks, test_zero_gpu.c. */
 #include "check.h"
 #include "model_gpt.h"
 #include "optim.h"
+#include "transformer.h" /* mgpu_gpt_to_bf16 */
 #include "zero.h"
 
 static void test_slices_cover_the_parameters_once(void)
@@ -180,11 +184,143 @@ static void test_gpt_sharded_step_alone_is_the_gpt_step(void)
     mgpu_kernels_destroy(k);
 }
 
+static int no_avg(void *ctx, float *buf, size_t count, mgpu_err_t *err)
+{
+    return 0;
+}
+
+static int no_bcast(void *ctx, void *buf, size_t bytes, int root, mgpu_err_t *err)
+{
+    return 0;
+}
+
+/* A rank that trains on a GPU is taken (its collectives, NCCL's, take device memory); with
+ * more than one rank each collective the sharded step calls must be there. */
+static void test_check_takes_gpu_ranks_and_wants_every_collective(void)
+{
+    mgpu_kernels_t *k, gpu;
+    mgpu_err_t err = {0};
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), 0);
+    gpu = *k;
+    gpu.backend = MGPU_KBACKEND_CUDA; /* read by the check alone: nothing runs on it */
+    const mgpu_ddp_comm_t full = {.rank = 0,
+                                  .world_size = 2,
+                                  .allreduce_avg = no_avg,
+                                  .allreduce_sum = no_avg,
+                                  .broadcast = no_bcast,
+                                  .reduce_scatter_avg = no_avg,
+                                  .all_gather = no_avg};
+    CHECK_INT(mgpu_zero_check("gpt", &gpu, &full, &err), 0);
+    CHECK_INT(mgpu_zero_check("ddp", k, &full, &err), 0);
+    for (int miss = 0; miss < 5; miss++) {
+        mgpu_ddp_comm_t c = full;
+        if (miss == 0)
+            c.allreduce_avg = NULL;
+        else if (miss == 1)
+            c.allreduce_sum = NULL;
+        else if (miss == 2)
+            c.broadcast = NULL;
+        else if (miss == 3)
+            c.reduce_scatter_avg = NULL;
+        else
+            c.all_gather = NULL;
+        err.msg[0] = 0;
+        CHECK(mgpu_zero_check("gpt", &gpu, &c, &err) < 0);
+        CHECK_CONTAINS(err.msg, "gpt: zero = 1 with world size 2 needs the reduce-scatter");
+        c.world_size = 1; /* alone: no collective runs */
+        CHECK_INT(mgpu_zero_check("gpt", &gpu, &c, &err), 0);
+    }
+    mgpu_kernels_destroy(k);
+}
+
+/* The bf16 path's conversions on the host (the CPU backend's memory is the host's), as the
+ * CUDA ones round: to nearest, ties to even. The other ops are never called here. */
+static int h_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = mgpu_gpt_to_bf16(x[i]);
+    return 0;
+}
+
+static int h_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,
+                        size_t ldy, mgpu_err_t *err)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++)
+            y[(size_t)r * ldy + (size_t)j] = mgpu_gpt_to_bf16(x[(size_t)r * ldx + (size_t)j]);
+    return 0;
+}
+
+static const mgpu_gpt_bf16_ops_t host16 = {.to_bf16 = h_to_bf16, .to_bf16_2d = h_to_bf16_2d};
+
+/* One rank on the bf16 path: the sharded step (its slice's AdamW writes no bf16 copy; the whole
+ * copy is made after the all-gather) leaves the parameters, the moments and the bf16 copies
+ * the products read (params16, and fc16's rows of [w | b | 0...] for mlp.c_fc) with the bits
+ * of mgpu_gpt_step, whose AdamW writes the copies itself. The gradients are set by hand (the
+ * ops that would compute them are the GPU's). */
+static void test_gpt_sharded_step_on_the_bf16_path_keeps_the_copies(void)
+{
+    mgpu_kernels_t *k;
+    mgpu_err_t err = {0};
+    mgpu_gpt_spec_t spec = {.n_layer = 2, .n_head = 3, .n_embd = 24, .context = 8, .vocab = 40};
+    mgpu_gpt_t *a = NULL, *b = NULL;
+    mgpu_zero_gpt_t *zg = NULL;
+    unsetenv("MGPU_GPT_FC_BIAS"); /* the bias inside the product: fc16 in use */
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), 0);
+    CHECK_INT(mgpu_gpt_create_with(k, &spec, 1, &host16, &a, &err), 0);
+    spec.sharded_optimizer = 1;
+    CHECK_INT(mgpu_gpt_create_with(k, &spec, 1, &host16, &b, &err), 0);
+    if (a == NULL || b == NULL) {
+        printf("  %s\n", err.msg);
+        return;
+    }
+    CHECK(a->fc_kp > 0 && b->fc16 != NULL);
+    CHECK_INT(mgpu_gpt_init(a, 3, &err), 0);
+    CHECK_INT(mgpu_gpt_init(b, 3, &err), 0);
+    CHECK_INT(mgpu_zero_gpt_create(b, 0, 1, &zg, &err), 0);
+    mgpu_ddp_comm_t solo = {.rank = 0, .world_size = 1};
+    mgpu_adamw_hparams_t hp = {
+        .lr = 0.02f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    const size_t n = a->n_params, C = (size_t)spec.n_embd;
+    const size_t nfc = (size_t)spec.n_layer * 4 * C * (size_t)a->fc_kp;
+    for (int s = 1; s <= 3; s++) {
+        for (size_t i = 0; i < n; i++)
+            a->grads[i] = b->grads[i] = 0.01f * (float)((i * 13 + (size_t)s * 5) % 23) - 0.11f;
+        a->grads_fresh = b->grads_fresh = 0;
+        /* clip 0.5: the norm of these gradients is above it, so the factor acts */
+        CHECK_INT(mgpu_gpt_step(a, &hp, s, 0.5f, NULL, &err), 0);
+        CHECK_INT(mgpu_zero_gpt_step(zg, &solo, b, &hp, s, 0.5f, &err), 0);
+        CHECK(memcmp(a->params, b->params, sizeof(float) * n) == 0);
+        CHECK(memcmp(a->fc16, b->fc16, sizeof(mgpu_bf16_t) * nfc) == 0);
+        /* params16 where the products read it: not mlp.c_fc's weight and bias, whose copy
+         * is fc16's (zero = 0's AdamW leaves those parts of params16 as they were) */
+        size_t differ = 0, read = 0;
+        for (size_t i = 0; i < n; i++) {
+            int in_fc = 0;
+            for (int l = 0; l < spec.n_layer; l++)
+                in_fc |= (i >= a->blocks[l].fc_w && i < a->blocks[l].fc_w + 4 * C * C) ||
+                         (i >= a->blocks[l].fc_b && i < a->blocks[l].fc_b + 4 * C);
+            read += !in_fc;
+            differ += !in_fc && a->params16[i] != b->params16[i];
+            differ += b->params16[i] != mgpu_gpt_to_bf16(b->params[i]);
+        }
+        CHECK(read > n / 2);
+        CHECK_INT(differ, 0);
+    }
+    CHECK(memcmp(a->moments, zg->moments, sizeof(float) * 2 * n) == 0);
+    mgpu_zero_gpt_destroy(zg);
+    mgpu_gpt_destroy(a);
+    mgpu_gpt_destroy(b);
+    mgpu_kernels_destroy(k);
+}
+
 int main(void)
 {
     RUN(test_slices_cover_the_parameters_once);
     RUN(test_slice_optimizer_updates_as_the_whole_one);
     RUN(test_gpt_slice_cuts_the_tensors_at_its_edges);
     RUN(test_gpt_sharded_step_alone_is_the_gpt_step);
+    RUN(test_check_takes_gpu_ranks_and_wants_every_collective);
+    RUN(test_gpt_sharded_step_on_the_bf16_path_keeps_the_copies);
     return check_done();
 }

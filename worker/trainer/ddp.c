@@ -65,6 +65,15 @@ static int timer_stop(ddp_state_t *s, double t0, double *ms, mgpu_err_t *err)
     return rc;
 }
 
+#ifdef MGPU_HAVE_CUDA
+/* zero = 1 on a GPU: what follows the backward of each step (gpustep.h's update). */
+static int zero_update(void *ctx, mgpu_err_t *err)
+{
+    ddp_state_t *s = ctx;
+    return mgpu_zero_trainer_update(&s->z, s->comm, s->t, err);
+}
+#endif
+
 /* The optimizer state of the whole model, as zero = 0 keeps it and a checkpoint holds it. */
 static size_t full_state(const ddp_state_t *s)
 {
@@ -238,18 +247,22 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
     if (k->backend == MGPU_KBACKEND_CUDA) {
 #ifdef MGPU_HAVE_CUDA
-        char why[256];
-        int graph = mgpu_train_graph_eligible(cfg, samp.num_samples, why, sizeof why);
-        if (W > 1 && comm->allreduce_avg_stream == NULL) {
+        char why[256] = "zero = 1 (its update runs eagerly)";
+        /* zero = 1: the sharded update follows the backward eagerly, without buckets. */
+        int graph = !cfg->zero && mgpu_train_graph_eligible(cfg, samp.num_samples, why, sizeof why);
+        if (W > 1 && !cfg->zero && comm->allreduce_avg_stream == NULL) {
             rc = mgpu_err_set(err, -EINVAL,
                               "ddp: world size %d on a GPU needs allreduce_avg_stream", W);
             goto out;
         }
         if ((rc = mgpu_gpustep_create(s.t, &tr, samp.num_samples, graph,
-                                      W > 1 ? comm->allreduce_avg_stream : NULL, comm->ctx, &s.g,
-                                      err)) < 0)
+                                      W > 1 && !cfg->zero ? comm->allreduce_avg_stream : NULL,
+                                      comm->ctx, &s.g, err)) < 0 ||
+            (cfg->zero && (rc = mgpu_gpustep_set_update(s.g, zero_update, &s, err)) < 0))
             goto out;
-        if (!graph && rank == 0)
+        if (cfg->zero && cfg->cuda_graph && rank == 0)
+            mgpu_zero_print_eager(s.out, "ddp");
+        else if (!graph && rank == 0)
             mgpu_info("ddp: eager GPU steps, no CUDA graph: %s", why);
 #else
         rc =

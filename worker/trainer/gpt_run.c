@@ -7,6 +7,9 @@
  * grad_accum > 1 (whose micro-steps differ: only the first zeroes the gradients), run eagerly,
  * and anything eager between two replays makes the graphs be captured again.
  *
+ * zero = 1 (zero.h) runs every step eagerly: the reduce-scatter, AdamW on the rank's slice
+ * and the all-gather follow the backward, on the CPU and on a GPU alike.
+ *
  * The gradients' average over the ranks goes by the buckets of mgpu_gpt_buckets (bucket_mb,
  * backward's order) in every step. A replayed step of a world size above 1 holds it in its
  * graph, each bucket's all-reduce overlapping the rest of the backward, where the comm can
@@ -565,6 +568,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         mgpu_zero_print_state(s.out, "gpt", cfg->zero, W,
                               s.zero != NULL ? s.zero->n_moments : 2 * s.m->n_params,
                               2 * s.m->n_params);
+        if (s.zero != NULL && cfg->cuda_graph && accum == 1 && k->backend == MGPU_KBACKEND_CUDA)
+            mgpu_zero_print_eager(s.out, "gpt");
         if (h.status == 1)
             mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
     }

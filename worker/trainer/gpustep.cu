@@ -11,6 +11,9 @@
  * - The next step's backward overwrites the gradients an all-reduce may still be reading only
  *   after this step's update, which waited for the all-reduces: no extra event.
  * - In a capture the same forks and join become the graph's edges (schedule.cu says how).
+ * - A step with an update of its own (zero = 1: mgpu_gpustep_set_update) has no bucket and no
+ *   graph: its collectives are queued on s after the backward (side streams joined first), so
+ *   they too need no event.
  * - The index ring's slot is rewritten only after an event recorded behind the steps of the
  *   epoch that last used it has completed (mgpu_gpustep_epoch).
  * - A step over the whole data set in its own order (full-batch training without shuffling)
@@ -101,6 +104,9 @@ struct mgpu_gpustep {
     mgpu_kernels_cuda_sched_t *sched;
     mgpu_gpustep_reduce_fn reduce;
     void *reduce_ctx;
+    /* In place of the buckets and the optimizer (mgpu_gpustep_set_update), or NULL. */
+    mgpu_gpustep_update_fn update;
+    void *update_ctx;
     /* The data set in device memory. */
     float *x, *tg;
     int32_t *lab;
@@ -219,6 +225,18 @@ extern "C" int mgpu_gpustep_create(mgpu_trainer_t *t, const mgpu_dataset_t *ds, 
     return 0;
 }
 
+extern "C" int mgpu_gpustep_set_update(mgpu_gpustep_t *g, mgpu_gpustep_update_fn update, void *ctx,
+                                       mgpu_err_t *err)
+{
+    if (g->reduce != NULL || g->use_graph)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpustep: an update of its own needs a step without bucket "
+                            "all-reduces and without a CUDA graph");
+    g->update = update;
+    g->update_ctx = ctx;
+    return 0;
+}
+
 extern "C" int mgpu_gpustep_epoch(mgpu_gpustep_t *g, const size_t *idx, size_t n, mgpu_err_t *err)
 {
     if (n > g->slot_len)
@@ -331,6 +349,8 @@ static int queue_step(mgpu_gpustep_t *g, int count, mgpu_err_t *err)
             return rc;
         mgpu_progress_bucket(t->progress, -1);
     }
+    if (g->update != NULL)
+        return g->update(g->update_ctx, err);
     mgpu_progress_phase(t->progress, MGPU_PHASE_OPTIMIZER);
     return mgpu_optim_step(t->optim, m->params, m->grads, err);
 }

@@ -48,6 +48,17 @@ int mgpu_gpustep_create(mgpu_trainer_t *t, const mgpu_dataset_t *ds, size_t epoc
                         mgpu_gpustep_t **out, mgpu_err_t *err);
 void mgpu_gpustep_destroy(mgpu_gpustep_t *g);
 
+/* After the backward, in place of the buckets' all-reduces and the optimizer's update: queues
+ * the rest of the step on the kernels' stream (zero = 1: the reduce-scatter, the update of
+ * the rank's slice and the all-gather, zero.h's mgpu_zero_trainer_update). */
+typedef int (*mgpu_gpustep_update_fn)(void *ctx, mgpu_err_t *err);
+
+/* Every later step ends with update(ctx) after its backward. Only for a step created without a
+ * reduce callback and without use_graph: such an update runs eagerly (its collectives need
+ * not be capturable). */
+int mgpu_gpustep_set_update(mgpu_gpustep_t *g, mgpu_gpustep_update_fn update, void *ctx,
+                            mgpu_err_t *err);
+
 /* The indices of the rows the coming steps consume, in order (n <= epoch_rows, each < the
  * data set's size): uploaded into the next ring slot, the cursor set to its start. */
 int mgpu_gpustep_epoch(mgpu_gpustep_t *g, const size_t *idx, size_t n, mgpu_err_t *err);

@@ -26,19 +26,12 @@ void mgpu_zero_slice(const mgpu_zero_t *z, int r, size_t *lo, size_t *hi)
 int mgpu_zero_check(const char *who, mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
                     mgpu_err_t *err)
 {
-    /* The GPU step keeps bf16 weight copies that AdamW writes and captures the update in CUDA
-     * graphs around whole-buffer all-reduces; neither is sharded yet. */
-    if (k->backend != MGPU_KBACKEND_CPU)
-        return mgpu_err_set(err, MGPU_E_CONFIG,
-                            "%s: zero = 1 (the optimizer state sharded over the ranks) runs on "
-                            "CPU ranks only; this rank trains on a GPU: set zero = 0, or "
-                            "backend = cpu to train on the CPU",
-                            who);
-    if (comm->world_size > 1 && (comm->reduce_scatter_avg == NULL || comm->all_gather == NULL ||
-                                 comm->allreduce_avg == NULL || comm->broadcast == NULL))
+    if (comm->world_size > 1 &&
+        (comm->reduce_scatter_avg == NULL || comm->all_gather == NULL ||
+         comm->allreduce_avg == NULL || comm->allreduce_sum == NULL || comm->broadcast == NULL))
         return mgpu_err_set(err, -EINVAL,
                             "%s: zero = 1 with world size %d needs the reduce-scatter, "
-                            "all-gather, all-reduce and broadcast collectives",
+                            "all-gather, all-reduce (average and sum) and broadcast collectives",
                             who, comm->world_size);
     return 0;
 }
@@ -183,28 +176,51 @@ int mgpu_zero_resume(const mgpu_zero_t *z, mgpu_kernels_t *k, const mgpu_ddp_com
     return rc;
 }
 
-int mgpu_zero_trainer_step(const mgpu_zero_t *z, const mgpu_ddp_comm_t *comm, mgpu_trainer_t *t,
-                           const mgpu_dataset_t *ds, const size_t *idx, size_t count, float *loss,
-                           mgpu_err_t *err)
+/* rank's optimizer updates its slice (checked before the backward, so a wrong one fails the
+ * step before any work is queued). */
+static int check_slice(const mgpu_zero_t *z, const mgpu_trainer_t *t, mgpu_err_t *err)
 {
-    mgpu_model_t *m = t->model;
-    int rc;
-
     if (t->optim == NULL || t->optim->off != z->lo || t->optim->n != z->hi - z->lo)
         return mgpu_err_set(err, -EINVAL,
                             "zero: rank %d's optimizer does not update its slice [%zu, %zu)",
                             z->rank, z->lo, z->hi);
-    if ((rc = mgpu_trainer_grads(t, ds, idx, count, err)) < 0)
+    return 0;
+}
+
+int mgpu_zero_trainer_update(const mgpu_zero_t *z, const mgpu_ddp_comm_t *comm, mgpu_trainer_t *t,
+                             mgpu_err_t *err)
+{
+    mgpu_model_t *m = t->model;
+    int rc;
+
+    if ((rc = check_slice(z, t, err)) < 0)
         return rc;
+    /* Weight gradients a GPU backend still computes beside its stream are joined first: the
+     * reduce-scatter queued on the stream must see them whole (kernels.h: mgpu_k_join). */
     mgpu_progress_phase(t->progress, MGPU_PHASE_ALLREDUCE);
-    if ((rc = mgpu_zero_reduce_grads(z, comm, m->grads, err)) < 0)
+    if ((rc = mgpu_k_join(t->k, err)) < 0 ||
+        (rc = mgpu_zero_reduce_grads(z, comm, m->grads, err)) < 0)
         return rc;
     /* The all-gather completes the update: the phase stays "optimizer" through it. */
     mgpu_progress_phase(t->progress, MGPU_PHASE_OPTIMIZER);
     if ((rc = mgpu_optim_step(t->optim, m->params, m->grads, err)) < 0 ||
         (rc = mgpu_zero_gather_params(z, comm, m->params, err)) < 0)
         return rc;
-    return loss != NULL ? mgpu_model_read_scalars(m, loss, NULL, err) : 0;
+    /* The all-gather wrote the other slices behind the backend's back: a GPU's bf16 copies of
+     * them (its products' operands) must be made again. */
+    return mgpu_k_written(t->k, m->params, sizeof(float) * m->n_params, err);
+}
+
+int mgpu_zero_trainer_step(const mgpu_zero_t *z, const mgpu_ddp_comm_t *comm, mgpu_trainer_t *t,
+                           const mgpu_dataset_t *ds, const size_t *idx, size_t count, float *loss,
+                           mgpu_err_t *err)
+{
+    int rc;
+    if ((rc = check_slice(z, t, err)) < 0 ||
+        (rc = mgpu_trainer_grads(t, ds, idx, count, err)) < 0 ||
+        (rc = mgpu_zero_trainer_update(z, comm, t, err)) < 0)
+        return rc;
+    return loss != NULL ? mgpu_model_read_scalars(t->model, loss, NULL, err) : 0;
 }
 
 void mgpu_zero_gpt_destroy(mgpu_zero_gpt_t *zg)
@@ -223,11 +239,10 @@ int mgpu_zero_gpt_create(mgpu_gpt_t *m, int rank, int world, mgpu_zero_gpt_t **o
     int rc = 0;
 
     *out = NULL;
-    if (m->b16 != NULL || m->moments != NULL)
+    if (m->moments != NULL)
         return mgpu_err_set(err, -EINVAL,
-                            "zero: the GPT must be made on the fp32 path with sharded_optimizer "
-                            "(it has %s)",
-                            m->b16 != NULL ? "bf16 weight copies" : "moments of its own");
+                            "zero: the GPT must be made with sharded_optimizer (it has moments "
+                            "of its own)");
     zg = calloc(1, sizeof *zg);
     if (zg == NULL || (zg->adam = calloc((size_t)m->n_tensors, sizeof *zg->adam)) == NULL) {
         free(zg);
@@ -250,6 +265,9 @@ int mgpu_zero_gpt_create(mgpu_gpt_t *m, int rank, int world, mgpu_zero_gpt_t **o
         size_t a = t->off > lo ? t->off : lo, b = t->off + t->n < hi ? t->off + t->n : hi;
         if (a >= b)
             continue;
+        /* No bf16 copy here (p16 NULL): a slice may cut a row of a copy that lies inside a
+         * wider matrix (fc16), and the all-gather brings the other slices' fp32 values only,
+         * so the step makes the whole copy after it. */
         zg->adam[zg->n_tensors++] = (mgpu_gpt_adamw_tensor_t){.p = m->params + a,
                                                               .g = m->grads + a,
                                                               .m = zg->moments + (a - lo),
@@ -273,7 +291,17 @@ int mgpu_zero_gpt_step(mgpu_zero_gpt_t *zg, const mgpu_ddp_comm_t *comm, mgpu_gp
     int rc;
 
     mgpu_progress_phase(comm->progress, MGPU_PHASE_ALLREDUCE);
-    if ((rc = mgpu_zero_reduce_grads(z, comm, m->grads, err)) < 0)
+    /* The bf16 path's gradients after mgpu_gpt_zero_grads and no backward: never written, so
+     * zeroed now, as mgpu_gpt_step does. */
+    if (m->grads_fresh) {
+        if ((rc = mgpu_k_zero(m->k, m->grads, sizeof(float) * m->n_params, err)) < 0)
+            return rc;
+        m->grads_fresh = 0;
+    }
+    /* Weight gradients still computed beside the stream are joined before the collective
+     * reads them (kernels.h: mgpu_k_join). */
+    if ((rc = mgpu_k_join(m->k, err)) < 0 ||
+        (rc = mgpu_zero_reduce_grads(z, comm, m->grads, err)) < 0)
         return rc;
     mgpu_progress_phase(comm->progress, MGPU_PHASE_OPTIMIZER);
     if ((rc = mgpu_gpt_set_step(m, hp, step, err)) < 0)
@@ -291,6 +319,11 @@ int mgpu_zero_gpt_step(mgpu_zero_gpt_t *zg, const mgpu_ddp_comm_t *comm, mgpu_gp
                                   grad_clip > 0 ? factor : NULL, err)) < 0 ||
         (rc = mgpu_zero_gather_params(z, comm, m->params, err)) < 0)
         return rc;
+    /* The other slices came through the collective, not through the backend's ops: it drops
+     * what it derived from them, and the bf16 path's copy of the weights is made again from
+     * the fp32 parameters, rounded to nearest even as AdamW's own writes of it are. */
+    if ((rc = mgpu_k_written(m->k, m->params, sizeof(float) * m->n_params, err)) < 0)
+        return rc;
     return mgpu_gpt_params_changed(m, err);
 }
 
@@ -306,5 +339,14 @@ void mgpu_zero_print_state(FILE *out, const char *who, int zero, int world, size
     else
         fprintf(out, "%s: optimizer state %zu floats (%.3f MiB) per rank (zero = 0)\n", who, floats,
                 (double)floats * 4 / 1048576.0);
+    fflush(out);
+}
+
+void mgpu_zero_print_eager(FILE *out, const char *who)
+{
+    fprintf(out,
+            "%s: zero = 1 runs its GPU steps eagerly: the CUDA graphs capture zero = 0's step "
+            "only (cuda_graph applies to zero = 0)\n",
+            who);
     fflush(out);
 }

@@ -5,7 +5,16 @@
  * the average of its own slice), updates its slice, and all-gathers the parameters, so every
  * rank ends the step with the full parameters, as after DDP's all-reduce, while it holds
  * 1 / world of the optimizer state. The parameters and gradients stay whole on every rank
- * (stage 1 shards the optimizer only); on the CPU the fp32 parameters are the master weights.
+ * (stage 1 shards the optimizer only); the fp32 parameters are the master weights on every
+ * backend.
+ *
+ * On a GPU the same steps run on the kernels' stream, the collectives on device memory (NCCL
+ * queues them on that stream). The GPT's bf16 path keeps a bf16 copy of the weights that its
+ * products read; the slice's AdamW writes the fp32 slice only, and once the all-gather has
+ * brought every slice, the whole copy is made again from the fp32 parameters
+ * (mgpu_gpt_params_changed): bf16 rounding to nearest even of the same fp32 values, so the
+ * same bits as zero = 0's AdamW writes into it. A sharded step runs eagerly: the CUDA graphs
+ * capture zero = 0's step only (mgpu_zero_print_eager says so).
  *
  * The slices: block = n / world floats; rank r owns [r block, (r + 1) block), and the last
  * rank also the n % world floats of the tail [world block, n), averaged with an all-reduce
@@ -50,7 +59,8 @@ void mgpu_zero_init(mgpu_zero_t *z, int rank, int world, size_t n);
 void mgpu_zero_slice(const mgpu_zero_t *z, int r, size_t *lo, size_t *hi);
 
 /* Checks that comm has what zero = 1 needs (reduce_scatter_avg, all_gather, allreduce_avg,
- * broadcast with more than one rank) and that k is the CPU's: who names the loop. */
+ * allreduce_sum, broadcast with more than one rank): who names the loop. k may be of any
+ * backend; on a GPU the collectives must take device memory (the NCCL communicator's do). */
 int mgpu_zero_check(const char *who, mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm,
                     mgpu_err_t *err);
 
@@ -84,11 +94,15 @@ int mgpu_zero_resume(const mgpu_zero_t *z, mgpu_kernels_t *k, const mgpu_ddp_com
                      mgpu_err_t *err);
 
 /* The MLP's step with t->optim an optimizer of this rank's slice (mgpu_optim_create_slice):
- * gather rows idx[0..count) of ds, forward, backward, reduce-scatter, update of the slice,
- * all-gather. *loss (may be NULL) receives this rank's batch loss. */
+ * gather rows idx[0..count) of ds, forward, backward, then mgpu_zero_trainer_update. *loss
+ * (may be NULL) receives this rank's batch loss. */
 int mgpu_zero_trainer_step(const mgpu_zero_t *z, const mgpu_ddp_comm_t *comm, mgpu_trainer_t *t,
                            const mgpu_dataset_t *ds, const size_t *idx, size_t count, float *loss,
                            mgpu_err_t *err);
+/* After the MLP's backward (the GPU step calls it too, gpustep.h): the reduce-scatter, the
+ * update of the slice, the all-gather, and the backend told that the parameters changed. */
+int mgpu_zero_trainer_update(const mgpu_zero_t *z, const mgpu_ddp_comm_t *comm, mgpu_trainer_t *t,
+                             mgpu_err_t *err);
 
 /* The GPT's AdamW over this rank's slice: the model's tensors cut to it, with their weight
  * decay, and the slice's moments. */
@@ -101,14 +115,15 @@ typedef struct mgpu_zero_gpt {
     mgpu_gpt_adamw_tensor_t *adam; /* host: the parts of the model's tensors in the slice */
 } mgpu_zero_gpt_t;
 
-/* For a model made with spec.sharded_optimizer on the fp32 path (the bf16 path's weight copies
- * are refused). */
+/* For a model made with spec.sharded_optimizer, on either path: the slice's tensors carry no
+ * bf16 copy (p16 NULL); mgpu_zero_gpt_step makes the whole copy after the all-gather. */
 int mgpu_zero_gpt_create(mgpu_gpt_t *m, int rank, int world, mgpu_zero_gpt_t **out,
                          mgpu_err_t *err);
 void mgpu_zero_gpt_destroy(mgpu_zero_gpt_t *zg);
 /* After the backward: the reduce-scatter, the global gradient norm (the slices' sums of
  * squares summed over the ranks) and its clip to grad_clip (0: none), AdamW on the slice at
- * step (from 1), the all-gather: mgpu_gpt_step's work, sharded. */
+ * step (from 1), the all-gather, and the bf16 copy made again on the bf16 path:
+ * mgpu_gpt_step's work, sharded. */
 int mgpu_zero_gpt_step(mgpu_zero_gpt_t *zg, const mgpu_ddp_comm_t *comm, mgpu_gpt_t *m,
                        const mgpu_adamw_hparams_t *hp, long long step, float grad_clip,
                        mgpu_err_t *err);
@@ -117,5 +132,7 @@ int mgpu_zero_gpt_step(mgpu_zero_gpt_t *zg, const mgpu_ddp_comm_t *comm, mgpu_gp
  * its allocation) beside what zero = 0 holds per rank (full, floats). */
 void mgpu_zero_print_state(FILE *out, const char *who, int zero, int world, size_t floats,
                            size_t full);
+/* Rank 0's line when zero = 1 trains on a GPU with cuda_graph on: its steps run eagerly. */
+void mgpu_zero_print_eager(FILE *out, const char *who);
 
 #endif
