@@ -504,6 +504,55 @@ static void test_update_without_backward_sees_zeros(void)
 /* The bf16 path's MLP input product with its bias inside (MGPU_GPT_FC_BIAS, inside by
  * default): fc_kp is C + 1 rounded up to 64, and AdamW writes each layer's c_fc weight and
  * bias as rows of fc16 ([w | b | 0...]); with epilogue, neither; another value is refused. */
+/* The bf16 copy of the parameters: with fc16 (the bias inside) params16 leaves out
+ * mlp.c_fc's weight and bias, so it holds n_params less n_layer (4C^2 + 4C) values; every
+ * other tensor's copy lies in it, in the layout's order, one after the other, and AdamW's
+ * pointers are those copies. Without fc16 (epilogue) the copy is the whole layout. Layers 1
+ * and 3 check one block and several. */
+static void test_bf16_copy_leaves_fc16_tensors_out(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    for (int layers = 1; layers <= 3; layers += 2)
+        for (int inside = 1; inside >= 0; inside--) {
+            mgpu_gpt_spec_t s = tiny;
+            mgpu_gpt_t *m = NULL;
+            s.n_layer = layers;
+            if (inside)
+                unsetenv("MGPU_GPT_FC_BIAS");
+            else
+                setenv("MGPU_GPT_FC_BIAS", "epilogue", 1);
+            CHECK_INT(mgpu_gpt_create_with(k, &s, 2, &writes16, &m, &err), 0);
+            if (m == NULL)
+                continue;
+            const size_t C = (size_t)s.n_embd, gap = inside ? 4 * C * C + 4 * C : 0;
+            CHECK_INT(m->n_params16, m->n_params - (size_t)layers * gap);
+            size_t next = 0, left_out = 0, bad = 0;
+            for (int i = 0; i < m->n_tensors; i++) {
+                const mgpu_gpt_tensor_t *t = &m->tensors[i];
+                int fc = 0;
+                for (int l = 0; l < layers; l++)
+                    fc |= t->off == m->blocks[l].fc_w || t->off == m->blocks[l].fc_b;
+                for (size_t j = 0; j < t->n; j++) {
+                    const mgpu_bf16_t *w = mgpu_gpt_w16(m, t->off + j);
+                    if (fc && inside) {
+                        left_out += w == NULL;
+                        continue;
+                    }
+                    bad += w != m->params16 + next++;
+                }
+                if (!(fc && inside))
+                    bad += m->adam[i].p16 != mgpu_gpt_w16(m, t->off);
+            }
+            CHECK_INT(bad, 0);
+            CHECK_INT(next, m->n_params16);
+            CHECK_INT(left_out, (size_t)layers * gap);
+            mgpu_gpt_destroy(m);
+        }
+    unsetenv("MGPU_GPT_FC_BIAS");
+    mgpu_kernels_destroy(k);
+}
+
 static void test_fc_bias_inside(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -632,5 +681,6 @@ int main(int argc, char **argv)
     RUN(test_update_without_backward_sees_zeros);
     RUN(test_bucket_size_refused);
     RUN(test_fc_bias_inside);
+    RUN(test_bf16_copy_leaves_fc16_tensors_out);
     return check_done();
 }

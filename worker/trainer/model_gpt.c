@@ -69,11 +69,40 @@ static int fc_k(const mgpu_gpt_t *m)
     return m->fc_kp > 0 ? m->fc_kp : m->spec.n_embd;
 }
 
+/* mlp.c_fc's weight and bias of a layer: what params16 leaves out when fc16 holds them. */
+static size_t fc_gap(const mgpu_gpt_t *m)
+{
+    const size_t C = (size_t)m->spec.n_embd;
+    return m->fc_kp > 0 ? 4 * C * C + 4 * C : 0;
+}
+
+mgpu_bf16_t *mgpu_gpt_w16(const mgpu_gpt_t *m, size_t off)
+{
+    /* The blocks follow wte and wpe, each stride values long, mlp.c_fc's weight and bias at
+     * [fc_w, fcp_w) of each; lnf's tensors follow them. */
+    const size_t gap = fc_gap(m), L = (size_t)m->spec.n_layer;
+    size_t base, stride, within, gaps;
+
+    if (m->params16 == NULL)
+        return NULL;
+    base = m->blocks[0].ln1_w;
+    if (gap == 0 || off < base)
+        return m->params16 + off;
+    stride = m->lnf_w > base ? (m->lnf_w - base) / L : 0;
+    if (off >= base + L * stride)
+        return m->params16 + off - L * gap;
+    within = (off - base) % stride;
+    if (within >= m->blocks[0].fc_w - base && within < m->blocks[0].fcp_w - base)
+        return NULL;
+    gaps = (off - base) / stride + (within >= m->blocks[0].fcp_w - base);
+    return m->params16 + off - gaps * gap;
+}
+
 /* Layer l's mlp.c_fc weight and bias in bf16: fc16's rows (fc_kp > 0) or params16's. */
 static const mgpu_bf16_t *fc_w16(const mgpu_gpt_t *m, int l)
 {
     return m->fc_kp > 0 ? m->fc16 + (size_t)l * 4 * m->spec.n_embd * m->fc_kp
-                        : m->params16 + m->blocks[l].fc_w;
+                        : mgpu_gpt_w16(m, m->blocks[l].fc_w);
 }
 
 void mgpu_gpt_destroy(mgpu_gpt_t *m)
@@ -202,7 +231,11 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         cap = cap < 1 ? 1 : cap;
         chunks = (N + cap - 1) / cap;
         m->head_rows = (int)((N + chunks - 1) / chunks);
-        if ((rc = alloc_h(m, m->n_params, &m->params16, err)) < 0 ||
+        if ((rc = fc_inside(err)) < 0)
+            goto fail;
+        m->fc_kp = rc > 0 ? (int)((C + 1 + 63) / 64 * 64) : 0;
+        m->n_params16 = m->n_params - (size_t)s->n_layer * fc_gap(m);
+        if ((rc = alloc_h(m, m->n_params16, &m->params16, err)) < 0 ||
             (rc = alloc_h(m, NC, &m->lnf16, err)) < 0 ||
             (rc = alloc_h(m, (size_t)m->head_rows * V, &m->logits16, err)) < 0 ||
             (rc = alloc_f(m, V, &m->logits, err)) < 0 ||
@@ -211,9 +244,6 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
             (rc = alloc_h(m, 4 * NC, &m->d4_16, err)) < 0 ||
             (rc = alloc_h(m, 3 * NC, &m->dqkv16, err)) < 0)
             goto fail;
-        if ((rc = fc_inside(err)) < 0)
-            goto fail;
-        m->fc_kp = rc > 0 ? (int)((C + 1 + 63) / 64 * 64) : 0;
         if (m->fc_kp > 0) {
             const float one = 1.0f;
             const size_t nfc = (size_t)s->n_layer * 4 * C * m->fc_kp;
@@ -275,7 +305,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
             .g = m->grads + t->off,
             .m = m->moments != NULL ? m->moments + t->off : NULL,
             .v = m->moments != NULL ? m->moments + m->n_params + t->off : NULL,
-            .p16 = m->params16 != NULL ? m->params16 + t->off : NULL,
+            .p16 = mgpu_gpt_w16(m, t->off), /* NULL for mlp.c_fc's: set below */
             .n = t->n,
             .decay = mgpu_gpt_decays(t->ndim)};
         for (int l = 0; m->fc_kp > 0 && l < s->n_layer; l++) { /* into fc16's rows */
@@ -396,7 +426,6 @@ static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
     void *ki = m->k->impl;
     const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
     const float *P = m->params;
-    const mgpu_bf16_t *W = m->params16;
     int rc;
 
     if ((rc = mgpu_kg_embed_forward(m->k, B, T, C, m->tokens, P + m->wte, P + m->wpe, m->acts[0].x,
@@ -408,17 +437,17 @@ static int forward16(mgpu_gpt_t *m, mgpu_err_t *err)
         float *next = l + 1 < m->spec.n_layer ? m->acts[l + 1].x : m->xout;
         if ((rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
                                        (size_t)C, a->ln1_mean, a->ln1_rstd, err)) < 0 ||
-            (rc = o->linear(ki, N, C, 3 * C, a->ln1_16, W + w->qkv_w, W + w->qkv_b, a->qkv16, NULL,
-                            err)) < 0 ||
+            (rc = o->linear(ki, N, C, 3 * C, a->ln1_16, mgpu_gpt_w16(m, w->qkv_w),
+                            mgpu_gpt_w16(m, w->qkv_b), a->qkv16, NULL, err)) < 0 ||
             (rc = o->attention_forward(ki, B, T, C, NH, a->qkv16, a->atty16, a->lse, err)) < 0 ||
-            (rc = o->linear_f32(ki, N, C, C, a->atty16, W + w->proj_w, P + w->proj_b, a->x, a->res2,
-                                err)) < 0 ||
+            (rc = o->linear_f32(ki, N, C, C, a->atty16, mgpu_gpt_w16(m, w->proj_w), P + w->proj_b,
+                                a->x, a->res2, err)) < 0 ||
             (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
                                        (size_t)fc_k(m), a->ln2_mean, a->ln2_rstd, err)) < 0 ||
             (rc = o->linear(ki, N, fc_k(m), 4 * C, a->ln2_16, fc_w16(m, l),
-                            m->fc_kp > 0 ? NULL : W + w->fc_b, a->gelu16, a->fch16, err)) < 0 ||
-            (rc = o->linear_f32(ki, N, 4 * C, C, a->gelu16, W + w->fcp_w, P + w->fcp_b, a->res2,
-                                next, err)) < 0)
+                            mgpu_gpt_w16(m, w->fc_b), a->gelu16, a->fch16, err)) < 0 ||
+            (rc = o->linear_f32(ki, N, 4 * C, C, a->gelu16, mgpu_gpt_w16(m, w->fcp_w), P + w->fcp_b,
+                                a->res2, next, err)) < 0)
             return rc;
     }
     return o->layernorm_forward(ki, N, C, m->xout, P + m->lnf_w, P + m->lnf_b, m->lnf16, (size_t)C,
@@ -463,7 +492,6 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
     void *ki = m->k->impl;
     const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
     const float *P = m->params;
-    const mgpu_bf16_t *W = m->params16;
     float *G = m->grads;
     /* Each block gradient below is written once here, the bias gradients of the projections
      * by the LayerNorm backward above them (dsum): all overwritten after a zeroing. */
@@ -482,8 +510,8 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
         mgpu_gpt_acts_t *a = &m->acts[l];
         /* x_{l+1} = res2 + fcp(gelu(fc(ln2(res2)))): GELU's derivative in the epilogue. */
         const size_t kp = (size_t)fc_k(m);
-        if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, W + w->fcp_w, 4 * (size_t)C,
-                                      a->fch16, m->d4_16, err)) < 0 ||
+        if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, mgpu_gpt_w16(m, w->fcp_w),
+                                      4 * (size_t)C, a->fch16, m->d4_16, err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C,
                                         G + w->fcp_w, NULL, f, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, fc_w16(m, l), kp, NULL, m->dln16,
@@ -495,14 +523,14 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
                                         G + w->proj_b, f, err)) < 0)
             return rc;
         /* res2 = x + proj(attention(qkv(ln1(x)))) */
-        if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, W + w->proj_w, (size_t)C, NULL,
-                                      m->dln16, err)) < 0 ||
+        if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, mgpu_gpt_w16(m, w->proj_w), (size_t)C,
+                                      NULL, m->dln16, err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, (size_t)C, G + w->proj_w,
                                         NULL, f, err)) < 0 ||
             (rc = o->attention_backward(ki, B, T, C, NH, m->dln16, a->qkv16, a->atty16, a->lse,
                                         m->dqkv16, err)) < 0 ||
-            (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, W + w->qkv_w, (size_t)C, NULL,
-                                      m->dln16, err)) < 0 ||
+            (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, mgpu_gpt_w16(m, w->qkv_w),
+                                      (size_t)C, NULL, m->dln16, err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C,
                                         G + w->qkv_w, G + w->qkv_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
@@ -743,8 +771,18 @@ int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err)
 {
     if (m->b16 == NULL)
         return fresh(m, m->params, m->n_params, err);
-    /* where AdamW writes each tensor's bf16 copy: params16, or rows inside a wider matrix */
-    int rc = m->b16->to_bf16(m->k->impl, m->n_params, m->params, m->params16, err);
+    /* where AdamW writes each tensor's bf16 copy: params16, or rows inside a wider matrix.
+     * params16 is the layout less the fc16 tensors: one conversion a run between them. */
+    int rc = 0;
+    size_t from = 0;
+    for (int l = 0; rc == 0; l++) {
+        const int last = fc_gap(m) == 0 || l == m->spec.n_layer;
+        const size_t to = last ? m->n_params : m->blocks[l].fc_w;
+        rc = m->b16->to_bf16(m->k->impl, to - from, m->params + from, mgpu_gpt_w16(m, from), err);
+        if (last)
+            break;
+        from = m->blocks[l].fcp_w;
+    }
     for (int i = 0; rc == 0 && i < m->n_tensors; i++) {
         const mgpu_gpt_adamw_tensor_t *t = &m->adam[i];
         if (t->p16_cols > 0)

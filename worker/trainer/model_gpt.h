@@ -79,9 +79,12 @@ typedef struct mgpu_gpt {
     /* The bf16 path (see gpt_ops.h; NULL: the fp32 path, every activation fp32): its ops,
      * the parameters' bf16 copy (AdamW writes it with the parameters), and its bf16 buffers
      * in place of lnf, logits, dln, d4 and dqkv (logits then holds one row's fp32 logits for
-     * mgpu_gpt_last_logits). */
+     * mgpu_gpt_last_logits). params16 holds n_params16 values: every tensor's copy in the
+     * layout's order, less mlp.c_fc's weight and bias when fc16 holds them (fc_kp > 0);
+     * mgpu_gpt_w16 finds a tensor's copy. */
     const mgpu_gpt_bf16_ops_t *b16;
     mgpu_bf16_t *params16, *lnf16, *logits16, *dres16, *dln16, *d4_16, *dqkv16;
+    size_t n_params16;
     /* The bf16 path's MLP input product with its bias inside (fc_kp > 0): ln2_16's rows are
      * fc_kp wide, the LayerNorm's C values then a 1 and zeros, and fc16 holds each layer's
      * mlp.c_fc weight (4C, C) and bias as rows of fc_kp, [w | b | 0...] (AdamW writes them
@@ -191,6 +194,10 @@ int mgpu_gpt_update(mgpu_gpt_t *m, const mgpu_adamw_hparams_t *hp, float grad_cl
  * on the bf16 path the parameters' bf16 copy is made again from them. Call it after writing
  * m->params other than through mgpu_gpt_init and the AdamW step (a checkpoint, a broadcast). */
 int mgpu_gpt_params_changed(mgpu_gpt_t *m, mgpu_err_t *err);
+
+/* On the bf16 path, the copy in params16 of the parameter at off (an offset into params);
+ * NULL for mlp.c_fc's weight and bias when fc16 holds them. */
+mgpu_bf16_t *mgpu_gpt_w16(const mgpu_gpt_t *m, size_t off);
 
 /* The logits (vocab floats, host) of position t - 1 of row 0 of the last forward. */
 int mgpu_gpt_last_logits(mgpu_gpt_t *m, float *host, mgpu_err_t *err);
