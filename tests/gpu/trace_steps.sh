@@ -8,7 +8,9 @@
 #
 #   tests/gpu/trace_steps.sh OUTDIR [CASE ...]   (MGPU_BUILD: build dir; PYTHON: python3)
 #
-# CASE: mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32 (default: the first three).
+# CASE: mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32, gpt_bf16, gpt_fp32 (GPT-2 124M of
+# configs/bench_gpt_124m.cfg over tests/bench/gpt_torch_bench.py's synthetic tokens; its step
+# has hundreds of kernels, so they are grouped by name) (default: the first three).
 # Writes OUTDIR/<case>.csv (start_ns,end_ns,stream,kind,name) and prints each timeline.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +36,8 @@ rows.sort()
 # in place, right after the previous step's optimizer update.
 starts = [i for i, r in enumerate(rows) if "gather_kernel" in r[4]]
 if len(starts) < 3:
-    starts = [i + 1 for i, r in enumerate(rows[:-1]) if "Sgd" in r[4] or "AdamW" in r[4]]
+    starts = [i + 1 for i, r in enumerate(rows[:-1])
+              if "sgd" in r[4].lower() or "adamw" in r[4].lower()]
 if len(starts) < 3:
     print("  fewer than 3 steps traced"); sys.exit(0)
 steps = [rows[a:b] for a, b in zip(starts, starts[1:])]
@@ -49,6 +52,21 @@ print("  %d steps traced; the last %d alike (%d kernels each); step period media
 streams = {}
 for x in steps[-1]:
     streams.setdefault(x[2], len(streams))
+if n > 60:
+    # A long step (a GPT's): the kernels grouped by name, the largest total first.
+    busy = st.median(sum(x[1] - x[0] for x in s) for s in same)
+    groups = {}
+    for i in range(n):
+        d = st.median(s[i][1] - s[i][0] for s in same)
+        g = groups.setdefault(steps[-1][i][4][:100], [0, 0.0])
+        g[0] += 1
+        g[1] += d
+    print("  kernels' busy time a step %.2f us (%.1f%% of the period)"
+          % (busy / 1e3, 100.0 * busy / st.median(period)))
+    print("  %6s %10s %6s  %s" % ("calls", "us", "share", "name"))
+    for name, (c, d) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        print("  %6d %10.2f %5.1f%%  %s" % (c, d / 1e3, 100.0 * d / busy, name))
+    sys.exit(0)
 print("  %8s %8s %8s  %s  %s" % ("start", "end", "us", "stream", "name"))
 for i in range(n):
     s0 = st.median(s[i][0] - s[0][0] for s in same)
@@ -76,6 +94,12 @@ for c in "${cases[@]}"; do
     linear) run_case linear bench_linear.cfg epochs=100 ;;
     large_bf16) run_case large_bf16 bench_large_bf16.cfg epochs=6 ;;
     large_tf32) run_case large_tf32 bench_large_tf32.cfg epochs=6 ;;
-    *) echo "trace_steps: unknown case '$c' (expected mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32)" >&2; exit 2 ;;
+    gpt_bf16 | gpt_fp32)
+        tokens=$OUT/tokens_50304.bin
+        [ -f "$tokens" ] || "$PY" "$root/tests/bench/gpt_torch_bench.py" tokens "$tokens" 8388609 \
+            50304 >/dev/null || exit 2
+        run_case "$c" bench_gpt_124m.cfg data_tokens="$tokens" max_steps=80 timing_warmup=10 \
+            log_interval=0 precision="${c#gpt_}" ;;
+    *) echo "trace_steps: unknown case '$c' (expected mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32, gpt_bf16, gpt_fp32)" >&2; exit 2 ;;
     esac
 done
