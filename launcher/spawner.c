@@ -1,98 +1,150 @@
 /* spawner.c - starting one worker process, and the keeper (see spawner.h). */
 #include "spawner.h"
 
-#include <errno.h>     /* errno */
-#include <sched.h>     /* sched_setaffinity */
-#include <fcntl.h>     /* O_CLOEXEC */
-#include <signal.h>    /* signal, sigprocmask, kill */
-#include <stdlib.h>    /* posix_openpt, grantpt, unlockpt, ptsname_r */
-#include <string.h>    /* memcpy, strerror */
-#include <sys/ioctl.h> /* TIOCSWINSZ */
-#include <sys/prctl.h> /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
-#include <termios.h>   /* tcgetattr, OPOST */
-#include <time.h>      /* clock_gettime */
-#include <unistd.h>    /* fork, execve, setsid */
+#include <errno.h>       /* errno */
+#include <fcntl.h>       /* O_CLOEXEC, F_SETFD */
+#include <signal.h>      /* sigprocmask, kill */
+#include <stdlib.h>      /* posix_openpt, grantpt, unlockpt, ptsname_r */
+#include <string.h>      /* memcpy, strerror */
+#include <sys/ioctl.h>   /* TIOCSWINSZ */
+#include <sys/prctl.h>   /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
+#include <sys/syscall.h> /* SYS_execve, SYS_dup3, SYS_close_range, ... */
+#include <termios.h>     /* tcgetattr, OPOST */
+#include <time.h>        /* CLOCK_REALTIME */
+#include <unistd.h>      /* fork, getpid */
 
-#include "keeper.h" /* mgpu_keeper_read, mgpu_keeper_clean */
-#include "log.h"    /* mgpu_debug */
+#include "clone_vm.h" /* mgpu_clone_vm_spawn, mgpu_clone_vm_syscall */
+#include "keeper.h"   /* mgpu_keeper_read, mgpu_keeper_clean */
+#include "log.h"      /* mgpu_debug */
 
-/* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_exec(const char *path, char *const argv[], char *const envp[], int out_w,
-                       int err_w, int exec_w, pid_t parent, const int *reset, int nreset,
-                       const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
+/* What the child needs, on the parent's stack: read only, by the child. */
+typedef struct child_args {
+    const char *path;
+    char *const *argv, *const *envp;
+    int out_w, err_w, exec_w;
+    int join_fd; /* the cgroup's cgroup.procs to join, -1: born in it, or none */
+    pid_t parent;
+    const int *reset;
+    int nreset;
+    const cpu_set_t *cpus;
+} child_args_t;
+
+/* The child's system calls: raw, so that nothing in the C library runs (clone_vm.h). */
+#define SYS4(n, a, b, c, d)                                                                        \
+    mgpu_clone_vm_syscall((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+#define SYS3(n, a, b, c) SYS4((n), (a), (b), (c), 0)
+
+/* fd becomes `to`, open across execve. */
+static MGPU_CLONE_VM_CHILD long dup_to(int fd, int to)
 {
-    sigset_t none;
+    /* dup3 (aarch64 has no dup2) refuses fd == to; there the descriptor only loses its
+     * close-on-exec flag. */
+    if (fd == to)
+        return SYS3(SYS_fcntl, fd, F_SETFD, 0);
+    return SYS3(SYS_dup3, fd, to, 0);
+}
+
+/* The child from its start to execve. It shares the launcher's memory until then when it was
+ * started by mgpu_clone_vm_spawn (vfork-style), so it follows clone_vm.h's rules either way:
+ * raw system calls only, writes to its own stack only, no handler run before exec. It starts
+ * with every signal blocked. Exits 127 (not found) or 126 when execve fails, after writing its
+ * errno on the exec pipe. */
+static MGPU_CLONE_VM_CHILD int child_main(void *arg)
+{
+    const child_args_t *a = arg;
+    const uint64_t none = 0;
+    struct timespec ts;
+    int64_t ns;
+    long rc;
     int e;
 
-    /* Into the job's cgroup before anything else (unless it was born there: cg NULL): all the
-     * worker will ever start is born inside it. Should the write fail, the process groups and
-     * the keeper still hold it. */
-    mgpu_cgroup_join(cg);
+    /* Into the job's cgroup before anything else (unless it was born there): all the worker
+     * will ever start is born inside it. Should the write fail, the process groups and the
+     * keeper still hold it. */
+    if (a->join_fd >= 0)
+        SYS3(SYS_write, a->join_fd, "0", 1);
     /* --numa_binding: set here, before exec, so that every thread the program starts and
-     * every process it forks inherits it (a raw syscall: safe between fork and exec). The
-     * plan kept the set within the launcher's own affinity; should the kernel refuse it all
-     * the same (a cpuset changed meanwhile), the worker runs where the launcher may. */
-    if (cpus != NULL)
-        sched_setaffinity(0, sizeof *cpus, cpus);
-    for (int i = 0; i < nreset; i++)
-        signal(reset[i], SIG_DFL);
-    signal(SIGPIPE, SIG_DFL); /* the launcher ignores it; a worker must not inherit that */
+     * every process it forks inherits it. The plan kept the set within the launcher's own
+     * affinity; should the kernel refuse it all the same (a cpuset changed meanwhile), the
+     * worker runs where the launcher may. */
+    if (a->cpus != NULL)
+        SYS3(SYS_sched_setaffinity, 0, sizeof *a->cpus, a->cpus);
+    /* Every signal the launcher handles (libuv's SIGCHLD, SIGWINCH and the stop signals) back
+     * to its default before any is unblocked: a handler would run the launcher's code on the
+     * launcher's memory. The stop signals go back to the default even when ignored (a shell's
+     * background job ignores SIGINT), and SIGPIPE, which the launcher ignores: a worker must
+     * not inherit that. Other ignored signals stay ignored, as across execve. */
+    for (int sig = 1; sig <= 64; sig++) {
+        int always = sig == SIGPIPE;
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        for (int i = 0; i < a->nreset; i++)
+            always |= a->reset[i] == sig;
+        mgpu_clone_vm_sig_default(sig, always);
+    }
     /* A session of its own: the launcher alone decides which signal reaches which worker, and
      * a terminal's Ctrl-C reaches the launcher only (it forwards it). */
-    setsid();
+    SYS3(SYS_setsid, 0, 0, 0);
     /* Dies with the launcher, even by SIGKILL. The launcher may have died already between
-     * fork and prctl: then this process was reparented and getppid() tells. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(128 + SIGKILL);
+     * clone and prctl: then this process was reparented and getppid() tells. */
+    SYS3(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0);
+    if (SYS3(SYS_getppid, 0, 0, 0) != a->parent)
+        return 128 + SIGKILL;
     /* The stack tools (stacks.c) are the launcher's children, not the worker's ancestors:
      * under Yama's ptrace_scope=1 only a declared tracer and its descendants may attach. The
      * declaration lasts across execve; without Yama the call fails with EINVAL, harmlessly. */
-    prctl(PR_SET_PTRACER, parent);
-    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+    SYS3(SYS_prctl, PR_SET_PTRACER, a->parent, 0);
+    if ((rc = dup_to(a->out_w, 1)) < 0 || (rc = dup_to(a->err_w, 2)) < 0)
         goto fail;
     /* Only 0, 1 and 2 reach the worker (torchrun's Popen uses close_fds=True): a wrapper's pipe
      * inherited by workers, and by what they leave behind, could keep the wrapper waiting. The
      * exec-error pipe stays open until execve closes it (close-on-exec). */
-    if ((exec_w > 3 && close_range(3, (unsigned)exec_w - 1, 0) != 0) ||
-        close_range((unsigned)exec_w + 1, ~0u, 0) != 0)
+    if ((a->exec_w > 3 && SYS3(SYS_close_range, 3, a->exec_w - 1, 0) != 0) ||
+        SYS3(SYS_close_range, a->exec_w + 1, ~0u, 0) != 0)
         for (int fd = 3; fd < 4096; fd++) /* kernels before 5.9 */
-            if (fd != exec_w)
-                close(fd);
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+            if (fd != a->exec_w)
+                SYS3(SYS_close, fd, 0, 0);
+    SYS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
     /* The moment of exec, for the startup timeline: the pipe carries it first (8 bytes), then
      * either EOF (exec succeeded and closed the pipe) or the errno of a failed exec. */
-    {
-        struct timespec ts;
-        int64_t ns;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-        while (write(exec_w, &ns, sizeof ns) < 0 && errno == EINTR)
-            ;
-    }
-    execve(path, argv, envp);
-fail:
-    e = errno;
-    while (write(exec_w, &e, sizeof e) < 0 && errno == EINTR)
+    SYS3(SYS_clock_gettime, CLOCK_REALTIME, &ts, 0);
+    ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    while (SYS3(SYS_write, a->exec_w, &ns, sizeof ns) == -EINTR)
         ;
-    _exit(e == ENOENT ? 127 : 126);
+    rc = SYS3(SYS_execve, a->path, a->argv, a->envp);
+fail:
+    e = (int)-rc;
+    while (SYS3(SYS_write, a->exec_w, &e, sizeof e) == -EINTR)
+        ;
+    return e == ENOENT ? 127 : 126;
 }
 
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
                           const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
 {
-    pid_t self = getpid();
-    /* Born in the job's cgroup where the kernel can; else forked, and it joins (cgroup.h). */
-    pid_t pid = mgpu_cgroup_fork_into(cg);
-    int joined = pid >= 0;
+    child_args_t a = {path, argv, envp, out_w, err_w, exec_w, -1, getpid(), reset, nreset, cpus};
+    int born_in = cg != NULL && cg->dir_fd >= 0, no_group = cg == NULL || cg->procs_fd < 0;
+    pid_t pid = -ENOSYS;
 
-    if (pid < 0)
+    /* vfork-style where this build can (clone_vm.h): straight into the job's cgroup, or with
+     * no cgroup at all. A child that had to join the group by writing cgroup.procs (which waits
+     * for an RCU grace period: milliseconds) would hold the launcher all that time: forked
+     * instead, the workers join side by side. */
+    if (MGPU_CLONE_VM && (born_in || no_group)) {
+        pid = mgpu_clone_vm_spawn(child_main, &a, born_in ? cg->dir_fd : -1);
+        if (pid >= 0)
+            return pid;
+        mgpu_debug("clone3(CLONE_VM|CLONE_VFORK): %s; forking instead", strerror(-pid));
+    }
+    /* fork's way: born in the job's cgroup where the kernel can; else forked, and it joins. */
+    pid = mgpu_cgroup_fork_into(cg);
+    if (pid < 0) {
+        a.join_fd = no_group ? -1 : cg->procs_fd;
         pid = fork();
+    }
     if (pid == 0)
-        child_exec(path, argv, envp, out_w, err_w, exec_w, self, reset, nreset, joined ? NULL : cg,
-                   cpus);
+        _exit(child_main(&a));
     return pid < 0 ? -errno : pid;
 }
 

@@ -5,10 +5,16 @@
  *
  * Spawning follows libuv's src/unix/process.c, written out here because the child needs two
  * steps uv_spawn has no hook for: PR_SET_PDEATHSIG (with its race closed) and a new session.
- * The caller blocks all signals across the fork, so a signal arriving in the child before exec
- * cannot run the launcher's handler there (it would write into the launcher's own signal
- * pipe). exec errors travel back on a close-on-exec pipe, so a worker that could not start is
- * known at once, with its errno, and is never signalled as if it were running.
+ * A worker is started vfork-style where it can be (clone_vm.h: clone3 with CLONE_VM and
+ * CLONE_VFORK, straight into the job's cgroup): no copy of the launcher's page tables and no
+ * copy-on-write faults after, which were over half of the launcher's start with 64 workers on
+ * a 16-core host. It is forked otherwise: on other architectures, where the kernel refuses
+ * clone3 or a flag, or where it must join the cgroup by writing cgroup.procs (milliseconds
+ * each, which forked workers spend side by side, not one after the other). Either way the
+ * child runs the same code, raw system calls only, and puts every handled signal back to its
+ * default before it unblocks any, so a signal arriving before exec cannot run the launcher's
+ * handler there. exec errors travel back on a close-on-exec pipe, so a worker that could not
+ * start is known at once, with its errno, and is never signalled as if it were running.
  *
  * Ownership: the caller owns every descriptor it passes; the keeper's pipe end belongs to the
  * mgpu_spawner_keeper_t until mgpu_spawner_keeper_forget. */
@@ -22,13 +28,16 @@
 
 #include "cgroup.h" /* mgpu_cgroup_t */
 
-/* Forks a worker that executes path with argv and envp, its stdout on out_w, its stderr on
- * err_w. exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
- * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno. The signals in reset go back
- * to their default action in the child. The child is born in the job's cgroup cg (or, where
- * the kernel cannot do that, joins it first; NULL or a cg with no group: none), and runs on the
- * CPUs of cpus (NULL: the launcher's), which its threads and children inherit. Call with every
- * signal blocked. Returns the child's pid, or a negative errno when fork failed. */
+/* Starts a worker that executes path with argv and envp, its stdout on out_w, its stderr on
+ * err_w, in a session of its own, with nothing open but 0, 1, 2 and no signal blocked.
+ * exec_w is the write end of a close-on-exec pipe: the child writes the moment of exec
+ * (int64 ns, CLOCK_REALTIME) and, when execve fails, its errno (then exits 127 for ENOENT,
+ * else 126). The signals in reset and SIGPIPE go back to their default action in the child,
+ * even when ignored; every other signal with a handler too. The child is born in the job's
+ * cgroup cg (or, where the kernel cannot do that, joins it first; NULL or a cg with no group:
+ * none), and runs on the CPUs of cpus (NULL: the launcher's), which its threads and children
+ * inherit. Call with every signal blocked. When this returns, a vfork-style child has already
+ * exec'd or exited. Returns the child's pid, or a negative errno when no child could be made. */
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
                           const mgpu_cgroup_t *cg, const cpu_set_t *cpus);

@@ -1,6 +1,7 @@
 # test_startup.sh - the launcher's own start and stop: MGPU_LAUNCH_TRACE's timeline of its
-# phases; workers born in the job's cgroup; where the run's temporary folder goes; what waits
-# until the workers run (the status socket) or is skipped (asking for timelines none wrote).
+# phases; workers started vfork-style and born in the job's cgroup, or forked where clone3 is
+# refused, exec failures reported either way; where the run's temporary folder goes; what
+# waits until the workers run (the status socket) or is skipped (timelines none wrote).
 
 # hermetic: nothing of a surrounding job (Slurm, Open MPI, torchrun, PET_* defaults) leaks in
 for v in $(env | grep -oE '^(PET|SLURM|OMPI|PMI|PMIX|TORCHELASTIC)_[A-Za-z0-9_]*'); do unset "$v"; done
@@ -85,20 +86,43 @@ in_job_cgroup() {
 }
 CG_WORKER='cat /proc/self/cgroup >cg.$LOCAL_RANK'
 
-# Workers are born inside the job's cgroup (clone3 with CLONE_INTO_CGROUP): none moves itself
+# Workers are started vfork-style (clone3 with CLONE_VM | CLONE_VFORK: no copy of the
+# launcher's page tables) and born inside the job's cgroup (CLONE_INTO_CGROUP): none moves itself
 # there by writing to cgroup.procs, which waits for an RCU grace period, worker after worker.
+VFORK_RE='clone3\(\{flags=CLONE_VM\|CLONE_VFORK'
+# traced_ff ARGS...: traced -ff -o st ARGS, then every process's calls in st.txt: a file per
+# process, so that no call is split around another's ("<unfinished ...>")
+traced_ff() {
+    rm -f st.[0-9]*
+    traced -ff -o st "$@"
+    local rc=$?
+    cat st.[0-9]* >st.txt
+    return $rc
+}
 t_workers_born_in_the_cgroup() {
     require_cgroup
     require_strace
-    traced -f -e trace=clone3,write -o st.txt "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
+    traced_ff -e trace=clone3,write "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
         >out 2>err || fail "launcher failed: $(cat err)"
-    grep -q 'clone3({flags=CLONE_INTO_CGROUP.*= -1 ENOSYS' st.txt &&
-        skip "this kernel has no CLONE_INTO_CGROUP (before 5.7)"
-    expect_eq "$(grep -c 'clone3({flags=CLONE_INTO_CGROUP, exit_signal=SIGCHLD.*= [0-9]' st.txt)" 3 \
-        "workers forked into the cgroup"
+    grep -qE "$VFORK_RE.*= -1 (ENOSYS|EINVAL)" st.txt &&
+        skip "this kernel has no clone3 or no CLONE_INTO_CGROUP (before 5.7)"
+    expect_eq "$(grep -cE "$VFORK_RE\|CLONE_INTO_CGROUP, exit_signal=SIGCHLD.*= [0-9]" st.txt)" 3 \
+        "workers started vfork-style into the cgroup"
+    expect_eq "$(grep -c 'clone3({flags=CLONE_INTO_CGROUP' st.txt)" 0 "workers forked"
     ! grep -qE 'write\([0-9]+, "0", 1' st.txt ||
         fail "a worker joined by writing cgroup.procs: $(grep -E 'write\([0-9]+, "0", 1' st.txt)"
     in_job_cgroup err 3
+}
+
+# Without a cgroup (MGPU_CGROUP=0, or none can be made) the workers are started vfork-style too.
+t_workers_vfork_without_cgroup() {
+    require_strace
+    MGPU_CGROUP=0 traced_ff -e trace=clone,clone3,fork,vfork "$LAUNCH" -v \
+        --nproc_per_node=3 "$TW" env e.%l exit 0 >out 2>err || fail "launcher failed: $(cat err)"
+    grep -qE "$VFORK_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
+    expect_eq "$(grep -cE "$VFORK_RE, exit_signal=SIGCHLD.*= [0-9]" st.txt)" 3 \
+        "workers started vfork-style"
+    for k in 0 1 2; do grep -qx "LOCAL_RANK=$k" "e.$k" || fail "local rank $k: no environment: $(cat err)"; done
 }
 
 # Where the kernel refuses clone3 (before 5.7, or a seccomp filter), each worker is forked and
@@ -110,6 +134,36 @@ t_workers_join_the_cgroup_without_clone3() {
         --nproc_per_node=3 sh -c "$CG_WORKER" >out 2>err || fail "launcher failed: $(cat err)"
     expect_eq "$(grep -cE 'write\([0-9]+, "0", 1' st.txt)" 3 "workers that joined by cgroup.procs"
     in_job_cgroup err 3
+}
+
+# A worker whose execve fails reports its errno and exits 127 (not found) or 126 (not
+# executable), started vfork-style or forked (clone3 refused).
+t_exec_failure_reported_both_ways() {
+    require_strace
+    local how inject
+    printf '#!/nonexistent/interpreter\n' >badinterp.sh
+    printf '#!/bin/sh\n' >noexec.sh
+    chmod 755 badinterp.sh
+    chmod 644 noexec.sh
+    for how in vfork fork; do
+        inject=
+        [ "$how" = fork ] && inject=-einject=clone3:error=ENOSYS
+        traced_ff -e trace=clone,clone3 $inject "$LAUNCH" --nproc_per_node=2 ./badinterp.sh \
+            >out 2>err
+        rc=$?
+        expect_eq "$rc" 127 "exit status ($how) for a missing interpreter"
+        expect_grep err "could not be executed: './badinterp.sh': its interpreter '/nonexistent/interpreter'.*No such file or directory"
+        if [ "$how" = vfork ]; then
+            grep -qE "$VFORK_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
+            expect_eq "$(grep -cE "$VFORK_RE.*= [0-9]" st.txt)" 2 "workers started vfork-style"
+        else
+            expect_eq "$(grep -cE "$VFORK_RE.*= [0-9]" st.txt)" 0 "workers started vfork-style with clone3 refused"
+        fi
+        traced -f $inject -o /dev/null "$LAUNCH" --nproc_per_node=2 ./noexec.sh >out 2>err
+        rc=$?
+        expect_eq "$rc" 126 "exit status ($how) for a file without execute permission"
+        expect_grep err "noexec.sh.*Permission denied"
+    done
 }
 
 # The run's temporary folder: $TMPDIR when set; else in memory when it only holds error files
