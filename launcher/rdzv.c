@@ -487,6 +487,12 @@ int mgpu_rdzv_serve(mgpu_rdzv_t *r, mgpu_err_t *err)
     return r != NULL && r->server != NULL ? mgpu_store_thread_run(r->server, err) : 0;
 }
 
+void mgpu_rdzv_quiesce(mgpu_rdzv_t *r)
+{
+    if (r != NULL && r->local)
+        mgpu_store_thread_halt_begin(r->server);
+}
+
 static int report_locked(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
                          mgpu_err_t *err)
 {

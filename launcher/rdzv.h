@@ -88,6 +88,11 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *opts, mgpu_rdzv_t **out, mgpu_rdzv_wo
  * serves from mgpu_rdzv_join on. NULL is allowed. */
 int mgpu_rdzv_serve(mgpu_rdzv_t *r, mgpu_err_t *err);
 
+/* One node, every worker ended: the store stops answering (its thread is told now and joined
+ * by the first call that needs its table, or by mgpu_rdzv_close). Nothing on several nodes,
+ * whose store serves the others until mgpu_rdzv_close. NULL is allowed. */
+void mgpu_rdzv_quiesce(mgpu_rdzv_t *r);
+
 /* The first failure of an attempt, as every node sees it. rank >= 0: that worker failed;
  * MGPU_RDZV_NODE: the node as a whole (its launcher died, was cut off or stopped, or left by a
  * signal; how says which); MGPU_RDZV_ARRIVAL: nodes wait to join (elastic: a restart that counts

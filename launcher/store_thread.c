@@ -14,6 +14,7 @@ struct mgpu_store_thread {
     mgpu_store_server_t *server;
     pthread_t tid;
     int running; /* tid runs the loop */
+    int halting; /* it was told to stop */
 };
 
 static void on_halt(uv_async_t *a)
@@ -70,6 +71,7 @@ int mgpu_store_thread_run(mgpu_store_thread_t *t, mgpu_err_t *err)
     if (rc != 0)
         return mgpu_err_set(err, -rc, "pthread_create: %s", strerror(rc));
     t->running = 1;
+    t->halting = 0;
     return 0;
 }
 
@@ -101,11 +103,19 @@ long long mgpu_store_thread_num_keys(const mgpu_store_thread_t *t)
     return (long long)mgpu_store_server_num_keys(t->server);
 }
 
+void mgpu_store_thread_halt_begin(mgpu_store_thread_t *t)
+{
+    if (t == NULL || !t->running || t->halting)
+        return;
+    uv_async_send(&t->halt);
+    t->halting = 1;
+}
+
 void mgpu_store_thread_halt(mgpu_store_thread_t *t)
 {
     if (t == NULL || !t->running)
         return;
-    uv_async_send(&t->halt);
+    mgpu_store_thread_halt_begin(t);
     pthread_join(t->tid, NULL);
     t->running = 0;
 }

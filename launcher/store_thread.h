@@ -40,7 +40,9 @@ int mgpu_store_thread_get(mgpu_store_thread_t *t, const char *key, void **val, s
 /* The keys that hold a value, from any thread. */
 long long mgpu_store_thread_num_keys(const mgpu_store_thread_t *t);
 /* Stops serving (clients are left unanswered until mgpu_store_thread_stop closes them) and
- * joins the thread: the table is the caller's again. Nothing when no thread runs. */
+ * joins the thread: the table is the caller's again. Nothing when no thread runs. _begin only
+ * tells the thread, without waiting: its end then overlaps the caller's work until halt. */
+void mgpu_store_thread_halt_begin(mgpu_store_thread_t *t);
 void mgpu_store_thread_halt(mgpu_store_thread_t *t);
 /* Closes the server, joins the thread, frees the handle. NULL is allowed. */
 void mgpu_store_thread_stop(mgpu_store_thread_t *t);

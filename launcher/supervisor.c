@@ -726,6 +726,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    mgpu_rdzv_quiesce(rdzv); /* one node: the store's thread ends while the cgroup goes */
     mgpu_trace_mark("loop end");
     for (int i = 0; i < 2; i++)
         if (s->filtered_fd[i] >= 0)

@@ -241,6 +241,8 @@ static void test_thread_opened_then_served(void)
     CHECK_INT(c.rc, 0);
     CHECK_STR(c.val, "in place");
     CHECK_INT(mgpu_store_thread_num_keys(t), 2);
+    mgpu_store_thread_halt_begin(t); /* told; joined below */
+    mgpu_store_thread_halt_begin(t);
     mgpu_store_thread_halt(t);
     CHECK_INT(mgpu_store_thread_get(t, "job/theirs", &v, &n), 0);
     CHECK_INT(n, 15);
