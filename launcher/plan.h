@@ -37,11 +37,6 @@ typedef struct mgpu_plan_input {
     const cpu_set_t *cpus_allowed; /* the launcher's own affinity, NULL: every CPU */
 } mgpu_plan_input_t;
 
-typedef struct mgpu_kv {
-    char key[48];
-    char val[1100];
-} mgpu_kv_t;
-
 typedef struct mgpu_worker_plan {
     int local_rank, rank;
     int ordinal;   /* CUDA ordinal of this worker, -1 on the CPU */
@@ -50,9 +45,15 @@ typedef struct mgpu_worker_plan {
     int bound;     /* --numa_binding: cpus is its CPU affinity */
     cpu_set_t cpus;
     char numa_why[400]; /* --numa_binding and not bound: why */
+    /* What the launcher sets, the rest being inherited: nvars strings "KEY=VALUE" at
+     * env + var_off[i] (one small buffer a worker, rebuilt in place: the plan is written again
+     * after the keeper is forked, when every page it touches is copied) */
     int nvars;
-    mgpu_kv_t vars[MGPU_MAX_VARS]; /* what the launcher sets; the rest is inherited */
-    char **argv;                   /* NULL-terminated */
+    unsigned var_off[MGPU_MAX_VARS];
+    char *env;
+    size_t env_len, env_cap;
+    int env_oom; /* a variable did not fit (out of memory): mgpu_plan_env says so */
+    char **argv; /* NULL-terminated */
 } mgpu_worker_plan_t;
 
 /* Where the launchers meet: the command line's rendezvous options, as the plan keeps them for
@@ -157,12 +158,15 @@ void mgpu_plan_set_pages(mgpu_plan_t *plan, const mgpu_pages_t *pages);
 
 /* The value the plan sets for key in worker k, or NULL. */
 const char *mgpu_plan_var(const mgpu_plan_t *plan, int k, const char *key);
+/* Variable i (0 <= i < workers[k].nvars) of worker k, "KEY=VALUE"; *klen: the key's length. */
+const char *mgpu_plan_var_at(const mgpu_plan_t *plan, int k, int i, size_t *klen);
 
 /* A worker's full environment for one attempt: environ minus what the plan sets, then the
  * plan's variables, then TORCHELASTIC_RESTART_COUNT (restarts: the failures restarted from),
  * MGPU_ATTEMPT (the attempt: every start of the group, restarts that admit new nodes
  * included, so the workers' store keys are new each time) and TORCHELASTIC_ERROR_FILE. The
- * result and its strings are one allocation: free() it. */
+ * result and the last three strings are one allocation: free() it; the other strings are
+ * environ_'s and the plan's, which must outlive the worker's exec. NULL: out of memory. */
 char **mgpu_plan_env(const mgpu_plan_t *plan, int k, char **environ_, int attempt, int restarts,
                      const char *error_file);
 

@@ -94,7 +94,7 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
         }
         fprintf(out, "  env:");
         for (int i = 0; i < w->nvars; i++)
-            fprintf(out, " %s=%s", w->vars[i].key, w->vars[i].val);
+            fprintf(out, " %s", mgpu_plan_var_at(plan, k, i, NULL));
         fprintf(out, "\n  command:");
         for (int i = 0; w->argv[i] != NULL; i++)
             fprintf(out, " %s", w->argv[i]);
@@ -180,8 +180,13 @@ int mgpu_plan_print_json(const mgpu_plan_t *plan, FILE *out)
                 cJSON_AddStringToObject(numa, "unbound", w->numa_why);
         }
         env = cJSON_AddObjectToObject(o, "env");
-        for (int i = 0; i < w->nvars; i++)
-            cJSON_AddStringToObject(env, w->vars[i].key, w->vars[i].val);
+        for (int i = 0; i < w->nvars; i++) {
+            size_t klen;
+            const char *v = mgpu_plan_var_at(plan, k, i, &klen);
+            char key[128];
+            snprintf(key, sizeof key, "%.*s", (int)klen, v);
+            cJSON_AddStringToObject(env, key, v + klen + 1);
+        }
         argv = cJSON_AddArrayToObject(o, "argv");
         for (int i = 0; w->argv[i] != NULL; i++)
             cJSON_AddItemToArray(argv, cJSON_CreateString(w->argv[i]));

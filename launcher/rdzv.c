@@ -273,6 +273,56 @@ static int world_static(mgpu_rdzv_t *r, mgpu_rdzv_world_t *w, mgpu_err_t *err)
     return rc;
 }
 
+/* One node: nobody to meet. The store listens before any worker can need it, and this node's
+ * keys (node/0, master: what the static rendezvous writes) go into its table in place, with
+ * no connection and no round trip; its thread starts with mgpu_rdzv_serve, once the workers
+ * are forked (a client that connects before waits in the listen backlog). */
+static int join_local(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *token,
+                      mgpu_rdzv_world_t *w, mgpu_err_t *err)
+{
+    mgpu_store_server_opts_t so = {.bind_host = o->bind_host,
+                                   .port = o->store_port,
+                                   .token = token,
+                                   .max_conns = o->max_conns};
+    char key[400], val[700];
+    int port = 0, mport, rc;
+
+    if ((rc = mgpu_store_thread_open(&so, &r->server, &port, err)) < 0)
+        return rc;
+    r->local = 1;
+    r->store_port = port;
+    snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
+    snprintf(r->prefix, sizeof r->prefix, "mgpu/%s/", o->run_id);
+    snprintf(r->host, sizeof r->host, "%s", o->hostname);
+    r->nnodes = 1;
+    r->node_rank = 0;
+    if ((r->nodes = calloc(1, sizeof *r->nodes)) == NULL)
+        return mgpu_err_set(err, -ENOMEM, "out of memory");
+    r->nodes[0].nproc = o->nproc;
+    snprintf(r->nodes[0].host, sizeof r->nodes[0].host, "%s", o->hostname);
+    mport = o->master_port > 0 ? o->master_port : mgpu_sock_free_port();
+    snprintf(key, sizeof key, "%snode/0", r->prefix);
+    snprintf(val, sizeof val, "%d %s %d %s", o->nproc, o->hostname, (int)getpid(), r->role);
+    rc = mgpu_store_thread_put(r->server, key, val, strlen(val));
+    snprintf(key, sizeof key, "%smaster", r->prefix);
+    snprintf(val, sizeof val, "%d %s", mport, r->master_addr);
+    if (rc == 0)
+        rc = mgpu_store_thread_put(r->server, key, val, strlen(val));
+    if (rc < 0)
+        return mgpu_err_set(err, rc, "store: %s", strerror(-rc));
+
+    memset(w, 0, sizeof *w);
+    w->nnodes = 1;
+    w->world_size = w->role_world_size = o->nproc;
+    snprintf(w->hosts, sizeof w->hosts, "%s", o->hostname);
+    w->master_port = mport;
+    snprintf(w->master_addr, sizeof w->master_addr, "%s", r->master_addr);
+    snprintf(w->store_addr, sizeof w->store_addr, "%s", r->store_host);
+    w->store_port = port;
+    snprintf(w->token, sizeof w->token, "%s", token);
+    return 0;
+}
+
 int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world_t *w,
                    mgpu_err_t *err)
 {
@@ -314,6 +364,15 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
                                                 o->store_host, o->store_port);
     snprintf(r->token, sizeof r->token, "%s", token);
 
+    if (o->nnodes_max == 1 && o->serve) {
+        if ((rc = join_local(r, o, token, w, err)) < 0) {
+            mgpu_rdzv_close(r);
+            return rc;
+        }
+        r->joined = 1;
+        *out = r;
+        return 0;
+    }
     if (o->serve) {
         mgpu_store_server_opts_t so = {
             .bind_host = o->bind_host, .port = port, .token = token, .max_conns = o->max_conns};
@@ -413,6 +472,27 @@ const char *mgpu_rdzv_lost_why(const mgpu_rdzv_t *r)
     return r->lost ? r->lost_why : "";
 }
 
+/* A job of one node has no other node to agree with: the calls below that do are its
+ * caller's mistake (the supervisor makes them only for several nodes). */
+static int local_refused(const mgpu_rdzv_t *r, const char *what, mgpu_err_t *err)
+{
+    return mgpu_err_set(err, MGPU_E_USAGE,
+                        "rendezvous at %s: %s: a job of one node has no other "
+                        "node to agree with",
+                        r->where, what);
+}
+
+int mgpu_rdzv_serve(mgpu_rdzv_t *r, mgpu_err_t *err)
+{
+    return r != NULL && r->server != NULL ? mgpu_store_thread_run(r->server, err) : 0;
+}
+
+void mgpu_rdzv_quiesce(mgpu_rdzv_t *r)
+{
+    if (r != NULL && r->local)
+        mgpu_store_thread_halt_begin(r->server);
+}
+
 static int report_locked(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
                          mgpu_err_t *err)
 {
@@ -452,6 +532,8 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
     size_t len = 0;
     int rc;
 
+    if (r->local)
+        return local_refused(r, "waiting for a failure", err);
     /* If this launcher dies or goes silent, the store itself tells the others (the leases of
      * rdzv_beat.c). */
     if (!r->lost && (rc = mgpu_rdzv_beat_lease(r, attempt, err)) < 0)
@@ -536,6 +618,8 @@ int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failur
 {
     if (r->lost)
         return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
+    if (r->local)
+        return local_refused(r, "reporting a failure", err);
     pthread_mutex_lock(&r->lock);
     int rc = report_locked(r, attempt, f, first, err);
     pthread_mutex_unlock(&r->lock);
@@ -547,6 +631,8 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
 {
     if (r->lost)
         return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
+    if (r->local)
+        return local_refused(r, "ending an attempt", err);
     pthread_mutex_lock(&r->lock);
     int rc = end_locked(r, attempt, timeout, failed, f, err);
     pthread_mutex_unlock(&r->lock);
@@ -559,6 +645,8 @@ int mgpu_rdzv_next_round(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_world_t *w, mgpu
 {
     if (r->lost)
         return mgpu_err_set(err, MGPU_E_PEER, "%s", r->lost_why);
+    if (r->local)
+        return local_refused(r, "a next round", err);
     pthread_mutex_lock(&r->lock);
     int rc = mgpu_rdzv_join_rounds(r, attempt + 1, w, err);
     pthread_mutex_unlock(&r->lock);
@@ -608,6 +696,17 @@ int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int
         return MGPU_E_PEER;
     snprintf(prefix, sizeof prefix, "%s/%d/", run_id, attempt);
     snprintf(key, sizeof key, "timeline/%d", rank);
+    if (r->local) {
+        /* Every worker has ended: the store stops answering, and its table is read in place. */
+        char full[400];
+        snprintf(full, sizeof full, "%s%s", prefix, key);
+        mgpu_store_thread_halt(r->server);
+        rc = mgpu_store_thread_get(r->server, full, &val, &n);
+        if (rc == 0)
+            snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), (char *)val);
+        free(val);
+        return rc;
+    }
     pthread_mutex_lock(&r->lock);
     /* Workers' keys carry their own prefix (mgpu_store_connect_env): switch to it briefly. */
     mgpu_store_set_prefix(r->client, prefix);
@@ -631,6 +730,10 @@ int mgpu_rdzv_num_keys(mgpu_rdzv_t *r, long long *n)
 
     if (r->lost)
         return MGPU_E_PEER;
+    if (r->local) {
+        *n = mgpu_store_thread_num_keys(r->server);
+        return 0;
+    }
     pthread_mutex_lock(&r->lock);
     rc = mgpu_store_num_keys(r->client, &v, NULL);
     pthread_mutex_unlock(&r->lock);

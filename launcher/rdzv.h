@@ -22,8 +22,12 @@
  * attempt lives under "mgpu/<run_id>/attempt/<n>/", so a restarted group never reads the last
  * attempt's values.
  *
- * Single node (--nnodes 1): the same path with N = 1; the store listens on loopback at a free
- * port unless --master_port is given, and the token is generated.
+ * Single node (--nnodes 1): nobody to meet. The store listens on loopback at a free port
+ * unless --master_port is given, with a generated token, before mgpu_rdzv_join returns; the
+ * keys a static node 0 writes go into its table in place (no connection, no round trip, no
+ * failure watch, no heartbeat), and its thread starts with mgpu_rdzv_serve, which the
+ * supervisor calls once the workers are forked: a worker that connects sooner waits in the
+ * listen backlog, and the launcher forks with one thread.
  *
  * Ownership: mgpu_rdzv_join returns a handle that mgpu_rdzv_close frees (stopping the store
  * thread on the node that serves it). Blocking calls below run on the caller's thread; the
@@ -80,6 +84,15 @@ typedef struct mgpu_rdzv_world {
 int mgpu_rdzv_join(const mgpu_rdzv_opts_t *opts, mgpu_rdzv_t **out, mgpu_rdzv_world_t *world,
                    mgpu_err_t *err);
 
+/* Starts serving the store (one node: see above); nothing on several nodes, whose store
+ * serves from mgpu_rdzv_join on. NULL is allowed. */
+int mgpu_rdzv_serve(mgpu_rdzv_t *r, mgpu_err_t *err);
+
+/* One node, every worker ended: the store stops answering (its thread is told now and joined
+ * by the first call that needs its table, or by mgpu_rdzv_close). Nothing on several nodes,
+ * whose store serves the others until mgpu_rdzv_close. NULL is allowed. */
+void mgpu_rdzv_quiesce(mgpu_rdzv_t *r);
+
 /* The first failure of an attempt, as every node sees it. rank >= 0: that worker failed;
  * MGPU_RDZV_NODE: the node as a whole (its launcher died, was cut off or stopped, or left by a
  * signal; how says which); MGPU_RDZV_ARRIVAL: nodes wait to join (elastic: a restart that counts
@@ -93,7 +106,8 @@ typedef struct mgpu_rdzv_failure {
 } mgpu_rdzv_failure_t;
 
 /* Records a failure of attempt n; the first one recorded by any node wins. *first = 1 when
- * this call's failure is that first one. */
+ * this call's failure is that first one. This call and the next three are for several nodes
+ * (MGPU_E_USAGE on one). */
 int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failure_t *f, int *first,
                              mgpu_err_t *err);
 /* Blocks until some node records a failure of attempt n (returns 0 with *f filled), or until
@@ -107,7 +121,8 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err);
 /* The startup timeline a libmgpu worker of global rank `rank` published in attempt n (key
  * "<run_id>/<attempt>/timeline/<rank>", text "event=seconds;event=seconds..."), into buf.
- * Returns 0, or a negative code when there is none. Does not wait. */
+ * Returns 0, or a negative code when there is none. Does not wait. One node: for after the
+ * workers ended; the first call stops the store, whose table is then read in place. */
 int mgpu_rdzv_read_timeline(mgpu_rdzv_t *r, const char *run_id, int attempt, int rank, char *buf,
                             size_t len);
 /* Elastic: the next round after attempt `attempt` ended (in a failure, a lost node or an

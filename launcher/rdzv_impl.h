@@ -1,7 +1,8 @@
 /* rdzv_impl.h - the rendezvous's state, shared by rdzv.c (joining, failures, attempt ends),
  * rdzv_round.c (elastic rounds) and rdzv_beat.c (heartbeats). Private to those files.
  *
- * Connections to the store, one per use, since a blocking client serves one call at a time:
+ * Connections to the store, one per use, since a blocking client serves one call at a time
+ * (none on one node: the launcher writes and reads its own store's table in place):
  *   client: the rendezvous, failure reports, attempt ends (under lock);
  *   watch:  blocked in mgpu_rdzv_wait_failure;
  *   hb:     the heartbeat thread's pings, and the leases that name this node lost (hb_lock). */
@@ -23,6 +24,7 @@ typedef struct rdzv_node {
 
 struct mgpu_rdzv {
     mgpu_store_thread_t *server; /* this node serves the store */
+    int local;                   /* one node: no connection, its keys written in place */
     mgpu_store_t *client;        /* rendezvous, failures, attempt ends: under lock */
     pthread_mutex_t lock;        /* report and end may run on two pool threads at once */
     mgpu_store_t *watch;         /* blocked in mgpu_rdzv_wait_failure */

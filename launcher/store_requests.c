@@ -240,7 +240,7 @@ static int entry_set(mgpu_store_server_t *s, entry_t *e, const void *v, size_t n
     e->vlen = n;
     if (!e->has_value) {
         e->has_value = 1;
-        s->nkeys++;
+        __atomic_add_fetch(&s->nkeys, 1, __ATOMIC_RELAXED); /* read by other threads */
     }
     while ((nd = e->waiters) != NULL) {
         waiter_t *w = nd->w;
@@ -519,7 +519,7 @@ void mgpu_store_requests_handle(conn_t *c, const mgpu_store_frame_t *f)
             e->val = NULL;
             e->vlen = 0;
             e->has_value = 0;
-            s->nkeys--;
+            __atomic_sub_fetch(&s->nkeys, 1, __ATOMIC_RELAXED);
             table_gc(s, e);
         }
         start = mgpu_store_buf_frame_begin(&c->out, m.op | MGPU_STORE_RESP, 0, m.id);
@@ -570,4 +570,32 @@ nomem:
     mgpu_store_server_conn_close(c);
 }
 
-/* Serves the whole frames buffered, pausing (reads stopped) while too much output waits. */
+/* ---- in-process access (store_server.h) ---- */
+
+int mgpu_store_server_put(mgpu_store_server_t *s, const void *key, size_t klen, const void *val,
+                          size_t vlen)
+{
+    entry_t *e = table_get(s, key, klen);
+    return e == NULL ? -ENOMEM : entry_set(s, e, val, vlen);
+}
+
+int mgpu_store_server_get(mgpu_store_server_t *s, const void *key, size_t klen, void **val,
+                          size_t *vlen)
+{
+    entry_t *e = table_find(s, key, klen);
+    *val = NULL;
+    *vlen = 0;
+    if (e == NULL || !e->has_value)
+        return -ENOENT;
+    if ((*val = malloc(e->vlen + 1)) == NULL)
+        return -ENOMEM;
+    memcpy(*val, e->val, e->vlen);
+    ((char *)*val)[e->vlen] = '\0';
+    *vlen = e->vlen;
+    return 0;
+}
+
+int64_t mgpu_store_server_num_keys(const mgpu_store_server_t *s)
+{
+    return __atomic_load_n(&s->nkeys, __ATOMIC_RELAXED);
+}

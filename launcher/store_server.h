@@ -29,6 +29,7 @@
 #define MGPU_STORE_SERVER_H
 
 #include <stddef.h> /* size_t */
+#include <stdint.h> /* int64_t */
 
 #include <uv.h> /* uv_loop_t */
 
@@ -60,6 +61,17 @@ int mgpu_store_server_num_conns(const mgpu_store_server_t *s);
 /* Writes a fresh random token (32 hex digits from getrandom) and a NUL into buf, for a store
  * reachable from other hosts; size must be at least 33. */
 int mgpu_store_server_token_generate(char *buf, size_t size, mgpu_err_t *err);
+/* In-process access to the key table, for the process that serves it (a launcher of one node
+ * needs no connection to its own store). put and get run only on the thread that runs the
+ * loop, or while no thread runs it (before its thread starts, after it stopped): put completes
+ * the waits the key was the last missing one of, as a SET would. get copies the value (NUL
+ * added, not counted; the caller frees it): -ENOENT when the key has none. num_keys, the count
+ * NUM_KEYS answers, may be read from any thread. */
+int mgpu_store_server_put(mgpu_store_server_t *s, const void *key, size_t klen, const void *val,
+                          size_t vlen);
+int mgpu_store_server_get(mgpu_store_server_t *s, const void *key, size_t klen, void **val,
+                          size_t *vlen);
+int64_t mgpu_store_server_num_keys(const mgpu_store_server_t *s);
 /* Closes the listener and every connection (pending waits end without a reply); the server
  * frees itself once their close callbacks have run. NULL is allowed. */
 void mgpu_store_server_close(mgpu_store_server_t *s);

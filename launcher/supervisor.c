@@ -462,6 +462,10 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     sigprocmask(SIG_SETMASK, &old, NULL);
     mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
     mgpu_trace_mark("fork");
+    /* One node: the store's thread starts now, so that the workers fork from a launcher of one
+     * thread (rdzv.h); they may connect to the store once they exec. */
+    if (rc == 0)
+        rc = mgpu_rdzv_serve(s->rdzv, err);
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -722,6 +726,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     on_sigchld(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
+    mgpu_rdzv_quiesce(rdzv); /* one node: the store's thread ends while the cgroup goes */
     mgpu_trace_mark("loop end");
     for (int i = 0; i < 2; i++)
         if (s->filtered_fd[i] >= 0)

@@ -136,3 +136,31 @@ for _ in range(500):
     expect_grep out.1 '^\[rank2\]:rank 2/4 local 0 sum 10 ok$'
     expect_grep out.1 '^\[rank3\]:rank 3/4 local 1 sum 10 ok$'
 }
+
+t_torch_tcpstore_at_master_port_and_mgpu_store() {
+    # one node: rank 0 hosts PyTorch's own TCPStore at MASTER_ADDR:MASTER_PORT and the other
+    # ranks reach it with TCPStore clients, while the launcher's store (MGPU_STORE_*, its own
+    # protocol) answers the same workers on another port
+    need_torch
+    cat >stores.py <<'EOF2'
+import os, subprocess, datetime
+from torch.distributed import TCPStore
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+assert os.environ["MASTER_PORT"] != os.environ["MGPU_STORE_PORT"], os.environ["MASTER_PORT"]
+s = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+             timeout=datetime.timedelta(seconds=30))
+s.set(f"k{rank}", str(rank * 10))
+s.wait([f"k{r}" for r in range(world)])
+vals = [int(s.get(f"k{r}")) for r in range(world)]
+subprocess.run([os.environ["SC"], "barrier", "mgpu", str(world), "20"], check=True)
+s.add("done", 1)
+if rank == 0:  # the host stays until every client is done with it
+    while int(s.add("done", 0)) < world:
+        pass
+print(f"rank {rank} vals {vals} ok", flush=True)
+EOF2
+    SC="$MGPU_BUILD/tests/store_cli" PYTHON_EXEC=$PY run_launch --nproc_per_node=3 stores.py
+    expect_eq "$rc" 0 "exit status ($(tail -n 30 err))"
+    local r
+    for r in 0 1 2; do expect_grep out "^\[rank$r\]:rank $r vals \[0, 10, 20\] ok$"; done
+}

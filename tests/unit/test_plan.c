@@ -453,6 +453,57 @@ static void test_roles(void)
     mgpu_plan_free(&p);
 }
 
+/* Values as long as their options allow, set again by the rendezvous: every one comes back
+ * whole (a worker's variables grow their buffer in place), and a key never matches the start of
+ * a longer one, in the plan or in the inherited environment. */
+static void test_long_values_rebuilt(void)
+{
+    mgpu_plan_t p;
+    mgpu_err_t e;
+    mgpu_rdzv_world_t w = {0};
+    mgpu_plan_input_t in = input("0", NULL);
+    char role[64], rid[128], addr[256], opt_role[80], opt_rid[150], opt_addr[280];
+    char *environ_[] = {"RANK_OF_JOB=7", "MASTER=m", "LOCAL_RANK=9", "ROLE=r", NULL}, **env;
+    int kept = 0;
+
+    memset(role, 'r', sizeof role - 1), role[sizeof role - 1] = '\0';
+    memset(rid, 'i', sizeof rid - 1), rid[sizeof rid - 1] = '\0';
+    memset(addr, 'a', sizeof addr - 1), addr[sizeof addr - 1] = '\0';
+    snprintf(opt_role, sizeof opt_role, "--role=%s", role);
+    snprintf(opt_rid, sizeof opt_rid, "--rdzv_id=%s", rid);
+    snprintf(opt_addr, sizeof opt_addr, "--master_addr=%s", addr);
+    CHECK_INT(build(&p, &e, &in, "--nnodes=2", "--node_rank=1", "--nproc_per_node=2", opt_role,
+                    opt_rid, opt_addr, "/bin/true", NULL),
+              0);
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_NAME"), role);
+    CHECK_STR(mgpu_plan_var(&p, 1, "TORCHELASTIC_RUN_ID"), rid);
+    CHECK_STR(mgpu_plan_var(&p, 1, "MASTER_ADDR"), addr);
+    w.nnodes = 2, w.node_rank = 1, w.base_rank = 2, w.world_size = 4;
+    w.role_base_rank = 2, w.role_world_size = 4, w.master_port = 29501, w.store_port = 29500;
+    memset(w.master_addr, 'm', sizeof w.master_addr - 1);
+    memset(w.store_addr, 's', sizeof w.store_addr - 1);
+    memset(w.token, 't', sizeof w.token - 1);
+    mgpu_plan_set_world(&p, &w);
+    CHECK_STR(mgpu_plan_var(&p, 1, "MASTER_ADDR"), w.master_addr);
+    CHECK_STR(mgpu_plan_var(&p, 1, "MGPU_STORE_ADDR"), w.store_addr);
+    CHECK_STR(mgpu_plan_var(&p, 1, "MGPU_STORE_TOKEN"), w.token);
+    CHECK_STR(mgpu_plan_var(&p, 1, "ROLE_NAME"), role);
+    CHECK_STR(mgpu_plan_var(&p, 1, "RANK"), "3");
+    CHECK_STR(mgpu_plan_var(&p, 1, "LOCAL_RANK"), "1");
+    CHECK(mgpu_plan_var(&p, 1, "MASTER") == NULL);
+    CHECK(mgpu_plan_var(&p, 1, "RANK_OF_JOB") == NULL);
+    env = mgpu_plan_env(&p, 1, environ_, 0, 0, "/tmp/x/error.json");
+    CHECK(env != NULL);
+    for (char **v = env; env != NULL && *v; v++) {
+        kept += strcmp(*v, "RANK_OF_JOB=7") == 0 || strcmp(*v, "MASTER=m") == 0 ||
+                strcmp(*v, "ROLE=r") == 0;
+        CHECK(strcmp(*v, "LOCAL_RANK=9") != 0);
+    }
+    CHECK_INT(kept, 3);
+    free(env);
+    mgpu_plan_free(&p);
+}
+
 int main(void)
 {
     RUN(test_scenario1);
@@ -467,5 +518,6 @@ int main(void)
     RUN(test_port_rule);
     RUN(test_rdzv_timeout);
     RUN(test_roles);
+    RUN(test_long_values_rebuilt);
     return check_done();
 }

@@ -1,6 +1,9 @@
 /* test_store_onclose.c - ON_CLOSE: keys the store sets when a connection closes (how a dead
- * launcher wakes the other nodes), and the store thread the launcher serves it from. */
-#include <errno.h>   /* EADDRINUSE */
+ * launcher wakes the other nodes), and the store thread the launcher serves it from (opened
+ * first and served later, its table written and read in place, as a launcher of one node
+ * does). */
+#include <errno.h>   /* EADDRINUSE, EBUSY */
+#include <stdio.h>   /* snprintf */
 #include <pthread.h> /* pthread_create */
 #include <stdlib.h>  /* free */
 #include <time.h>    /* nanosleep */
@@ -183,6 +186,73 @@ static void test_thread_reports_bind_errors(void)
     mgpu_store_thread_stop(t);
 }
 
+/* A client of a store opened but not served yet: it connects (the listen backlog), then gets
+ * a key the owner wrote in place. */
+typedef struct early {
+    int port, rc, done;
+    char val[32];
+} early_t;
+
+static void *early_client(void *arg)
+{
+    early_t *c = arg;
+    mgpu_store_t *s = NULL;
+    mgpu_err_t e;
+    void *v = NULL;
+    size_t n = 0;
+
+    c->rc = mgpu_store_connect("127.0.0.1", c->port, "tok", 10, &s, &e);
+    if (c->rc == 0) {
+        mgpu_store_set_prefix(s, "job/");
+        c->rc = mgpu_store_get(s, "mine", 10, &v, &n, &e);
+    }
+    if (c->rc == 0) {
+        snprintf(c->val, sizeof c->val, "%.*s", (int)n, (char *)v);
+        c->rc = mgpu_store_set(s, "theirs", "from the client", 15, &e);
+    }
+    free(v);
+    mgpu_store_close(s);
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void test_thread_opened_then_served(void)
+{
+    mgpu_store_server_opts_t o = {.bind_host = "127.0.0.1", .port = 0, .token = "tok"};
+    mgpu_store_thread_t *t = NULL;
+    early_t c = {0};
+    pthread_t th;
+    mgpu_err_t e;
+    void *v = NULL;
+    size_t n = 0;
+
+    CHECK_INT(mgpu_store_thread_open(&o, &t, &c.port, &e), 0);
+    CHECK(c.port > 0);
+    CHECK_INT(mgpu_store_thread_put(t, "job/mine", "in place", 8), 0);
+    CHECK_INT(mgpu_store_thread_num_keys(t), 1);
+    CHECK_INT(pthread_create(&th, NULL, early_client, &c), 0);
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    CHECK_INT(__atomic_load_n(&c.done, __ATOMIC_ACQUIRE), 0); /* nobody answers yet */
+    CHECK_INT(mgpu_store_thread_run(t, &e), 0);
+    CHECK_INT(mgpu_store_thread_run(t, &e), 0);                      /* once is enough */
+    CHECK_INT(mgpu_store_thread_put(t, "job/late", "x", 1), -EBUSY); /* the loop's table now */
+    pthread_join(th, NULL);
+    CHECK_INT(c.rc, 0);
+    CHECK_STR(c.val, "in place");
+    CHECK_INT(mgpu_store_thread_num_keys(t), 2);
+    mgpu_store_thread_halt_begin(t); /* told; joined below */
+    mgpu_store_thread_halt_begin(t);
+    mgpu_store_thread_halt(t);
+    CHECK_INT(mgpu_store_thread_get(t, "job/theirs", &v, &n), 0);
+    CHECK_INT(n, 15);
+    CHECK_STR((char *)v, "from the client");
+    free(v);
+    CHECK_INT(mgpu_store_thread_get(t, "job/none", &v, &n), -ENOENT);
+    CHECK(v == NULL);
+    mgpu_store_thread_stop(t);
+}
+
 int main(void)
 {
     RUN(test_close_sets_absent_keys_only);
@@ -191,5 +261,6 @@ int main(void)
     RUN(test_idle_connection_sets_idle_keys);
     RUN(test_pings_keep_the_lease);
     RUN(test_interrupt_wakes_a_blocked_call);
+    RUN(test_thread_opened_then_served);
     return check_done();
 }
