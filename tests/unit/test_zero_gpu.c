@@ -634,7 +634,9 @@ static void test_slice_optimizers_on_the_gpu_match_the_whole_one(void)
          .beta1 = 0.9f,
          .beta2 = 0.95f,
          .eps = 1e-8f},
-        {.kind = MGPU_OPTIM_SGD, .lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f, .nesterov = 1}};
+        /* nesterov with dampening 0, as torch.optim.SGD (and mgpu) require */
+        {.kind = MGPU_OPTIM_SGD, .lr = 0.1f, .momentum = 0.9f, .dampening = 0.0f, .nesterov = 1},
+        {.kind = MGPU_OPTIM_SGD, .lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f}};
     const size_t n = 4099;
     mgpu_kernels_t *k = NULL;
     mgpu_err_t err = {0};
@@ -648,7 +650,7 @@ static void test_slice_optimizers_on_the_gpu_match_the_whole_one(void)
     CHECK_INT(mgpu_k_alloc(k, sizeof(float) * n, &dp0, &err), 0);
     CHECK_INT(mgpu_k_alloc(k, sizeof(float) * n, &dp1, &err), 0);
     CHECK_INT(mgpu_k_alloc(k, sizeof(float) * n, &dg, &err), 0);
-    for (size_t sp = 0; sp < 2; sp++)
+    for (size_t sp = 0; sp < sizeof specs / sizeof specs[0]; sp++)
         for (int W = 2; W <= 3; W++) {
             mgpu_optim_t *whole = NULL, *part[3] = {NULL, NULL, NULL};
             CHECK_INT(mgpu_optim_create(k, &specs[sp], n, &whole, &err), 0);
