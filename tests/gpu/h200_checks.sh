@@ -7,7 +7,8 @@
 #     path's: test_gpt_linear16, test_gpt_ops16, test_gpt_attn16, also with MGPU_GPT_WGMMA=0),
 #     the gradients' average inside the GPT's CUDA graph step (test_gpt_graph, a stand-in
 #     all-reduce), and short GPT trainings: fp32 on the GPU against the CPU, bf16 against
-#     fp32 (tests/gpu/gpt_train_checks.sh);
+#     fp32 (tests/gpu/gpt_train_checks.sh); zero = 1 against zero = 0 on the GPU: one rank,
+#     thread-ranks sharing it, a resume at another world size (tests/gpu/zero_checks.sh);
 #   - the GPU integration tests (CUDA_VISIBLE_DEVICES as the real driver reads it);
 #   - the article's scenarios 3 and 4 on the real GPU, and its demo.py (PyTorch, NCCL) under
 #     mgpu-launch with world size 1;
@@ -58,6 +59,7 @@ gpt_kernels() {
 }
 part gpt_kernels_gpu gpt_kernels
 part gpt_train bash tests/gpu/gpt_train_checks.sh "$out/gpt_train"
+part zero_gpu bash tests/gpu/zero_checks.sh "$out/zero"
 part integration_gpu bash tests/run.sh integration test_gpu
 part scenario3 bash scripts/scenario3.sh
 part scenario4 bash scripts/scenario4.sh
