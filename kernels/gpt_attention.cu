@@ -413,6 +413,8 @@ int gpt_attention_forward(void *impl, int b, int t, int c, int nh, const float *
     const float scale = (float)(1.0 / sqrt((double)hs));
     if (ci->prec == MGPU_PREC_BF16) /* bf16 operands on tensor cores, fp32 softmax */
         return gpt_attention_forward_tc(ci, b, t, c, nh, qkv, out, lse, scale, err);
+    if (gpt_attention_x3_ok(ci)) /* fp32 products in three TF32 ones, on tensor cores */
+        return gpt_attention_forward_x3(ci, b, t, c, nh, qkv, out, lse, scale, vec, err);
     return with_hs(hs, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         dim3 grid((unsigned)((t + Geom<HS>::ROWS - 1) / Geom<HS>::ROWS), (unsigned)nh, (unsigned)b);
@@ -451,6 +453,9 @@ int gpt_attention_backward(void *impl, int b, int t, int c, int nh, const float 
     if (ci->prec == MGPU_PREC_BF16)
         return gpt_attention_backward_tc(ci, b, t, c, nh, dout, qkv, out, lse, dqkv, dsum, scale,
                                          err);
+    if (gpt_attention_x3_ok(ci))
+        return gpt_attention_backward_x3(ci, b, t, c, nh, dout, qkv, out, lse, dqkv, dsum, scale,
+                                         vec, err);
     return with_hs(hs, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         dim3 grid((unsigned)((t + Geom<HS>::ROWS - 1) / Geom<HS>::ROWS), (unsigned)nh, (unsigned)b);

@@ -26,6 +26,17 @@ int gpt_attention_backward_tc(cuda_impl *ci, int b, int t, int c, int nh, const 
                               const float *qkv, const float *out, const float *lse, float *dqkv,
                               float *dsum, float scale, mgpu_err_t *err);
 
+/* gpt_attention_x3.cu: the same for fp32 and tf32 precision on tensor cores, each product in
+ * three TF32 ones (about fp32's accuracy), where the device has TF32 MMAs (compute capability
+ * 8.0 on) and MGPU_GPT_ATT_X3 is not 0; arguments as the _tc ones', vec as gpt_attention.cu's
+ * (head size a multiple of 4, every buffer 16-byte aligned). */
+bool gpt_attention_x3_ok(const cuda_impl *ci);
+int gpt_attention_forward_x3(cuda_impl *ci, int b, int t, int c, int nh, const float *qkv,
+                             float *out, float *lse, float scale, bool vec, mgpu_err_t *err);
+int gpt_attention_backward_x3(cuda_impl *ci, int b, int t, int c, int nh, const float *dout,
+                              const float *qkv, const float *out, const float *lse, float *dqkv,
+                              float *dsum, float scale, bool vec, mgpu_err_t *err);
+
 /* gpt_embed.cu */
 int gpt_embed_forward(void *impl, int b, int t, int c, const int32_t *tokens, const float *wte,
                       const float *wpe, float *out, mgpu_err_t *err);

@@ -46,6 +46,7 @@ int mgpu_kernels_options_read(mgpu_kernels_options_t *o, mgpu_err_t *err)
     o->head_off = starts_with("MGPU_CUDA_HEAD", '0');
     o->sg_off = starts_with("MGPU_SMALL_GEMM", '0');
     o->wgmma_off = starts_with("MGPU_GPT_WGMMA", '0');
+    o->x3_off = starts_with("MGPU_GPT_ATT_X3", '0');
     /* small_gemm.cu's ops (bits 1 << mgpu_sg::Op: 1 forward, 2 input gradient, 4 weight
      * gradient). The defaults were measured faster on an H200 for the launch-bound MLP's step:
      * fp32 51.8 us with the forward and the input gradient, 60.0 with none, and the weight

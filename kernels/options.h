@@ -31,6 +31,8 @@ typedef struct mgpu_kernels_options {
     int sg_split;           /* MGPU_SG_SPLIT: small_gemm.cu's K split forced, 0 its own rule */
     bool wgmma_off;         /* MGPU_GPT_WGMMA=0: the GPT attention's mma.sync kernels on
                                Hopper too */
+    bool x3_off;            /* MGPU_GPT_ATT_X3=0: the fp32 and tf32 attention on the CUDA
+                               cores (no 3xTF32 tensor-core products) */
 } mgpu_kernels_options_t;
 
 /* Fills *o from the environment, defaults where a variable is unset: 0, or MGPU_E_USAGE

@@ -9,7 +9,8 @@
  * start from random values, so a write where an add was due fails. Tolerances, relative to
  * the largest expected magnitude (SCALED below):
  *   - fp32: 1e-5 (LayerNorm, GELU, AdamW, sums of squares, the output layer), 1e-4 for the
- *     attention (its softmax is online, in fp32, with the fast exponential);
+ *     attention (its softmax is online, in fp32, with the fast exponential; its products in
+ *     three TF32 products each on tensor cores, and with MGPU_GPT_ATT_X3=0 on the CUDA cores);
  *   - the output layer in tf32 (10 mantissa bits in the products) 5e-3, in bf16 (7 bits) 3e-2;
  *     the attention in bf16 (tensor cores: q, k, v, p, ds rounded to bf16) 3e-2, dqkv 6e-2;
  *   - the embedding and add: exact (the same fp32 adds in the same order).
@@ -299,10 +300,20 @@ static void attention_cases(mgpu_precision_t prec, double tol)
     env_close(&e);
 }
 
-/* fp32 and tf32: fp32 CUDA-core kernels, 1e-4 (dqkv 2e-4). */
+/* fp32 and tf32: 3xTF32 products on tensor cores (gpt_attention_x3.cu) from compute
+ * capability 8.0 on, 1e-4 (dqkv 2e-4): one TF32 product a pair (10 bits) exceeds it. */
 static void test_attention(void)
 {
     attention_cases(MGPU_PREC_FP32, 1e-4);
+}
+
+/* The same on the CUDA cores (gpt_attention.cu's own kernels: older GPUs, MGPU_GPT_ATT_X3=0),
+ * which the options read when the backend is made. */
+static void test_attention_cuda_cores(void)
+{
+    setenv("MGPU_GPT_ATT_X3", "0", 1);
+    attention_cases(MGPU_PREC_FP32, 1e-4);
+    unsetenv("MGPU_GPT_ATT_X3");
 }
 
 static void test_attention_tf32(void)
@@ -690,6 +701,7 @@ int main(void)
     RUN(test_gelu);
     RUN(test_add);
     RUN(test_attention);
+    RUN(test_attention_cuda_cores);
     RUN(test_attention_tf32);
     RUN(test_attention_bf16);
     RUN(test_attention_refuses_wide_heads);
