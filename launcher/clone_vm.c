@@ -1,18 +1,50 @@
-/* clone_vm.c - a vfork-style start of a child (see clone_vm.h). */
+/* clone_vm.c - starting a child that shares the parent's memory until it execs (see
+ * clone_vm.h). */
 #include "clone_vm.h"
 
 #include <errno.h>       /* ENOSYS */
-#include <sched.h>       /* CLONE_VM, CLONE_VFORK */
+#include <sched.h>       /* CLONE_VM */
 #include <signal.h>      /* SIGCHLD, SIG_DFL, SIG_IGN, sigaction */
 #include <stdint.h>      /* uint64_t, uintptr_t */
+#include <sys/mman.h>    /* mmap, mprotect, munmap */
 #include <sys/syscall.h> /* SYS_clone3, SYS_exit, SYS_rt_sigprocmask, SYS_rt_sigaction */
-#include <unistd.h>      /* syscall */
+#include <unistd.h>      /* syscall, getpagesize */
 
-/* The child's stack: what child code needs (a few hundred bytes in the launcher's) with a
- * wide margin; a multiple of 16, the alignment both ABIs want at a call. */
-#define CHILD_STACK 16384
 /* The kernel's signal set, in bytes (_NSIG / 8 on both architectures built here). */
 #define KSIGSET 8
+
+void *mgpu_clone_vm_map(mgpu_clone_vm_mem_t *m, size_t size)
+{
+    size_t page = (size_t)getpagesize();
+    size_t len = page + MGPU_CLONE_VM_STACK + (size + page - 1) / page * page;
+    void *p;
+    int e;
+
+    m->base = NULL;
+    m->len = 0;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    /* The guard page: a child that outgrew its stack dies of SIGSEGV there rather than write
+     * into whatever the parent mapped below. */
+    if (mprotect(p, page, PROT_NONE) != 0) {
+        e = errno;
+        munmap(p, len);
+        errno = e;
+        return NULL;
+    }
+    m->base = p;
+    m->len = len;
+    return (char *)p + page + MGPU_CLONE_VM_STACK;
+}
+
+void mgpu_clone_vm_unmap(mgpu_clone_vm_mem_t *m)
+{
+    if (m->base != NULL)
+        munmap(m->base, m->len);
+    m->base = NULL;
+    m->len = 0;
+}
 
 #if MGPU_CLONE_VM
 
@@ -23,6 +55,7 @@ struct clone3_args {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
         set_tid_size, cgroup;
 };
+#define CLONE3_CLEAR_SIGHAND 0x100000000ULL
 #define CLONE3_INTO_CGROUP 0x200000000ULL
 
 MGPU_CLONE_VM_CHILD long mgpu_clone_vm_syscall(long n, long a1, long a2, long a3, long a4, long a5,
@@ -58,10 +91,11 @@ MGPU_CLONE_VM_CHILD long mgpu_clone_vm_syscall(long n, long a1, long a2, long a3
 
 /* clone3 itself, and the child's first instructions. The kernel starts the child after the
  * system call with the parent's registers but a stack pointer of stack + stack_size and 0 as
- * the result: there, before any compiled code could touch the (shared) old stack, it marks the
- * outermost frame, calls fn(arg) on the new stack, and exits with its result. The parent gets
- * the pid or -errno, as from any system call. Both architectures keep every register but the
- * result (and x86_64's rcx, r11) across a system call, so fn and arg are still there. */
+ * the result. The parent returns at once and goes on using its own stack, so the child must
+ * not touch that stack at all: before any compiled code runs, it marks the outermost frame,
+ * calls fn(arg) on the new stack, and exits with its result, all from registers. The parent
+ * gets the pid or -errno, as from any system call. Both architectures keep every register but
+ * the result (and x86_64's rcx, r11) across a system call, so fn and arg are still there. */
 static long clone3_enter(struct clone3_args *a, int (*fn)(void *), void *arg)
 {
 #if defined(__x86_64__)
@@ -110,20 +144,20 @@ static long clone3_enter(struct clone3_args *a, int (*fn)(void *), void *arg)
 #endif
 }
 
-pid_t mgpu_clone_vm_spawn(int (*fn)(void *), void *arg, int cgroup_fd)
+pid_t mgpu_clone_vm_spawn(int (*fn)(void *), void *arg, const mgpu_clone_vm_mem_t *m, int cgroup_fd,
+                          int flags)
 {
-    /* The child's stack, in this frame: the calling thread does not run until the child has
-     * exec'd or exited (CLONE_VFORK), so no mmap a worker, nothing to free, and no stack
-     * shared by two threads that spawn at once. */
-    _Alignas(16) char stack[CHILD_STACK];
     struct clone3_args a = {0};
     uint64_t all = ~(uint64_t)0, old;
     long pid;
 
-    a.flags = CLONE_VM | CLONE_VFORK | (cgroup_fd >= 0 ? CLONE3_INTO_CGROUP : 0);
+    /* No CLONE_VFORK: the caller goes on at once, and the child runs on a stack of its own (m,
+     * above its guard page), which the caller keeps mapped until the child has exec'd. */
+    a.flags = CLONE_VM | (cgroup_fd >= 0 ? CLONE3_INTO_CGROUP : 0) |
+              ((flags & MGPU_CLONE_VM_CLEAR_SIGHAND) ? CLONE3_CLEAR_SIGHAND : 0);
     a.exit_signal = SIGCHLD;
-    a.stack = (uintptr_t)stack;
-    a.stack_size = sizeof stack;
+    a.stack = (uintptr_t)m->base + (uintptr_t)getpagesize();
+    a.stack_size = MGPU_CLONE_VM_STACK;
     a.cgroup = cgroup_fd >= 0 ? (uint64_t)cgroup_fd : 0;
     /* Every signal blocked, glibc's own (SIGCANCEL, SIGSETXID) too, which sigprocmask would
      * leave open: the child inherits the mask and must not run a handler before it has reset
@@ -153,11 +187,14 @@ MGPU_CLONE_VM_CHILD int mgpu_clone_vm_sig_default(int sig, int always)
 
 #else /* no trampoline for this architecture: fork's child calls libc */
 
-pid_t mgpu_clone_vm_spawn(int (*fn)(void *), void *arg, int cgroup_fd)
+pid_t mgpu_clone_vm_spawn(int (*fn)(void *), void *arg, const mgpu_clone_vm_mem_t *m, int cgroup_fd,
+                          int flags)
 {
     (void)fn;
     (void)arg;
+    (void)m;
     (void)cgroup_fd;
+    (void)flags;
     return -ENOSYS;
 }
 

@@ -1,11 +1,11 @@
 /* spawner.c - starting one worker process, and the keeper (see spawner.h). */
 #include "spawner.h"
 
-#include <errno.h>       /* errno */
+#include <errno.h>       /* errno, EINVAL */
 #include <fcntl.h>       /* O_CLOEXEC, F_SETFD */
 #include <signal.h>      /* sigprocmask, kill */
 #include <stdlib.h>      /* posix_openpt, grantpt, unlockpt, ptsname_r */
-#include <string.h>      /* memcpy, strerror */
+#include <string.h>      /* memcpy, strlen, strerror */
 #include <sys/ioctl.h>   /* TIOCSWINSZ */
 #include <sys/prctl.h>   /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
 #include <sys/syscall.h> /* SYS_execve, SYS_dup3, SYS_close_range, ... */
@@ -13,11 +13,14 @@
 #include <time.h>        /* CLOCK_REALTIME */
 #include <unistd.h>      /* fork, getpid */
 
-#include "clone_vm.h" /* mgpu_clone_vm_spawn, mgpu_clone_vm_syscall */
+#include "clone_vm.h" /* mgpu_clone_vm_spawn, mgpu_clone_vm_map, mgpu_clone_vm_syscall */
 #include "keeper.h"   /* mgpu_keeper_read, mgpu_keeper_clean */
 #include "log.h"      /* mgpu_debug */
 
-/* What the child needs, on the parent's stack: read only, by the child. */
+/* What the child reads. A child started side by side gets its own copy, in its own mapping
+ * (args_copy), with every pointer into that mapping: the launcher goes on and frees the
+ * environment, or builds the next worker's, while the child still runs before its exec. A
+ * forked child reads the launcher's, in its own copy of the launcher's memory. */
 typedef struct child_args {
     const char *path;
     char *const *argv, *const *envp;
@@ -27,6 +30,7 @@ typedef struct child_args {
     const int *reset;
     int nreset;
     const cpu_set_t *cpus;
+    int handlers_dfl; /* 1: born with every handler at SIG_DFL (CLONE_CLEAR_SIGHAND) */
 } child_args_t;
 
 /* The child's system calls: raw, so that nothing in the C library runs (clone_vm.h). */
@@ -45,10 +49,10 @@ static MGPU_CLONE_VM_CHILD long dup_to(int fd, int to)
 }
 
 /* The child from its start to execve. It shares the launcher's memory until then when it was
- * started by mgpu_clone_vm_spawn (vfork-style), so it follows clone_vm.h's rules either way:
- * raw system calls only, writes to its own stack only, no handler run before exec. It starts
- * with every signal blocked. Exits 127 (not found) or 126 when execve fails, after writing its
- * errno on the exec pipe. */
+ * started by mgpu_clone_vm_spawn, so it follows clone_vm.h's rules either way: raw system calls
+ * only, reads only its own copy of its arguments, writes to its own stack only, no handler run
+ * before exec. It starts with every signal blocked. Exits 127 (not found) or 126 when execve
+ * fails, after writing its errno on the exec pipe. */
 static MGPU_CLONE_VM_CHILD int child_main(void *arg)
 {
     const child_args_t *a = arg;
@@ -71,16 +75,18 @@ static MGPU_CLONE_VM_CHILD int child_main(void *arg)
         SYS3(SYS_sched_setaffinity, 0, sizeof *a->cpus, a->cpus);
     /* Every signal the launcher handles (libuv's SIGCHLD, SIGWINCH and the stop signals) back
      * to its default before any is unblocked: a handler would run the launcher's code on the
-     * launcher's memory. The stop signals go back to the default even when ignored (a shell's
-     * background job ignores SIGINT), and SIGPIPE, which the launcher ignores: a worker must
-     * not inherit that. Other ignored signals stay ignored, as across execve. */
+     * launcher's memory (a child born with CLONE_CLEAR_SIGHAND has none left). The stop signals
+     * go back to the default even when ignored (a shell's background job ignores SIGINT), and
+     * SIGPIPE, which the launcher ignores: a worker must not inherit that. Other ignored
+     * signals stay ignored, as across execve. */
     for (int sig = 1; sig <= 64; sig++) {
         int always = sig == SIGPIPE;
         if (sig == SIGKILL || sig == SIGSTOP)
             continue;
         for (int i = 0; i < a->nreset; i++)
             always |= a->reset[i] == sig;
-        mgpu_clone_vm_sig_default(sig, always);
+        if (always || !a->handlers_dfl)
+            mgpu_clone_vm_sig_default(sig, always);
     }
     /* A session of its own: the launcher alone decides which signal reaches which worker, and
      * a terminal's Ctrl-C reaches the launcher only (it forwards it). */
@@ -119,23 +125,109 @@ fail:
     return e == ENOENT ? 127 : 126;
 }
 
+/* The size of a NULL-terminated vector's pointers and strings, with its terminator; *n gets
+ * how many strings it holds. A NULL vector stays NULL. */
+static size_t vec_size(char *const *v, size_t *n)
+{
+    size_t len = 0;
+
+    *n = 0;
+    if (v == NULL)
+        return 0;
+    for (; v[*n] != NULL; (*n)++)
+        len += strlen(v[*n]) + 1;
+    return len + (*n + 1) * sizeof(char *);
+}
+
+/* Copies vector v (n strings) to *vec (room for its pointers) and its strings to *str, and
+ * moves both past what they took. */
+static char **vec_copy(char *const *v, size_t n, char ***vec, char **str)
+{
+    char **out = *vec;
+
+    if (v == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(v[i]) + 1;
+        memcpy(*str, v[i], len);
+        out[i] = *str;
+        *str += len;
+    }
+    out[n] = NULL;
+    *vec += n + 1;
+    return out;
+}
+
+/* A mapping for a child started side by side (clone_vm.h) holding its own copy of a: the
+ * struct, then the pointer vectors, the CPU set, the signals to reset, and the strings (in
+ * that order, so that each is aligned for its type). Returns the copy, or NULL with errno
+ * set and mem empty. */
+static child_args_t *args_copy(const child_args_t *a, mgpu_clone_vm_mem_t *mem)
+{
+    size_t nargv, nenvp, vecs, size = sizeof *a;
+    child_args_t *c;
+    char **vec, *str;
+
+    vecs = vec_size(a->argv, &nargv) + vec_size(a->envp, &nenvp);
+    size += vecs + (a->cpus != NULL ? sizeof *a->cpus : 0) + (size_t)a->nreset * sizeof(int) +
+            strlen(a->path) + 1;
+    if ((c = mgpu_clone_vm_map(mem, size)) == NULL)
+        return NULL;
+    *c = *a;
+    vec = (char **)(c + 1);
+    str = (char *)vec + (a->argv != NULL ? (nargv + 1) * sizeof(char *) : 0) +
+          (a->envp != NULL ? (nenvp + 1) * sizeof(char *) : 0);
+    if (a->cpus != NULL) {
+        memcpy(str, a->cpus, sizeof *a->cpus);
+        c->cpus = (const cpu_set_t *)str;
+        str += sizeof *a->cpus;
+    }
+    if (a->nreset > 0) {
+        memcpy(str, a->reset, (size_t)a->nreset * sizeof(int));
+        c->reset = (const int *)str;
+        str += (size_t)a->nreset * sizeof(int);
+    }
+    c->argv = vec_copy(a->argv, nargv, &vec, &str);
+    c->envp = vec_copy(a->envp, nenvp, &vec, &str);
+    c->path = memcpy(str, a->path, strlen(a->path) + 1);
+    return c;
+}
+
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
-                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus)
+                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus, mgpu_clone_vm_mem_t *mem)
 {
-    child_args_t a = {path, argv, envp, out_w, err_w, exec_w, -1, getpid(), reset, nreset, cpus};
+    child_args_t a = {path, argv, envp, out_w, err_w, exec_w, -1, getpid(), reset, nreset, cpus, 0};
     int born_in = cg != NULL && cg->dir_fd >= 0, no_group = cg == NULL || cg->procs_fd < 0;
     pid_t pid = -ENOSYS;
 
-    /* vfork-style where this build can (clone_vm.h): straight into the job's cgroup, or with
+    mem->base = NULL;
+    mem->len = 0;
+    /* Side by side where this build can (clone_vm.h): straight into the job's cgroup, or with
      * no cgroup at all. A child that had to join the group by writing cgroup.procs (which waits
-     * for an RCU grace period: milliseconds) would hold the launcher all that time: forked
-     * instead, the workers join side by side. */
+     * for an RCU grace period: milliseconds) is forked instead: a copy of the launcher's memory
+     * of its own, which the launcher's next mallocs cannot change under it. */
     if (MGPU_CLONE_VM && (born_in || no_group)) {
-        pid = mgpu_clone_vm_spawn(child_main, &a, born_in ? cg->dir_fd : -1);
-        if (pid >= 0)
-            return pid;
-        mgpu_debug("clone3(CLONE_VM|CLONE_VFORK): %s; forking instead", strerror(-pid));
+        int cg_fd = born_in ? cg->dir_fd : -1;
+        child_args_t *c = args_copy(&a, mem);
+
+        if (c == NULL) {
+            mgpu_debug("mmap(a child's stack): %s; forking instead", strerror(errno));
+        } else {
+            /* Born with default handlers, so that it skips checking each signal's; before
+             * Linux 5.5 the kernel refuses the flag, and the child resets them itself. No
+             * child exists after a refusal, so its copy may change. */
+            c->handlers_dfl = 1;
+            pid = mgpu_clone_vm_spawn(child_main, c, mem, cg_fd, MGPU_CLONE_VM_CLEAR_SIGHAND);
+            if (pid == -EINVAL) {
+                c->handlers_dfl = 0;
+                pid = mgpu_clone_vm_spawn(child_main, c, mem, cg_fd, 0);
+            }
+            if (pid >= 0)
+                return pid;
+            mgpu_clone_vm_unmap(mem);
+            mgpu_debug("clone3(CLONE_VM): %s; forking instead", strerror(-pid));
+        }
     }
     /* fork's way: born in the job's cgroup where the kernel can; else forked, and it joins. */
     pid = mgpu_cgroup_fork_into(cg);
@@ -148,16 +240,25 @@ pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp
     return pid < 0 ? -errno : pid;
 }
 
-void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno)
+void mgpu_spawner_read_exec(int exec_r, mgpu_clone_vm_mem_t *mem, double *t_exec, int *exec_errno)
 {
     /* [int64 ns of exec] [int errno, only if exec failed]; a child that died before exec (its
-     * launcher gone) sends neither. */
-    char buf[sizeof(int64_t) + sizeof(int)];
+     * launcher gone) sends neither. Read to EOF even once both are in: a child whose exec
+     * failed still runs on its mapping until it exits. */
+    char buf[sizeof(int64_t) + sizeof(int)], more[64];
     size_t got = 0;
     ssize_t r;
-    while (got < sizeof buf &&
-           ((r = read(exec_r, buf + got, sizeof buf - got)) > 0 || (r < 0 && errno == EINTR)))
-        got += r > 0 ? (size_t)r : 0;
+
+    for (;;) {
+        if (got < sizeof buf)
+            r = read(exec_r, buf + got, sizeof buf - got);
+        else
+            r = read(exec_r, more, sizeof more);
+        if (r > 0)
+            got += got < sizeof buf ? (size_t)r : 0;
+        else if (r == 0 || errno != EINTR)
+            break;
+    }
     if (got >= sizeof(int64_t)) {
         int64_t ns;
         memcpy(&ns, buf, sizeof ns);
@@ -165,6 +266,13 @@ void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno)
     }
     if (got == sizeof buf)
         memcpy(exec_errno, buf + sizeof(int64_t), sizeof(int));
+    /* EOF: the child has exec'd (its memory is the program's now) or died; no other read can
+     * tell that, so a failed read leaves the mapping where it is. */
+    if (r == 0)
+        mgpu_clone_vm_unmap(mem);
+    else if (mem->base != NULL)
+        mgpu_debug("read(exec pipe): %s; a child's %zu bytes stay mapped", strerror(errno),
+                   mem->len);
 }
 
 int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, const char **call)

@@ -5,19 +5,32 @@
  *
  * Spawning follows libuv's src/unix/process.c, written out here because the child needs two
  * steps uv_spawn has no hook for: PR_SET_PDEATHSIG (with its race closed) and a new session.
- * A worker is started vfork-style where it can be (clone_vm.h: clone3 with CLONE_VM and
+ * A worker is started side by side where it can be (clone_vm.h: clone3 with CLONE_VM and no
  * CLONE_VFORK, straight into the job's cgroup): no copy of the launcher's page tables and no
  * copy-on-write faults after, which were over half of the launcher's start with 64 workers on
- * a 16-core host. It is forked otherwise: on other architectures, where the kernel refuses
- * clone3 or a flag, or where it must join the cgroup by writing cgroup.procs (milliseconds
- * each, which forked workers spend side by side, not one after the other). Either way the
- * child runs the same code, raw system calls only, and puts every handled signal back to its
- * default before it unblocks any, so a signal arriving before exec cannot run the launcher's
- * handler there. exec errors travel back on a close-on-exec pipe, so a worker that could not
- * start is known at once, with its errno, and is never signalled as if it were running.
+ * a 16-core host, and no wait for its exec either, so that the workers exec in parallel, as
+ * a shell's `cmd &` loop's do. Such a child runs on a mapping of its own holding its own copy
+ * of everything it reads (path, argv, envp, the signals to reset, the CPU set), since the
+ * launcher goes on at once. It is forked otherwise: on other architectures, where the kernel
+ * refuses clone3 or a flag, or where it must join the cgroup by writing cgroup.procs
+ * (milliseconds each, which forked workers spend side by side). Either way the child runs the
+ * same code, raw system calls only, and puts every handled signal back to its default before
+ * it unblocks any (or is born with none, CLONE_CLEAR_SIGHAND), so a signal arriving before
+ * exec cannot run the launcher's handler there. exec errors travel back on a close-on-exec
+ * pipe, so a worker that could not start is known at once, with its errno, and is never
+ * signalled as if it were running; that pipe's EOF is also what tells that the child no longer
+ * runs on its mapping.
  *
- * Ownership: the caller owns every descriptor it passes; the keeper's pipe end belongs to the
- * mgpu_spawner_keeper_t until mgpu_spawner_keeper_forget. */
+ * Ownership: the caller owns every descriptor it passes. A worker's mapping (mem of
+ * mgpu_spawner_worker) is the caller's to hand to mgpu_spawner_read_exec, which unmaps it at
+ * the worker's exec pipe's EOF; it must not be unmapped before (the child may still run on
+ * it), and a caller that never reads that pipe leaks it. The keeper's pipe end belongs to the
+ * mgpu_spawner_keeper_t until mgpu_spawner_keeper_forget.
+ *
+ * Threads: mgpu_spawner_worker and mgpu_spawner_read_exec may run while the launcher's other
+ * threads (the store's) run: a child started side by side reads nothing but its own mapping,
+ * writes nothing but its own stack, and makes no call that sets errno, so it touches no
+ * memory those threads use. */
 #ifndef MGPU_SPAWNER_H
 #define MGPU_SPAWNER_H
 
@@ -26,7 +39,8 @@
 #include <stdint.h>    /* int32_t */
 #include <sys/types.h> /* pid_t */
 
-#include "cgroup.h" /* mgpu_cgroup_t */
+#include "cgroup.h"   /* mgpu_cgroup_t */
+#include "clone_vm.h" /* mgpu_clone_vm_mem_t */
 
 /* Starts a worker that executes path with argv and envp, its stdout on out_w, its stderr on
  * err_w, in a session of its own, with nothing open but 0, 1, 2 and no signal blocked.
@@ -36,16 +50,25 @@
  * even when ignored; every other signal with a handler too. The child is born in the job's
  * cgroup cg (or, where the kernel cannot do that, joins it first; NULL or a cg with no group:
  * none), and runs on the CPUs of cpus (NULL: the launcher's), which its threads and children
- * inherit. Call with every signal blocked. When this returns, a vfork-style child has already
- * exec'd or exited. Returns the child's pid, or a negative errno when no child could be made. */
+ * inherit. Call with every signal blocked. Returns the child's pid, or a negative errno when
+ * no child could be made; either way *mem is the child's mapping (empty for a forked child,
+ * or when none was made), for mgpu_spawner_read_exec.
+ *
+ * It returns without waiting for the exec: the child may still be on its way to execve, in
+ * the launcher's session and process group, not yet tied to the launcher's death. The
+ * caller's buffers (path, argv, envp, reset, cpus) are its own again at once: the child reads
+ * its copy. */
 pid_t mgpu_spawner_worker(const char *path, char *const argv[], char *const envp[], int out_w,
                           int err_w, int exec_w, const int *reset, int nreset,
-                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus);
+                          const mgpu_cgroup_t *cg, const cpu_set_t *cpus, mgpu_clone_vm_mem_t *mem);
 
-/* Reads what the child wrote on the exec pipe (read end exec_r) until EOF: *t_exec gets the
- * moment of exec in seconds (left alone when the child died before it), *exec_errno the
- * errno of a failed execve (left alone when exec succeeded). */
-void mgpu_spawner_read_exec(int exec_r, double *t_exec, int *exec_errno);
+/* Reads what the child wrote on the exec pipe (read end exec_r) until EOF, which comes when
+ * the child has exec'd or died: *t_exec gets the moment of exec in seconds (left alone when
+ * the child died before it), *exec_errno the errno of a failed execve (left alone when exec
+ * succeeded). Then unmaps the child's mapping mem (from mgpu_spawner_worker), and empties it;
+ * a read that fails (not EINTR) leaves it mapped. The pipe's write end must be closed in the
+ * caller first, and any other process that holds it delays the EOF until it closes it. */
+void mgpu_spawner_read_exec(int exec_r, mgpu_clone_vm_mem_t *mem, double *t_exec, int *exec_errno);
 
 struct winsize;
 

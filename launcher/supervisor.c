@@ -324,6 +324,9 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     const mgpu_plan_output_t *o_opts = &plan->output;
     char attempt_dir[2200];
     int pipes[MGPU_MAX_LOCAL][3][2];
+    /* Each worker's mapping (spawner.h): this function's from the spawn until the read of its
+     * exec pipe, which unmaps it once the worker has exec'd or died. */
+    mgpu_clone_vm_mem_t mem[MGPU_MAX_LOCAL];
     sigset_t all, old;
     int rc = 0;
 
@@ -428,7 +431,9 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
 
     mgpu_debug("attempt %d: log folders and pipes ready", s->attempt);
     mgpu_trace_mark("pipes");
-    /* Fork every worker first, then collect exec results: the workers start in parallel. */
+    /* Start every worker first, then collect exec results: the workers start in parallel. Until
+     * its exec result is in, a worker may not have reached its own session yet, so nothing
+     * signals the workers' groups before the second loop. */
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
     for (int k = 0; k < s->nproc; k++) {
@@ -445,8 +450,8 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
                                   pipes[k][1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg,
-                                  plan->workers[k].bound ? &plan->workers[k].cpus : NULL);
-        free(envp);
+                                  plan->workers[k].bound ? &plan->workers[k].cpus : NULL, &mem[k]);
+        free(envp); /* the worker has its own copy */
         if (pid < 0) {
             rc = mgpu_err_set(err, (int)pid, "fork: %s (local rank %d)", strerror((int)-pid), k);
             break;
@@ -472,7 +477,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         for (int i = 0; i < 3; i++)
             close(pipes[k][i][1]);
         if (p->pid > 0)
-            mgpu_spawner_read_exec(pipes[k][2][0], &p->out->t_exec, &p->out->exec_errno);
+            mgpu_spawner_read_exec(pipes[k][2][0], &mem[k], &p->out->t_exec, &p->out->exec_errno);
         close(pipes[k][2][0]);
         for (int i = 0; i < 2; i++) {
             stream_t *st = &p->s[i];

@@ -1,5 +1,5 @@
 # test_startup.sh - the launcher's own start and stop: MGPU_LAUNCH_TRACE's timeline of its
-# phases; workers started vfork-style and born in the job's cgroup, or forked where clone3 is
+# phases; workers started side by side and born in the job's cgroup, or forked where clone3 is
 # refused, exec failures reported either way; where the run's temporary folder goes; what
 # waits until the workers run (the status socket) or is skipped (timelines none wrote).
 
@@ -86,10 +86,15 @@ in_job_cgroup() {
 }
 CG_WORKER='cat /proc/self/cgroup >cg.$LOCAL_RANK'
 
-# Workers are started vfork-style (clone3 with CLONE_VM | CLONE_VFORK: no copy of the
-# launcher's page tables) and born inside the job's cgroup (CLONE_INTO_CGROUP): none moves itself
-# there by writing to cgroup.procs, which waits for an RCU grace period, worker after worker.
-VFORK_RE='clone3\(\{flags=CLONE_VM\|CLONE_VFORK'
+# Workers are started side by side (clone3 with CLONE_VM, no copy of the launcher's page tables,
+# and no CLONE_VFORK: no wait for one worker's exec before the next starts), with default signal
+# handlers where the kernel can (CLONE_CLEAR_SIGHAND, 5.5), and born inside the job's cgroup
+# (CLONE_INTO_CGROUP): none moves itself there by writing to cgroup.procs, which waits for an
+# RCU grace period, worker after worker. (The store's thread is a clone3 with CLONE_VM too, but
+# with CLONE_THREAD and no exit signal.)
+SPAWN_RE='clone3\(\{flags=CLONE_VM(\|CLONE_CLEAR_SIGHAND)?(\|CLONE_INTO_CGROUP)?, exit_signal=SIGCHLD'
+SPAWN_CG_RE='clone3\(\{flags=CLONE_VM(\|CLONE_CLEAR_SIGHAND)?\|CLONE_INTO_CGROUP, exit_signal=SIGCHLD'
+SPAWN_NOCG_RE='clone3\(\{flags=CLONE_VM(\|CLONE_CLEAR_SIGHAND)?, exit_signal=SIGCHLD'
 # traced_ff ARGS...: traced -ff -o st ARGS, then every process's calls in st.txt: a file per
 # process, so that no call is split around another's ("<unfinished ...>")
 traced_ff() {
@@ -104,24 +109,25 @@ t_workers_born_in_the_cgroup() {
     require_strace
     traced_ff -e trace=clone3,write "$LAUNCH" -v --nproc_per_node=3 sh -c "$CG_WORKER" \
         >out 2>err || fail "launcher failed: $(cat err)"
-    grep -qE "$VFORK_RE.*= -1 (ENOSYS|EINVAL)" st.txt &&
+    grep -qE "$SPAWN_CG_RE.*= [0-9]" st.txt || ! grep -qE "$SPAWN_RE.*= -1 (ENOSYS|EINVAL)" st.txt ||
         skip "this kernel has no clone3 or no CLONE_INTO_CGROUP (before 5.7)"
-    expect_eq "$(grep -cE "$VFORK_RE\|CLONE_INTO_CGROUP, exit_signal=SIGCHLD.*= [0-9]" st.txt)" 3 \
-        "workers started vfork-style into the cgroup"
+    expect_eq "$(grep -cE "$SPAWN_CG_RE.*= [0-9]" st.txt)" 3 \
+        "workers started side by side into the cgroup"
+    expect_eq "$(grep -c CLONE_VFORK st.txt)" 0 "workers whose exec the launcher waited for"
     expect_eq "$(grep -c 'clone3({flags=CLONE_INTO_CGROUP' st.txt)" 0 "workers forked"
     ! grep -qE 'write\([0-9]+, "0", 1' st.txt ||
         fail "a worker joined by writing cgroup.procs: $(grep -E 'write\([0-9]+, "0", 1' st.txt)"
     in_job_cgroup err 3
 }
 
-# Without a cgroup (MGPU_CGROUP=0, or none can be made) the workers are started vfork-style too.
-t_workers_vfork_without_cgroup() {
+# Without a cgroup (MGPU_CGROUP=0, or none can be made) the workers are started side by side too.
+t_workers_side_by_side_without_cgroup() {
     require_strace
     MGPU_CGROUP=0 traced_ff -e trace=clone,clone3,fork,vfork "$LAUNCH" -v \
         --nproc_per_node=3 "$TW" env e.%l exit 0 >out 2>err || fail "launcher failed: $(cat err)"
-    grep -qE "$VFORK_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
-    expect_eq "$(grep -cE "$VFORK_RE, exit_signal=SIGCHLD.*= [0-9]" st.txt)" 3 \
-        "workers started vfork-style"
+    grep -qE "$SPAWN_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
+    expect_eq "$(grep -cE "$SPAWN_NOCG_RE.*= [0-9]" st.txt)" 3 "workers started side by side"
+    expect_eq "$(grep -c CLONE_VFORK st.txt)" 0 "workers whose exec the launcher waited for"
     for k in 0 1 2; do grep -qx "LOCAL_RANK=$k" "e.$k" || fail "local rank $k: no environment: $(cat err)"; done
 }
 
@@ -137,7 +143,7 @@ t_workers_join_the_cgroup_without_clone3() {
 }
 
 # A worker whose execve fails reports its errno and exits 127 (not found) or 126 (not
-# executable), started vfork-style or forked (clone3 refused).
+# executable), started side by side or forked (clone3 refused).
 t_exec_failure_reported_both_ways() {
     require_strace
     local how inject
@@ -145,7 +151,7 @@ t_exec_failure_reported_both_ways() {
     printf '#!/bin/sh\n' >noexec.sh
     chmod 755 badinterp.sh
     chmod 644 noexec.sh
-    for how in vfork fork; do
+    for how in clone fork; do
         inject=
         [ "$how" = fork ] && inject=-einject=clone3:error=ENOSYS
         traced_ff -e trace=clone,clone3 $inject "$LAUNCH" --nproc_per_node=2 ./badinterp.sh \
@@ -153,11 +159,11 @@ t_exec_failure_reported_both_ways() {
         rc=$?
         expect_eq "$rc" 127 "exit status ($how) for a missing interpreter"
         expect_grep err "could not be executed: './badinterp.sh': its interpreter '/nonexistent/interpreter'.*No such file or directory"
-        if [ "$how" = vfork ]; then
-            grep -qE "$VFORK_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
-            expect_eq "$(grep -cE "$VFORK_RE.*= [0-9]" st.txt)" 2 "workers started vfork-style"
+        if [ "$how" = clone ]; then
+            grep -qE "$SPAWN_RE.*= -1 ENOSYS" st.txt && skip "this kernel has no clone3 (before 5.3)"
+            expect_eq "$(grep -cE "$SPAWN_RE.*= [0-9]" st.txt)" 2 "workers started side by side"
         else
-            expect_eq "$(grep -cE "$VFORK_RE.*= [0-9]" st.txt)" 0 "workers started vfork-style with clone3 refused"
+            expect_eq "$(grep -cE "$SPAWN_RE.*= [0-9]" st.txt)" 0 "workers started side by side with clone3 refused"
         fi
         traced -f $inject -o /dev/null "$LAUNCH" --nproc_per_node=2 ./noexec.sh >out 2>err
         rc=$?
