@@ -1,7 +1,8 @@
 /* gpt_kernels_bench.c - what the CUDA table of a GPT's ops (kernels/gpt_cuda.h) achieves on
  * this GPU at two model shapes: GPT-2 124M (batch 16, context 1024, width 768, 12 heads,
  * vocabulary 50304) and a small byte-level model (batch 64, context 256, width 384, 6 heads,
- * vocabulary 256). One row an op: the time a call (median of CUDA-event intervals between
+ * vocabulary 256), and heads of 128 (batch 8, context 1024, width 1536, 12 heads, vocabulary
+ * 50304). One row an op: the time a call (median of CUDA-event intervals between
  * back-to-back calls after a warm-up, the fastest beside it), and what it achieves: GB/s of
  * the bytes the op must move at least (each input read once, each output written once) for
  * the memory-bound ops, TFLOP/s for attention (causal: half the score matrix, forward
@@ -14,7 +15,7 @@
  * does not need). The bf16 path's attention (the table's bf16 ops: bf16 qkv, out, dout and
  * dqkv, as PyTorch's) follows as "attention16" rows, in prec bf16.
  *
- * Usage: build/tests/gpt_kernels_bench [gpt2|byte|all] (default all), from the repository's
+ * Usage: build/tests/gpt_kernels_bench [gpt2|byte|h128|all] (default all), from the repository's
  * root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).
  * Exit status: 0 measured, 1 a CUDA or op failure (the message names it), 2 bad usage, 77 no
  * GPU or a build without CUDA. tests/unit/test_gpt_cuda.c checks that the same ops are
@@ -51,6 +52,7 @@ typedef struct shape {
 static const shape_t shapes[] = {
     {"gpt2", 16, 1024, 768, 12, 50304, 12},
     {"byte", 64, 256, 384, 6, 256, 6},
+    {"h128", 8, 1024, 1536, 12, 50304, 12},
 };
 
 typedef struct bench {
@@ -421,8 +423,11 @@ int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "all";
     bench_t b = {0};
-    if (strcmp(which, "all") != 0 && strcmp(which, "gpt2") != 0 && strcmp(which, "byte") != 0) {
-        fprintf(stderr, "usage: gpt_kernels_bench [gpt2|byte|all], got '%s'\n", which);
+    int known = strcmp(which, "all") == 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        known = known || strcmp(which, shapes[i].name) == 0;
+    if (!known) {
+        fprintf(stderr, "usage: gpt_kernels_bench [gpt2|byte|h128|all], got '%s'\n", which);
         return 2;
     }
     if (mgpu_kernels_cuda_device_count(&b.err) <= 0) {
