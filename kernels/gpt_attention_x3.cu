@@ -217,6 +217,32 @@ template <int N> __device__ __forceinline__ void zero(float (&a)[N][4])
         a[n][0] = a[n][1] = a[n][2] = a[n][3] = 0.0f;
 }
 
+/* The backward's two products of a tile, 16 rows from w0 of a1 and a2 against the tile's T
+ * rows of b1 and b2, over HS columns: s = a1 . b1^T and dp = a2 . b2^T (the query pass: q
+ * and dout against k and v; the key pass: k and v against q and dout). */
+template <int HS, int T>
+__device__ __forceinline__ void two_products(float (&s)[T / 8][4], float (&dp)[T / 8][4],
+                                             const float *a1, const float *a2, const float *b1,
+                                             const float *b2, int w0, int g, int tig)
+{
+    zero(s);
+    zero(dp);
+#pragma unroll
+    for (int kk = 0; kk < HS / 8; kk++) {
+        FragA x1, x2;
+        frag_a<HS>(x1, a1, w0, 8 * kk, g, tig);
+        frag_a<HS>(x2, a2, w0, 8 * kk, g, tig);
+#pragma unroll
+        for (int n = 0; n < T / 8; n++) {
+            FragB y1, y2;
+            frag_bt<HS>(y1, b1, 8 * n, 8 * kk, g, tig);
+            frag_bt<HS>(y2, b2, 8 * n, 8 * kk, g, tig);
+            mma3(s[n], x1, y1);
+            mma3(dp[n], x2, y2);
+        }
+    }
+}
+
 /* Forward: blocks launched last queries first (they have the most keys). */
 template <int HS>
 __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
@@ -414,22 +440,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
         const float *kt = x3_smem + (j & 1) * 2 * L::tile(T), *vt = kt + L::tile(T);
         if (k0 <= wlast) {
             float s[T / 8][4], dp[T / 8][4];
-            zero(s);
-            zero(dp);
-#pragma unroll
-            for (int kk = 0; kk < HS / 8; kk++) {
-                FragA a, ad;
-                frag_a<HS>(a, qt, w0, 8 * kk, g, tig);
-                frag_a<HS>(ad, dt, w0, 8 * kk, g, tig);
-#pragma unroll
-                for (int n = 0; n < T / 8; n++) {
-                    FragB bk, bv;
-                    frag_bt<HS>(bk, kt, 8 * n, 8 * kk, g, tig);
-                    frag_bt<HS>(bv, vt, 8 * n, 8 * kk, g, tig);
-                    mma3(s[n], a, bk);
-                    mma3(dp[n], ad, bv);
-                }
-            }
+            two_products<HS, T>(s, dp, qt, dt, kt, vt, w0, g, tig);
 #pragma unroll
             for (int n = 0; n < T / 8; n++)
 #pragma unroll
@@ -509,22 +520,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
         const float *ls = dt + L::tile(T), *ds = ls + T;
         if (qs + T - 1 >= wfirst) { /* else every query of the tile comes before the keys */
             float s[T / 8][4], dp[T / 8][4];
-            zero(s);
-            zero(dp);
-#pragma unroll
-            for (int kk = 0; kk < HS / 8; kk++) {
-                FragA a, av;
-                frag_a<HS>(a, kt, w0, 8 * kk, g, tig);
-                frag_a<HS>(av, vt, w0, 8 * kk, g, tig);
-#pragma unroll
-                for (int n = 0; n < T / 8; n++) {
-                    FragB bq, bd;
-                    frag_bt<HS>(bq, qt, 8 * n, 8 * kk, g, tig);
-                    frag_bt<HS>(bd, dt, 8 * n, 8 * kk, g, tig);
-                    mma3(s[n], a, bq);
-                    mma3(dp[n], av, bd);
-                }
-            }
+            two_products<HS, T>(s, dp, kt, vt, qt, dt, w0, g, tig);
             /* s[n] = p^T and dp[n] = ds^T: rows keys (g, g + 8), columns queries */
 #pragma unroll
             for (int n = 0; n < T / 8; n++)
