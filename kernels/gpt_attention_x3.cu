@@ -217,6 +217,34 @@ template <int N> __device__ __forceinline__ void zero(float (&a)[N][4])
         a[n][0] = a[n][1] = a[n][2] = a[n][3] = 0.0f;
 }
 
+/* k's and v's rows r0 .. r0 + T - 1 of a (batch row, head)'s qkv rows (base: its q columns)
+ * into buffer b: k, then v. */
+template <int HS>
+__device__ __forceinline__ void load_kv(float *b, const float *base, int c, size_t c3, int r0,
+                                        int t, int hs, bool vec)
+{
+    constexpr int T = X3<HS>::T;
+    load_tile<HS, T>(b, base + c, c3, r0, t, hs, vec);
+    load_tile<HS, T>(b + X3<HS>::tile(T), base + 2 * (size_t)c, c3, r0, t, hs, vec);
+}
+
+/* The forward's and the query pass's walk over k and v, two buffers at smem: starts tile j + 1
+ * into the other buffer, waits for tile j (the previous call's) and the block; returns tile
+ * j's buffer (k, then v). */
+template <int HS>
+__device__ __forceinline__ const float *kv_next(float *smem, const float *base, int c, size_t c3,
+                                                int j, int ntiles, int t, int hs, bool vec)
+{
+    constexpr int T = X3<HS>::T;
+    if (j + 1 < ntiles)
+        load_kv<HS>(smem + ((j + 1) & 1) * 2 * X3<HS>::tile(T), base, c, c3, (j + 1) * T, t, hs,
+                    vec);
+    cp_commit_x3();
+    cp_wait_x3_1(); /* tile j is in */
+    __syncthreads();
+    return smem + (j & 1) * 2 * X3<HS>::tile(T);
+}
+
 /* The backward's two products of a tile, 16 rows from w0 of a1 and a2 against the tile's T
  * rows of b1 and b2, over HS columns: s = a1 . b1^T and dp = a2 . b2^T (the query pass: q
  * and dout against k and v; the key pass: k and v against q and dout). */
@@ -262,8 +290,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
     const float sl2 = scale * kLog2e;
     const int ntiles = (min(t, q0 + kX3Rows) + T - 1) / T;
 
-    load_tile<HS, T>(x3_smem, base + c, c3, 0, t, hs, vec);
-    load_tile<HS, T>(x3_smem + L::tile(T), base + 2 * (size_t)c, c3, 0, t, hs, vec);
+    load_kv<HS>(x3_smem, base, c, c3, 0, t, hs, vec);
     cp_commit_x3();
     FragA qf[L::QREG ? HS / 8 : 1];
     if constexpr (L::QREG) {
@@ -279,15 +306,8 @@ __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
 
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * T;
-        if (j + 1 < ntiles) {
-            float *nb = x3_smem + ((j + 1) & 1) * 2 * L::tile(T);
-            load_tile<HS, T>(nb, base + c, c3, k0 + T, t, hs, vec);
-            load_tile<HS, T>(nb + L::tile(T), base + 2 * (size_t)c, c3, k0 + T, t, hs, vec);
-        }
-        cp_commit_x3();
-        cp_wait_x3_1(); /* tile j is in */
-        __syncthreads();
-        const float *kt = x3_smem + (j & 1) * 2 * L::tile(T), *vt = kt + L::tile(T);
+        const float *kt = kv_next<HS>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
+        const float *vt = kt + L::tile(T);
         if (k0 <= wlast) { /* else every key of the tile comes after the warp's queries */
             float s[T / 8][4];
             zero(s);
@@ -403,8 +423,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
 
     load_tile<HS, kX3Rows>(qt, base, c3, q0, t, hs, vec);
     load_tile<HS, kX3Rows>(dt, dbase, c, q0, t, hs, vec);
-    load_tile<HS, T>(x3_smem, base + c, c3, 0, t, hs, vec);
-    load_tile<HS, T>(x3_smem + L::tile(T), base + 2 * (size_t)c, c3, 0, t, hs, vec);
+    load_kv<HS>(x3_smem, base, c, c3, 0, t, hs, vec);
     cp_commit_x3();
     /* D: two threads a row, then the pair's sum */
     {
@@ -429,15 +448,8 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
     zero(dq);
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * T;
-        if (j + 1 < ntiles) {
-            float *nb = x3_smem + ((j + 1) & 1) * 2 * L::tile(T);
-            load_tile<HS, T>(nb, base + c, c3, k0 + T, t, hs, vec);
-            load_tile<HS, T>(nb + L::tile(T), base + 2 * (size_t)c, c3, k0 + T, t, hs, vec);
-        }
-        cp_commit_x3();
-        cp_wait_x3_1();
-        __syncthreads();
-        const float *kt = x3_smem + (j & 1) * 2 * L::tile(T), *vt = kt + L::tile(T);
+        const float *kt = kv_next<HS>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
+        const float *vt = kt + L::tile(T);
         if (k0 <= wlast) {
             float s[T / 8][4], dp[T / 8][4];
             two_products<HS, T>(s, dp, qt, dt, kt, vt, w0, g, tig);
