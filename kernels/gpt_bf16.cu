@@ -51,6 +51,23 @@ struct ToBf16 {
     }
 };
 
+/* GELU of a bf16 pre-activation, as the fp32 op computes it (act_f), rounded to bf16. */
+struct Gelu16 {
+    const mgpu_bf16_t *pre;
+    mgpu_bf16_t *out;
+    __device__ void vec(size_t i) const
+    {
+        float4 v = ld_bf4(pre, i);
+        v.x = act_f<MGPU_ACT_GELU>(v.x), v.y = act_f<MGPU_ACT_GELU>(v.y);
+        v.z = act_f<MGPU_ACT_GELU>(v.z), v.w = act_f<MGPU_ACT_GELU>(v.w);
+        st_bf4(out, i, v);
+    }
+    __device__ void one(size_t i) const
+    {
+        out[i] = (mgpu_bf16_t)bf_bits(act_f<MGPU_ACT_GELU>(bf_f(pre[i])));
+    }
+};
+
 /* --- LayerNorm ----------------------------------------------------------------------------- */
 
 /* gpt_cuda.cu's ln_bwd_kernel on a bf16 dy: dx += rstd * (dnorm - mean(dnorm) - norm *
@@ -552,6 +569,14 @@ int gpt16_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err
         return 0;
     return launch_ew((cuda_impl *)impl, ToBf16{x, y}, n, aligned16(x) && is_aligned8(y),
                      "gpt16_to_bf16", err);
+}
+
+int gpt16_gelu(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err)
+{
+    if (n == 0)
+        return 0;
+    return launch_ew((cuda_impl *)impl, Gelu16{pre, out}, n, is_aligned8(pre) && is_aligned8(out),
+                     "gpt16_gelu", err);
 }
 
 int gpt16_to_bf16_2d(void *impl, int rows, int cols, const float *x, size_t ldx, mgpu_bf16_t *y,

@@ -135,6 +135,7 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
                              mgpu_err_t *err);
 int gpt16_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
                float scale, int grad, float *loss, mgpu_err_t *err);
+int gpt16_gelu(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err);
 
 /* gpt_linear.cu */
 int gpt16_linear(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,

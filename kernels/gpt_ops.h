@@ -128,6 +128,9 @@ typedef struct mgpu_gpt_bf16_ops {
      * bf16(scale * (p - onehot(target))). */
     int (*xent)(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
                 float scale, int grad, float *loss, mgpu_err_t *err);
+    /* out[i] = bf16(gelu(pre[i])) for n elements (tanh approximation): linear's out made again
+     * from the pre it kept, for a backward that keeps pre alone. */
+    int (*gelu)(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err);
 } mgpu_gpt_bf16_ops_t;
 
 typedef struct mgpu_gpt_ops {

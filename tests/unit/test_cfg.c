@@ -198,6 +198,10 @@ static void test_cross_key_errors(void)
                  "t.cfg:1: metrics_file = '/nonexistent/dir/m.jsonl': directory '/nonexistent/dir'",
                  NULL);
     expect_error("dp_devices = 2\n", "dp_devices needs mode = dp", NULL);
+    expect_error("recompute = 1\n", "t.cfg:1: recompute needs model = gpt (model is linear)",
+                 NULL);
+    expect_error("model = gpt\nrecompute = 3\n",
+                 "t.cfg:2: recompute = '3': expected an integer in [0, 2]", NULL);
 }
 
 static void test_files_and_paths(void)

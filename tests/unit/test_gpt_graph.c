@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h> /* cudaMemcpyAsync: the stand-in all-reduce */
 #endif
 
+#include <math.h>   /* fabs */
 #include <stdint.h> /* int32_t */
 #include <stdlib.h> /* setenv, malloc, free */
 #include <string.h> /* memcmp */
@@ -266,6 +267,66 @@ static void test_average_in_step_bf16(void)
     average_in_step(MGPU_PREC_BF16);
 }
 
+/* spec.recompute 1 and 2 (activations made again in the backward, on layers that share their
+ * buffers), replayed from the STEP graph: in fp32 the same bits as recompute 0; on the bf16
+ * path 2 gives 1's bits (the LayerNorms made again with forward's kernel), and 1 the same
+ * first loss as 0 (the forward is the same) and losses within bf16's rounding after it (its
+ * GELU output is made from the pre-activation kept in bf16, not from the product's fp32 sum
+ * as the forward's epilogue makes it). */
+static void recompute_in_step(mgpu_precision_t prec)
+{
+    need_gpu();
+    mgpu_kernels_t *k = NULL;
+    mgpu_err_t err = {0};
+    int32_t *tok, *tgt;
+    batches(&spec, &tok, &tgt);
+    setenv("MGPU_LT_TUNE", "0", 1);
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
+    if (k == NULL || mgpu_kernels_set_precision(k, prec, &err) < 0) {
+        printf("  %s\n", err.msg);
+        check_failed++;
+        goto out;
+    }
+    run_t r[3];
+    memset(r, 0, sizeof r);
+    for (int re = 0; re <= 2; re++) {
+        mgpu_gpt_spec_t sp = spec;
+        sp.recompute = re;
+        train(k, &sp, PLAIN, tok, tgt, &r[re]);
+        CHECK(r[re].ok);
+    }
+    if (r[0].ok && r[1].ok && r[2].ok) {
+        printf("  %s: last losses %.7f (recompute 0), %.7f (1), %.7f (2)\n",
+               prec == MGPU_PREC_BF16 ? "bf16" : "fp32", r[0].loss[STEPS - 1], r[1].loss[STEPS - 1],
+               r[2].loss[STEPS - 1]);
+        CHECK(same_run("recompute 2 against 1", &r[2], &r[1]));
+        if (prec != MGPU_PREC_BF16) {
+            CHECK(same_run("recompute 1 against 0", &r[1], &r[0]));
+        } else {
+            CHECK(memcmp(&r[1].loss[0], &r[0].loss[0], sizeof(float)) == 0);
+            for (int i = 1; i < STEPS; i++)
+                CHECK(fabs(r[1].loss[i] - r[0].loss[i]) <= 1e-3 * fabs(r[0].loss[i]));
+        }
+    }
+    for (int re = 0; re <= 2; re++)
+        free(r[re].params);
+out:
+    unsetenv("MGPU_LT_TUNE");
+    mgpu_kernels_destroy(k);
+    free(tok);
+    free(tgt);
+}
+
+static void test_recompute_in_step_fp32(void)
+{
+    recompute_in_step(MGPU_PREC_FP32);
+}
+
+static void test_recompute_in_step_bf16(void)
+{
+    recompute_in_step(MGPU_PREC_BF16);
+}
+
 /* The bf16 step's products captured each with a workspace slice of its own, the memsets
  * cuBLASLt queued on those slices replaced by one at the graph's start (kernels/schedule.cu):
  * the same bits as with the one shared workspace (MGPU_GRAPH_SLICES=0), which replaces none.
@@ -325,6 +386,8 @@ int main(void)
 {
     RUN(test_average_in_step_fp32);
     RUN(test_average_in_step_bf16);
+    RUN(test_recompute_in_step_fp32);
+    RUN(test_recompute_in_step_bf16);
     RUN(test_workspace_slices_bf16);
     return check_done();
 }

@@ -317,6 +317,11 @@ static int f_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const in
     return 0;
 }
 
+static int f_gelu(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err)
+{
+    return f_none();
+}
+
 static const mgpu_gpt_bf16_ops_t writes16 = {
     .to_bf16 = f_to_bf16,
     .to_bf16_2d = f_to_bf16_2d,
@@ -329,6 +334,7 @@ static const mgpu_gpt_bf16_ops_t writes16 = {
     .attention_forward = f_attn_fwd,
     .attention_backward = f_attn_back,
     .xent = f_xent,
+    .gelu = f_gelu,
 };
 
 /* The hook of a DDP step on a synchronous backend: launches every bucket whose layer this is,
@@ -391,6 +397,60 @@ static size_t run_plan(mgpu_gpt_t *m, int b, const mgpu_gpt_bucket_t *plan, int 
  * model: the buckets tile the parameters top down, close at the hooks' boundaries once full,
  * and each one's launch from the backward's hook sees its final gradients (those of a run
  * without the hook). A plan launched one layer early is caught. */
+/* recompute 1 and 2 give recompute 0's loss and gradients bit for bit (the fp32 path makes
+ * the GELU and LayerNorm outputs again with forward's kernels), over two steps with an update
+ * between them, from layers that share one buffer of each: a layer's backward reading
+ * another layer's activations would change them. */
+static void test_recompute_gives_the_same_gradients(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    mgpu_gpt_spec_t s = {.n_layer = 3, .n_head = 2, .n_embd = 32, .context = 16, .vocab = 64};
+    const int b = 2, t = 16;
+    const mgpu_adamw_hparams_t hp = {
+        .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    int32_t tok[32], tgt[32];
+    float loss[3][2], *grads[3] = {NULL};
+    batch(b, t, s.vocab, tok, tgt);
+    for (int re = 0; re <= 2; re++) {
+        mgpu_gpt_t *m = NULL;
+        s.recompute = re;
+        CHECK_INT(mgpu_gpt_create(k, &s, b, &m, &err), 0);
+        if (m == NULL) {
+            printf("  %s\n", err.msg);
+            continue;
+        }
+        const mgpu_gpt_acts_t *a = m->acts;
+        CHECK((a[0].fch_gelu == a[2].fch_gelu) == (re >= 1));
+        CHECK((a[0].ln1 == a[1].ln1 && a[0].ln2 == a[2].ln2) == (re >= 2));
+        CHECK(a[0].fch != a[1].fch && a[0].x != a[1].x);
+        CHECK_INT(mgpu_gpt_init(m, 7, &err), 0);
+        CHECK_INT(mgpu_gpt_load(m, tok, tgt, b, t, &err), 0);
+        loss[re][0] = loss_of(m, b, 1);
+        CHECK_INT(mgpu_gpt_step(m, &hp, 1, 1.0f, NULL, &err), 0);
+        loss[re][1] = loss_of(m, b, 1);
+        grads[re] = malloc(sizeof(float) * m->n_params);
+        memcpy(grads[re], m->grads, sizeof(float) * m->n_params);
+        if (re > 0 && grads[0] != NULL) {
+            size_t diff = 0;
+            for (size_t i = 0; i < m->n_params; i++)
+                diff += memcmp(&grads[re][i], &grads[0][i], sizeof(float)) != 0;
+            if (diff > 0)
+                printf("  recompute %d: %zu gradients differ from recompute 0's\n", re, diff);
+            CHECK_INT(diff, 0);
+            CHECK(memcmp(loss[re], loss[0], sizeof loss[0]) == 0);
+        }
+        mgpu_gpt_destroy(m);
+    }
+    for (int re = 0; re <= 2; re++)
+        free(grads[re]);
+    s.recompute = 3;
+    mgpu_gpt_t *m = NULL;
+    CHECK(mgpu_gpt_create(k, &s, b, &m, &err) < 0);
+    CHECK_CONTAINS(err.msg, "recompute 3, expected 0");
+    mgpu_kernels_destroy(k);
+}
+
 static void test_buckets_follow_backward(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -399,8 +459,11 @@ static void test_buckets_follow_backward(void)
     const int b = 2, t = 16;
     int32_t tok[32], tgt[32];
     batch(b, t, s.vocab, tok, tgt);
-    for (int path = 0; path < 2; path++) {
+    /* Each path, keeping every activation and recomputing all it can. */
+    for (int run = 0; run < 4; run++) {
+        const int path = run % 2;
         mgpu_gpt_t *m = NULL;
+        s.recompute = run < 2 ? 0 : 2;
         CHECK_INT(mgpu_gpt_create_with(k, &s, b, path ? &writes16 : NULL, &m, &err), 0);
         if (m == NULL) {
             printf("  %s\n", err.msg);
@@ -677,6 +740,7 @@ int main(int argc, char **argv)
     RUN(test_gradients_match_finite_differences);
     RUN(test_accumulation_equals_larger_batch);
     RUN(test_bad_spec_and_batch_refused);
+    RUN(test_recompute_gives_the_same_gradients);
     RUN(test_buckets_follow_backward);
     RUN(test_update_without_backward_sees_zeros);
     RUN(test_bucket_size_refused);

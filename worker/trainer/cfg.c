@@ -15,10 +15,10 @@
 #include <sys/stat.h> /* stat, S_ISDIR */
 #include <unistd.h>   /* access, read, close */
 
-#include "data.h"   /* mgpu_data_open_regular, mgpu_data_check_npy */
-#include "bpe.h"    /* mgpu_bpe_load: the tokenizer's vocabulary */
-#include "shards.h" /* mgpu_shards_open: the token files' headers */
-#include "tokens.h" /* mgpu_tokens_prompt */
+#include "data.h"    /* mgpu_data_open_regular, mgpu_data_check_npy */
+#include "bpe.h"     /* mgpu_bpe_load: the tokenizer's vocabulary */
+#include "shards.h"  /* mgpu_shards_open: the token files' headers */
+#include "tokens.h"  /* mgpu_tokens_prompt */
 #include "weights.h" /* mgpu_weights_check */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
@@ -676,7 +676,7 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
             "n_layer",         "n_head",       "n_embd",    "context",    "vocab",
             "lr_min",          "warmup_steps", "grad_clip", "grad_accum", "generate",
             "prompt",          "temperature",  "top_k",     "data_text",  "data_tokens",
-            "data_val_tokens", "tokenizer", "init_from", "export"};
+            "data_val_tokens", "tokenizer",    "init_from", "export",     "recompute"};
         for (size_t i = 0; i < sizeof gpt_keys / sizeof gpt_keys[0]; i++) {
             char names[64];
             snprintf(names, sizeof names, "%s model", gpt_keys[i]);

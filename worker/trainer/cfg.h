@@ -106,7 +106,8 @@ typedef struct mgpu_cfg {
     int cuda_graph;          /* capture the step in a CUDA graph when it is eligible */
     long long timing_warmup; /* steps before the step timer starts (0: no timing) */
     /* data parallel */
-    int zero; /* 1: ZeRO-1, each rank keeps the optimizer state of its slice (zero.h) */
+    int zero;      /* 1: ZeRO-1, each rank keeps the optimizer state of its slice (zero.h) */
+    int recompute; /* gpt: what backward makes again instead of keeping (mgpu_gpt_spec_t) */
     /* text data at scale */
     char data_val_tokens[MGPU_CFG_PATH_MAX]; /* gpt: held-out files (empty: eval_fraction) */
     char tokenizer[MGPU_CFG_PATH_MAX];       /* gpt: a tokenizer.json for prompt and generate */

@@ -157,6 +157,10 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"zero", MGPU_CFG_T_INT, F(zero), NULL, 0, 1,
      "1: ZeRO-1, each rank keeps the optimizer state of its 1 / world slice of the parameters "
      "(gradients reduce-scattered, parameters all-gathered); 0: every rank keeps all of it"},
+    {"recompute", MGPU_CFG_T_INT, F(recompute), NULL, 0, 2,
+     "gpt: activations backward makes again instead of keeping them from forward, for memory: "
+     "0 none; 1 the MLP's GELU output (8 bytes a token, channel and layer in bf16, 16 in "
+     "fp32); 2 also both LayerNorms' outputs (4 bytes more in bf16, 8 in fp32)"},
     {"data_val_tokens", MGPU_CFG_T_PATHS, F(data_val_tokens), NULL, 0, 0,
      "tokens: the held-out files, as data_tokens (fineweb_val_*.bin); instead of eval_fraction"},
     {"tokenizer", MGPU_CFG_T_PATH, F(tokenizer), NULL, 0, 0,

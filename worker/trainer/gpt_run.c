@@ -517,7 +517,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                             .n_embd = cfg->n_embd,
                             .context = T,
                             .vocab = cfg->vocab,
-                            .sharded_optimizer = cfg->zero};
+                            .sharded_optimizer = cfg->zero,
+                            .recompute = cfg->recompute};
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
         (rc = open_data(&s, err)) < 0)
         goto out;
@@ -740,6 +741,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddNumberToObject(o, "seconds", res->seconds);
         cJSON_AddNumberToObject(o, "world_size", W);
         cJSON_AddNumberToObject(o, "zero", cfg->zero);
+        cJSON_AddNumberToObject(o, "recompute", cfg->recompute);
         cJSON_AddNumberToObject(o, "optimizer_state_floats",
                                 (double)(s.zero != NULL ? s.zero->n_moments : 2 * s.m->n_params));
         if (res->timed_steps > 0) {

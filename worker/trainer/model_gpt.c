@@ -51,16 +51,27 @@ static int fc_inside(mgpu_err_t *err)
 
 /* A block's ln2_16: rows of C, or with fc_kp rows of fc_kp whose column C is 1 and the rest
  * past it 0 (the LayerNorm writes the first C). */
-static int alloc_ln2_16(mgpu_gpt_t *m, size_t n, mgpu_gpt_acts_t *a, mgpu_err_t *err)
+static int alloc_ln2_16(mgpu_gpt_t *m, size_t n, mgpu_bf16_t **out, mgpu_err_t *err)
 {
     const int C = m->spec.n_embd, kp = m->fc_kp;
     int rc;
     if (kp == 0)
-        return alloc_h(m, n * C, &a->ln2_16, err);
-    if ((rc = alloc_h(m, n * kp, &a->ln2_16, err)) < 0 ||
-        (rc = mgpu_k_zero(m->k, a->ln2_16, sizeof(mgpu_bf16_t) * n * kp, err)) < 0)
+        return alloc_h(m, n * C, out, err);
+    if ((rc = alloc_h(m, n * kp, out, err)) < 0 ||
+        (rc = mgpu_k_zero(m->k, *out, sizeof(mgpu_bf16_t) * n * kp, err)) < 0)
         return rc;
-    return m->b16->to_bf16_2d(m->k->impl, (int)n, 1, m->one, 0, a->ln2_16 + C, (size_t)kp, err);
+    return m->b16->to_bf16_2d(m->k->impl, (int)n, 1, m->one, 0, *out + C, (size_t)kp, err);
+}
+
+/* Whether p is one of the buffers the layers share under spec.recompute. */
+static int shared(const mgpu_gpt_t *m, const void *p)
+{
+    const void *re[] = {m->re_ln1,  m->re_ln2,    m->re_gelu,   m->re_mean,
+                        m->re_rstd, m->re_ln1_16, m->re_ln2_16, m->re_gelu16};
+    for (size_t i = 0; i < sizeof re / sizeof re[0]; i++)
+        if (p == re[i])
+            return 1;
+    return 0;
 }
 
 /* The rows of ln2_16 and of the c_fc weights the bf16 product reads: fc_kp, or C. */
@@ -132,13 +143,21 @@ void mgpu_gpt_destroy(mgpu_gpt_t *m)
         float *ab[] = {a->x,    a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,    a->lse,
                        a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu};
         for (size_t i = 0; i < sizeof ab / sizeof ab[0]; i++)
-            if (ab[i] != NULL)
+            if (ab[i] != NULL && !shared(m, ab[i]))
                 mgpu_k_free(m->k, ab[i]);
         mgpu_bf16_t *ah[] = {a->ln1_16, a->qkv16, a->atty16, a->ln2_16, a->fch16, a->gelu16};
         for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
-            if (ah[i] != NULL)
+            if (ah[i] != NULL && !shared(m, ah[i]))
                 mgpu_k_free(m->k, ah[i]);
     }
+    float *rf[] = {m->re_ln1, m->re_ln2, m->re_gelu, m->re_mean, m->re_rstd};
+    for (size_t i = 0; i < sizeof rf / sizeof rf[0]; i++)
+        if (rf[i] != NULL)
+            mgpu_k_free(m->k, rf[i]);
+    mgpu_bf16_t *rh[] = {m->re_ln1_16, m->re_ln2_16, m->re_gelu16};
+    for (size_t i = 0; i < sizeof rh / sizeof rh[0]; i++)
+        if (rh[i] != NULL)
+            mgpu_k_free(m->k, rh[i]);
     free(m->acts);
     free(m->blocks);
     free(m->tensors);
@@ -152,6 +171,28 @@ static size_t place(mgpu_gpt_t *m, size_t n, int ndim)
     m->tensors[m->n_tensors++] = (mgpu_gpt_tensor_t){.off = off, .n = n, .ndim = ndim};
     m->n_params += n;
     return off;
+}
+
+/* spec.recompute's buffers, one for every layer (mgpu_gpt_create sets them into the acts),
+ * for batches of n rows: the GELU output with 1, the LayerNorms' outputs and statistics too
+ * with 2; bf16 on the bf16 path. */
+static int alloc_shared(mgpu_gpt_t *m, size_t n, mgpu_err_t *err)
+{
+    const size_t NC = n * m->spec.n_embd;
+    const int re = m->spec.recompute;
+    int rc = 0;
+    if (re >= 1)
+        rc = m->b16 != NULL ? alloc_h(m, 4 * NC, &m->re_gelu16, err)
+                            : alloc_f(m, 4 * NC, &m->re_gelu, err);
+    if (rc < 0 || re < 2)
+        return rc;
+    if ((rc = alloc_f(m, n, &m->re_mean, err)) < 0 || (rc = alloc_f(m, n, &m->re_rstd, err)) < 0)
+        return rc;
+    if (m->b16 != NULL)
+        return (rc = alloc_h(m, NC, &m->re_ln1_16, err)) < 0
+                   ? rc
+                   : alloc_ln2_16(m, n, &m->re_ln2_16, err);
+    return (rc = alloc_f(m, NC, &m->re_ln1, err)) < 0 ? rc : alloc_f(m, NC, &m->re_ln2, err);
 }
 
 int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
@@ -179,6 +220,11 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
     if (s->n_embd % s->n_head != 0)
         return mgpu_err_set(err, -EINVAL, "gpt: n_embd %d is not a multiple of n_head %d",
                             s->n_embd, s->n_head);
+    if (s->recompute < 0 || s->recompute > 2)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpt: recompute %d, expected 0 (nothing), 1 (GELU) or 2 (GELU and "
+                            "LayerNorms)",
+                            s->recompute);
     if (b16 != NULL && (s->n_embd % 8 != 0 || s->vocab % 8 != 0))
         return mgpu_err_set(err, -EINVAL,
                             "gpt: n_embd %d and vocab %d on the bf16 path, expected multiples of 8",
@@ -261,26 +307,31 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
             (rc = alloc_f(m, 3 * NC, &m->dqkv, err)) < 0)
             goto fail;
     }
+    const int re = s->recompute, w16 = m->b16 != NULL;
+    if ((rc = alloc_shared(m, N, err)) < 0)
+        goto fail;
     for (int l = 0; l < s->n_layer; l++) {
         mgpu_gpt_acts_t *a = &m->acts[l];
+        a->ln1 = m->re_ln1, a->ln2 = m->re_ln2, a->fch_gelu = m->re_gelu;
+        a->ln1_16 = m->re_ln1_16, a->ln2_16 = m->re_ln2_16, a->gelu16 = m->re_gelu16;
         if ((rc = alloc_f(m, NC, &a->x, err)) < 0 || (rc = alloc_f(m, N, &a->ln1_mean, err)) < 0 ||
             (rc = alloc_f(m, N, &a->ln1_rstd, err)) < 0 ||
             (rc = alloc_f(m, NH, &a->lse, err)) < 0 || (rc = alloc_f(m, NC, &a->res2, err)) < 0 ||
             (rc = alloc_f(m, N, &a->ln2_mean, err)) < 0 ||
             (rc = alloc_f(m, N, &a->ln2_rstd, err)) < 0)
             goto fail;
-        if (m->b16 != NULL ? (rc = alloc_h(m, NC, &a->ln1_16, err)) < 0 ||
-                                 (rc = alloc_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
-                                 (rc = alloc_h(m, NC, &a->atty16, err)) < 0 ||
-                                 (rc = alloc_ln2_16(m, N, a, err)) < 0 ||
-                                 (rc = alloc_h(m, 4 * NC, &a->fch16, err)) < 0 ||
-                                 (rc = alloc_h(m, 4 * NC, &a->gelu16, err)) < 0
-                           : (rc = alloc_f(m, NC, &a->ln1, err)) < 0 ||
-                                 (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
-                                 (rc = alloc_f(m, NC, &a->atty, err)) < 0 ||
-                                 (rc = alloc_f(m, NC, &a->ln2, err)) < 0 ||
-                                 (rc = alloc_f(m, 4 * NC, &a->fch, err)) < 0 ||
-                                 (rc = alloc_f(m, 4 * NC, &a->fch_gelu, err)) < 0)
+        if (w16 ? (re < 2 && (rc = alloc_h(m, NC, &a->ln1_16, err)) < 0) ||
+                      (rc = alloc_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
+                      (rc = alloc_h(m, NC, &a->atty16, err)) < 0 ||
+                      (re < 2 && (rc = alloc_ln2_16(m, N, &a->ln2_16, err)) < 0) ||
+                      (rc = alloc_h(m, 4 * NC, &a->fch16, err)) < 0 ||
+                      (re < 1 && (rc = alloc_h(m, 4 * NC, &a->gelu16, err)) < 0)
+                : (re < 2 && (rc = alloc_f(m, NC, &a->ln1, err)) < 0) ||
+                      (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
+                      (rc = alloc_f(m, NC, &a->atty, err)) < 0 ||
+                      (re < 2 && (rc = alloc_f(m, NC, &a->ln2, err)) < 0) ||
+                      (rc = alloc_f(m, 4 * NC, &a->fch, err)) < 0 ||
+                      (re < 1 && (rc = alloc_f(m, 4 * NC, &a->fch_gelu, err)) < 0))
             goto fail;
     }
     void *p = NULL;
@@ -512,10 +563,15 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
         const size_t kp = (size_t)fc_k(m);
         if ((rc = o->linear_back_data(ki, N, 4 * C, C, m->dres16, mgpu_gpt_w16(m, w->fcp_w),
                                       4 * (size_t)C, a->fch16, m->d4_16, err)) < 0 ||
+            (m->spec.recompute >= 1 &&
+             (rc = o->gelu(ki, 4 * (size_t)N * C, a->fch16, a->gelu16, err)) < 0) ||
             (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C,
                                         G + w->fcp_w, NULL, f, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, fc_w16(m, l), kp, NULL, m->dln16,
                                       err)) < 0 ||
+            (m->spec.recompute >= 2 &&
+             (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
+                                        kp, m->re_mean, m->re_rstd, err)) < 0) ||
             (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, kp, G + w->fc_w,
                                         G + w->fc_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, a->ln2_mean,
@@ -531,6 +587,9 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
                                         m->dqkv16, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, mgpu_gpt_w16(m, w->qkv_w),
                                       (size_t)C, NULL, m->dln16, err)) < 0 ||
+            (m->spec.recompute >= 2 &&
+             (rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
+                                        (size_t)C, m->re_mean, m->re_rstd, err)) < 0) ||
             (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C,
                                         G + w->qkv_w, G + w->qkv_b, f, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
@@ -593,6 +652,16 @@ int mgpu_gpt_forward(mgpu_gpt_t *m, mgpu_err_t *err)
     return forward32(m, err);
 }
 
+/* spec.recompute: a LayerNorm's output y made again from its input x, weight w and bias b
+ * (offsets), as forward32 made it. */
+static int relayernorm(mgpu_gpt_t *m, const float *x, size_t w, size_t b, float *y, mgpu_err_t *err)
+{
+    const int N = m->b * m->t, C = m->spec.n_embd;
+    int rc = mgpu_kg_layernorm_forward(m->k, N, C, x, m->params + w, m->params + b, y, m->re_mean,
+                                       m->re_rstd, err);
+    return rc < 0 ? rc : fresh(m, y, (size_t)N * C, err);
+}
+
 static int backward(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_err_t *err)
 {
     const int B = m->b, T = m->t, C = m->spec.n_embd, NH = m->spec.n_head, N = B * T;
@@ -612,10 +681,15 @@ static int backward(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_e
         mgpu_gpt_acts_t *a = &m->acts[l];
         /* x_{l+1} = res2 + mlp(res2): the MLP's output gradient is dres. */
         if ((rc = fresh(m, m->dres, NC, err)) < 0 ||
+            (m->spec.recompute >= 1 &&
+             ((rc = mgpu_kg_gelu_forward(m->k, 4 * NC, a->fch, a->fch_gelu, err)) < 0 ||
+              (rc = fresh(m, a->fch_gelu, 4 * NC, err)) < 0)) ||
             (rc = linear_back(m, N, 4 * C, C, m->dres, a->fch_gelu, w->fcp_w, w->fcp_b, m->d4,
                               err)) < 0 ||
             (rc = mgpu_kg_gelu_backward(m->k, (size_t)N * 4 * C, a->fch, m->d4, m->d4, err)) < 0 ||
             (rc = fresh(m, m->d4, 4 * NC, err)) < 0 ||
+            (m->spec.recompute >= 2 &&
+             (rc = relayernorm(m, a->res2, w->ln2_w, w->ln2_b, a->ln2, err)) < 0) ||
             (rc = linear_back(m, N, C, 4 * C, m->d4, a->ln2, w->fc_w, w->fc_b, m->dln, err)) < 0 ||
             (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->res2, P + w->ln2_w, a->ln2_mean,
                                              a->ln2_rstd, m->dres, G + w->ln2_w, G + w->ln2_b,
@@ -628,6 +702,8 @@ static int backward(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_e
             (rc = mgpu_kg_attention_backward(m->k, B, T, C, NH, m->dln, a->qkv, a->atty, a->lse,
                                              m->dqkv, err)) < 0 ||
             (rc = fresh(m, m->dqkv, 3 * NC, err)) < 0 ||
+            (m->spec.recompute >= 2 &&
+             (rc = relayernorm(m, a->x, w->ln1_w, w->ln1_b, a->ln1, err)) < 0) ||
             (rc = linear_back(m, N, C, 3 * C, m->dqkv, a->ln1, w->qkv_w, w->qkv_b, m->dln, err)) <
                 0 ||
             (rc = mgpu_kg_layernorm_backward(m->k, N, C, m->dln, a->x, P + w->ln1_w, a->ln1_mean,

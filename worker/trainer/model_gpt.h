@@ -31,6 +31,12 @@ typedef struct mgpu_gpt_spec {
     /* 1: AdamW's moments live elsewhere (zero = 1: each rank keeps its slice's, zero.h), so
      * the model allocates none (moments NULL) and mgpu_gpt_step / _update refuse to run. */
     int sharded_optimizer;
+    /* What backward makes again instead of each layer keeping it from forward (activation
+     * recomputation, for memory): 0 nothing; 1 the MLP's GELU output; 2 that and both
+     * LayerNorms' outputs. The layers then share one buffer of each (mgpu_gpt_t's re_*). The
+     * gradients are those of 0, bit for bit, but for the bf16 path's GELU, which is made
+     * again from the pre-activation kept in bf16 (gelu of mgpu_gpt_bf16_ops_t). */
+    int recompute;
 } mgpu_gpt_spec_t;
 
 /* Offsets (in floats) of one block's tensors in params / grads. */
@@ -93,6 +99,10 @@ typedef struct mgpu_gpt {
     int fc_kp;
     mgpu_bf16_t *fc16;
     float *one; /* a 1.0f in backend memory, for those columns of 1 */
+    /* spec.recompute: the one buffer every layer's acts point to for what backward makes again
+     * (NULL where each layer keeps its own), and the statistics its LayerNorms write then. */
+    float *re_ln1, *re_ln2, *re_gelu, *re_mean, *re_rstd;
+    mgpu_bf16_t *re_ln1_16, *re_ln2_16, *re_gelu16;
     /* The bf16 path after mgpu_gpt_zero_grads, until a backward has run: grads holds none of
      * the step's sums, and each gradient's first write overwrites it (the ops' fresh). */
     int grads_fresh;
