@@ -215,21 +215,31 @@ static void batches(const mgpu_gpt_spec_t *sp, int32_t **tok, int32_t **tgt)
     }
 }
 
+/* A CUDA backend in prec with MGPU_LT_TUNE=0 set (the caller unsets it): the heuristic's first
+ * algorithm everywhere, so that no timing decides a product's bits. NULL, and a failed check,
+ * when it cannot be made. */
+static mgpu_kernels_t *cuda_backend(mgpu_precision_t prec)
+{
+    mgpu_kernels_t *k = NULL;
+    mgpu_err_t err = {0};
+    setenv("MGPU_LT_TUNE", "0", 1);
+    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
+    if (k != NULL && mgpu_kernels_set_precision(k, prec, &err) == 0)
+        return k;
+    printf("  %s\n", err.msg);
+    check_failed++;
+    mgpu_kernels_destroy(k);
+    return NULL;
+}
+
 static void average_in_step(mgpu_precision_t prec)
 {
     need_gpu();
-    mgpu_kernels_t *k = NULL;
-    mgpu_err_t err = {0};
     int32_t *tok, *tgt;
     batches(&spec, &tok, &tgt);
-    /* The heuristic's first algorithm everywhere: no timing decides a product's bits. */
-    setenv("MGPU_LT_TUNE", "0", 1);
-    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
-    if (k == NULL || mgpu_kernels_set_precision(k, prec, &err) < 0) {
-        printf("  %s\n", err.msg);
-        check_failed++;
+    mgpu_kernels_t *k = cuda_backend(prec);
+    if (k == NULL)
         goto out;
-    }
     run_t plain, again, r;
     train(k, &spec, PLAIN, tok, tgt, &plain);
     for (int mode = SNAPSHOT; mode <= IN_PLACE && plain.ok; mode++) {
@@ -276,17 +286,11 @@ static void test_average_in_step_bf16(void)
 static void recompute_in_step(mgpu_precision_t prec)
 {
     need_gpu();
-    mgpu_kernels_t *k = NULL;
-    mgpu_err_t err = {0};
     int32_t *tok, *tgt;
     batches(&spec, &tok, &tgt);
-    setenv("MGPU_LT_TUNE", "0", 1);
-    CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CUDA, 0, &k, &err), 0);
-    if (k == NULL || mgpu_kernels_set_precision(k, prec, &err) < 0) {
-        printf("  %s\n", err.msg);
-        check_failed++;
+    mgpu_kernels_t *k = cuda_backend(prec);
+    if (k == NULL)
         goto out;
-    }
     run_t r[3];
     memset(r, 0, sizeof r);
     for (int re = 0; re <= 2; re++) {
