@@ -37,19 +37,22 @@ constexpr int kX3Warps = 4;
 constexpr int kX3Threads = 32 * kX3Warps;
 constexpr int kX3Rows = 16 * kX3Warps; /* rows a block owns */
 
-/* LD: a tile's row stride in floats. T: the tile of the other side (keys; queries in the key
- * pass), in two buffers (the next arrives by cp.async while the warps work on this one). QREG:
+/* LD: a tile's row stride in floats. TF, TB: the tile of the other side in the forward and in
+ * the backward (keys; queries in the key pass), in two buffers (the next arrives by cp.async
+ * while the warps work on this one). At heads of 128 the backward's tiles are half the
+ * forward's, so that two of its blocks fit an SM's shared memory and registers. QREG:
  * the forward keeps q's split fragments in registers (HS / 2 words a lane) instead of a tile. */
 template <int HS> struct X3 {
     static constexpr int LD = HS + 4;
-    static constexpr int T = HS <= 64 ? 64 : 32;
+    static constexpr int TF = HS <= 64 ? 64 : 32;
+    static constexpr int TB = HS <= 64 ? 64 : 16;
     static constexpr bool QREG = HS <= 64;
     __host__ __device__ static constexpr int tile(int rows) { return rows * LD; } /* floats */
 };
 
 /* Blocks an SM is asked to hold (ptxas's register budget): what shared memory allows. */
 template <int HS> constexpr int kX3FwdBlocks = HS <= 64 ? 3 : 2;
-template <int HS> constexpr int kX3BwdBlocks = HS <= 64 ? 2 : 1;
+template <int HS> constexpr int kX3BwdBlocks = 2;
 
 /* x = big + small: big is x rounded to TF32's 10 bits of mantissa (to nearest, ties away from
  * zero: add half of the dropped part, then clear it), small the rest, exact in fp32, of which
@@ -219,11 +222,10 @@ template <int N> __device__ __forceinline__ void zero(float (&a)[N][4])
 
 /* k's and v's rows r0 .. r0 + T - 1 of a (batch row, head)'s qkv rows (base: its q columns)
  * into buffer b: k, then v. */
-template <int HS>
+template <int HS, int T>
 __device__ __forceinline__ void load_kv(float *b, const float *base, int c, size_t c3, int r0,
                                         int t, int hs, bool vec)
 {
-    constexpr int T = X3<HS>::T;
     load_tile<HS, T>(b, base + c, c3, r0, t, hs, vec);
     load_tile<HS, T>(b + X3<HS>::tile(T), base + 2 * (size_t)c, c3, r0, t, hs, vec);
 }
@@ -231,14 +233,13 @@ __device__ __forceinline__ void load_kv(float *b, const float *base, int c, size
 /* The forward's and the query pass's walk over k and v, two buffers at smem: starts tile j + 1
  * into the other buffer, waits for tile j (the previous call's) and the block; returns tile
  * j's buffer (k, then v). */
-template <int HS>
+template <int HS, int T>
 __device__ __forceinline__ const float *kv_next(float *smem, const float *base, int c, size_t c3,
                                                 int j, int ntiles, int t, int hs, bool vec)
 {
-    constexpr int T = X3<HS>::T;
     if (j + 1 < ntiles)
-        load_kv<HS>(smem + ((j + 1) & 1) * 2 * X3<HS>::tile(T), base, c, c3, (j + 1) * T, t, hs,
-                    vec);
+        load_kv<HS, T>(smem + ((j + 1) & 1) * 2 * X3<HS>::tile(T), base, c, c3, (j + 1) * T, t,
+                       hs, vec);
     cp_commit_x3();
     cp_wait_x3_1(); /* tile j is in */
     __syncthreads();
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
                       bool vec)
 {
     using L = X3<HS>;
-    constexpr int T = L::T;
+    constexpr int T = L::TF;
     extern __shared__ __align__(16) float x3_smem[];
     float *qt = x3_smem + 4 * L::tile(T); /* k and v of buffer i at 2 i tiles; q's (!QREG) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
     const float sl2 = scale * kLog2e;
     const int ntiles = (min(t, q0 + kX3Rows) + T - 1) / T;
 
-    load_kv<HS>(x3_smem, base, c, c3, 0, t, hs, vec);
+    load_kv<HS, T>(x3_smem, base, c, c3, 0, t, hs, vec);
     cp_commit_x3();
     FragA qf[L::QREG ? HS / 8 : 1];
     if constexpr (L::QREG) {
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3FwdBlocks<HS>)
 
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * T;
-        const float *kt = kv_next<HS>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
+        const float *kt = kv_next<HS, T>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
         const float *vt = kt + L::tile(T);
         if (k0 <= wlast) { /* else every key of the tile comes after the warp's queries */
             float s[T / 8][4];
@@ -406,7 +407,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
                         bool vec)
 {
     using L = X3<HS>;
-    constexpr int T = L::T;
+    constexpr int T = L::TB;
     extern __shared__ __align__(16) float x3_smem[];
     float *qt = x3_smem + 4 * L::tile(T), *dt = qt + L::tile(kX3Rows);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -423,7 +424,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
 
     load_tile<HS, kX3Rows>(qt, base, c3, q0, t, hs, vec);
     load_tile<HS, kX3Rows>(dt, dbase, c, q0, t, hs, vec);
-    load_kv<HS>(x3_smem, base, c, c3, 0, t, hs, vec);
+    load_kv<HS, T>(x3_smem, base, c, c3, 0, t, hs, vec);
     cp_commit_x3();
     /* D: two threads a row, then the pair's sum */
     {
@@ -448,7 +449,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
     zero(dq);
     for (int j = 0; j < ntiles; j++) {
         const int k0 = j * T;
-        const float *kt = kv_next<HS>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
+        const float *kt = kv_next<HS, T>(x3_smem, base, c, c3, j, ntiles, t, hs, vec);
         const float *vt = kt + L::tile(T);
         if (k0 <= wlast) {
             float s[T / 8][4], dp[T / 8][4];
@@ -490,7 +491,7 @@ __global__ void __launch_bounds__(kX3Threads, kX3BwdBlocks<HS>)
                          const float *lse, const float *dsum, float *dqkv, float scale, bool vec)
 {
     using L = X3<HS>;
-    constexpr int T = L::T, BUF = 2 * L::tile(T) + 2 * T;
+    constexpr int T = L::TB, BUF = 2 * L::tile(T) + 2 * T;
     extern __shared__ __align__(16) float x3_smem[];
     float *kt = x3_smem + 2 * BUF, *vt = kt + L::tile(kX3Rows);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -598,7 +599,7 @@ int gpt_attention_forward_x3(cuda_impl *ci, int b, int t, int c, int nh, const f
     return with_x3_hs(c / nh, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         using L = X3<HS>;
-        const size_t smem = sizeof(float) * (4 * L::tile(L::T) + (L::QREG ? 0 : L::tile(kX3Rows)));
+        const size_t smem = sizeof(float) * (4 * L::tile(L::TF) + (L::QREG ? 0 : L::tile(kX3Rows)));
         int rc = x3_prepare(att_fwd_x3_kernel<HS>, smem, err);
         if (rc < 0)
             return rc;
@@ -617,8 +618,8 @@ int gpt_attention_backward_x3(cuda_impl *ci, int b, int t, int c, int nh, const 
     return with_x3_hs(c / nh, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
         using L = X3<HS>;
-        const size_t smem_q = sizeof(float) * (4 * L::tile(L::T) + 2 * L::tile(kX3Rows));
-        const size_t smem_kv = smem_q + sizeof(float) * 4 * L::T;
+        const size_t smem_q = sizeof(float) * (4 * L::tile(L::TB) + 2 * L::tile(kX3Rows));
+        const size_t smem_kv = smem_q + sizeof(float) * 4 * L::TB;
         int rc;
         if ((rc = x3_prepare(att_bwd_q_x3_kernel<HS>, smem_q, err)) < 0 ||
             (rc = x3_prepare(att_bwd_kv_x3_kernel<HS>, smem_kv, err)) < 0)
