@@ -27,7 +27,8 @@
  * keys a static node 0 writes go into its table in place (no connection, no round trip, no
  * failure watch, no heartbeat), and its thread starts with mgpu_rdzv_serve, which the
  * supervisor calls once the workers are forked: a worker that connects sooner waits in the
- * listen backlog, and the launcher forks with one thread.
+ * listen backlog, and the launcher forks with no thread but the one that opens the workers'
+ * pseudo-terminals (ptys.h), which makes system calls only.
  *
  * Ownership: mgpu_rdzv_join returns a handle that mgpu_rdzv_close frees (stopping the store
  * thread on the node that serves it). Blocking calls below run on the caller's thread; the

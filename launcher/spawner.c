@@ -4,9 +4,9 @@
 #include <errno.h>       /* errno, EINVAL */
 #include <fcntl.h>       /* O_CLOEXEC, F_SETFD */
 #include <signal.h>      /* sigprocmask, kill */
-#include <stdlib.h>      /* posix_openpt, grantpt, unlockpt, ptsname_r */
+#include <stdlib.h>      /* posix_openpt, grantpt, ptsname_r */
 #include <string.h>      /* memcpy, strlen, strerror */
-#include <sys/ioctl.h>   /* TIOCSWINSZ */
+#include <sys/ioctl.h>   /* TIOCSWINSZ, TIOCSPTLCK, TIOCGPTPEER */
 #include <sys/prctl.h>   /* PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_PTRACER */
 #include <sys/syscall.h> /* SYS_execve, SYS_dup3, SYS_close_range, ... */
 #include <termios.h>     /* tcgetattr, OPOST */
@@ -279,7 +279,7 @@ int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, con
 {
     char name[128];
     struct termios t;
-    int m, sl = -1, e;
+    int m, sl = -1, e, unlock = 0;
 
     *master = *slave = -1;
     /* O_NOCTTY: neither the launcher nor the worker gets it as a controlling terminal. */
@@ -287,18 +287,24 @@ int mgpu_spawner_pty_open(int *master, int *slave, const struct winsize *ws, con
         *call = "posix_openpt";
         return -errno;
     }
-    *call = "grantpt";
-    if (grantpt(m) != 0)
-        goto fail;
     *call = "unlockpt";
-    if (unlockpt(m) != 0)
+    if (ioctl(m, TIOCSPTLCK, &unlock) != 0) /* unlockpt(3), without its checks */
         goto fail;
-    *call = "ptsname_r";
-    if ((errno = ptsname_r(m, name, sizeof name)) != 0)
-        goto fail;
-    *call = "open(pty slave)";
-    if ((sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0)
-        goto fail;
+#ifdef TIOCGPTPEER
+    /* The slave straight from the master (Linux 4.13): no name to look up in /dev/pts. */
+    sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+#endif
+    if (sl < 0) {
+        *call = "grantpt";
+        if (grantpt(m) != 0)
+            goto fail;
+        *call = "ptsname_r";
+        if ((errno = ptsname_r(m, name, sizeof name)) != 0)
+            goto fail;
+        *call = "open(pty slave)";
+        if ((sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0)
+            goto fail;
+    }
     *call = "tcgetattr(pty)";
     if (tcgetattr(sl, &t) != 0)
         goto fail;

@@ -28,6 +28,7 @@
 #include "reaper.h"   /* mgpu_reaper_children */
 #include "pages.h"    /* mgpu_pages_set_lost */
 #include "shm_head.h" /* mgpu_shm_remove_stale */
+#include "ptys.h"     /* mgpu_ptys_t */
 #include "spawner.h"  /* mgpu_spawner_worker */
 #include "trace.h"    /* mgpu_trace_mark */
 
@@ -276,11 +277,16 @@ static void on_signal(uv_signal_t *h, int sig)
 }
 
 /* Whether a worker's stream goes through a pseudo-terminal: --tty, --no_tty, or by default
- * when what it reaches is the launcher's own terminal (as if the worker ran there itself). */
-static int wants_pty(const sup_t *s, int console_fd)
+ * when what it reaches is the launcher's own terminal (as if the worker ran there itself).
+ * is_tty caches isatty of the launcher's stdout and stderr (-1: not asked yet). */
+static int wants_pty(const sup_t *s, int console_fd, int is_tty[3])
 {
     int tty = s->plan->output.tty;
-    return tty > 0 || (tty == 0 && console_fd >= 0 && isatty(console_fd));
+    if (tty != 0 || console_fd < 1 || console_fd > 2)
+        return tty > 0;
+    if (is_tty[console_fd] < 0)
+        is_tty[console_fd] = isatty(console_fd);
+    return is_tty[console_fd];
 }
 
 static void on_winch(uv_signal_t *h, int sig)
@@ -318,6 +324,26 @@ static int open_log(const char *dir, const char *name, mgpu_err_t *err)
     return fd;
 }
 
+/* A worker's stream on pseudo-terminal i of ptys: fd[0] the master, fd[1] the slave, and
+ * *pty set; where none could be opened and --tty was not given, a pipe (a container without
+ * devpts). */
+static int take_pty(const sup_t *s, mgpu_ptys_t *ptys, int i, int k, int fd[2], int *pty,
+                    mgpu_err_t *err)
+{
+    const char *call;
+    int e = mgpu_ptys_take(ptys, i, &fd[0], &fd[1], &call);
+
+    *pty = e == 0;
+    if (e == 0)
+        return 0;
+    if (s->plan->output.tty > 0)
+        return mgpu_err_set(err, e, "%s: %s (local rank %d)", call, strerror(-e), k);
+    mgpu_warn("%s: %s; local rank %d writes to a pipe", call, strerror(-e), k);
+    if (pipe2(fd, O_CLOEXEC) != 0)
+        return mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
+    return 0;
+}
+
 int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
@@ -327,8 +353,10 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     /* Each worker's mapping (spawner.h): this function's from the spawn until the read of its
      * exec pipe, which unmaps it once the worker has exec'd or died. */
     mgpu_clone_vm_mem_t mem[MGPU_MAX_LOCAL];
+    int slot[MGPU_MAX_LOCAL][2]; /* a stream's pseudo-terminal in ptys, -1: a pipe */
+    mgpu_ptys_t ptys;
     sigset_t all, old;
-    int rc = 0;
+    int rc = 0, npty = 0, is_tty[3] = {-1, -1, -1};
 
     s->root = -1;
     s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
@@ -354,13 +382,18 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
             return s->filtered_fd[i];
         s->res->keep_logs = 1;
     }
+    mgpu_ptys_init(&ptys);
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 3; i++)
+            pipes[k][i][0] = pipes[k][i][1] = -1;
+    /* Who writes to a terminal first (cheap): the thread opening the pseudo-terminals starts
+     * before the folders and pipes are made (ptys.h). */
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
         mgpu_outcome_t *o = &s->res->outcomes[k];
-        char rank_dir[2300];
         int redirect = mgpu_std_spec_get(&o_opts->redirects, k);
         int tee = mgpu_std_spec_get(&o_opts->tee, k);
-        int shown = o_opts->nfilter == 0, fresh;
+        int shown = o_opts->nfilter == 0;
 
         for (int i = 0; i < o_opts->nfilter; i++)
             shown |= o_opts->filter[i] == k;
@@ -371,17 +404,6 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         p->sup = s;
         p->k = k;
         p->pid = -1;
-        snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
-        /* The attempt's folder once, then one mkdir a rank (not one a level); a folder made
-         * now holds no error file of an earlier run to remove. */
-        if (k == 0 && (rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
-            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
-        fresh = mkdir(rank_dir, 0755) == 0;
-        if (!fresh && errno != EEXIST)
-            return mgpu_err_set(err, -errno, "mkdir(%s): %s", rank_dir, strerror(errno));
-        snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
-        if (!fresh)
-            unlink(o->error_file);
         if (o_opts->no_prefix)
             p->prefix[0] = '\0';
         else
@@ -398,34 +420,65 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
             st->pty = 0;
             /* torchrun: redirect = file only; tee = file and console. */
             st->console_fd = (redirect & bit) && !(tee & bit) ? -1 : (shown ? bit : -1);
+            slot[k][i] = wants_pty(s, st->console_fd, is_tty) ? npty++ : -1;
+        }
+    }
+    if (npty > 0) {
+        mgpu_pty_pair_t *pair = mgpu_ptys_ask(&ptys, npty);
+        if (pair == NULL)
+            return mgpu_err_set(err, -ENOMEM, "out of memory (%d pseudo-terminals)", npty);
+        for (int k = 0; k < s->nproc; k++)
+            for (int i = 0; i < 2; i++)
+                if (slot[k][i] >= 0)
+                    pair[slot[k][i]].has_ws =
+                        mgpu_spawner_pty_size(s->procs[k].s[i].console_fd,
+                                              strlen(s->procs[k].prefix), &pair[slot[k][i]].ws);
+        mgpu_ptys_go(&ptys);
+    }
+
+    for (int k = 0; k < s->nproc; k++) {
+        proc_t *p = &s->procs[k];
+        mgpu_outcome_t *o = p->out;
+        char rank_dir[2300];
+        int redirect = mgpu_std_spec_get(&o_opts->redirects, k);
+        int tee = mgpu_std_spec_get(&o_opts->tee, k);
+        int fresh;
+
+        snprintf(rank_dir, sizeof rank_dir, "%s/%d", attempt_dir, k);
+        /* The attempt's folder once, then one mkdir a rank (not one a level); a folder made
+         * now holds no error file of an earlier run to remove. */
+        if (k == 0 && (rc = mgpu_fs_mkdir_p(attempt_dir)) < 0) {
+            rc = mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
+            goto unmade;
+        }
+        fresh = mkdir(rank_dir, 0755) == 0;
+        if (!fresh && errno != EEXIST) {
+            rc = mgpu_err_set(err, -errno, "mkdir(%s): %s", rank_dir, strerror(errno));
+            goto unmade;
+        }
+        snprintf(o->error_file, sizeof o->error_file, "%s/error.json", rank_dir);
+        if (!fresh)
+            unlink(o->error_file);
+        for (int i = 0; i < 2; i++) {
+            stream_t *st = &p->s[i];
+            int bit = i == 0 ? 1 : 2;
             if ((redirect | tee) & bit) {
                 st->file_fd = open_log(rank_dir, i == 0 ? "stdout.log" : "stderr.log", err);
-                if (st->file_fd < 0)
-                    return st->file_fd;
+                if (st->file_fd < 0) {
+                    rc = st->file_fd;
+                    goto unmade;
+                }
                 s->res->keep_logs = 1;
             }
         }
+        /* The pipes now; a stream's pseudo-terminal as its worker is forked. */
         for (int i = 0; i < 3; i++) {
-            const char *call = "pipe2";
-            struct winsize ws;
-            int e = 0, pty = 0;
-            if (i < 2 && wants_pty(s, p->s[i].console_fd)) {
-                int have = mgpu_spawner_pty_size(p->s[i].console_fd, strlen(p->prefix), &ws);
-                e = mgpu_spawner_pty_open(&pipes[k][i][0], &pipes[k][i][1], have ? &ws : NULL,
-                                          &call);
-                p->s[i].pty = pty = e == 0;
-                if (e < 0 && s->plan->output.tty == 0) {
-                    /* no ptys here (a container without devpts): the run goes on with pipes */
-                    mgpu_warn("%s: %s; local rank %d writes to a pipe", call, strerror(-e), k);
-                    e = 0;
-                }
+            if (i < 2 && slot[k][i] >= 0)
+                continue;
+            if (pipe2(pipes[k][i], O_CLOEXEC) != 0) {
+                rc = mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
+                goto unmade;
             }
-            if (e == 0 && !pty && pipe2(pipes[k][i], O_CLOEXEC) != 0) {
-                call = "pipe2";
-                e = -errno;
-            }
-            if (e < 0)
-                return mgpu_err_set(err, e, "%s: %s (local rank %d)", call, strerror(-e), k);
         }
     }
 
@@ -442,8 +495,13 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
                                     s->attempt, s->restarts, p->out->error_file);
         pid_t pid;
 
-        if (envp == NULL) {
+        for (int i = 0; i < 2 && rc == 0; i++)
+            if (slot[k][i] >= 0)
+                rc = take_pty(s, &ptys, slot[k][i], k, pipes[k][i], &p->s[i].pty, err);
+        if (rc == 0 && envp == NULL)
             rc = mgpu_err_set(err, -ENOMEM, "out of memory building the environment");
+        if (rc < 0) {
+            free(envp);
             break;
         }
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
@@ -465,10 +523,11 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         s->running++;
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
+    mgpu_ptys_end(&ptys); /* every pair taken, unless a fork failed */
     mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
     mgpu_trace_mark("fork");
-    /* One node: the store's thread starts now, so that the workers fork from a launcher of one
-     * thread (rdzv.h); they may connect to the store once they exec. */
+    /* One node: the store's thread starts now, so that the workers fork from a launcher whose
+     * only other thread makes system calls (rdzv.h); they may connect once they exec. */
     if (rc == 0)
         rc = mgpu_rdzv_serve(s->rdzv, err);
 
@@ -514,6 +573,15 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
     }
     if (rc < 0)
         mgpu_sup_stop_group(s, SIGKILL);
+    return rc;
+
+unmade: /* nothing forked yet */
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 2; j++)
+                if (pipes[k][i][j] >= 0)
+                    close(pipes[k][i][j]);
+    mgpu_ptys_end(&ptys);
     return rc;
 }
 
