@@ -7,8 +7,9 @@
 #      same run: rounds of RUNS/10 launches, then as many of sh, so that both see the same load
 #      on a busy machine; the ratio of the medians (targets: 8 workers <= 1.5x sh, 64 <= 2x);
 #      then where the launcher's time goes: the median of each phase of MGPU_LAUNCH_TRACE over
-#      RUNS/2 runs (8 workers) and RUNS/8 (64), with the exec and loading before main and the
-#      exit after it (timeit's stamps), and `strace -f -c` of one run of 8;
+#      RUNS/2 runs (8 workers, on a pipe, then on a terminal) and RUNS/8 (64, on a pipe), with
+#      the exec and loading before main and the exit after it (timeit's stamps), and
+#      `strace -f -c` of one run of 8;
 #   1. start-to-exit of `mgpu-launch --nproc_per_node=8 -- /bin/true` (many runs: median, p90)
 #      against Debian's torchrun 1.13 in the same run (fewer runs: each takes seconds):
 #      /usr/bin/python3 -m torch.distributed.run --nproc_per_node=8 --tee 1 --redirects 2
@@ -142,12 +143,13 @@ for n in 1 8 64; do
             "${target:+<= ${target}x: $(awk -v r="$ratio" -v t="$target" 'BEGIN { print (r <= t) ? "ok" : "MISSED" }')}"
     done
 done
-for n in 8 64; do
+for spec in "8 pipe" "8 tty" "64 pipe"; do
+    read -r n tty <<<"$spec"
     runs=$((RUNS / 2))
     [ "$n" -ge 64 ] && runs=$((RUNS / 8))
     rm -f "$work/trace"
-    MGPU_LAUNCH_TRACE=$work/trace "$TW" timeit "$runs" "$work/traced" "$LAUNCH" --nproc_per_node="$n" /bin/true >/dev/null 2>&1
-    echo "   where the time goes, $n workers of /bin/true, output on a pipe (MGPU_LAUNCH_TRACE):"
+    MGPU_LAUNCH_TRACE=$work/trace timeit_tty "$tty" "$runs" "$work/traced" "$LAUNCH" --nproc_per_node="$n" /bin/true
+    echo "   where the time goes, $n workers of /bin/true, output on $([ "$tty" = tty ] && echo "a terminal" || echo "a pipe") (MGPU_LAUNCH_TRACE):"
     phases "$work/traced" "$work/trace"
 done
 if command -v strace >/dev/null 2>&1 &&
