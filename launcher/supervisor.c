@@ -344,50 +344,16 @@ static int take_pty(const sup_t *s, mgpu_ptys_t *ptys, int i, int k, int fd[2], 
     return 0;
 }
 
-int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
+/* Each worker's prefix, and where its streams go: log files, console, and which go through a
+ * pseudo-terminal, whose thread starts here (ptys.h). Cheap, and called as early as it can
+ * be: for the first attempt, before the run's folder and the loop are made, so that the
+ * terminals open meanwhile. */
+static int plan_streams(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
     const mgpu_plan_output_t *o_opts = &plan->output;
-    char attempt_dir[2200];
-    int pipes[MGPU_MAX_LOCAL][3][2];
-    /* Each worker's mapping (spawner.h): this function's from the spawn until the read of its
-     * exec pipe, which unmaps it once the worker has exec'd or died. */
-    mgpu_clone_vm_mem_t mem[MGPU_MAX_LOCAL];
-    int slot[MGPU_MAX_LOCAL][2]; /* a stream's pseudo-terminal in ptys, -1: a pipe */
-    mgpu_ptys_t ptys;
-    sigset_t all, old;
-    int rc = 0, npty = 0, is_tty[3] = {-1, -1, -1};
+    int npty = 0, is_tty[3] = {-1, -1, -1};
 
-    s->root = -1;
-    s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
-    mgpu_watch_attempt(s); /* before the workers exist: their pages start blank */
-    if (s->multi)
-        mgpu_sup_rdzv_work(s, MGPU_SUP_RW_WATCH, NULL);
-    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
-    s->res->attempts++;
-    mgpu_sup_record_world(s);
-
-    /* --duplicate_std{out,err}_filters: one file an attempt, for every rank, as torchrun's */
-    for (int i = 0; i < 2; i++) {
-        if (s->filtered_fd[i] >= 0)
-            close(s->filtered_fd[i]);
-        s->filtered_fd[i] = -1;
-        if (o_opts->dup[i].n == 0)
-            continue;
-        if ((rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
-            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
-        s->filtered_fd[i] =
-            open_log(attempt_dir, i == 0 ? "filtered_stdout.log" : "filtered_stderr.log", err);
-        if (s->filtered_fd[i] < 0)
-            return s->filtered_fd[i];
-        s->res->keep_logs = 1;
-    }
-    mgpu_ptys_init(&ptys);
-    for (int k = 0; k < s->nproc; k++)
-        for (int i = 0; i < 3; i++)
-            pipes[k][i][0] = pipes[k][i][1] = -1;
-    /* Who writes to a terminal first (cheap): the thread opening the pseudo-terminals starts
-     * before the folders and pipes are made (ptys.h). */
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
         mgpu_outcome_t *o = &s->res->outcomes[k];
@@ -420,21 +386,67 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
             st->pty = 0;
             /* torchrun: redirect = file only; tee = file and console. */
             st->console_fd = (redirect & bit) && !(tee & bit) ? -1 : (shown ? bit : -1);
-            slot[k][i] = wants_pty(s, st->console_fd, is_tty) ? npty++ : -1;
+            s->pty_slot[k][i] = wants_pty(s, st->console_fd, is_tty) ? npty++ : -1;
         }
     }
     if (npty > 0) {
-        mgpu_pty_pair_t *pair = mgpu_ptys_ask(&ptys, npty);
+        mgpu_pty_pair_t *pair = mgpu_ptys_ask(&s->ptys, npty);
         if (pair == NULL)
             return mgpu_err_set(err, -ENOMEM, "out of memory (%d pseudo-terminals)", npty);
         for (int k = 0; k < s->nproc; k++)
             for (int i = 0; i < 2; i++)
-                if (slot[k][i] >= 0)
-                    pair[slot[k][i]].has_ws =
-                        mgpu_spawner_pty_size(s->procs[k].s[i].console_fd,
-                                              strlen(s->procs[k].prefix), &pair[slot[k][i]].ws);
-        mgpu_ptys_go(&ptys);
+                if (s->pty_slot[k][i] >= 0)
+                    pair[s->pty_slot[k][i]].has_ws = mgpu_spawner_pty_size(
+                        s->procs[k].s[i].console_fd, strlen(s->procs[k].prefix),
+                        &pair[s->pty_slot[k][i]].ws);
+        mgpu_ptys_go(&s->ptys);
     }
+    s->streams_ready = 1;
+    return 0;
+}
+
+int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
+{
+    const mgpu_plan_t *plan = s->plan;
+    const mgpu_plan_output_t *o_opts = &plan->output;
+    char attempt_dir[2200];
+    int pipes[MGPU_MAX_LOCAL][3][2];
+    /* Each worker's mapping (spawner.h): this function's from the spawn until the read of its
+     * exec pipe, which unmaps it once the worker has exec'd or died. */
+    mgpu_clone_vm_mem_t mem[MGPU_MAX_LOCAL];
+    sigset_t all, old;
+    int rc = 0;
+
+    s->root = -1;
+    s->stopping = s->killed = s->swept = s->ending = s->drained = 0;
+    mgpu_watch_attempt(s); /* before the workers exist: their pages start blank */
+    if (s->multi)
+        mgpu_sup_rdzv_work(s, MGPU_SUP_RW_WATCH, NULL);
+    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", s->res->log_root, s->attempt);
+    s->res->attempts++;
+    mgpu_sup_record_world(s);
+
+    /* --duplicate_std{out,err}_filters: one file an attempt, for every rank, as torchrun's */
+    for (int i = 0; i < 2; i++) {
+        if (s->filtered_fd[i] >= 0)
+            close(s->filtered_fd[i]);
+        s->filtered_fd[i] = -1;
+        if (o_opts->dup[i].n == 0)
+            continue;
+        if ((rc = mgpu_fs_mkdir_p(attempt_dir)) < 0)
+            return mgpu_err_set(err, rc, "mkdir(%s): %s", attempt_dir, strerror(-rc));
+        s->filtered_fd[i] =
+            open_log(attempt_dir, i == 0 ? "filtered_stdout.log" : "filtered_stderr.log", err);
+        if (s->filtered_fd[i] < 0)
+            return s->filtered_fd[i];
+        s->res->keep_logs = 1;
+    }
+    for (int k = 0; k < s->nproc; k++)
+        for (int i = 0; i < 3; i++)
+            pipes[k][i][0] = pipes[k][i][1] = -1;
+    if (!s->streams_ready && (rc = plan_streams(s, err)) < 0)
+        return rc;
+    s->streams_ready = 0;
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -473,7 +485,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         }
         /* The pipes now; a stream's pseudo-terminal as its worker is forked. */
         for (int i = 0; i < 3; i++) {
-            if (i < 2 && slot[k][i] >= 0)
+            if (i < 2 && s->pty_slot[k][i] >= 0)
                 continue;
             if (pipe2(pipes[k][i], O_CLOEXEC) != 0) {
                 rc = mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
@@ -496,8 +508,8 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         pid_t pid;
 
         for (int i = 0; i < 2 && rc == 0; i++)
-            if (slot[k][i] >= 0)
-                rc = take_pty(s, &ptys, slot[k][i], k, pipes[k][i], &p->s[i].pty, err);
+            if (s->pty_slot[k][i] >= 0)
+                rc = take_pty(s, &s->ptys, s->pty_slot[k][i], k, pipes[k][i], &p->s[i].pty, err);
         if (rc == 0 && envp == NULL)
             rc = mgpu_err_set(err, -ENOMEM, "out of memory building the environment");
         if (rc < 0) {
@@ -523,7 +535,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         s->running++;
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
-    mgpu_ptys_end(&ptys); /* every pair taken, unless a fork failed */
+    mgpu_ptys_end(&s->ptys); /* every pair taken, unless a fork failed */
     mgpu_debug("attempt %d: %d workers forked", s->attempt, s->nproc);
     mgpu_trace_mark("fork");
     /* One node: the store's thread starts now, so that the workers fork from a launcher whose
@@ -581,7 +593,7 @@ unmade: /* nothing forked yet */
             for (int j = 0; j < 2; j++)
                 if (pipes[k][i][j] >= 0)
                     close(pipes[k][i][j]);
-    mgpu_ptys_end(&ptys);
+    mgpu_ptys_end(&s->ptys);
     return rc;
 }
 
@@ -718,13 +730,19 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     s->restarts = plan->restarts;
     s->nproc = plan->nproc;
     s->procs = calloc((size_t)plan->nproc, sizeof *s->procs);
+    s->pty_slot = calloc((size_t)plan->nproc, sizeof *s->pty_slot);
     res->outcomes = calloc((size_t)plan->nproc, sizeof *res->outcomes);
     res->nout = plan->nproc;
-    if (s->procs == NULL || res->outcomes == NULL) {
+    mgpu_ptys_init(&s->ptys);
+    if (s->procs == NULL || s->pty_slot == NULL || res->outcomes == NULL) {
         free(s->procs);
+        free(s->pty_slot);
         free(s);
         return mgpu_err_set(err, -ENOMEM, "out of memory");
     }
+    /* The first attempt's pseudo-terminals open while the run's folder and loop are made. */
+    if ((rc = plan_streams(s, err)) < 0)
+        goto out;
 
     /* The run's folder: error files always (TORCHELASTIC_ERROR_FILE), logs when asked. */
     if (plan->output.log_dir[0]) {
@@ -840,11 +858,13 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    mgpu_ptys_end(&s->ptys); /* pairs left by a run that ended before its first fork */
     *cg = s->cg;
     *keeper = s->keeper;
     mgpu_outbuf_free(&s->ob);
     free(s->stall);
     free(s->procs);
+    free(s->pty_slot);
     free(s);
     return rc;
 }

@@ -11,6 +11,7 @@
 #include "console.h"       /* mgpu_console_t */
 #include "filetimer.h"     /* mgpu_filetimer_t */
 #include "output.h"        /* mgpu_linebuf_t, mgpu_outbuf_t */
+#include "ptys.h"          /* mgpu_ptys_t */
 #include "spawner.h"       /* mgpu_spawner_keeper_t */
 #include "status_server.h" /* mgpu_status_server_t */
 #include "supervisor.h"    /* mgpu_run_result_t, mgpu_outcome_t */
@@ -92,6 +93,11 @@ typedef struct sup {
 
     mgpu_filetimer_t *ft; /* torchrun's expiration timers, NULL when not enabled */
     int filtered_fd[2];   /* this attempt's filtered_std{out,err}.log, -1 when none */
+    /* The next attempt's streams: each one's pseudo-terminal in ptys (-1: a pipe), opened
+     * from plan_streams on (ptys.h) */
+    int (*pty_slot)[2]; /* nproc entries */
+    mgpu_ptys_t ptys;
+    int streams_ready; /* plan_streams ran for the next attempt */
 } sup_t;
 
 /* relay.c: reading a worker's stream (libuv callbacks), and closing it. */
