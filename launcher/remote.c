@@ -654,6 +654,11 @@ int mgpu_remote_main(const mgpu_cli_t *cli, int argc, char **argv)
         snprintf(token, sizeof token, "%s", cli->rdzv_token);
     else
         random_token(token, sizeof token);
+    /* A host's ssh may be gone when a line is written to it (a signal passed on while that
+     * host stops by itself): the write fails with EPIPE, and its exit is what tells. Without
+     * this, SIGPIPE would end the launcher (exit 141) in the middle of stopping the job. The
+     * hosts' ssh processes start with default signals (libuv resets them). */
+    signal(SIGPIPE, SIG_IGN);
     uv_loop_init(&r.loop);
     r.loop.data = &r;
     uv_timer_init(&r.loop, &r.settle);
