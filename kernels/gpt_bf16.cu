@@ -19,7 +19,7 @@ namespace
 {
 
 constexpr int kLnWarps = 8;            /* rows of a LayerNorm block, a warp each */
-constexpr int kLnRegChunks = 4;        /* the register backward: up to 4 * 256 channels */
+constexpr int kLnRegChunks = 8;        /* the register backward: up to 8 * 256 channels */
 constexpr int kXentRowChunk = 1 << 19; /* rows whose losses the scratch holds at once */
 constexpr int kXentWarpCols = 1024;    /* up to this vocabulary a warp a row, else a block */
 /* A block a row: 1024 threads and 2 blocks an SM keep about 264 rows of 50304 logits (26 MB
@@ -75,7 +75,7 @@ struct Gelu16 {
  * dx16 is not NULL; dw and db summed per warp in shared memory (2c floats a warp, a lane's
  * own columns only), then the block's warps in order into part[block] (2c floats), which
  * ln16_bwd_finish_kernel adds over the blocks in order. The general form: rows the register
- * form below does not take (c not a multiple of 8 or above 1024, unaligned buffers). */
+ * form below does not take (c not a multiple of 8 or above 2048, unaligned buffers). */
 template <bool VEC>
 __global__ void __launch_bounds__(kLnWarps * 32)
     ln16_bwd_kernel(int n, int c, const mgpu_bf16_t *dy, const float *x, const float *w,
@@ -611,6 +611,7 @@ static int ln_smem_limit(cuda_impl *ci, size_t *limit, mgpu_err_t *err)
         const void *kerns[] = {
             (const void *)ln16_bwd_reg_kernel<1>, (const void *)ln16_bwd_reg_kernel<2>,
             (const void *)ln16_bwd_reg_kernel<3>, (const void *)ln16_bwd_reg_kernel<4>,
+            (const void *)ln16_bwd_reg_kernel<6>, (const void *)ln16_bwd_reg_kernel<8>,
             (const void *)ln16_bwd_kernel<true>,  (const void *)ln16_bwd_kernel<false>};
         for (const void *k : kerns)
             CUDA_CHECK(err,
@@ -669,7 +670,9 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
         kern = nch == 1   ? ln16_bwd_reg_kernel<1>
                : nch == 2 ? ln16_bwd_reg_kernel<2>
                : nch == 3 ? ln16_bwd_reg_kernel<3>
-                          : ln16_bwd_reg_kernel<4>;
+               : nch == 4 ? ln16_bwd_reg_kernel<4>
+               : nch <= 6 ? ln16_bwd_reg_kernel<6>  /* 1280 and 1536 channels */
+                          : ln16_bwd_reg_kernel<8>; /* 1600 */
     else
         kern = vec ? ln16_bwd_kernel<true> : ln16_bwd_kernel<false>;
     /* As many blocks as the SMs hold at once (registers and shared memory permitting): the

@@ -585,17 +585,21 @@ static int layernorm_forward(cuda_impl *ci, int n, int c, const float *x, const 
         c % 4 == 0 && ldy % 4 == 0 && aligned16(x, w, b) && (uintptr_t)y % (4 * sizeof(Y)) == 0;
     long need = (n + kLnWarps - 1) / kLnWarps, cap = (long)ci->sms * 16;
     unsigned blocks = (unsigned)(need < cap ? need : cap);
-    /* Rows of up to 1024 channels are held in registers (GPT-2's 768: 6 float4s a lane). */
+    /* Rows of up to 2048 channels are held in registers (GPT-2's 768: 6 float4s a lane; the
+     * widths of GPT-2's larger models, 1280 and 1600, and 1536 take 12 or 16 a lane, with the
+     * lanes past the row idle in the last). */
     const int nch = vec ? (c / 4 + 31) / 32 : 0;
     void (*reg)(int, int, const float *, const float *, const float *, Y *, size_t, float *,
-                float *) = nch < 1    ? nullptr
-                           : nch == 1 ? ln_fwd_reg_kernel<1, Y>
-                           : nch == 2 ? ln_fwd_reg_kernel<2, Y>
-                           : nch == 3 ? ln_fwd_reg_kernel<3, Y>
-                           : nch == 4 ? ln_fwd_reg_kernel<4, Y>
-                           : nch <= 6 ? ln_fwd_reg_kernel<6, Y>
-                           : nch <= 8 ? ln_fwd_reg_kernel<8, Y>
-                                      : nullptr;
+                float *) = nch < 1     ? nullptr
+                           : nch == 1  ? ln_fwd_reg_kernel<1, Y>
+                           : nch == 2  ? ln_fwd_reg_kernel<2, Y>
+                           : nch == 3  ? ln_fwd_reg_kernel<3, Y>
+                           : nch == 4  ? ln_fwd_reg_kernel<4, Y>
+                           : nch <= 6  ? ln_fwd_reg_kernel<6, Y>
+                           : nch <= 8  ? ln_fwd_reg_kernel<8, Y>
+                           : nch <= 12 ? ln_fwd_reg_kernel<12, Y>
+                           : nch <= 16 ? ln_fwd_reg_kernel<16, Y>
+                                       : nullptr;
     if (reg != nullptr)
         reg<<<blocks, kLnWarps * 32, 0, ci->stream>>>(n, c, x, w, b, y, ldy, mean, rstd);
     else if (vec)

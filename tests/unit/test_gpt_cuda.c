@@ -74,8 +74,10 @@ static float *fdown(env_t *e, const float *d, size_t n)
 
 static void test_layernorm(void)
 {
-    /* rows: 1, 3 and 1001 are not a multiple of a block's 8 rows; c = 37 takes the scalar path */
-    static const int shapes[][2] = {{1, 32}, {3, 64}, {1001, 32}, {129, 768}, {64, 37}, {5, 1600}};
+    /* rows: 1, 3 and 1001 are not a multiple of a block's 8 rows; c = 37 takes the scalar path,
+     * 1536 and 1600 the forward's register path, 2056 (above 2048) its float4 path */
+    static const int shapes[][2] = {{1, 32},  {3, 64},   {1001, 32}, {129, 768},
+                                    {64, 37}, {5, 1600}, {7, 1536},  {2, 2056}};
     env_t e;
     env_open(&e);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

@@ -235,11 +235,13 @@ static void test_to_bf16_2d(void)
 static void test_layernorm16(void)
 {
     /* rows 1, 3, 1001 are not a multiple of a block's 8; c = 37 and 6 take the scalar path;
-     * c a multiple of 8 up to 1024 (32, 64, 384, 768) the backward's register path when
-     * aligned, 1600 its float4 path; 5000 rows of 768: more rows than warps in flight, so a
-     * warp adds several rows into its dw, db partials */
-    static const int shapes[][2] = {{1, 32},   {3, 64}, {1001, 32},  {129, 768}, {64, 37},
-                                    {5, 1600}, {17, 6}, {1024, 384}, {5000, 768}};
+     * c a multiple of 8 up to 2048 (32, 64, 384, 768 and GPT-2's wider 1280, 1536, 1600, the
+     * last with lanes idle in its last chunk) the register paths when aligned, 2056 the
+     * float4 path; 5000 rows of 768: more rows than warps in flight, so a warp adds several
+     * rows into its dw, db partials */
+    static const int shapes[][2] = {{1, 32},   {3, 64},     {1001, 32},  {129, 768},  {64, 37},
+                                    {5, 1600}, {17, 6},     {1024, 384}, {5000, 768}, {3, 1280},
+                                    {7, 1536}, {300, 1600}, {2, 2056}};
     env_t e;
     env_open(&e);
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
