@@ -1,6 +1,6 @@
-/* gpt_attention_wg.cu - the bf16 path's attention at a head size of 64 on Hopper (compute
- * capability 9.0): the products are warpgroup MMAs (wgmma.mma_async, the architecture-specific
- * target sm_90a) instead of the mma.sync of gpt_attention_tc.cu (forward) and
+/* gpt_attention_wg.cu - the bf16 path's attention on Hopper (compute capability 9.0) at a head
+ * size of 64, and its forward at 128: the products are warpgroup MMAs (wgmma.mma_async, the
+ * architecture-specific target sm_90a) instead of the mma.sync of gpt_attention_tc.cu (forward) and
  * gpt_attention_tc_bwd.cu (the backward's two passes, which keep their structure and streams
  * there: only their kernels are these). In the forward each warpgroup overlaps the products
  * with its softmax as FlashAttention-3 does within a warpgroup: the scores of key tile j and
@@ -47,7 +47,11 @@ constexpr int kWgThreads = 128 * kWgGroups;
 constexpr int kWgQueryRows = kWgRows * kWgGroups; /* a forward or query-pass block's queries */
 constexpr int kWgStages = 3;                      /* k and v tiles: in use, next, arriving */
 constexpr int kWgTileBytes = kWgRows * 128;       /* 64 rows of 64 bf16 */
-constexpr size_t kWgSmem = 1024 + (size_t)(kWgGroups + 2 * kWgStages) * kWgTileBytes;
+/* The forward's shared memory: the q tiles of its two warpgroups, three stages of k and v. */
+constexpr size_t wg_smem_fwd(int hs)
+{
+    return 1024 + (size_t)(kWgGroups + 2 * kWgStages) * (hs / 64) * kWgTileBytes;
+}
 /* The query pass: q and dout tiles of its two warpgroups, three stages of k and v. The key
  * pass: a warpgroup a block (registers: s, dp, dk, dv and two A operands), its k and v, three
  * stages of q and dout with their lse and D. */
@@ -118,18 +122,26 @@ __device__ __forceinline__ void fence_async_smem()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/* R rows r0.. of a head (row stride ld, 64 bf16 each) into a swizzled tile; rows past t:
- * zeros. The whole block takes part. */
-template <int R, int NT = kWgThreads>
+/* R rows r0.. of a head (row stride ld, HS bf16 each) into swizzled tiles; rows past t:
+ * zeros. The whole block takes part. A tile is 64 rows of 64 columns (128 bytes a row): a head
+ * of 128 is two, columns 0-63 then 64-127, and each 64 rows of R take HS / 64 tiles in turn
+ * (for HS = 64, simply row r at byte 128 r). */
+template <int R, int NT = kWgThreads, int HS = kWgHs>
 __device__ __forceinline__ void wg_tile(unsigned char *dst, const bf16 *rows, size_t ld, int r0,
                                         int t)
 {
-    static_assert(R * 8 % NT == 0, "a tile is whole 16-byte chunks a thread");
+    constexpr int CH = HS / 8, CG = HS / 64; /* 16-byte chunks a row, tiles a 64 rows */
+    constexpr int LCH = CH == 16 ? 4 : 3;    /* log2(CH) */
+    static_assert(HS == 64 || HS == 128, "heads of 64 or 128");
+    static_assert(R * CH % NT == 0, "a tile is whole 16-byte chunks a thread");
 #pragma unroll
-    for (int it = 0; it < R * 8 / NT; it++) {
-        const int i = threadIdx.x + it * NT, r = i >> 3, ch = i & 7;
+    for (int it = 0; it < R * CH / NT; it++) {
+        const int i = threadIdx.x + it * NT, r = i >> LCH, ch = i & (CH - 1), c8 = ch & 7;
         const bool in = r0 + r < t;
-        cp_async16(reinterpret_cast<bf16 *>(dst + r * 128 + ((ch ^ (r & 7)) << 4)),
+        unsigned char *at = CG == 1
+                                ? dst + r * 128
+                                : dst + ((r >> 6) * CG + (ch >> 3)) * kWgTileBytes + (r & 63) * 128;
+        cp_async16(reinterpret_cast<bf16 *>(at + ((c8 ^ (r & 7)) << 4)),
                    rows + (size_t)(in ? r0 + r : 0) * ld + ch * 8, in);
     }
 }
@@ -147,14 +159,16 @@ __device__ __forceinline__ void wg_arrived(int j)
     __syncthreads();
 }
 
-/* Key and value tile j of a head (rows 64 j..) into buffer j % kWgStages of ks and vs. */
+/* Key and value tile j of a head (rows 64 j..) into buffer j % kWgStages of ks and vs (HS / 64
+ * tiles each). */
+template <int HS = kWgHs>
 __device__ __forceinline__ void wg_kv_tile(unsigned char *ks, unsigned char *vs, const bf16 *kh,
                                            const bf16 *vh, const View &kv, const View &vv, int j,
                                            int t)
 {
-    const int b = j % kWgStages;
-    wg_tile<kWgRows>(ks + b * kWgTileBytes, kh, kv.ld, j * kWgRows, t);
-    wg_tile<kWgRows>(vs + b * kWgTileBytes, vh, vv.ld, j * kWgRows, t);
+    const int b = j % kWgStages * (HS / 64);
+    wg_tile<kWgRows, kWgThreads, HS>(ks + b * kWgTileBytes, kh, kv.ld, j * kWgRows, t);
+    wg_tile<kWgRows, kWgThreads, HS>(vs + b * kWgTileBytes, vh, vv.ld, j * kWgRows, t);
 }
 
 /* Where a thread of a query block (the forward's and the query pass's, kWgGroups warpgroups of
@@ -179,54 +193,63 @@ struct WgQueries {
 #endif
 
 /* The forward: a block of two warpgroups owns 128 queries (WgQueries), each warpgroup's 64
- * over the key tiles up to its last query. */
-__global__ void __launch_bounds__(kWgThreads, 2)
+ * over the key tiles up to its last query. A head of 128 (HS) takes two tiles of 64 columns
+ * for each of q, k and v: the scores' product runs over both (8 steps of 16), and o is two 64 x
+ * 64 accumulators, one a tile of v; with 64 registers more a thread and 128 KB of shared
+ * memory, one block an SM. */
+template <int HS>
+__global__ void __launch_bounds__(kWgThreads, HS == 64 ? 2 : 1)
     att_fwd_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, bf16 *out, float *lse,
                       float scale)
 {
 #ifdef MGPU_WG_BODY
+    constexpr int CG = HS / 64; /* tiles of 64 columns a row of q, k or v */
     extern __shared__ __align__(128) unsigned char tc_smem[];
     unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
-    unsigned char *qs = base, *ks = qs + kWgGroups * kWgTileBytes,
-                  *vs = ks + kWgStages * kWgTileBytes;
+    unsigned char *qs = base, *ks = qs + kWgGroups * CG * kWgTileBytes,
+                  *vs = ks + kWgStages * CG * kWgTileBytes;
     const WgQueries w(t);
     const int tig = w.tig, qa = w.qa, ntiles = w.ntiles, nact = w.nact, hs = c / nh;
     const bf16 *kh = kv.at(w.bi, w.h), *vh = vv.at(w.bi, w.h);
     const float sl2 = scale * kLog2e;
 
     /* q and tile 0 (one group), tile 1 (the next) */
-    wg_tile<kWgQueryRows>(qs, qv.at(w.bi, w.h), qv.ld, w.q0, t);
-    wg_kv_tile(ks, vs, kh, vh, kv, vv, 0, t);
+    wg_tile<kWgQueryRows, kWgThreads, HS>(qs, qv.at(w.bi, w.h), qv.ld, w.q0, t);
+    wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, 0, t);
     cp_commit();
     if (ntiles > 1)
-        wg_kv_tile(ks, vs, kh, vh, kv, vv, 1, t);
+        wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, 1, t);
     cp_commit();
 
-    float o[32], s[32], mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float o[32 * CG], s[32], mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     uint32_t p[16];
 #pragma unroll
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < 32 * CG; i++)
         o[i] = 0.0f;
-    const uint32_t qaddr = smem_addr(qs + w.wg * kWgTileBytes);
+    const uint32_t qaddr = smem_addr(qs + w.wg * CG * kWgTileBytes);
 
-    auto scores = [&](int j) { /* s = q . k_j^T */
-                               const uint32_t kaddr =
-                                   smem_addr(ks + (j % kWgStages) * kWgTileBytes);
-                               wg_fence();
+    auto scores =
+        [&](int j) { /* s = q . k_j^T */
+                     const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * CG * kWgTileBytes);
+                     wg_fence();
 #pragma unroll
-                               for (int kk = 0; kk < 4; kk++)
-                                   wg_ss(s, wg_desc(qaddr + kk * 32, 16, 1024),
-                                         wg_desc(kaddr + kk * 32, 16, 1024), kk);
-                               wg_commit();
-    };
-    auto sum_pv = [&](int j) { /* o += p . v_j */
-                               const uint32_t vaddr =
-                                   smem_addr(vs + (j % kWgStages) * kWgTileBytes);
+                     for (int kk = 0; kk < 4 * CG; kk++) {
+                         const uint32_t at = (kk >> 2) * kWgTileBytes + (kk & 3) * 32;
+                         wg_ss(s, wg_desc(qaddr + at, 16, 1024), wg_desc(kaddr + at, 16, 1024), kk);
+                     }
+                     wg_commit();
+        };
+    auto sum_pv =
+        [&](int j) { /* o += p . v_j, a tile of v's columns at a time */
+                     const uint32_t vaddr = smem_addr(vs + (j % kWgStages) * CG * kWgTileBytes);
 #pragma unroll
-                               for (int kk = 0; kk < 4; kk++)
-                                   wg_rs(o, p + 4 * kk, wg_desc(vaddr + kk * 2048, 16, 1024));
-                               wg_commit();
-    };
+                     for (int g = 0; g < CG; g++)
+#pragma unroll
+                         for (int kk = 0; kk < 4; kk++)
+                             wg_rs(*reinterpret_cast<float(*)[32]>(o + 32 * g), p + 4 * kk,
+                                   wg_desc(vaddr + g * kWgTileBytes + kk * 2048, 16, 1024));
+                     wg_commit();
+        };
     /* s (scores of tile j) -> probabilities, the running maximum and sum updated; returns
      * the factors that rescale what o held. */
     auto softmax = [&](int j) {
@@ -284,7 +307,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         if (j < ntiles) {
             wg_arrived(j);
             if (j + 1 < ntiles)
-                wg_kv_tile(ks, vs, kh, vh, kv, vv, j + 1, t);
+                wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, j + 1, t);
             cp_commit();
         }
         if (j < nact) {
@@ -294,7 +317,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
             const float2 f = softmax(j);
             wg_wait<0>();
 #pragma unroll
-            for (int n = 0; n < 8; n++) {
+            for (int n = 0; n < 8 * CG; n++) {
                 o[n * 4] *= f.x, o[n * 4 + 1] *= f.x;
                 o[n * 4 + 2] *= f.y, o[n * 4 + 3] *= f.y;
             }
@@ -310,9 +333,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(o),
-                     out + (size_t)w.bi * t * c + (size_t)w.h * hs, c, qa, t, hs, 1.0f / l0,
-                     1.0f / l1, tig);
+    store_acc<HS>(reinterpret_cast<const float(&)[HS / 8][4]>(o),
+                  out + (size_t)w.bi * t * c + (size_t)w.h * hs, c, qa, t, hs, 1.0f / l0, 1.0f / l1,
+                  tig);
     float *lrow = lse + ((size_t)w.bi * nh + w.h) * t;
     if (tig == 0 && qa < t)
         lrow[qa] = (mx0 + log2f(l0)) / kLog2e;
@@ -521,17 +544,24 @@ bool gpt16_attention_wg_ok(const cuda_impl *ci, int hs)
 #endif
 }
 
+bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs)
+{
+    return gpt16_attention_wg_ok(ci, kWgHs) && (hs == 64 || hs == 128);
+}
+
 int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const bf16 *qkv,
                                bf16 *out, float *lse, float scale, mgpu_err_t *err)
 {
-    int rc = prepare(att_fwd_wg_kernel, kWgSmem, err);
+    const int hs = c / nh;
+    const size_t smem = wg_smem_fwd(hs), ld = 3 * (size_t)c;
+    auto kern = hs == 128 ? att_fwd_wg_kernel<128> : att_fwd_wg_kernel<64>;
+    int rc = prepare(kern, smem, err);
     if (rc < 0)
         return rc;
-    const size_t ld = 3 * (size_t)c;
     dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
-    att_fwd_wg_kernel<<<grid, kWgThreads, kWgSmem, ci->stream>>>(
-        t, c, nh, row_view(qkv, t, ld, kWgHs), row_view(qkv + c, t, ld, kWgHs),
-        row_view(qkv + 2 * (size_t)c, t, ld, kWgHs), out, lse, scale);
+    kern<<<grid, kWgThreads, smem, ci->stream>>>(
+        t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
+        row_view(qkv + 2 * (size_t)c, t, ld, hs), out, lse, scale);
     CUDA_CHECK_LAUNCH(err, "att_fwd_wg_kernel (b=%d t=%d c=%d nh=%d)", b, t, c, nh);
     return 0;
 }

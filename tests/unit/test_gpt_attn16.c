@@ -55,6 +55,7 @@ static const shape_t shapes[] = {
     {1, 1024, 768, 12, 0}, /* GPT-2 124M, one batch row: 16 tiles of keys */
     {2, 100, 128, 4, 0},   /* hs 32, two batch rows, t past a tile */
     {1, 100, 256, 2, 0},   /* hs 128 */
+    {2, 300, 512, 4, 0},   /* hs 128: three blocks of 128 queries, the last past t */
     {3, 1, 64, 2, 0},      /* hs 32, one query */
     {3, 130, 384, 6, 0},   /* the small model's heads (64), three batch rows */
     {1, 192, 128, 2, 0},   /* hs 64, half a block of 128 rows past t, whole tiles */
