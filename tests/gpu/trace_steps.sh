@@ -10,7 +10,9 @@
 #
 # CASE: mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32, gpt_bf16, gpt_fp32 (GPT-2 124M of
 # configs/bench_gpt_124m.cfg over tests/bench/gpt_torch_bench.py's synthetic tokens; its step
-# has hundreds of kernels, so they are grouped by name) (default: the first three).
+# has hundreds of kernels, so they are grouped by name), gpt_bf16:SHAPE and gpt_fp32:SHAPE
+# (the model and batch of one of gpt_bench.sh's shapes: 124m, 124m-2k, 350m, 774m, h128, 1.5b)
+# (default: the first three).
 # Writes OUTDIR/<case>.csv (start_ns,end_ns,stream,kind,name) and prints each timeline.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,8 +38,9 @@ rows.sort()
 # in place, right after the previous step's optimizer update.
 starts = [i for i, r in enumerate(rows) if "gather_kernel" in r[4]]
 if len(starts) < 3:
-    starts = [i + 1 for i, r in enumerate(rows[:-1])
-              if "sgd" in r[4].lower() or "adamw" in r[4].lower()]
+    # (a large model's update is several kernels in a row: the step starts after the last)
+    upd = lambda r: "sgd" in r[4].lower() or "adamw" in r[4].lower()
+    starts = [i + 1 for i, r in enumerate(rows[:-1]) if upd(r) and not upd(rows[i + 1])]
 if len(starts) < 3:
     print("  fewer than 3 steps traced"); sys.exit(0)
 steps = [rows[a:b] for a, b in zip(starts, starts[1:])]
@@ -94,12 +97,20 @@ for c in "${cases[@]}"; do
     linear) run_case linear bench_linear.cfg epochs=100 ;;
     large_bf16) run_case large_bf16 bench_large_bf16.cfg epochs=6 ;;
     large_tf32) run_case large_tf32 bench_large_tf32.cfg epochs=6 ;;
-    gpt_bf16 | gpt_fp32)
+    gpt_bf16 | gpt_fp32 | gpt_bf16:* | gpt_fp32:*)
         tokens=$OUT/tokens_50304.bin
         [ -f "$tokens" ] || "$PY" "$root/tests/bench/gpt_torch_bench.py" tokens "$tokens" 8388609 \
             50304 >/dev/null || exit 2
-        run_case "$c" bench_gpt_124m.cfg data_tokens="$tokens" max_steps=80 timing_warmup=10 \
-            log_interval=0 precision="${c#gpt_}" ;;
-    *) echo "trace_steps: unknown case '$c' (expected mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32, gpt_bf16, gpt_fp32)" >&2; exit 2 ;;
+        prec=${c%%:*}
+        prec=${prec#gpt_}
+        shape=124m
+        [[ $c == *:* ]] && shape=${c#*:}
+        # the benchmark's model and batch for the shape (gpt_bench.sh's table)
+        IFS=$'\t' read -r _ _ cfg args < <("$PY" "$root/tests/bench/gpt_torch_bench.py" spec \
+            "$prec" 1 "$shape") || exit 2
+        # shellcheck disable=SC2086 # args: key=value words
+        run_case "${c/:/_}" "$cfg" $args data_tokens="$tokens" max_steps=80 timing_warmup=10 \
+            log_interval=0 ;;
+    *) echo "trace_steps: unknown case '$c' (expected mlp_fp32, mlp_tf32, linear, large_bf16, large_tf32, gpt_bf16[:SHAPE], gpt_fp32[:SHAPE])" >&2; exit 2 ;;
     esac
 done
