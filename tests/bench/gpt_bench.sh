@@ -150,7 +150,9 @@ say "gpt_bench: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n): ${shapes[*]}," 
     "precisions $PRECISIONS, deadline $DEADLINE s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1 | sed 's/^/  gpu: /' | tee -a "$log"
 "$PY" -c 'import torch; print("  torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tee -a "$log"
-say "  mgpu-worker: $BUILD/bin/mgpu-worker, $(git -C "$root" log -1 --format='%h %s' 2>/dev/null)"
+# the commit, and whether the tree the binary was built from had changes beyond it
+dirty=$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null | head -c1)
+say "  mgpu-worker: $BUILD/bin/mgpu-worker, $(git -C "$root" log -1 --format='%h %s' 2>/dev/null)$([ -n "$dirty" ] && echo ' (with uncommitted changes to tracked files)')"
 
 # --- 1. tokens ---------------------------------------------------------------------------------
 for v in $("$PY" "$bench" spec bf16 1 "${shapes[@]}" | cut -f2 | sort -u); do
