@@ -233,7 +233,7 @@ int gpt16_attention_forward(void *impl, int b, int t, int c, int nh, const mgpu_
     const float scale = (float)(1.0 / sqrt((double)hs));
     return with_tc_hs(hs, [&](auto hc) {
         constexpr int HS = decltype(hc)::value;
-        if (hs == HS && aligned16(qkv) && gpt16_attention_forward_wg_ok(ci, hs))
+        if (hs == HS && aligned16(qkv) && gpt16_attention_wg_ok(ci, hs))
             return gpt16_attention_forward_wg(ci, b, t, c, nh, qkv, out, lse, scale, err);
         if (hs == HS && aligned16(qkv)) {
             const size_t ld = 3 * (size_t)c;

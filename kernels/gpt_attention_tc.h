@@ -551,17 +551,16 @@ inline int check16(const char *op, int b, int t, int c, int nh, mgpu_err_t *err)
 } /* namespace */
 
 /* gpt_attention_wg.cu: the bf16 attention on Hopper's warpgroup MMAs, for q, k and v read
- * straight from a 16-byte aligned qkv (b, t, 3c) whose heads are 64 wide (the forward: 64 or
- * 128). _ok: whether its kernels run here (built for sm_90a, a compute capability 9.0 device,
- * MGPU_GPT_WGMMA not 0) for heads of hs; then the forward: */
+ * straight from a 16-byte aligned qkv (b, t, 3c) whose heads are 64 or 128 wide. _ok: whether
+ * its kernels run here (built for sm_90a, a compute capability 9.0 device, MGPU_GPT_WGMMA not
+ * 0) for heads of hs; then the forward: */
 bool gpt16_attention_wg_ok(const cuda_impl *ci, int hs);
-bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs);
 int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const bf16 *qkv,
                                bf16 *out, float *lse, float scale, mgpu_err_t *err);
 /* The backward's passes on the same terms (where _ok says so), for dout (b, t, c) 16-byte
- * aligned: _prepare once before the launches (their shared memory), then each pass on its
- * stream, returning the launch's status. */
-int gpt16_attention_backward_wg_prepare(mgpu_err_t *err);
+ * aligned: _prepare once before the launches (their shared memory, for heads of hs), then each
+ * pass on its stream, returning the launch's status. */
+int gpt16_attention_backward_wg_prepare(int hs, mgpu_err_t *err);
 cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
                                                int c, int nh, const bf16 *qkv, const bf16 *dout,
                                                const float *lse, const float *dsum, bf16 *dqkv,

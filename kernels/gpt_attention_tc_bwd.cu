@@ -331,7 +331,7 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     const size_t smem_kv = (2 * RKV / kTcRows + 4) * L::BYTES + 4 * kTcRows * sizeof(float);
     bool side = false;
     int rc;
-    if ((rc = wg ? gpt16_attention_backward_wg_prepare(err)
+    if ((rc = wg ? gpt16_attention_backward_wg_prepare(HS, err)
                  : prepare(att_bwd_q_tc_kernel<HS, OutT, WQ, MQ, KQ>, smem, err)) < 0 ||
         (!wg && (rc = prepare(att_bwd_kv_tc_kernel<HS, OutT, WKV, MKV, QKV>, smem_kv, err)) < 0) ||
         (rc = att_side_ready(ci, &side, err)) < 0)

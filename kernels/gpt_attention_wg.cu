@@ -1,7 +1,7 @@
-/* gpt_attention_wg.cu - the bf16 path's attention on Hopper (compute capability 9.0) at a head
- * size of 64, and its forward at 128: the products are warpgroup MMAs (wgmma.mma_async, the
- * architecture-specific target sm_90a) instead of the mma.sync of gpt_attention_tc.cu (forward) and
- * gpt_attention_tc_bwd.cu (the backward's two passes, which keep their structure and streams
+/* gpt_attention_wg.cu - the bf16 path's attention on Hopper (compute capability 9.0) at head
+ * sizes of 64 and 128: the products are warpgroup MMAs (wgmma.mma_async, the
+ * architecture-specific target sm_90a) instead of the mma.sync of gpt_attention_tc.cu (forward)
+ * and gpt_attention_tc_bwd.cu (the backward's two passes, which keep their structure and streams
  * there: only their kernels are these). In the forward each warpgroup overlaps the products
  * with its softmax as FlashAttention-3 does within a warpgroup: the scores of key tile j and
  * the sum p . v of tile j - 1 go to the tensor cores together, the softmax of tile j runs while
@@ -40,7 +40,6 @@ namespace
 #define MGPU_WG_BODY 1
 #endif
 
-constexpr int kWgHs = 64;    /* the head size these kernels take */
 constexpr int kWgRows = 64;  /* queries a warpgroup, keys a tile */
 constexpr int kWgGroups = 2; /* warpgroups a block */
 constexpr int kWgThreads = 128 * kWgGroups;
@@ -55,9 +54,19 @@ constexpr size_t wg_smem_fwd(int hs)
 /* The query pass: q and dout tiles of its two warpgroups, three stages of k and v. The key
  * pass: a warpgroup a block (registers: s, dp, dk, dv and two A operands), its k and v, three
  * stages of q and dout with their lse and D. */
-constexpr size_t kWgSmemQ = 1024 + (size_t)(2 * kWgGroups + 2 * kWgStages) * kWgTileBytes;
-constexpr size_t kWgSmemKv =
-    1024 + (size_t)(2 + 2 * kWgStages) * kWgTileBytes + 2 * kWgStages * kWgRows * sizeof(float);
+constexpr size_t wg_smem_q(int hs)
+{
+    return 1024 + (size_t)(2 * kWgGroups + 2 * kWgStages) * (hs / 64) * kWgTileBytes;
+}
+__host__ __device__ constexpr int wg_kv_stages(int hs)
+{
+    return hs == 64 ? kWgStages : 2;
+}
+constexpr size_t wg_smem_kv(int hs)
+{
+    return 1024 + (size_t)(2 + 2 * wg_kv_stages(hs)) * (hs / 64) * kWgTileBytes +
+           2 * wg_kv_stages(hs) * kWgRows * sizeof(float);
+}
 
 #ifdef MGPU_WG_BODY
 /* A shared-memory matrix descriptor: 128-byte swizzling, the stride between groups of 8 rows
@@ -101,6 +110,30 @@ __device__ __forceinline__ void wg_rs(float (&d)[32], const uint32_t *a, uint64_
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+/* d (64 x 64) = a . b^T over a head of HS (the product's k): a and b 64 rows each, K-major,
+ * HS / 64 swizzled tiles of 64 columns (wg_tile's layout), 16 columns a step. */
+template <int HS> __device__ __forceinline__ void wg_ss_head(float (&d)[32], uint32_t a, uint32_t b)
+{
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        const uint32_t at = (kk >> 2) * kWgTileBytes + (kk & 3) * 32;
+        wg_ss(d, wg_desc(a + at, 16, 1024), wg_desc(b + at, 16, 1024), kk);
+    }
+}
+
+/* d (64 x HS: HS / 64 accumulators of 32 registers in a row) += a . b, a 64 x 64 from
+ * registers, b 64 rows of HS columns (wg_tile's layout) read transposed, a tile at a time. */
+template <int HS>
+__device__ __forceinline__ void wg_rs_head(float *d, const uint32_t *a, uint32_t b)
+{
+#pragma unroll
+    for (int g = 0; g < HS / 64; g++)
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_rs(*reinterpret_cast<float(*)[32]>(d + 32 * g), a + 4 * kk,
+                  wg_desc(b + g * kWgTileBytes + kk * 2048, 16, 1024));
+}
+
 __device__ __forceinline__ void wg_fence()
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -126,7 +159,7 @@ __device__ __forceinline__ void fence_async_smem()
  * zeros. The whole block takes part. A tile is 64 rows of 64 columns (128 bytes a row): a head
  * of 128 is two, columns 0-63 then 64-127, and each 64 rows of R take HS / 64 tiles in turn
  * (for HS = 64, simply row r at byte 128 r). */
-template <int R, int NT = kWgThreads, int HS = kWgHs>
+template <int R, int NT = kWgThreads, int HS = 64>
 __device__ __forceinline__ void wg_tile(unsigned char *dst, const bf16 *rows, size_t ld, int r0,
                                         int t)
 {
@@ -148,7 +181,7 @@ __device__ __forceinline__ void wg_tile(unsigned char *dst, const bf16 *rows, si
 
 /* Tile j's copies landed (tile 0 and 1 are committed as two groups, each later one alone) and
  * visible to wgmma, and the whole block past a barrier: every warpgroup is done with the
- * buffer tile j - 2 used, which tile j + 1 may now take. */
+ * buffer tile j - 2 used (with two stages, tile j - 1), which tile j + 1 may now take. */
 __device__ __forceinline__ void wg_arrived(int j)
 {
     if (j == 0)
@@ -161,7 +194,7 @@ __device__ __forceinline__ void wg_arrived(int j)
 
 /* Key and value tile j of a head (rows 64 j..) into buffer j % kWgStages of ks and vs (HS / 64
  * tiles each). */
-template <int HS = kWgHs>
+template <int HS = 64>
 __device__ __forceinline__ void wg_kv_tile(unsigned char *ks, unsigned char *vs, const bf16 *kh,
                                            const bf16 *vh, const View &kv, const View &vv, int j,
                                            int t)
@@ -228,28 +261,19 @@ __global__ void __launch_bounds__(kWgThreads, HS == 64 ? 2 : 1)
         o[i] = 0.0f;
     const uint32_t qaddr = smem_addr(qs + w.wg * CG * kWgTileBytes);
 
-    auto scores =
-        [&](int j) { /* s = q . k_j^T */
-                     const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * CG * kWgTileBytes);
-                     wg_fence();
-#pragma unroll
-                     for (int kk = 0; kk < 4 * CG; kk++) {
-                         const uint32_t at = (kk >> 2) * kWgTileBytes + (kk & 3) * 32;
-                         wg_ss(s, wg_desc(qaddr + at, 16, 1024), wg_desc(kaddr + at, 16, 1024), kk);
-                     }
-                     wg_commit();
-        };
-    auto sum_pv =
-        [&](int j) { /* o += p . v_j, a tile of v's columns at a time */
-                     const uint32_t vaddr = smem_addr(vs + (j % kWgStages) * CG * kWgTileBytes);
-#pragma unroll
-                     for (int g = 0; g < CG; g++)
-#pragma unroll
-                         for (int kk = 0; kk < 4; kk++)
-                             wg_rs(*reinterpret_cast<float(*)[32]>(o + 32 * g), p + 4 * kk,
-                                   wg_desc(vaddr + g * kWgTileBytes + kk * 2048, 16, 1024));
-                     wg_commit();
-        };
+    auto scores = [&](int j) { /* s = q . k_j^T */
+                               const uint32_t kaddr =
+                                   smem_addr(ks + (j % kWgStages) * CG * kWgTileBytes);
+                               wg_fence();
+                               wg_ss_head<HS>(s, qaddr, kaddr);
+                               wg_commit();
+    };
+    auto sum_pv = [&](int j) { /* o += p . v_j, a tile of v's columns at a time */
+                               const uint32_t vaddr =
+                                   smem_addr(vs + (j % kWgStages) * CG * kWgTileBytes);
+                               wg_rs_head<HS>(o, p, vaddr);
+                               wg_commit();
+    };
     /* s (scores of tile j) -> probabilities, the running maximum and sum updated; returns
      * the factors that rescale what o held. */
     auto softmax = [&](int j) {
@@ -346,59 +370,59 @@ __global__ void __launch_bounds__(kWgThreads, HS == 64 ? 2 : 1)
 
 /* The backward's query pass: a block of two warpgroups owns 128 queries (WgQueries), each
  * warpgroup's 64 over the key tiles up to its last query. k and v tiles come in three
- * buffers: tile j + 1 is loaded while tile j is used. */
-__global__ void __launch_bounds__(kWgThreads, 2)
+ * buffers: tile j + 1 is loaded while tile j is used. A head of 128 (HS) is two 64-column
+ * tiles of each of q, dout, k and v, as in the forward: s and dp walk both, and dq is two
+ * accumulators, one a tile of k; one block an SM. */
+template <int HS>
+__global__ void __launch_bounds__(kWgThreads, HS == 64 ? 2 : 1)
     att_bwd_q_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov, const float *lse,
                         const float *dsum, bf16 *dqkv, float scale)
 {
 #ifdef MGPU_WG_BODY
+    constexpr int CG = HS / 64; /* tiles of 64 columns a row */
+    constexpr int TB = CG * kWgTileBytes;
     extern __shared__ __align__(128) unsigned char tc_smem[];
     unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
-    unsigned char *qs = base, *dos = qs + kWgGroups * kWgTileBytes,
-                  *ks = dos + kWgGroups * kWgTileBytes, *vs = ks + kWgStages * kWgTileBytes;
+    unsigned char *qs = base, *dos = qs + kWgGroups * TB, *ks = dos + kWgGroups * TB,
+                  *vs = ks + kWgStages * TB;
     const WgQueries w(t);
     const int tig = w.tig, qa = w.qa, ntiles = w.ntiles, bi = w.bi, h = w.h, hs = c / nh;
     const bf16 *kh = kv.at(bi, h), *vh = vv.at(bi, h);
     const size_t lbase = ((size_t)bi * nh + h) * t;
     const float sl2 = scale * kLog2e;
 
-    wg_tile<kWgQueryRows>(qs, qv.at(bi, h), qv.ld, w.q0, t);
-    wg_tile<kWgQueryRows>(dos, dov.at(bi, h), dov.ld, w.q0, t);
-    wg_kv_tile(ks, vs, kh, vh, kv, vv, 0, t);
+    wg_tile<kWgQueryRows, kWgThreads, HS>(qs, qv.at(bi, h), qv.ld, w.q0, t);
+    wg_tile<kWgQueryRows, kWgThreads, HS>(dos, dov.at(bi, h), dov.ld, w.q0, t);
+    wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, 0, t);
     cp_commit();
     if (ntiles > 1)
-        wg_kv_tile(ks, vs, kh, vh, kv, vv, 1, t);
+        wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, 1, t);
     cp_commit();
     /* rows past t: ds is not stored; any finite value does */
     const float ls0 = qa < t ? lse[lbase + qa] * kLog2e : 0.0f;
     const float ls1 = qa + 8 < t ? lse[lbase + qa + 8] * kLog2e : 0.0f;
     const float dd0 = qa < t ? dsum[lbase + qa] : 0.0f;
     const float dd1 = qa + 8 < t ? dsum[lbase + qa + 8] : 0.0f;
-    float dq[32], s[32], dp[32];
+    float dq[32 * CG], s[32], dp[32];
     uint32_t a[16];
 #pragma unroll
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < 32 * CG; i++)
         dq[i] = 0.0f;
-    const uint32_t qaddr = smem_addr(qs + w.wg * kWgTileBytes),
-                   daddr = smem_addr(dos + w.wg * kWgTileBytes);
+    const uint32_t qaddr = smem_addr(qs + w.wg * TB), daddr = smem_addr(dos + w.wg * TB);
     for (int j = 0; j < ntiles; j++) {
         wg_arrived(j);
         if (j > 0) {
             if (j + 1 < ntiles)
-                wg_kv_tile(ks, vs, kh, vh, kv, vv, j + 1, t);
+                wg_kv_tile<HS>(ks, vs, kh, vh, kv, vv, j + 1, t);
             cp_commit();
         }
         if (j >= w.nact)
             continue;
-        const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * kWgTileBytes),
-                       vaddr = smem_addr(vs + (j % kWgStages) * kWgTileBytes);
+        const uint32_t kaddr = smem_addr(ks + (j % kWgStages) * TB),
+                       vaddr = smem_addr(vs + (j % kWgStages) * TB);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_ss(s, wg_desc(qaddr + kk * 32, 16, 1024), wg_desc(kaddr + kk * 32, 16, 1024), kk);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_ss(dp, wg_desc(daddr + kk * 32, 16, 1024), wg_desc(vaddr + kk * 32, 16, 1024), kk);
+        wg_ss_head<HS>(s, qaddr, kaddr);
+        wg_ss_head<HS>(dp, daddr, vaddr);
         wg_commit();
         wg_wait<0>();
         const int k0 = j * kWgRows;
@@ -417,32 +441,33 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         for (int i = 0; i < 16; i++)
             a[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_rs(dq, a + 4 * kk, wg_desc(kaddr + kk * 2048, 16, 1024));
+        wg_rs_head<HS>(dq, a, kaddr);
         wg_commit();
         wg_wait<0>();
     }
-    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dq),
-                     dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs,
-                     scale, scale, tig);
+    store_acc<HS>(reinterpret_cast<const float(&)[HS / 8][4]>(dq),
+                  dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs, 3 * (size_t)c, qa, t, hs, scale,
+                  scale, tig);
 #endif
 }
 
 /* The backward's key pass: a block is one warpgroup's 64 keys (first keys first: they have the
  * most queries) over the query tiles from its first key on. Queries past t read zeros (q,
- * dout, lse, D), so their p is 1 and their terms are 0. */
-__global__ void __launch_bounds__(128, 3)
+ * dout, lse, D), so their p is 1 and their terms are 0. A head of 128 (HS) is two 64-column
+ * tiles of each of k, v, q and dout: s^T and dp^T walk both, dk and dv are two accumulators
+ * each, one a tile of q or dout; two stages of q and dout instead of three, so that two blocks
+ * share an SM (98 KB of shared memory and up to 255 registers a thread each). */
+template <int HS>
+__global__ void __launch_bounds__(128, HS == 64 ? 3 : 2)
     att_bwd_kv_wg_kernel(int t, int c, int nh, View qv, View kv, View vv, View dov,
                          const float *lse, const float *dsum, bf16 *dqkv, float scale)
 {
 #ifdef MGPU_WG_BODY
+    constexpr int CG = HS / 64, TB = CG * kWgTileBytes, KS = wg_kv_stages(HS);
     extern __shared__ __align__(128) unsigned char tc_smem[];
     unsigned char *base = tc_smem + ((1024 - (smem_addr(tc_smem) & 1023)) & 1023);
-    unsigned char *ks = base, *vs = ks + kWgTileBytes, *qs = vs + kWgTileBytes,
-                  *dos = qs + kWgStages * kWgTileBytes;
-    float *lsm = reinterpret_cast<float *>(dos + kWgStages * kWgTileBytes),
-          *dsm = lsm + kWgStages * kWgRows;
+    unsigned char *ks = base, *vs = ks + TB, *qs = vs + TB, *dos = qs + KS * TB;
+    float *lsm = reinterpret_cast<float *>(dos + KS * TB), *dsm = lsm + KS * kWgRows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int h = blockIdx.y, bi = blockIdx.z, hs = c / nh;
     const bf16 *qh = qv.at(bi, h), *doh = dov.at(bi, h);
@@ -451,9 +476,9 @@ __global__ void __launch_bounds__(128, 3)
     const float sl2 = scale * kLog2e;
     const int ntiles = (t - k0 + kWgRows - 1) / kWgRows;
     auto load_q = [&](int j) { /* query tile j, its lse and D, into buffer j % stages */
-                               const int b = j % kWgStages, q0 = k0 + j * kWgRows;
-                               wg_tile<kWgRows, 128>(qs + b * kWgTileBytes, qh, qv.ld, q0, t);
-                               wg_tile<kWgRows, 128>(dos + b * kWgTileBytes, doh, dov.ld, q0, t);
+                               const int b = j % KS, q0 = k0 + j * kWgRows;
+                               wg_tile<kWgRows, 128, HS>(qs + b * TB, qh, qv.ld, q0, t);
+                               wg_tile<kWgRows, 128, HS>(dos + b * TB, doh, dov.ld, q0, t);
                                if (threadIdx.x < kWgRows) {
                                    const int qi = q0 + threadIdx.x;
                                    const bool in = qi < t;
@@ -464,37 +489,33 @@ __global__ void __launch_bounds__(128, 3)
                                }
     };
 
-    wg_tile<kWgRows, 128>(ks, kv.at(bi, h), kv.ld, k0, t);
-    wg_tile<kWgRows, 128>(vs, vv.at(bi, h), vv.ld, k0, t);
+    wg_tile<kWgRows, 128, HS>(ks, kv.at(bi, h), kv.ld, k0, t);
+    wg_tile<kWgRows, 128, HS>(vs, vv.at(bi, h), vv.ld, k0, t);
     load_q(0);
     cp_commit();
     if (ntiles > 1)
         load_q(1);
     cp_commit();
-    float dk[32], dv[32], s[32], dp[32];
+    float dk[32 * CG], dv[32 * CG], s[32], dp[32];
     uint32_t ap[16], ad[16];
 #pragma unroll
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < 32 * CG; i++)
         dk[i] = dv[i] = 0.0f;
     const uint32_t kaddr = smem_addr(ks), vaddr = smem_addr(vs);
     for (int j = 0; j < ntiles; j++) {
+        /* (with two stages, tile j + 1 takes the buffer of tile j - 1, free past the barrier) */
         wg_arrived(j);
         if (j > 0) {
             if (j + 1 < ntiles)
                 load_q(j + 1);
             cp_commit();
         }
-        const int q0 = k0 + j * kWgRows, b = j % kWgStages;
-        const uint32_t qaddr = smem_addr(qs + b * kWgTileBytes),
-                       daddr = smem_addr(dos + b * kWgTileBytes);
+        const int q0 = k0 + j * kWgRows, b = j % KS;
+        const uint32_t qaddr = smem_addr(qs + b * TB), daddr = smem_addr(dos + b * TB);
         const float *lt = lsm + b * kWgRows, *dt = dsm + b * kWgRows;
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) /* s^T: keys x queries */
-            wg_ss(s, wg_desc(kaddr + kk * 32, 16, 1024), wg_desc(qaddr + kk * 32, 16, 1024), kk);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) /* dp^T */
-            wg_ss(dp, wg_desc(vaddr + kk * 32, 16, 1024), wg_desc(daddr + kk * 32, 16, 1024), kk);
+        wg_ss_head<HS>(s, kaddr, qaddr);  /* s^T: keys x queries */
+        wg_ss_head<HS>(dp, vaddr, daddr); /* dp^T */
         wg_commit();
         wg_wait<0>();
         const bool masked = q0 < wrow0 + 15; /* queries before the warp's last key */
@@ -515,20 +536,16 @@ __global__ void __launch_bounds__(128, 3)
             ad[i] = pack_bf16(dp[2 * i], dp[2 * i + 1]);
         }
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) /* dv += p^T . dout */
-            wg_rs(dv, ap + 4 * kk, wg_desc(daddr + kk * 2048, 16, 1024));
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) /* dk += ds^T . q */
-            wg_rs(dk, ad + 4 * kk, wg_desc(qaddr + kk * 2048, 16, 1024));
+        wg_rs_head<HS>(dv, ap, daddr); /* dv += p^T . dout */
+        wg_rs_head<HS>(dk, ad, qaddr); /* dk += ds^T . q */
         wg_commit();
         wg_wait<0>();
     }
     bf16 *rows = dqkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
-    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dk), rows + c, 3 * (size_t)c,
-                     ka, t, hs, scale, scale, tig);
-    store_acc<kWgHs>(reinterpret_cast<const float(&)[kWgHs / 8][4]>(dv), rows + 2 * (size_t)c,
-                     3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
+    store_acc<HS>(reinterpret_cast<const float(&)[HS / 8][4]>(dk), rows + c, 3 * (size_t)c, ka, t,
+                  hs, scale, scale, tig);
+    store_acc<HS>(reinterpret_cast<const float(&)[HS / 8][4]>(dv), rows + 2 * (size_t)c,
+                  3 * (size_t)c, ka, t, hs, 1.0f, 1.0f, tig);
 #endif
 }
 
@@ -537,16 +554,11 @@ __global__ void __launch_bounds__(128, 3)
 bool gpt16_attention_wg_ok(const cuda_impl *ci, int hs)
 {
 #ifdef MGPU_HAVE_WGMMA
-    return hs == kWgHs && ci->cc == 90 && !ci->opt.wgmma_off;
+    return (hs == 64 || hs == 128) && ci->cc == 90 && !ci->opt.wgmma_off;
 #else
     (void)ci, (void)hs;
     return false;
 #endif
-}
-
-bool gpt16_attention_forward_wg_ok(const cuda_impl *ci, int hs)
-{
-    return gpt16_attention_wg_ok(ci, kWgHs) && (hs == 64 || hs == 128);
 }
 
 int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const bf16 *qkv,
@@ -566,12 +578,16 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
     return 0;
 }
 
-int gpt16_attention_backward_wg_prepare(mgpu_err_t *err)
+int gpt16_attention_backward_wg_prepare(int hs, mgpu_err_t *err)
 {
     int rc;
-    if ((rc = prepare(att_bwd_q_wg_kernel, kWgSmemQ, err)) < 0)
-        return rc;
-    return prepare(att_bwd_kv_wg_kernel, kWgSmemKv, err);
+    if (hs == 128)
+        return (rc = prepare(att_bwd_q_wg_kernel<128>, wg_smem_q(128), err)) < 0
+                   ? rc
+                   : prepare(att_bwd_kv_wg_kernel<128>, wg_smem_kv(128), err);
+    return (rc = prepare(att_bwd_q_wg_kernel<64>, wg_smem_q(64), err)) < 0
+               ? rc
+               : prepare(att_bwd_kv_wg_kernel<64>, wg_smem_kv(64), err);
 }
 
 cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
@@ -580,17 +596,20 @@ cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t strea
                                                float scale)
 {
     const size_t ld = 3 * (size_t)c;
-    const View qv = row_view(qkv, t, ld, kWgHs), kv = row_view(qkv + c, t, ld, kWgHs),
-               vv = row_view(qkv + 2 * (size_t)c, t, ld, kWgHs),
-               dov = row_view(dout, t, (size_t)c, kWgHs);
+    const int hs = c / nh;
+    const View qv = row_view(qkv, t, ld, hs), kv = row_view(qkv + c, t, ld, hs),
+               vv = row_view(qkv + 2 * (size_t)c, t, ld, hs),
+               dov = row_view(dout, t, (size_t)c, hs);
     if (key_pass) {
         dim3 grid((unsigned)((t + kWgRows - 1) / kWgRows), (unsigned)nh, (unsigned)b);
-        att_bwd_kv_wg_kernel<<<grid, 128, kWgSmemKv, stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum,
-                                                               dqkv, scale);
+        auto kern = hs == 128 ? att_bwd_kv_wg_kernel<128> : att_bwd_kv_wg_kernel<64>;
+        kern<<<grid, 128, wg_smem_kv(hs), stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv,
+                                                    scale);
     } else {
         dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
-        att_bwd_q_wg_kernel<<<grid, kWgThreads, kWgSmemQ, stream>>>(t, c, nh, qv, kv, vv, dov, lse,
-                                                                    dsum, dqkv, scale);
+        auto kern = hs == 128 ? att_bwd_q_wg_kernel<128> : att_bwd_q_wg_kernel<64>;
+        kern<<<grid, kWgThreads, wg_smem_q(hs), stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum,
+                                                          dqkv, scale);
     }
     return cudaGetLastError();
 }
