@@ -2,7 +2,8 @@
  * makes the attempt's folders and pipes and forks the workers.
  *
  * A worker whose output reaches a terminal gets a pseudo-terminal for stdout and one for
- * stderr (spawner.h: mgpu_spawner_pty_open). Each costs some twenty microseconds of system
+ * stderr, or one for both when the launcher's two are one terminal and nothing tells them
+ * apart (spawner.h: mgpu_spawner_pty_open). Each costs some twenty microseconds of system
  * calls (the kernel's tty, its termios, its window), and opened one after the other in the
  * launcher's one thread they were the largest part of the difference between a launch on a
  * terminal and one on a pipe: 16 of them, a tenth of the start to exit of 8 workers. So a

@@ -87,7 +87,7 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
     if (rlen == 0)
         return;
     mgpu_watch_lines(st->proc, raw, rlen);
-    if (st->which == 2)
+    if (st->which == 2 || st->both)
         push_tail(st->proc->out, raw, rlen);
     if (st->file_fd >= 0)
         mgpu_fdio_write_all(st->file_fd, raw, rlen);

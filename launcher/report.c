@@ -168,7 +168,7 @@ static void print_failure(const mgpu_plan_t *plan, const mgpu_outcome_t *o, int 
     if (o->note[0])
         fprintf(out, "  note      : %s\n", o->note);
     if (o->ntail > 0) {
-        fprintf(out, "  last stderr lines:\n");
+        fprintf(out, "  %s:\n", o->tail_both ? "last output lines" : "last stderr lines");
         for (int i = 0; i < o->ntail; i++)
             fprintf(out, "    %s\n", o->tail[i]);
     }
@@ -457,6 +457,8 @@ static cJSON *outcome_json(const mgpu_plan_t *plan, const mgpu_outcome_t *o)
         cJSON *t = cJSON_AddArrayToObject(j, "stderr_tail");
         for (int i = 0; i < o->ntail; i++)
             cJSON_AddItemToArray(t, cJSON_CreateString(o->tail[i]));
+        if (o->tail_both) /* one terminal carried stdout and stderr: their lines mixed */
+            cJSON_AddBoolToObject(j, "stderr_tail_with_stdout", 1);
     }
     return j;
 }

@@ -289,6 +289,14 @@ static int wants_pty(const sup_t *s, int console_fd, int is_tty[3])
     return is_tty[console_fd];
 }
 
+/* Whether the launcher's stdout and stderr are one terminal (a console, not 2>file). */
+static int one_terminal(void)
+{
+    struct stat a, b;
+    return fstat(1, &a) == 0 && fstat(2, &b) == 0 && S_ISCHR(a.st_mode) && S_ISCHR(b.st_mode) &&
+           a.st_rdev == b.st_rdev && isatty(1);
+}
+
 static void on_winch(uv_signal_t *h, int sig)
 {
     sup_t *s = h->data;
@@ -352,7 +360,7 @@ static int plan_streams(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
     const mgpu_plan_output_t *o_opts = &plan->output;
-    int npty = 0, is_tty[3] = {-1, -1, -1};
+    int npty = 0, is_tty[3] = {-1, -1, -1}, one = -1;
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -384,9 +392,23 @@ static int plan_streams(sup_t *s, mgpu_err_t *err)
             st->which = bit;
             st->file_fd = -1;
             st->pty = 0;
+            st->both = 0;
             /* torchrun: redirect = file only; tee = file and console. */
             st->console_fd = (redirect & bit) && !(tee & bit) ? -1 : (shown ? bit : -1);
             s->pty_slot[k][i] = wants_pty(s, st->console_fd, is_tty) ? npty++ : -1;
+        }
+        /* Both streams bound for the one terminal the launcher writes to, with nothing that
+         * tells them apart (no log files, no filters): one pseudo-terminal carries both, as the
+         * console would show them, and a start needs half the terminals (each costs some tens
+         * of microseconds to open and to close). The failure report's tail is then the
+         * worker's last lines of either stream. */
+        if (s->pty_slot[k][0] >= 0 && s->pty_slot[k][1] >= 0 && !((redirect | tee) & 3) &&
+            o_opts->dup[0].n == 0 && o_opts->dup[1].n == 0 && p->s[0].console_fd == 1 &&
+            p->s[1].console_fd == 2 && (one < 0 ? (one = one_terminal()) : one)) {
+            p->s[0].both = 1;
+            o->tail_both = 1;
+            s->pty_slot[k][1] = -1;
+            npty--;
         }
     }
     if (npty > 0) {
@@ -485,7 +507,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         }
         /* The pipes now; a stream's pseudo-terminal as its worker is forked. */
         for (int i = 0; i < 3; i++) {
-            if (i < 2 && s->pty_slot[k][i] >= 0)
+            if ((i < 2 && s->pty_slot[k][i] >= 0) || (i == 1 && p->s[0].both))
                 continue;
             if (pipe2(pipes[k][i], O_CLOEXEC) != 0) {
                 rc = mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
@@ -510,6 +532,12 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         for (int i = 0; i < 2 && rc == 0; i++)
             if (s->pty_slot[k][i] >= 0)
                 rc = take_pty(s, &s->ptys, s->pty_slot[k][i], k, pipes[k][i], &p->s[i].pty, err);
+        /* stdout's terminal failed to open and a pipe took its place: stderr gets its own */
+        if (rc == 0 && p->s[0].both && !p->s[0].pty) {
+            p->s[0].both = p->out->tail_both = 0;
+            if (pipe2(pipes[k][1], O_CLOEXEC) != 0)
+                rc = mgpu_err_set(err, -errno, "pipe2: %s (local rank %d)", strerror(errno), k);
+        }
         if (rc == 0 && envp == NULL)
             rc = mgpu_err_set(err, -ENOMEM, "out of memory building the environment");
         if (rc < 0) {
@@ -519,7 +547,7 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg,
+                                  pipes[k][p->s[0].both ? 0 : 1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg,
                                   plan->workers[k].bound ? &plan->workers[k].cpus : NULL, &mem[k]);
         free(envp); /* the worker has its own copy */
         if (pid < 0) {
@@ -552,6 +580,8 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         close(pipes[k][2][0]);
         for (int i = 0; i < 2; i++) {
             stream_t *st = &p->s[i];
+            if (pipes[k][i][0] < 0) /* stderr on stdout's terminal */
+                continue;
             if (p->pid <= 0) {
                 close(pipes[k][i][0]);
                 continue;

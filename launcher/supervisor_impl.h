@@ -29,6 +29,7 @@ typedef struct stream {
     int file_fd;     /* per-rank log file, -1 when none */
     int open;        /* the handle is initialised and not yet closed */
     int pty;         /* the worker writes to a pseudo-terminal (the handle reads its master) */
+    int both;        /* stdout's stream carries stderr too: one terminal for both (s[1] unused) */
     uint64_t t_last; /* uv_now of the last read, for the quiet-time flush */
     mgpu_linebuf_t lb;
 } stream_t;

@@ -1,5 +1,6 @@
 # test_tty.sh - workers under a launcher whose output is a terminal: each worker's stdout and
-# stderr are pseudo-terminals (isatty() true, the launcher's window size less the prefix),
+# stderr are pseudo-terminals (isatty() true, the launcher's window size less the prefix; one
+# for both when the launcher's two streams are one terminal and nothing tells them apart),
 # progress bars ('\r' updates) and partial lines reach the console at once, prefixed;
 # --no_tty and a launcher writing to a pipe keep plain pipes (and the output still live there);
 # exit codes and signals as ever.
@@ -77,6 +78,52 @@ EOS
     expect_eq "$rc" 0
     expect_grep out '^\[rank0\]:stdout pipe'
     expect_grep out '^\[rank0\]:stderr pipe'
+}
+
+# The launcher's stdout and stderr one terminal: a worker's two streams share one
+# pseudo-terminal (as they would share the console), so their lines keep the order the worker
+# wrote them in, and the failure report's tail holds both; once the streams are told apart
+# (stderr to a file, --tee of one) each gets its own again.
+t_tty_one_terminal_for_both_streams() {
+    cat >w.sh <<'EOS'
+#!/bin/sh
+echo "fds $(readlink /proc/$$/fd/1) $(readlink /proc/$$/fd/2)"
+echo "a out"; echo "b err" >&2; echo "c out"; echo "d err" >&2
+[ "$LOCAL_RANK" = 2 ] && { sleep 1; exit 3; } # after the others are done
+exit 0
+EOS
+    chmod +x w.sh
+    on_tty --nproc_per_node=4 ./w.sh
+    expect_eq "$rc" 3
+    local k fds
+    for k in 0 1 2 3; do
+        fds=$(tr -d '\r' <out | sed -n "s/^\[rank$k\]:fds //p")
+        case "$fds" in
+        /dev/pts/*" "/dev/pts/*) expect_eq "${fds% *}" "${fds#* }" ;;
+        *) fail "rank $k: stdout and stderr are '$fds', expected one pseudo-terminal" ;;
+        esac
+        expect_eq "$(tr -d '\r' <out | sed -n "s/^\[rank$k\]:\([a-d]\) .*/\1/p" | tr -d '\n')" abcd
+    done
+    tr -d '\r' <out | grep -A 5 'last output lines:' >tail
+    expect_grep tail '^    a out$'
+    expect_grep tail '^    d err$'
+    # stderr to a file: a pipe, and the report's tail is stderr's alone
+    on_tty --err err --nproc_per_node=4 ./w.sh
+    expect_eq "$rc" 3
+    expect_grep out '^\[rank0\]:fds /dev/pts/[0-9]* pipe:'
+    expect_grep err '^\[rank2\]:d err$'
+    grep -A 3 'last stderr lines:' err >tail
+    expect_grep tail '^    b err$'
+    if grep -q 'out$' tail; then fail "stdout's lines in stderr's tail: $(cat tail)"; fi
+    # --tee of stderr to a log: two terminals, the log stderr's lines alone
+    on_tty --nproc_per_node=1 --log_dir logs --tee 2 ./w.sh
+    expect_eq "$rc" 0
+    fds=$(tr -d '\r' <out | sed -n 's/^\[rank0\]:fds //p')
+    case "$fds" in
+    /dev/pts/*" "/dev/pts/*) [ "${fds% *}" != "${fds#* }" ] || fail "--tee 2: one terminal '$fds'" ;;
+    *) fail "--tee 2: stdout and stderr are '$fds', expected two pseudo-terminals" ;;
+    esac
+    expect_eq "$(cat "$(ls -d logs/none_*)/attempt_0/0/stderr.log")" "$(printf 'b err\nd err')"
 }
 
 t_tty_launcher_output_to_pipe_gives_pipes() {
