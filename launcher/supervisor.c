@@ -547,7 +547,8 @@ int mgpu_sup_start_attempt(sup_t *s, mgpu_err_t *err)
         /* Stamped before fork: the timeline's "exec" (the process's start) comes after it. */
         p->out->t_start = mgpu_clock_real();
         pid = mgpu_spawner_worker(plan->exe, plan->workers[k].argv, envp, pipes[k][0][1],
-                                  pipes[k][p->s[0].both ? 0 : 1][1], pipes[k][2][1], s->sig_nums, s->nsigs, &s->cg,
+                                  pipes[k][p->s[0].both ? 0 : 1][1], pipes[k][2][1], s->sig_nums,
+                                  s->nsigs, &s->cg,
                                   plan->workers[k].bound ? &plan->workers[k].cpus : NULL, &mem[k]);
         free(envp); /* the worker has its own copy */
         if (pid < 0) {

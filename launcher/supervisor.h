@@ -48,7 +48,7 @@ typedef struct mgpu_outcome {
     char timeline[512]; /* what a libmgpu worker published: "event=seconds;..." ("" none) */
     char tail[MGPU_TAIL_LINES][256]; /* last stderr lines, oldest first */
     int ntail;
-    int tail_both; /* tail holds stdout's lines too: the worker had one terminal for both */
+    int tail_both;  /* tail holds stdout's lines too: the worker had one terminal for both */
     char note[600]; /* what the launcher did to it, for the report ("" none): an expired timer */
 } mgpu_outcome_t;
 
