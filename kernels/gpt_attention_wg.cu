@@ -578,16 +578,15 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
     return 0;
 }
 
+template <int HS> static int backward_wg_prepare(mgpu_err_t *err)
+{
+    int rc = prepare(att_bwd_q_wg_kernel<HS>, wg_smem_q(HS), err);
+    return rc < 0 ? rc : prepare(att_bwd_kv_wg_kernel<HS>, wg_smem_kv(HS), err);
+}
+
 int gpt16_attention_backward_wg_prepare(int hs, mgpu_err_t *err)
 {
-    int rc;
-    if (hs == 128)
-        return (rc = prepare(att_bwd_q_wg_kernel<128>, wg_smem_q(128), err)) < 0
-                   ? rc
-                   : prepare(att_bwd_kv_wg_kernel<128>, wg_smem_kv(128), err);
-    return (rc = prepare(att_bwd_q_wg_kernel<64>, wg_smem_q(64), err)) < 0
-               ? rc
-               : prepare(att_bwd_kv_wg_kernel<64>, wg_smem_kv(64), err);
+    return hs == 128 ? backward_wg_prepare<128>(err) : backward_wg_prepare<64>(err);
 }
 
 cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
