@@ -21,8 +21,15 @@ void mgpu_console_init(mgpu_console_t *c, int force_tty)
     /* `>log 2>&1`, or one terminal for both: one console, one line at a time across both */
     if (fstat(1, &a) == 0 && fstat(2, &b) == 0 &&
         (S_ISCHR(a.st_mode) ? S_ISCHR(b.st_mode) && a.st_rdev == b.st_rdev
-                            : a.st_dev == b.st_dev && a.st_ino == b.st_ino))
+                            : a.st_dev == b.st_dev && a.st_ino == b.st_ino)) {
         c->slot[2] = 1;
+        c->one_terminal = S_ISCHR(a.st_mode) && isatty(1);
+    }
+}
+
+int mgpu_console_one_terminal(const mgpu_console_t *c)
+{
+    return c->one_terminal;
 }
 
 int mgpu_console_live(const mgpu_console_t *c, int fd)

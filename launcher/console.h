@@ -26,10 +26,13 @@ typedef struct mgpu_console {
     int dead[3];     /* EPIPE seen on that fd: stop writing there */
     mgpu_linebuf_t *owner[3]; /* per slot: the stream whose unfinished line it shows, or NULL */
     int owner_fd[3];
+    int one_terminal; /* fd 1 and 2 are one terminal (a console, not `2>file`) */
 } mgpu_console_t;
 
 /* force_tty: treat both as terminals (--tty). */
 void mgpu_console_init(mgpu_console_t *c, int force_tty);
+/* Whether the launcher's stdout and stderr are one terminal. */
+int mgpu_console_one_terminal(const mgpu_console_t *c);
 /* Whether fd (1 or 2; -1 is no console) shows partial lines. */
 int mgpu_console_live(const mgpu_console_t *c, int fd);
 /* How long fd's streams stay quiet before an unfinished line shows (ms; 0 for no console). */

@@ -289,14 +289,6 @@ static int wants_pty(const sup_t *s, int console_fd, int is_tty[3])
     return is_tty[console_fd];
 }
 
-/* Whether the launcher's stdout and stderr are one terminal (a console, not 2>file). */
-static int one_terminal(void)
-{
-    struct stat a, b;
-    return fstat(1, &a) == 0 && fstat(2, &b) == 0 && S_ISCHR(a.st_mode) && S_ISCHR(b.st_mode) &&
-           a.st_rdev == b.st_rdev && isatty(1);
-}
-
 static void on_winch(uv_signal_t *h, int sig)
 {
     sup_t *s = h->data;
@@ -360,7 +352,7 @@ static int plan_streams(sup_t *s, mgpu_err_t *err)
 {
     const mgpu_plan_t *plan = s->plan;
     const mgpu_plan_output_t *o_opts = &plan->output;
-    int npty = 0, is_tty[3] = {-1, -1, -1}, one = -1;
+    int npty = 0, is_tty[3] = {-1, -1, -1};
 
     for (int k = 0; k < s->nproc; k++) {
         proc_t *p = &s->procs[k];
@@ -404,7 +396,7 @@ static int plan_streams(sup_t *s, mgpu_err_t *err)
          * worker's last lines of either stream. */
         if (s->pty_slot[k][0] >= 0 && s->pty_slot[k][1] >= 0 && !((redirect | tee) & 3) &&
             o_opts->dup[0].n == 0 && o_opts->dup[1].n == 0 && p->s[0].console_fd == 1 &&
-            p->s[1].console_fd == 2 && (one < 0 ? (one = one_terminal()) : one)) {
+            p->s[1].console_fd == 2 && mgpu_console_one_terminal(&s->con)) {
             p->s[0].both = 1;
             o->tail_both = 1;
             s->pty_slot[k][1] = -1;
@@ -771,7 +763,9 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         free(s);
         return mgpu_err_set(err, -ENOMEM, "out of memory");
     }
-    /* The first attempt's pseudo-terminals open while the run's folder and loop are made. */
+    /* The first attempt's pseudo-terminals open while the run's folder and loop are made
+     * (which streams share one depends on the console). */
+    mgpu_console_init(&s->con, plan->output.tty > 0);
     if ((rc = plan_streams(s, err)) < 0)
         goto out;
 
@@ -825,7 +819,6 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     uv_timer_init(&s->loop, &s->grace_timer);
     uv_timer_init(&s->loop, &s->drain_timer);
     s->grace_timer.data = s->drain_timer.data = s;
-    mgpu_console_init(&s->con, plan->output.tty > 0);
     uv_timer_init(&s->loop, &s->quiet_timer);
     s->quiet_timer.data = s;
     uv_signal_init(&s->loop, &s->winch);
