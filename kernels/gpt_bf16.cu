@@ -72,15 +72,18 @@ struct Gelu16 {
 
 /* gpt_cuda.cu's ln_bwd_kernel on a bf16 dy: dx += rstd * (dnorm - mean(dnorm) - norm *
  * mean(dnorm * norm)), dnorm = w * dy, a warp a row, and dx16 = bf16(dx) after the add when
- * dx16 is not NULL; dw and db summed per warp in shared memory (2c floats a warp, a lane's
- * own columns only), then the block's warps in order into part[block] (2c floats), which
- * ln16_bwd_finish_kernel adds over the blocks in order. The general form: rows the register
- * form below does not take (c not a multiple of 8 or above 2048, unaligned buffers). */
+ * dx16 is not NULL, and y = bf16(norm * w + b) (the forward's output, the same bits as
+ * layernorm_forward's from the same mean and rstd: it runs that expression in that order)
+ * when y is not NULL, its rows ldy apart; dw and db summed per warp in shared memory (2c
+ * floats a warp, a lane's own columns only), then the block's warps in order into
+ * part[block] (2c floats), which ln16_bwd_finish_kernel adds over the blocks in order. The
+ * general form: rows the register form below does not take (c not a multiple of 8 or above
+ * 2048, unaligned buffers). */
 template <bool VEC>
 __global__ void __launch_bounds__(kLnWarps * 32)
     ln16_bwd_kernel(int n, int c, const mgpu_bf16_t *dy, const float *x, const float *w,
-                    const float *mean, const float *rstd, float *dx, mgpu_bf16_t *dx16, int planes,
-                    float *part)
+                    const float *b, const float *mean, const float *rstd, float *dx,
+                    mgpu_bf16_t *dx16, mgpu_bf16_t *y, size_t ldy, int planes, float *part)
 {
     extern __shared__ float ln16_acc[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -93,6 +96,7 @@ __global__ void __launch_bounds__(kLnWarps * 32)
         const float *xr = x + (size_t)row * c;
         float *dxr = dx + (size_t)row * c;
         mgpu_bf16_t *d16r = dx16 != nullptr ? dx16 + (size_t)row * c : nullptr;
+        mgpu_bf16_t *yr = y != nullptr ? y + (size_t)row * ldy : nullptr;
         const float m = mean[row], s = rstd[row];
         float a = 0.0f, bn = 0.0f;
         if (VEC)
@@ -122,6 +126,12 @@ __global__ void __launch_bounds__(kLnWarps * 32)
                 st4(dxr, j, o);
                 if (d16r != nullptr)
                     st_bf4(d16r, j, o);
+                if (yr != nullptr) {
+                    const float4 bv = ld4(b, j);
+                    st_bf4(yr, j,
+                           make_float4(nx * wv.x + bv.x, ny * wv.y + bv.y, nz * wv.z + bv.z,
+                                       nq * wv.w + bv.w));
+                }
                 if (planes == 3) {
                     float4 *as = reinterpret_cast<float4 *>(acc + 2 * c) + j;
                     float4 t3 = *as;
@@ -145,6 +155,8 @@ __global__ void __launch_bounds__(kLnWarps * 32)
                 dxr[j] = o;
                 if (d16r != nullptr)
                     d16r[j] = (mgpu_bf16_t)bf_bits(o);
+                if (yr != nullptr)
+                    yr[j] = (mgpu_bf16_t)bf_bits(nv * w[j] + b[j]);
                 acc[j] += nv * d;
                 acc[c + j] += d;
                 if (planes == 3)
@@ -178,8 +190,8 @@ __device__ __forceinline__ void unpack_bf8(uint4 u, float f[8])
 template <int NCH>
 __global__ void __launch_bounds__(kLnWarps * 32)
     ln16_bwd_reg_kernel(int n, int c, const mgpu_bf16_t *dy, const float *x, const float *w,
-                        const float *mean, const float *rstd, float *dx, mgpu_bf16_t *dx16,
-                        int planes, float *part)
+                        const float *b, const float *mean, const float *rstd, float *dx,
+                        mgpu_bf16_t *dx16, mgpu_bf16_t *y, size_t ldy, int planes, float *part)
 {
     extern __shared__ float4 ln16_acc4[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -252,6 +264,18 @@ __global__ void __launch_bounds__(kLnWarps * 32)
                     reinterpret_cast<uint4 *>(dx16 + (size_t)row * c)[j] =
                         make_uint4(bf_pack(o[0], o[1]), bf_pack(o[2], o[3]), bf_pack(o[4], o[5]),
                                    bf_pack(o[6], o[7]));
+                if (y != nullptr) {
+                    const float4 b0 = reinterpret_cast<const float4 *>(b)[2 * j],
+                                 b1 = reinterpret_cast<const float4 *>(b)[2 * j + 1];
+                    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                    float yv[8];
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        yv[e] = nx[e] * wv[e] + bv[e];
+                    reinterpret_cast<uint4 *>(y + (size_t)row * ldy)[j] =
+                        make_uint4(bf_pack(yv[0], yv[1]), bf_pack(yv[2], yv[3]),
+                                   bf_pack(yv[4], yv[5]), bf_pack(yv[6], yv[7]));
+                }
                 float4 t = acc[j];
                 t.x += nx[0] * d[0], t.y += nx[1] * d[1], t.z += nx[2] * d[2], t.w += nx[3] * d[3];
                 acc[j] = t;
@@ -624,9 +648,9 @@ static int ln_smem_limit(cuda_impl *ci, size_t *limit, mgpu_err_t *err)
 }
 
 int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
-                             const float *w, const float *mean, const float *rstd, float *dx,
-                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
-                             mgpu_err_t *err)
+                             const float *w, const float *b, const float *mean, const float *rstd,
+                             float *dx, mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                             mgpu_bf16_t *y, size_t ldy, int fresh, mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     invalidate(ci, dx, sizeof(float) * n * (size_t)c);
@@ -635,6 +659,11 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     if (dsum != nullptr && dx16 == nullptr)
         return mgpu_err_set(err, MGPU_E_USAGE,
                             "layernorm_backward (cuda, bf16): dsum sums dx16, which is NULL");
+    if (y != nullptr && (b == nullptr || ldy < (size_t)c))
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "layernorm_backward (cuda, bf16): the output y needs the bias b and "
+                            "rows at least c = %d apart (b %s, rows %zu apart)",
+                            c, b == nullptr ? "NULL" : "given", ldy);
     if (n == 0 && fresh && c > 0) { /* sums over no rows */
         CUDA_CHECK(err, cudaMemsetAsync(dw, 0, sizeof(float) * c, ci->stream));
         CUDA_CHECK(err, cudaMemsetAsync(db, 0, sizeof(float) * c, ci->stream));
@@ -661,11 +690,14 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     size_t smem = per_warp * warps;
     const int nch = (c / 8 + 31) / 32;
     const bool reg = c % 8 == 0 && nch <= kLnRegChunks && aligned16(dy, x, w, dx) &&
-                     (dx16 == nullptr || aligned16(dx16));
+                     (dx16 == nullptr || aligned16(dx16)) &&
+                     (y == nullptr || (aligned16(y, b) && ldy % 8 == 0));
     bool vec = c % 4 == 0 && aligned16(x, w, dx) && is_aligned8(dy) &&
-               (dx16 == nullptr || is_aligned8(dx16));
+               (dx16 == nullptr || is_aligned8(dx16)) &&
+               (y == nullptr || (aligned16(b) && is_aligned8(y) && ldy % 4 == 0));
     void (*kern)(int, int, const mgpu_bf16_t *, const float *, const float *, const float *,
-                 const float *, float *, mgpu_bf16_t *, int, float *);
+                 const float *, const float *, float *, mgpu_bf16_t *, mgpu_bf16_t *, size_t, int,
+                 float *);
     if (reg)
         kern = nch == 1   ? ln16_bwd_reg_kernel<1>
                : nch == 2 ? ln16_bwd_reg_kernel<2>
@@ -682,8 +714,8 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     long need = (n + warps - 1) / warps, cap = (long)ci->sms * (per_sm > 1 ? per_sm : 1);
     long nb = need < cap ? need : cap;
     nb = nb < by_scratch ? nb : by_scratch;
-    kern<<<(unsigned)nb, warps * 32, smem, ci->stream>>>(n, c, dy, x, w, mean, rstd, dx, dx16,
-                                                         planes, ci->scratch);
+    kern<<<(unsigned)nb, warps * 32, smem, ci->stream>>>(n, c, dy, x, w, b, mean, rstd, dx, dx16, y,
+                                                         ldy, planes, ci->scratch);
     CUDA_CHECK_LAUNCH(err, "ln16_bwd_kernel%s (n=%d c=%d, %ld blocks of %d warps)",
                       reg ? " (registers)" : "", n, c, nb, warps);
     ln16_bwd_finish_kernel<<<(unsigned)((planes * c + 31) / 32), kLnFinishWarps * 32, 0,

@@ -130,9 +130,9 @@ int gpt16_layernorm_forward(void *impl, int n, int c, const float *x, const floa
                             const float *b, mgpu_bf16_t *y, size_t ldy, float *mean, float *rstd,
                             mgpu_err_t *err);
 int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
-                             const float *w, const float *mean, const float *rstd, float *dx,
-                             mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
-                             mgpu_err_t *err);
+                             const float *w, const float *b, const float *mean, const float *rstd,
+                             float *dx, mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                             mgpu_bf16_t *y, size_t ldy, int fresh, mgpu_err_t *err);
 int gpt16_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const int32_t *targets,
                float scale, int grad, float *loss, mgpu_err_t *err);
 int gpt16_gelu(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err);

@@ -91,11 +91,13 @@ typedef struct mgpu_gpt_bf16_ops {
      * dsum (c floats) is not NULL, dsum += the column sums of dx16 as stored (the bias
      * gradient of the linear layer that reads dx16 next, in the same pass; needs dx16). With
      * fresh, dw, db and dsum are overwritten instead (their first write of a step: no zeroing
-     * before it); dx is always added to. */
+     * before it); dx is always added to. When y is not NULL, the forward's output is written
+     * there as well, rows ldy apart (ldy >= c), from b (the bias, then needed) and the same
+     * mean and rstd: layernorm_forward's bits, made again in the pass that reads x anyway. */
     int (*layernorm_backward)(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
-                              const float *w, const float *mean, const float *rstd, float *dx,
-                              mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
-                              mgpu_err_t *err);
+                              const float *w, const float *b, const float *mean, const float *rstd,
+                              float *dx, mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                              mgpu_bf16_t *y, size_t ldy, int fresh, mgpu_err_t *err);
     /* out (n, oc) = inp (n, c) @ w^T + bias (bf16, oc; NULL: none). With pre not NULL: pre =
      * that sum and out = gelu(pre) (tanh approximation). */
     int (*linear)(void *impl, int n, int c, int oc, const mgpu_bf16_t *inp, const mgpu_bf16_t *w,

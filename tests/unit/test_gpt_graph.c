@@ -279,7 +279,8 @@ static void test_average_in_step_bf16(void)
 
 /* spec.recompute 1 and 2 (activations made again in the backward, on layers that share their
  * buffers), replayed from the STEP graph: in fp32 the same bits as recompute 0; on the bf16
- * path 2 gives 1's bits (the LayerNorms made again with forward's kernel), and 1 the same
+ * path 2 gives 1's bits (the LayerNorms' outputs made again by their backward from the
+ * forward's statistics, before the weight gradients that read them), and 1 the same
  * first loss as 0 (the forward is the same) and losses within bf16's rounding after it (its
  * GELU output is made from the pre-activation kept in bf16, not from the product's fp32 sum
  * as the forward's epilogue makes it). */

@@ -323,9 +323,9 @@ static void test_layernorm16(void)
                 OK(&e, mgpu_k_copy_to_device(e.gpu, d_gw, gw0, c * sizeof(float), &e.err));
                 OK(&e, mgpu_k_copy_to_device(e.gpu, d_gb, gb0, c * sizeof(float), &e.err));
                 OK(&e, mgpu_k_copy_to_device(e.gpu, d_ds, ds0, c * sizeof(float), &e.err));
-                OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, d_mean, d_rstd, d_gx,
-                                               r < 2 ? d_x16 : NULL, d_gw, d_gb,
-                                               r < 2 ? d_ds : NULL, 0, &e.err));
+                OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, NULL, d_mean, d_rstd,
+                                               d_gx, r < 2 ? d_x16 : NULL, d_gw, d_gb,
+                                               r < 2 ? d_ds : NULL, NULL, 0, 0, &e.err));
                 runs[r][0] = down(&e, d_gx, nc);
                 runs[r][1] = down(&e, d_gw, c);
                 runs[r][2] = down(&e, d_gb, c);
@@ -359,8 +359,8 @@ static void test_layernorm16(void)
                 float *outs[] = {d_gw, d_gb, d_ds};
                 for (int k = 0; k < 3; k++)
                     OK(&e, mgpu_k_copy_to_device(e.gpu, outs[k], nan_c, c * sizeof(float), &e.err));
-                OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, d_mean, d_rstd, d_gx,
-                                               d_x16, d_gw, d_gb, d_ds, 1, &e.err));
+                OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, NULL, d_mean, d_rstd,
+                                               d_gx, d_x16, d_gw, d_gb, d_ds, NULL, 0, 1, &e.err));
                 for (int k = 0; k < 3; k++)
                     fw[k] = down(&e, outs[k], c);
                 fw[3] = down(&e, d_gx, nc);
@@ -376,6 +376,58 @@ static void test_layernorm16(void)
                 for (int k = 0; k < 3; k++)
                     free(wf[k]);
                 free(nan_c);
+            }
+            /* y: the forward's output made again from the forward's own mean and rstd, the
+             * same bits as layernorm_forward gave, rows c and c + 8 apart (the padding left as
+             * it was); dx, dw and db the same bits as without it */
+            {
+                uint16_t *fy = down16(&e, d_y, nc);
+                float *plain[3] = {NULL, NULL, NULL};
+                for (int r = 0; r < 3; r++) {
+                    const size_t ld = r == 2 ? (size_t)c + 8 : (size_t)c, ny = (size_t)n * ld;
+                    void *byy;
+                    uint16_t *d_yy = d16(&e, NULL, ny, off, &byy);
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, d_gx, gx0, nc * sizeof(float), &e.err));
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, d_gw, gw0, c * sizeof(float), &e.err));
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, d_gb, gb0, c * sizeof(float), &e.err));
+                    OK(&e, mgpu_k_copy_to_device(e.gpu, d_ds, ds0, c * sizeof(float), &e.err));
+                    OK(&e, B16->layernorm_backward(IMPL(&e), n, c, d_gy, d_x, d_w, d_b, d_m, d_r,
+                                                   d_gx, d_x16, d_gw, d_gb, d_ds,
+                                                   r > 0 ? d_yy : NULL, ld, 0, &e.err));
+                    float *res[3] = {down(&e, d_gx, nc), down(&e, d_gw, c), down(&e, d_gb, c)};
+                    if (r == 0) {
+                        memcpy(plain, res, sizeof res);
+                    } else {
+                        snprintf(what, sizeof what, "layernorm16_backward %dx%d off=%zu ld=%zu: dx",
+                                 n, c, off, ld);
+                        same_bytes(what, res[0], plain[0], nc * sizeof(float));
+                        same_bytes("layernorm16_backward with y: dw", res[1], plain[1],
+                                   c * sizeof(float));
+                        same_bytes("layernorm16_backward with y: db", res[2], plain[2],
+                                   c * sizeof(float));
+                        uint16_t *yy = down16(&e, d_yy, ny);
+                        size_t bad = 0;
+                        for (int i = 0; i < n; i++)
+                            for (size_t j = 0; j < ld; j++) {
+                                const uint16_t want =
+                                    j < (size_t)c ? fy[(size_t)i * c + j] : kPoison16;
+                                bad += yy[(size_t)i * ld + j] != want;
+                            }
+                        if (bad) {
+                            printf("  layernorm16_backward %dx%d off=%zu, y rows %zu apart: %zu "
+                                   "elements differ from the forward's (or padding written)\n",
+                                   n, c, off, ld, bad);
+                            check_failed++;
+                        }
+                        free(yy);
+                        for (int k = 0; k < 3; k++)
+                            free(res[k]);
+                    }
+                    mgpu_k_free(e.gpu, byy);
+                }
+                for (int k = 0; k < 3; k++)
+                    free(plain[k]);
+                free(fy);
             }
             free(ds[0]), free(ds[1]), free(want_ds), free(ds0);
             mgpu_k_free(e.gpu, bds);
@@ -419,17 +471,30 @@ static void test_layernorm16(void)
     env_close(&e);
 }
 
-/* dsum sums dx16: asked for without dx16, the op refuses, naming it. */
-static void test_layernorm16_dsum_needs_dx16(void)
+/* dsum sums dx16: asked for without dx16, the op refuses, naming it; y likewise without b or
+ * with rows closer than c. */
+static void test_layernorm16_backward_refuses(void)
 {
     env_t e;
     env_open(&e);
     void *b;
     float *d = dalloc(&e, 64, 0, &b);
-    int rc = B16->layernorm_backward(IMPL(&e), 2, 8, (const mgpu_bf16_t *)d, d, d, d, d, d, NULL, d,
-                                     d, d, 0, &e.err);
+    int rc = B16->layernorm_backward(IMPL(&e), 2, 8, (const mgpu_bf16_t *)d, d, d, d, d, d, d, NULL,
+                                     d, d, d, NULL, 0, 0, &e.err);
     CHECK(rc < 0);
     CHECK(strstr(e.err.msg, "dsum") != NULL);
+    e.err.msg[0] = '\0';
+    /* and the output y without the bias, or with rows closer than c */
+    mgpu_bf16_t *y = (mgpu_bf16_t *)(d + 32);
+    rc = B16->layernorm_backward(IMPL(&e), 2, 8, (const mgpu_bf16_t *)d, d, d, NULL, d, d, d, NULL,
+                                 d, d, NULL, y, 8, 0, &e.err);
+    CHECK(rc < 0);
+    CHECK(strstr(e.err.msg, "bias") != NULL);
+    e.err.msg[0] = '\0';
+    rc = B16->layernorm_backward(IMPL(&e), 2, 8, (const mgpu_bf16_t *)d, d, d, d, d, d, d, NULL, d,
+                                 d, NULL, y, 4, 0, &e.err);
+    CHECK(rc < 0);
+    CHECK(strstr(e.err.msg, "apart") != NULL);
     e.err.msg[0] = '\0';
     mgpu_k_free(e.gpu, b);
     env_close(&e);
@@ -684,7 +749,7 @@ int main(void)
     RUN(test_to_bf16);
     RUN(test_to_bf16_2d);
     RUN(test_layernorm16);
-    RUN(test_layernorm16_dsum_needs_dx16);
+    RUN(test_layernorm16_backward_refuses);
     RUN(test_xent16);
     RUN(test_adamw_p16);
     return check_done();

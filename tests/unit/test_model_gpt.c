@@ -257,9 +257,9 @@ static int f_ln_fwd(void *impl, int n, int c, const float *x, const float *w, co
 }
 
 static int f_ln_back(void *impl, int n, int c, const mgpu_bf16_t *dy, const float *x,
-                     const float *w, const float *mean, const float *rstd, float *dx,
-                     mgpu_bf16_t *dx16, float *dw, float *db, float *dsum, int fresh,
-                     mgpu_err_t *err)
+                     const float *w, const float *b, const float *mean, const float *rstd,
+                     float *dx, mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
+                     mgpu_bf16_t *y, size_t ldy, int fresh, mgpu_err_t *err)
 {
     add1(dx, (size_t)n * c);
     put1(dw, (size_t)c, fresh);

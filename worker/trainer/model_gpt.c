@@ -186,13 +186,15 @@ static int alloc_shared(mgpu_gpt_t *m, size_t n, mgpu_err_t *err)
                             : alloc_f(m, 4 * NC, &m->re_gelu, err);
     if (rc < 0 || re < 2)
         return rc;
-    if ((rc = alloc_f(m, n, &m->re_mean, err)) < 0 || (rc = alloc_f(m, n, &m->re_rstd, err)) < 0)
-        return rc;
+    /* (the bf16 path's LayerNorm backward makes the output from the forward's statistics) */
     if (m->b16 != NULL)
         return (rc = alloc_h(m, NC, &m->re_ln1_16, err)) < 0
                    ? rc
                    : alloc_ln2_16(m, n, &m->re_ln2_16, err);
-    return (rc = alloc_f(m, NC, &m->re_ln1, err)) < 0 ? rc : alloc_f(m, NC, &m->re_ln2, err);
+    if ((rc = alloc_f(m, n, &m->re_mean, err)) < 0 || (rc = alloc_f(m, n, &m->re_rstd, err)) < 0 ||
+        (rc = alloc_f(m, NC, &m->re_ln1, err)) < 0)
+        return rc;
+    return alloc_f(m, NC, &m->re_ln2, err);
 }
 
 int mgpu_gpt_create(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max_b, mgpu_gpt_t **out,
@@ -536,7 +538,9 @@ static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
 /* The blocks' backward from dln16 (d lnf): dres (fp32) is the residual stream's gradient and
  * dres16 its bf16 copy, which the products read. The LayerNorm backward that writes dres16
  * also sums its columns into the bias gradient of the projection that reads it next
- * (mlp.c_proj of the block below, or attn.c_proj of the same block). */
+ * (mlp.c_proj of the block below, or attn.c_proj of the same block). With spec.recompute 2
+ * the LayerNorm's backward also writes its forward's output again (the pass reads x anyway),
+ * so the weight gradient that reads that output comes after it. */
 static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_err_t *err)
 {
     const mgpu_gpt_bf16_ops_t *o = m->b16;
@@ -546,14 +550,15 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
     float *G = m->grads;
     /* Each block gradient below is written once here, the bias gradients of the projections
      * by the LayerNorm backward above them (dsum): all overwritten after a zeroing. */
-    const int f = m->grads_fresh;
+    const int f = m->grads_fresh, re2 = m->spec.recompute >= 2;
     int rc;
 
     m->grads_fresh = 0;
     if ((rc = mgpu_k_zero(m->k, m->dres, sizeof(float) * (size_t)N * C, err)) < 0 ||
-        (rc = o->layernorm_backward(ki, N, C, m->dln16, m->xout, P + m->lnf_w, m->lnf_mean,
+        (rc = o->layernorm_backward(ki, N, C, m->dln16, m->xout, P + m->lnf_w, NULL, m->lnf_mean,
                                     m->lnf_rstd, m->dres, m->dres16, G + m->lnf_w, G + m->lnf_b,
-                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, f, err)) < 0 ||
+                                    G + m->blocks[m->spec.n_layer - 1].fcp_b, NULL, 0, f, err)) <
+            0 ||
         (rc = reached(hook, hook_ctx, m->spec.n_layer, err)) < 0)
         return rc;
     for (int l = m->spec.n_layer - 1; l >= 0; l--) {
@@ -569,14 +574,12 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
                                         G + w->fcp_w, NULL, f, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, fc_w16(m, l), kp, NULL, m->dln16,
                                       err)) < 0 ||
-            (m->spec.recompute >= 2 &&
-             (rc = o->layernorm_forward(ki, N, C, a->res2, P + w->ln2_w, P + w->ln2_b, a->ln2_16,
-                                        kp, m->re_mean, m->re_rstd, err)) < 0) ||
+            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, P + w->ln2_b,
+                                        a->ln2_mean, a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w,
+                                        G + w->ln2_b, G + w->proj_b, re2 ? a->ln2_16 : NULL, kp, f,
+                                        err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, kp, G + w->fc_w,
-                                        G + w->fc_b, f, err)) < 0 ||
-            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, a->ln2_mean,
-                                        a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w, G + w->ln2_b,
-                                        G + w->proj_b, f, err)) < 0)
+                                        G + w->fc_b, f, err)) < 0)
             return rc;
         /* res2 = x + proj(attention(qkv(ln1(x)))) */
         if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, mgpu_gpt_w16(m, w->proj_w), (size_t)C,
@@ -587,15 +590,13 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
                                         m->dqkv16, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, mgpu_gpt_w16(m, w->qkv_w),
                                       (size_t)C, NULL, m->dln16, err)) < 0 ||
-            (m->spec.recompute >= 2 &&
-             (rc = o->layernorm_forward(ki, N, C, a->x, P + w->ln1_w, P + w->ln1_b, a->ln1_16,
-                                        (size_t)C, m->re_mean, m->re_rstd, err)) < 0) ||
+            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, P + w->ln1_b,
+                                        a->ln1_mean, a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
+                                        G + w->ln1_w, G + w->ln1_b,
+                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL,
+                                        re2 ? a->ln1_16 : NULL, (size_t)C, f, err)) < 0 ||
             (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C,
                                         G + w->qkv_w, G + w->qkv_b, f, err)) < 0 ||
-            (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, a->ln1_mean,
-                                        a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
-                                        G + w->ln1_w, G + w->ln1_b,
-                                        l > 0 ? G + m->blocks[l - 1].fcp_b : NULL, f, err)) < 0 ||
             (rc = reached(hook, hook_ctx, l, err)) < 0)
             return rc;
     }

@@ -100,7 +100,9 @@ typedef struct mgpu_gpt {
     mgpu_bf16_t *fc16;
     float *one; /* a 1.0f in backend memory, for those columns of 1 */
     /* spec.recompute: the one buffer every layer's acts point to for what backward makes again
-     * (NULL where each layer keeps its own), and the statistics its LayerNorms write then. */
+     * (NULL where each layer keeps its own), and the statistics its LayerNorms write then
+     * (the fp32 path's; the bf16 path's LayerNorm backward writes the output again from the
+     * forward's own). */
     float *re_ln1, *re_ln2, *re_gelu, *re_mean, *re_rstd;
     mgpu_bf16_t *re_ln1_16, *re_ln2_16, *re_gelu16;
     /* The bf16 path after mgpu_gpt_zero_grads, until a backward has run: grads holds none of
