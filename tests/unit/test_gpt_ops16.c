@@ -50,6 +50,23 @@ static int close_scaled2(const char *what, const float *got, const float *want, 
     return close_to(what, got, want, n, tol * (mx > 0.0 ? mx : 1.0), rtol);
 }
 
+/* got's n rows, ld elements apart, hold want's (n rows of c, packed) bit for bit in their first
+ * c elements and the poison d16 left in the rest (nothing written past c). */
+static void same_rows(const char *what, const uint16_t *got, size_t ld, const uint16_t *want, int n,
+                      int c)
+{
+    size_t bad = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t j = 0; j < ld; j++)
+            bad += got[(size_t)r * ld + j] != (j < (size_t)c ? want[(size_t)r * c + j] : kPoison16);
+    if (bad) {
+        printf("  %s, rows %zu apart: %zu elements differ from the packed rows' (or padding "
+               "written)\n",
+               what, ld, bad);
+        check_failed++;
+    }
+}
+
 static int same_bytes(const char *what, const void *a, const void *b, size_t bytes)
 {
     if (memcmp(a, b, bytes) == 0)
@@ -279,18 +296,8 @@ static void test_layernorm16(void)
                 OK(&e, B16->layernorm_forward(IMPL(&e), n, c, d_x, d_w, d_b, d_wide, ld, d_m, d_r,
                                               &e.err));
                 uint16_t *wide = down16(&e, d_wide, nw), *y16b = down16(&e, d_y, nc);
-                size_t bad = 0;
-                for (int r = 0; r < n; r++)
-                    for (size_t j = 0; j < ld; j++) {
-                        const uint16_t want = j < (size_t)c ? y16b[(size_t)r * c + j] : kPoison16;
-                        bad += wide[(size_t)r * ld + j] != want;
-                    }
-                if (bad) {
-                    printf("  layernorm16_forward %dx%d off=%zu, rows %zu apart: %zu elements "
-                           "differ from the packed rows' (or padding written)\n",
-                           n, c, off, ld, bad);
-                    check_failed++;
-                }
+                snprintf(what, sizeof what, "layernorm16_forward %dx%d off=%zu", n, c, off);
+                same_rows(what, wide, ld, y16b, n, c);
                 free(wide);
                 free(y16b);
                 mgpu_k_free(e.gpu, bw16);
@@ -406,19 +413,9 @@ static void test_layernorm16(void)
                         same_bytes("layernorm16_backward with y: db", res[2], plain[2],
                                    c * sizeof(float));
                         uint16_t *yy = down16(&e, d_yy, ny);
-                        size_t bad = 0;
-                        for (int i = 0; i < n; i++)
-                            for (size_t j = 0; j < ld; j++) {
-                                const uint16_t want =
-                                    j < (size_t)c ? fy[(size_t)i * c + j] : kPoison16;
-                                bad += yy[(size_t)i * ld + j] != want;
-                            }
-                        if (bad) {
-                            printf("  layernorm16_backward %dx%d off=%zu, y rows %zu apart: %zu "
-                                   "elements differ from the forward's (or padding written)\n",
-                                   n, c, off, ld, bad);
-                            check_failed++;
-                        }
+                        snprintf(what, sizeof what, "layernorm16_backward %dx%d off=%zu y", n, c,
+                                 off);
+                        same_rows(what, yy, ld, fy, n, c);
                         free(yy);
                         for (int k = 0; k < 3; k++)
                             free(res[k]);
