@@ -659,11 +659,15 @@ int gpt16_layernorm_backward(void *impl, int n, int c, const mgpu_bf16_t *dy, co
     if (dsum != nullptr && dx16 == nullptr)
         return mgpu_err_set(err, MGPU_E_USAGE,
                             "layernorm_backward (cuda, bf16): dsum sums dx16, which is NULL");
-    if (y != nullptr && (b == nullptr || ldy < (size_t)c))
+    if (y != nullptr && b == nullptr)
         return mgpu_err_set(err, MGPU_E_USAGE,
-                            "layernorm_backward (cuda, bf16): the output y needs the bias b and "
-                            "rows at least c = %d apart (b %s, rows %zu apart)",
-                            c, b == nullptr ? "NULL" : "given", ldy);
+                            "layernorm_backward (cuda, bf16): the output y needs the bias b, "
+                            "which is NULL");
+    if (y != nullptr && ldy < (size_t)c)
+        return mgpu_err_set(err, MGPU_E_RANGE,
+                            "layernorm_backward (cuda, bf16): y's rows %zu elements apart, "
+                            "expected at least c = %d",
+                            ldy, c);
     if (n == 0 && fresh && c > 0) { /* sums over no rows */
         CUDA_CHECK(err, cudaMemsetAsync(dw, 0, sizeof(float) * c, ci->stream));
         CUDA_CHECK(err, cudaMemsetAsync(db, 0, sizeof(float) * c, ci->stream));
