@@ -4,11 +4,12 @@
  * after the console's quiet time without more bytes: console.h). */
 #include "supervisor_impl.h"
 
+#include <errno.h>     /* EINTR */
 #include <stdio.h>     /* snprintf */
 #include <string.h>    /* memchr, memmove */
 #include <sys/ioctl.h> /* FIONREAD */
 #include <sys/uio.h>   /* writev */
-#include <unistd.h>    /* close */
+#include <unistd.h>    /* close, read */
 
 #include "fdio.h" /* mgpu_fdio_write_all */
 #include "log.h"  /* mgpu_error */
@@ -159,22 +160,14 @@ void mgpu_relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
     buf->len = sizeof st->proc->sup->rbuf;
 }
 
-void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
+/* n bytes that st's worker wrote: whole lines out, the unfinished one kept (or shown). */
+static void take(stream_t *st, const char *p, size_t n)
 {
-    stream_t *st = h->data;
     const char *block, *raw;
     size_t blen, rlen;
 
-    if (n < 0) {
-        /* UV_EOF, or an error (a pty's master reads EIO once the worker's side is closed):
-         * either way the stream is done */
-        mgpu_relay_close(st);
-        return;
-    }
-    if (n == 0)
-        return;
-    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, buf->base, (size_t)n,
-                          &block, &blen, &raw, &rlen) < 0) {
+    if (mgpu_linebuf_feed(&st->lb, &st->proc->sup->ob, st->proc->prefix, p, n, &block, &blen, &raw,
+                          &rlen) < 0) {
         mgpu_error("out of memory buffering output of local rank %d", st->proc->k);
         return;
     }
@@ -190,4 +183,45 @@ void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
         }
     }
     mgpu_outbuf_trim(&st->proc->sup->ob);
+}
+
+/* What is left in st's descriptor, read up to its end (0, or EIO on a pseudo-terminal whose
+ * worker side is closed) or EAGAIN. libuv before 1.52 (Debian 12 has 1.44) reports UV_EOF
+ * without reading again once the descriptor has signalled a hangup and a read came back
+ * short, but a pseudo-terminal's master signals the hangup while it still holds more of what
+ * the worker wrote just before it exited (libuv upstream fixed it in commit 2e2114ed8): a worker
+ * that wrote a lot and ended lost its last thousand lines or so. The descriptor is non-blocking
+ * (uv_pipe_open). */
+static void drain(stream_t *st)
+{
+    uv_os_fd_t fd;
+    char *buf = st->proc->sup->rbuf;
+    const size_t cap = sizeof st->proc->sup->rbuf;
+
+    if (uv_fileno((uv_handle_t *)&st->pipe, &fd) != 0)
+        return;
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return;
+        take(st, buf, (size_t)r);
+    }
+}
+
+void mgpu_relay_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf)
+{
+    stream_t *st = h->data;
+
+    if (n < 0) {
+        /* UV_EOF, or an error (a pty's master reads EIO once the worker's side is closed):
+         * either way the stream is done, once what the descriptor still holds is read */
+        if (n == UV_EOF)
+            drain(st);
+        mgpu_relay_close(st);
+        return;
+    }
+    if (n > 0)
+        take(st, buf->base, (size_t)n);
 }
