@@ -10,14 +10,34 @@
 #include "fdio.h" /* mgpu_fdio_write_all */
 #include "path.h" /* mgpu_path_dirname */
 
+int mgpu_atomic_file_commit(const char *tmp, const char *path, int flags, mgpu_err_t *err)
+{
+    char dir[4096];
+    int dfd, rc;
+
+    if (mgpu_path_dirname(path, dir, sizeof dir) < 0)
+        return mgpu_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
+    if (rename(tmp, path) != 0)
+        return mgpu_err_set(err, -errno, "rename(%s, %s): %s", tmp, path, strerror(errno));
+    if (flags & MGPU_ATOMIC_FILE_NO_SYNC)
+        return 0;
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return mgpu_err_set(err, -errno, "open(%s): %s", dir, strerror(errno));
+    rc = fsync(dfd) != 0 ? -errno : 0;
+    close(dfd);
+    if (rc < 0)
+        return mgpu_err_set(err, rc, "fsync(%s): %s", dir, strerror(-rc));
+    return 0;
+}
+
 int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
                            mgpu_err_t *err)
 {
-    char tmp[4200], dir[4096];
-    int fd, dfd, rc;
+    char tmp[4200];
+    int fd, rc;
 
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp ||
-        mgpu_path_dirname(path, dir, sizeof dir) < 0)
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
         return mgpu_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -37,19 +57,8 @@ int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, 
         goto fail;
     }
     fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc = mgpu_err_set(err, -errno, "rename(%s, %s): %s", tmp, path, strerror(errno));
+    if ((rc = mgpu_atomic_file_commit(tmp, path, flags, err)) < 0)
         goto fail;
-    }
-    if (flags & MGPU_ATOMIC_FILE_NO_SYNC)
-        return 0;
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return mgpu_err_set(err, -errno, "open(%s): %s", dir, strerror(errno));
-    rc = fsync(dfd) != 0 ? -errno : 0;
-    close(dfd);
-    if (rc < 0)
-        return mgpu_err_set(err, rc, "fsync(%s): %s", dir, strerror(-rc));
     return 0;
 fail:
     if (fd >= 0)

@@ -27,4 +27,10 @@ enum {
 int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
                            mgpu_err_t *err);
 
+/* Renames tmp, a complete file already synced by its writer, over path, then fsyncs path's
+ * directory (flags as above): mgpu_atomic_file_write's last step, for a caller that writes
+ * several files before any of them replaces its old one. tmp stays where it is on failure.
+ * Returns 0 or a negative errno. */
+int mgpu_atomic_file_commit(const char *tmp, const char *path, int flags, mgpu_err_t *err);
+
 #endif

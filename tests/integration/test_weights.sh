@@ -151,11 +151,34 @@ t_weights_misfits_are_refused_by_name() {
     head -c 5000 g.bin >short.bin
     check_refused "short.bin: 5000 bytes, expected [0-9]+ \(a 1024-byte header and [0-9]+ fp32 parameters\): truncated" \
         init_from=short.bin
+    head -c 100 g.bin >stub.bin
+    check_refused "stub.bin: llm.c's weights \(magic 20240326\) cut short: 100 bytes, its header alone is 1024" \
+        init_from=stub.bin
     check_refused "missing.bin: cannot open init_from: No such file" init_from=missing.bin
+    # an lm_head.weight beside wte is only taken when it is wte (the output layer is tied)
+    "$PY" - <<'PY' || fail "writing the lm_head files"
+from safetensors.torch import load_file, save_file
+t = load_file("hf/model.safetensors")
+wte = t["transformer.wte.weight"]
+save_file(dict(t, **{"lm_head.weight": wte.clone()}), "tied.safetensors", metadata={"format": "pt"})
+head = wte.clone()
+head[3, 5] += 1
+save_file(dict(t, **{"lm_head.weight": head}), "untied.safetensors", metadata={"format": "pt"})
+PY
+    "$WORKER" --check t.cfg init_from=tied.safetensors >out 2>err ||
+        { cat err >&2; fail "an lm_head.weight equal to wte refused"; }
+    check_refused "untied.safetensors: tensor 'lm_head.weight' differs from transformer.wte.weight" \
+        init_from=untied.safetensors
     check_refused "t.bin: header length [0-9]+ \(the first 8 bytes\).*\(expected a safetensors file or llm.c's weights, magic 20240326\)" \
         init_from=t.bin
     check_refused "export = 'model.bin': expected a file name ending in .safetensors" export=model.bin
     check_refused "export = 'nodir/model.safetensors': directory 'nodir'" export=nodir/model.safetensors
+    touch plain
+    check_refused "export = 'plain/model.safetensors': directory 'plain': Not a directory" \
+        export=plain/model.safetensors
+    mkdir -p busy/config.json
+    check_refused "export = 'busy/model.safetensors': busy/config.json, where its config.json goes, is a directory" \
+        export=busy/model.safetensors
     printf 'model = mlp\nhidden = 8\n' >mlp.cfg
     "$WORKER" --check mlp.cfg init_from=hf/model.safetensors >out 2>err
     expect_eq "$?" 2 "exit status of init_from with model = mlp"
@@ -182,6 +205,31 @@ t_weights_two_ranks_start_from_a_file_and_export_once() {
     "$WORKER" t.cfg init_from=hf/model.safetensors max_steps=4 checkpoint=c.ckpt >o2 2>e2 ||
         { cat o2 e2 >&2; fail "resume: exit $?"; }
     expect_grep o2 '^resumed from c.ckpt at epoch 1, step 3'
+    expect_grep o2 '^init_from: hf/model.safetensors not read: c.ckpt is there to resume from$'
+    # and needs no init_from file then (a job restarted after the pretrained file went)
+    mv hf/model.safetensors hf/gone.safetensors
+    "$LAUNCH" --nproc_per_node=2 t.cfg init_from=hf/model.safetensors batch_size=2 max_steps=5 \
+        checkpoint=c.ckpt >o3 2>e3 || { cat o3 e3 >&2; fail "resume without the init file: exit $?"; }
+    expect_grep o3 'resumed from c.ckpt at epoch 1, step 4'
+}
+
+# An export is model.safetensors and its config.json, both or neither: a folder with room for
+# the model but not its config.json keeps what it held, and no temporary file stays behind.
+t_weights_export_is_both_files_or_neither() {
+    setup_run
+    mkdir full small
+    "$WORKER" t.cfg export=full/model.safetensors >o 2>e || { cat o e >&2; fail "export: exit $?"; }
+    # room for the model and the old config.json: a page short of the new config.json
+    local kb=$((($(stat -c %s full/model.safetensors) + 4095) / 4096 * 4 + 4))
+    mount -t tmpfs -o size=${kb}k tmpfs small 2>/dev/null || skip "cannot mount a tmpfs here"
+    echo old >small/config.json
+    "$WORKER" t.cfg export=small/model.safetensors >o 2>e
+    local rc=$? left
+    left=$(ls small)
+    umount small
+    expect_eq "$rc" 1 "exit status of an export that runs out of room"
+    expect_grep e "small/config.json.*No space left on device"
+    expect_eq "$left" "config.json" "what the folder holds after the failed export"
 }
 
 # tests/gpu/hf_weights_checks.sh without a GPU: every check skips (exit 77); without

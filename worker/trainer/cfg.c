@@ -478,12 +478,18 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': is a directory, expected a file",
                             at(cfg, key, w, sizeof w), key, path);
-    if (slash == NULL || slash == path)
-        return 0;
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if (access(dir, W_OK) != 0)
+    /* the folder the file goes to: there, and writable (a checkpoint or an export arrives
+     * through a new file and a rename) */
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    int bad = stat(dir, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+    if (bad == 0 && access(dir, W_OK | X_OK) != 0)
+        bad = errno;
+    if (bad != 0)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': directory '%s': %s",
-                            at(cfg, key, w, sizeof w), key, path, dir, strerror(errno));
+                            at(cfg, key, w, sizeof w), key, path, dir, strerror(bad));
     return 0;
 }
 
@@ -498,7 +504,13 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
         }                                                                                          \
     } while (0)
 
-/* init_from's weights fit the cfg's GPT; export is a .safetensors file in a writable folder. */
+int mgpu_cfg_resumes(const mgpu_cfg_t *cfg)
+{
+    return cfg->checkpoint[0] != 0 && access(cfg->checkpoint, F_OK) == 0;
+}
+
+/* init_from's weights fit the cfg's GPT (unless a checkpoint is resumed instead); export is a
+ * .safetensors file in a writable folder. */
 static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     const char *ext = ".safetensors";
@@ -506,7 +518,7 @@ static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
     char w[MGPU_CFG_PATH_MAX + 32];
     int rc;
 
-    if (cfg->init_from[0] != 0) {
+    if (cfg->init_from[0] != 0 && !mgpu_cfg_resumes(cfg)) {
         mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
                                 .n_head = cfg->n_head,
                                 .n_embd = cfg->n_embd,
@@ -524,6 +536,18 @@ static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
                             at(cfg, "export", w, sizeof w), cfg->export_file);
     if ((rc = check_out(cfg, "export", cfg->export_file, err)) < 0)
         return rc;
+    if (n > 0) { /* config.json goes beside it */
+        char json[MGPU_CFG_PATH_MAX + 16];
+        const char *slash = strrchr(cfg->export_file, '/');
+        struct stat st;
+        snprintf(json, sizeof json, "%.*sconfig.json",
+                 slash ? (int)(slash - cfg->export_file + 1) : 0, cfg->export_file);
+        if (stat(json, &st) == 0 && S_ISDIR(st.st_mode))
+            return mgpu_err_set(err, MGPU_E_CONFIG,
+                                "%s: export = '%s': %s, where its config.json goes, is a "
+                                "directory",
+                                at(cfg, "export", w, sizeof w), cfg->export_file, json);
+    }
     return 0;
 }
 

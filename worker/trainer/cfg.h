@@ -142,6 +142,10 @@ int mgpu_cfg_override(mgpu_cfg_t *cfg, const char *assignment, mgpu_err_t *err);
 /* Cross-key checks and derived defaults (weight_decay by optimizer, data files exist, ...). */
 int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err);
 
+/* Whether a run resumes rather than starts: the checkpoint file is there (its weights then
+ * replace init_from's, which is neither checked nor read). */
+int mgpu_cfg_resumes(const mgpu_cfg_t *cfg);
+
 /* Writes every key with its current value and a comment saying what it does: keys set by the
  * file or an override as `key = value`, the others commented out (`# key = value`), so the
  * output loads back to the same settings. Paths are written as resolved. */

@@ -147,8 +147,8 @@ static int resume_or_broadcast(run_t *s, mgpu_run_resume_t *h, mgpu_err_t *err)
 
 /* The parameters before the first step: init_from's weights (every rank reads the file, so
  * a bad one fails every rank alike; rank 0's then go to all as a fresh start's do), or
- * GPT-2's initialisation from the seed. s->h_params is allocated here, for the checkpoints
- * and the export too. */
+ * GPT-2's initialisation from the seed, which is also all a run that resumes needs. s->h_params is
+ * allocated here, for the checkpoints and the export too. */
 static int init_params(run_t *s, const mgpu_gpt_spec_t *spec, mgpu_err_t *err)
 {
     mgpu_gpt_t *m = s->m;
@@ -158,6 +158,14 @@ static int init_params(run_t *s, const mgpu_gpt_spec_t *spec, mgpu_err_t *err)
         return mgpu_err_set(err, -ENOMEM, "gpt: malloc of %zu floats failed", m->n_params);
     if (s->cfg->init_from[0] == 0)
         return mgpu_gpt_init(m, s->cfg->seed, err);
+    if (mgpu_cfg_resumes(s->cfg)) { /* the checkpoint's weights replace any */
+        if (s->comm->rank == 0) {
+            fprintf(s->out, "init_from: %s not read: %s is there to resume from\n",
+                    s->cfg->init_from, s->cfg->checkpoint);
+            fflush(s->out);
+        }
+        return mgpu_gpt_init(m, s->cfg->seed, err);
+    }
     if ((rc = mgpu_weights_load(s->cfg->init_from, spec, s->h_params, m->n_params, what,
                                 sizeof what, err)) < 0 ||
         (rc = mgpu_k_copy_to_device(s->k, m->params, s->h_params, sizeof(float) * m->n_params,

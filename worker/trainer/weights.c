@@ -9,10 +9,11 @@
 #include <stdlib.h>      /* malloc, free */
 #include <string.h>      /* memcpy, strcmp, strrchr */
 #include <sys/mman.h>    /* mmap, munmap */
+#include <sys/stat.h>    /* stat */
 #include <sys/uio.h>     /* struct iovec */
-#include <unistd.h>      /* close, pread, access */
+#include <unistd.h>      /* close, pread, access, getpid, unlink */
 
-#include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "atomic_file.h" /* mgpu_atomic_file_write, mgpu_atomic_file_commit */
 #include "data.h"        /* mgpu_data_open_regular */
 #include "dtype.h"       /* mgpu_dtype_bf16_to_f32 */
 #include "safetensors.h" /* mgpu_st_* */
@@ -224,6 +225,36 @@ static int hf_no_strangers(const mgpu_st_t *st, const char *prefix, const mgpu_g
     return 0;
 }
 
+/* lm_head.weight, of wte's shape, holds wte's values: mgpu's output layer is wte itself. */
+static int hf_tied(const mgpu_st_t *st, const mgpu_st_tensor_t *head, const mgpu_st_tensor_t *wte,
+                   const char *prefix, mgpu_err_t *err)
+{
+    const size_t n = mgpu_st_numel(wte);
+    int same;
+    if (head->dtype == wte->dtype) {
+        same = memcmp(st->data + head->begin, st->data + wte->begin,
+                      n * mgpu_st_dtype_size(wte->dtype)) == 0;
+    } else {
+        float *a = malloc(sizeof(float) * (n ? n : 1)), *b = malloc(sizeof(float) * (n ? n : 1));
+        int rc = a == NULL || b == NULL
+                     ? mgpu_err_set(err, -ENOMEM, "weights: malloc for lm_head.weight failed")
+                     : 0;
+        if (rc == 0 && (rc = mgpu_st_read_f32(st, head, a, err)) == 0)
+            rc = mgpu_st_read_f32(st, wte, b, err);
+        same = rc == 0 && memcmp(a, b, sizeof(float) * n) == 0;
+        free(a);
+        free(b);
+        if (rc < 0)
+            return rc;
+    }
+    if (!same)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: tensor 'lm_head.weight' differs from %swte.weight: mgpu's "
+                            "output layer is tied to the token embedding",
+                            st->path, prefix);
+    return 0;
+}
+
 /* Reads (params not NULL) or only checks an open safetensors file. */
 static int hf_read(const mgpu_st_t *st, const mgpu_gpt_spec_t *spec, float *params, size_t n_params,
                    char *what, size_t cap, mgpu_err_t *err)
@@ -271,7 +302,8 @@ static int hf_read(const mgpu_st_t *st, const mgpu_gpt_spec_t *spec, float *para
                           st->path, got, (long long)wte->shape[0], (long long)wte->shape[1]);
         goto out;
     }
-    if ((rc = check_hf_config(st->path, spec, err)) < 0 || params == NULL)
+    if ((head != NULL && (rc = hf_tied(st, head, wte, prefix, err)) < 0) ||
+        (rc = check_hf_config(st->path, spec, err)) < 0 || params == NULL)
         goto out;
     if ((tmp = malloc(sizeof(float) * (most ? most : 1))) == NULL) {
         rc = mgpu_err_set(err, -ENOMEM, "weights: malloc of %zu floats failed", most);
@@ -297,22 +329,6 @@ static int hf_read(const mgpu_st_t *st, const mgpu_gpt_spec_t *spec, float *para
         } else {
             memcpy(dst, tmp, sizeof(float) * mgpu_st_numel(t));
         }
-    }
-    if (head != NULL) { /* tied: it must be wte itself */
-        float *h = malloc(sizeof(float) * mgpu_st_numel(head));
-        if (h == NULL) {
-            rc = mgpu_err_set(err, -ENOMEM, "weights: malloc for lm_head.weight failed");
-            goto out;
-        }
-        rc = mgpu_st_read_f32(st, head, h, err);
-        if (rc == 0 && memcmp(h, params + w[0].off, sizeof(float) * mgpu_st_numel(head)) != 0)
-            rc = mgpu_err_set(err, MGPU_E_CONFIG,
-                              "%s: tensor 'lm_head.weight' differs from %swte.weight: mgpu's "
-                              "output layer is tied to the token embedding",
-                              st->path, prefix);
-        free(h);
-        if (rc < 0)
-            goto out;
     }
     if (what != NULL)
         snprintf(what, cap,
@@ -446,7 +462,14 @@ static int load(const char *path, const mgpu_gpt_spec_t *spec, float *params, si
 
     if ((rc = mgpu_data_open_regular(path, "init_from", &fd, &size, err)) < 0)
         return rc;
-    long got = size >= sizeof h ? (long)pread(fd, h, sizeof h, 0) : -1;
+    long got = (long)pread(fd, h, size < sizeof h ? size : sizeof h, 0);
+    if (got >= 4 && h[0] == LLMC_MAGIC && size < sizeof h) {
+        close(fd);
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: llm.c's weights (magic %d) cut short: %zu bytes, its header "
+                            "alone is %zu",
+                            path, LLMC_MAGIC, size, sizeof h);
+    }
     if (got == (long)sizeof h && h[0] == LLMC_MAGIC) {
         rc = llmc_read(path, fd, size, h, spec, params, n_params, what, cap, err);
         close(fd);
@@ -516,6 +539,16 @@ static int write_config(const char *path, const mgpu_gpt_spec_t *spec, mgpu_err_
     return rc;
 }
 
+/* path can be replaced by a new file: it is not there, or it is not a folder. */
+static int export_target(const char *path, mgpu_err_t *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return mgpu_err_set(err, -EISDIR, "export: %s is a folder, expected a file or nothing",
+                            path);
+    return 0;
+}
+
 int mgpu_weights_export(const char *path, const mgpu_gpt_spec_t *spec, const float *params,
                         size_t n_params, mgpu_err_t *err)
 {
@@ -556,14 +589,25 @@ int mgpu_weights_export(const char *path, const mgpu_gpt_spec_t *spec, const flo
             o[i].shape[1] = (int64_t)K;
         }
     }
-    /* from_pretrained refuses a safetensors file whose metadata names no framework */
-    const char *meta[] = {"format", "pt"};
-    if ((rc = mgpu_st_write(path, o, nw, meta, 1, 0, err)) < 0)
-        goto out;
-    char cfg[4096];
+    /* Both files or neither: the model goes to a file of its own first, then config.json
+     * replaces its old one, then the model replaces its old one (a rename in the same folder,
+     * over a file that is not a folder: checked before anything is written). */
+    char cfg[4096], part[4200];
     const char *slash = strrchr(path, '/');
     snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
-    rc = write_config(cfg, spec, err);
+    if ((size_t)snprintf(part, sizeof part, "%s.part.%ld", path, (long)getpid()) >= sizeof part) {
+        rc = mgpu_err_set(err, -ENAMETOOLONG, "export: path too long: %s", path);
+        goto out;
+    }
+    if ((rc = export_target(path, err)) < 0 || (rc = export_target(cfg, err)) < 0)
+        goto out;
+    /* from_pretrained refuses a safetensors file whose metadata names no framework */
+    const char *meta[] = {"format", "pt"};
+    if ((rc = mgpu_st_write(part, o, nw, meta, 1, 0, err)) < 0)
+        goto out;
+    if ((rc = write_config(cfg, spec, err)) < 0 ||
+        (rc = mgpu_atomic_file_commit(part, path, 0, err)) < 0)
+        unlink(part);
 out:
     free(o);
     free(buf);
