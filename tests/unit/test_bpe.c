@@ -1,11 +1,12 @@
 /* test_bpe.c - the byte-level BPE on a tokenizer.json built here: every byte a token (ids 0..255
  * in byte order, spelled with GPT-2's byte-to-unicode map), a few merges, one added token, and
  * the ids worked out by hand from GPT-2's split pattern and the merges' ranks (the ids Hugging
- * Face's tokenizers 0.23 gives for the same file); decoding back;
+ * Face's tokenizers 0.23 gives for the same file); decoding back; pieces of megabytes;
  * the tokenizers it refuses. */
 #include "bpe.h"
 #include "check.h"
-#include "tmpdir.h" /* make_tmpdir, tmp, remove_tmpdir */
+#include "tmpdir.h"   /* make_tmpdir, tmp, remove_tmpdir */
+#include "watchdog.h" /* watchdog_start, watchdog_stop */
 
 #include <cjson/cJSON.h> /* the tokenizer.json */
 
@@ -134,6 +135,38 @@ static void test_fixed_ids(void)
     remove_tmpdir();
 }
 
+/* A piece of a million pairs (a line without spaces, a run of spaces) in well under the
+ * watchdog's time: merging by rescanning the piece took hours at this size. The run of
+ * spaces also checks that equal merges pair from the left (an odd count leaves the last). */
+static void test_long_pieces(void)
+{
+    enum { PAIRS = 1000000 };
+    mgpu_bpe_t *t = NULL;
+    mgpu_err_t err = {0};
+    char *text = malloc(2 * PAIRS + 2);
+    int32_t *want = malloc(sizeof *want * (PAIRS + 1));
+    make_tmpdir("bpe");
+    CHECK_INT(mgpu_bpe_load(write_tokenizer("tok.json", NULL), &t, &err), 0);
+    pid_t dog = watchdog_start(60);
+    for (int i = 0; i < PAIRS; i++) {
+        memcpy(text + 2 * i, "he", 2);
+        want[i] = 257;
+    }
+    text[2 * PAIRS] = 0;
+    check_ids(t, text, want, PAIRS);
+    memset(text, ' ', 2 * PAIRS + 1);
+    text[2 * PAIRS + 1] = 0;
+    want[PAIRS] = ' ';
+    for (int i = 0; i < PAIRS; i++)
+        want[i] = 262;
+    check_ids(t, text, want, PAIRS + 1);
+    watchdog_stop(dog);
+    free(want);
+    free(text);
+    mgpu_bpe_free(t);
+    remove_tmpdir();
+}
+
 static void prefix_space(cJSON *root)
 {
     cJSON *pre = cJSON_GetObjectItem(root, "pre_tokenizer");
@@ -211,6 +244,7 @@ int main(void)
 {
     RUN(test_fixed_ids);
     RUN(test_add_prefix_space);
+    RUN(test_long_pieces);
     RUN(test_refused_tokenizers);
     return check_done();
 }

@@ -494,11 +494,74 @@ static size_t next_piece(const unsigned char *s, size_t i, size_t n)
     return last > i ? last : e;
 }
 
-/* One piece's bytes through the byte map and the merges. */
-static int encode_piece(const mgpu_bpe_t *t, const unsigned char *s, size_t n, ids_t *o,
-                        int32_t *sym, mgpu_err_t *err)
+/* A pair of neighbouring symbols that a merge joins: symbol pos (its id left) and the next
+ * one (its id right), queued by the merge's rank, then by position (leftmost first). */
+typedef struct pair {
+    int32_t rank, pos, left, right;
+} pair_t;
+
+/* A piece's working memory, grown to the longest piece so far: pieces are short, texts not,
+ * but a line without spaces (base64, minified JSON) is one piece. */
+typedef struct work {
+    int32_t *sym, *next, *prev;
+    pair_t *heap; /* at most 3 pairs a byte: one a neighbour at the start, two a merge */
+    size_t cap;
+} work_t;
+
+static int pair_less(const pair_t *a, const pair_t *b)
 {
-    int m = 0;
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(pair_t *h, int *n, pair_t p)
+{
+    int i = (*n)++;
+    while (i > 0 && pair_less(&p, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = p;
+}
+
+static pair_t heap_pop(pair_t *h, int *n)
+{
+    pair_t top = h[0], last = h[--(*n)];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && pair_less(&h[c + 1], &h[c]))
+            c++;
+        if (!pair_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = last;
+    return top;
+}
+
+/* Queues the merge of symbol i with the next one, if the merges have one. */
+static void queue_pair(const mgpu_bpe_t *t, work_t *w, int *nh, int i)
+{
+    if (i < 0 || w->next[i] < 0)
+        return;
+    const merge_t *mg = find_merge(t, w->sym[i], w->sym[w->next[i]]);
+    if (mg != NULL)
+        heap_push(
+            w->heap, nh,
+            (pair_t){.rank = mg->rank, .pos = i, .left = w->sym[i], .right = w->sym[w->next[i]]});
+}
+
+/* One piece: its bytes' tokens, then the merges, the lowest rank first and, among equal
+ * ranks, the leftmost, as the library applies them; O(n log n) through a queue of the
+ * neighbouring pairs, where a pair made stale by an earlier merge is skipped when it comes
+ * up. */
+static int encode_piece(const mgpu_bpe_t *t, const unsigned char *s, size_t n, ids_t *o, work_t *w,
+                        mgpu_err_t *err)
+{
+    int m = 0, nh = 0;
     if (t->ignore_merges && n <= 256) {
         char u[512];
         size_t l = 0;
@@ -510,26 +573,49 @@ static int encode_piece(const mgpu_bpe_t *t, const unsigned char *s, size_t n, i
     }
     for (size_t i = 0; i < n; i++)
         if (t->byte_id[s[i]] >= 0) /* as the library does: a byte with no token is dropped */
-            sym[m++] = t->byte_id[s[i]];
-    for (;;) {
-        int best = -1;
-        const merge_t *bm = NULL;
-        for (int i = 0; i + 1 < m; i++) {
-            const merge_t *mg = find_merge(t, sym[i], sym[i + 1]);
-            if (mg != NULL && (bm == NULL || mg->rank < bm->rank))
-                bm = mg, best = i;
-        }
-        if (bm == NULL)
-            break;
-        sym[best] = bm->id;
-        memmove(sym + best + 1, sym + best + 2, sizeof *sym * (size_t)(m - best - 2));
-        m--;
-    }
+            w->sym[m++] = t->byte_id[s[i]];
     for (int i = 0; i < m; i++) {
-        int rc = push(o, sym[i], err);
+        w->prev[i] = i - 1;
+        w->next[i] = i + 1 < m ? i + 1 : -1;
+    }
+    for (int i = 0; i + 1 < m; i++)
+        queue_pair(t, w, &nh, i);
+    while (nh > 0) {
+        const pair_t p = heap_pop(w->heap, &nh);
+        const int i = p.pos, j = w->next[i];
+        /* stale: symbol i or its neighbour changed (or went) since the pair was queued */
+        if (w->sym[i] != p.left || j < 0 || w->sym[j] != p.right)
+            continue;
+        const merge_t *mg = find_merge(t, p.left, p.right);
+        w->sym[i] = mg->id;
+        w->sym[j] = -1; /* gone: no live pair names it */
+        w->next[i] = w->next[j];
+        if (w->next[j] >= 0)
+            w->prev[w->next[j]] = i;
+        queue_pair(t, w, &nh, w->prev[i]);
+        queue_pair(t, w, &nh, i);
+    }
+    for (int i = m > 0 ? 0 : -1; i >= 0; i = w->next[i]) {
+        int rc = push(o, w->sym[i], err);
         if (rc < 0)
             return rc;
     }
+    return 0;
+}
+
+static int work_grow(work_t *w, size_t n, mgpu_err_t *err)
+{
+    int32_t *a = realloc(w->sym, sizeof *a * n);
+    w->sym = a != NULL ? a : w->sym;
+    int32_t *b = a != NULL ? realloc(w->next, sizeof *b * n) : NULL;
+    w->next = b != NULL ? b : w->next;
+    int32_t *c = b != NULL ? realloc(w->prev, sizeof *c * n) : NULL;
+    w->prev = c != NULL ? c : w->prev;
+    pair_t *h = c != NULL ? realloc(w->heap, sizeof *h * 3 * n) : NULL;
+    if (h == NULL)
+        return mgpu_err_set(err, -ENOMEM, "tokenizer: realloc for a piece of %zu bytes failed", n);
+    w->heap = h;
+    w->cap = n;
     return 0;
 }
 
@@ -538,8 +624,7 @@ static int encode_plain(const mgpu_bpe_t *t, const unsigned char *s, size_t n, i
                         mgpu_err_t *err)
 {
     unsigned char *buf = NULL;
-    int32_t *sym = NULL; /* the longest piece's symbols so far: pieces are short, texts not */
-    size_t cap = 0;
+    work_t w = {0};
     int rc = 0;
     if (n == 0)
         return 0;
@@ -553,19 +638,15 @@ static int encode_plain(const mgpu_bpe_t *t, const unsigned char *s, size_t n, i
     }
     for (size_t i = 0; i < n && rc == 0;) {
         size_t e = t->use_regex ? next_piece(s, i, n) : n;
-        if (e - i > cap) {
-            int32_t *g = realloc(sym, sizeof *sym * (e - i));
-            if (g == NULL) {
-                rc = mgpu_err_set(err, -ENOMEM, "tokenizer: realloc of %zu symbols failed", e - i);
-                break;
-            }
-            sym = g;
-            cap = e - i;
-        }
-        rc = encode_piece(t, s + i, e - i, o, sym, err);
+        if (e - i > w.cap && (rc = work_grow(&w, e - i, err)) < 0)
+            break;
+        rc = encode_piece(t, s + i, e - i, o, &w, err);
         i = e;
     }
-    free(sym);
+    free(w.sym);
+    free(w.next);
+    free(w.prev);
+    free(w.heap);
     free(buf);
     return rc;
 }
