@@ -222,6 +222,11 @@ print(len(got), "ids as tokenizers gives them")' || fail "the ids differ from to
     expect_grep out '^generate: 5 tokens after a prompt of [0-9]+ '
     sed -n '/^generate:/{n;p;q}' out >line
     grep -q '^Grüße vom Fuchs' line || fail "the prompt decoded as $(cat -v line)"
+    # a vocabulary padded far past the tokenizer's (as GPT-2's 50257 to 50304): only ids the
+    # tokenizer spells are drawn, though the padding rows are most of a barely trained model's
+    "$WORKER" g.cfg vocab=4096 max_steps=1 generate=60 >out 2>err ||
+        { cat out err >&2; fail "generating past the tokenizer's ids: exit $?"; }
+    expect_grep out '^generate: 60 tokens after a prompt of [0-9]+ '
     "$WORKER" --check g.cfg vocab=600 >out 2>err
     expect_eq "$?" 2 "a tokenizer past vocab"
     expect_grep err 'tokenizer.json has ids up to [0-9]+, expected below vocab = 600'

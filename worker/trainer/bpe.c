@@ -418,6 +418,11 @@ int mgpu_bpe_vocab_size(const mgpu_bpe_t *t)
     return t->n_ids;
 }
 
+int mgpu_bpe_has_id(const mgpu_bpe_t *t, int32_t id)
+{
+    return id >= 0 && id < t->n_ids && t->tok[id].s != NULL;
+}
+
 /* --- encoding ----------------------------------------------------------------------------- */
 
 typedef struct ids {

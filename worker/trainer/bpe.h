@@ -36,6 +36,9 @@ void mgpu_bpe_free(mgpu_bpe_t *t);
 
 /* The largest id of the vocabulary and the added tokens, plus one. */
 int mgpu_bpe_vocab_size(const mgpu_bpe_t *t);
+/* Whether id has a token to decode to (a model's vocabulary may be padded past the
+ * tokenizer's, and a tokenizer's ids may have gaps). */
+int mgpu_bpe_has_id(const mgpu_bpe_t *t, int32_t id);
 
 /* The ids of text[0..len) into *ids (malloc, *n of them; the caller frees). */
 int mgpu_bpe_encode(const mgpu_bpe_t *t, const char *text, size_t len, int32_t **ids, size_t *n,

@@ -408,6 +408,10 @@ static int generate(run_t *s, mgpu_err_t *err)
             (rc = mgpu_gpt_forward(s->m, err)) < 0 ||
             (rc = mgpu_gpt_last_logits(s->m, logits, err)) < 0)
             goto out;
+        /* only what the tokenizer can spell: the model's vocabulary is often padded past it
+         * (GPT-2's 50257 to 50304), and those rows' logits need not lose */
+        for (int v = 0; s->tokenizer != NULL && v < V; v++)
+            logits[v] = mgpu_bpe_has_id(s->tokenizer, v) ? logits[v] : -INFINITY;
         seq[n++] = sample(logits, V, cfg->temperature, cfg->top_k, &r);
     }
     /* The prompt and what followed it, as one text (as nanoGPT's sample.py prints it). */
