@@ -146,6 +146,16 @@ open("id.bin", "wb").write(h.tobytes() + t.tobytes())'
     "$WORKER" --check g.cfg data_val_tokens=ok.bin eval_fraction=0.1 >out 2>err
     expect_eq "$?" 2 "data_val_tokens with eval_fraction"
     expect_grep err 'data_val_tokens holds the evaluation.s tokens: eval_fraction = 0.1'
+    # evaluation files that hold nothing to evaluate are refused, not taken as no evaluation
+    "$NPY" -c '
+import struct
+open("none.bin", "wb").write(struct.pack("<3i", 20240520, 1, 0) + bytes(1012))'
+    : >zero.bin
+    for f in none.bin zero.bin; do
+        "$WORKER" --check g.cfg data_tokens=ok.bin data_val_tokens=$f >out 2>err
+        expect_eq "$?" 2 "--check with data_val_tokens = $f"
+        expect_grep err "the 0 held-out tokens of $f hold no run of context"
+    done
 }
 
 t_data_four_ranks_map_a_1gb_set_in_little_memory() {

@@ -676,7 +676,7 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
              "%s has %zu tokens, %zu of them for training: no run of context + 1 = %d within "
              "one file (one window)",
              path, n, n_train, cfg->context + 1);
-    CONFLICT(n_eval > 0 && w_eval == 0,
+    CONFLICT((has_val || n_eval > 0) && w_eval == 0,
              has_val ? "context data_val_tokens" : "context eval_fraction",
              "the %zu held-out tokens of %s hold no run of context + 1 = %d within one file "
              "(one window)",
