@@ -242,9 +242,19 @@ t_gpt_resume_continues_and_refuses_another_shape() {
     "$LAUNCH" --nproc_per_node=2 "$MGPU_ROOT/configs/gpt_text.cfg" data_text=text.txt n_layer=2 \
         n_head=2 n_embd=32 context=32 batch_size=4 seed=5 max_steps=12 checkpoint=w2.ckpt \
         checkpoint_interval=4 generate=0 backend=cpu >/dev/null 2>&1
+    cp w2.ckpt w3.ckpt
+    cp w2.ckpt w4.ckpt
     "$WORKER" g.cfg max_steps=13 checkpoint=w2.ckpt >out4 2>err4 ||
         { cat out4 err4 >&2; fail "resume on another world size: exit $?"; }
     expect_grep out4 'written by 2 ranks, this run has 1: epoch 1 goes on from batch 24 of'
+    # another batch size, or grad_accum, too: 12 steps of 2 ranks x 4 windows are 96 windows,
+    # 32 batches of 3 or 8 of 4 x 3
+    "$WORKER" g.cfg batch_size=3 max_steps=13 checkpoint=w3.ckpt >out5 2>err5 ||
+        { cat out5 err5 >&2; fail "resume with another batch size: exit $?"; }
+    expect_grep out5 'written by 2 ranks of 4 samples a batch, this run has 1 of 3: epoch 1 goes on from batch 32 of'
+    "$WORKER" g.cfg batch_size=4 grad_accum=3 max_steps=13 checkpoint=w4.ckpt >out6 2>err6 ||
+        { cat out6 err6 >&2; fail "resume with grad_accum: exit $?"; }
+    expect_grep out6 'written by 2 ranks of 4 samples a batch, this run has 1 of 12: epoch 1 goes on from batch 8 of'
     "$WORKER" g.cfg max_steps=10 n_embd=48 checkpoint=a.ckpt >out3 2>err3
     expect_eq "$?" 2 "exit status of a resume into another shape"
     expect_grep err3 'checkpoint a.ckpt holds another model .* n_layer = 2, n_head = 2, n_embd = 48, context = 32, vocab = 256'

@@ -45,6 +45,7 @@ static mgpu_ckpt_t sample(float *params, float *state)
                          .optim_step = 52,
                          .optim_kind = 1,
                          .world_size = 4,
+                         .batch_per_rank = 6,
                          .seed = 99,
                          .rng = {1, 2, 3, 0xffffffffffffffffULL},
                          .n_params = 100,
@@ -74,7 +75,8 @@ static void test_roundtrip(void)
     CHECK_INT(files_in_dir(), 1); /* no temporary left behind */
     CHECK_INT(mgpu_ckpt_read(path_in("a.ckpt"), &r, &err), 0);
     CHECK(r.model_hash == c.model_hash && r.epoch == 3 && r.batch_in_epoch == 7 && r.step == 52 &&
-          r.optim_step == 52 && r.optim_kind == 1 && r.world_size == 4 && r.seed == 99);
+          r.optim_step == 52 && r.optim_kind == 1 && r.world_size == 4 && r.batch_per_rank == 6 &&
+          r.seed == 99);
     CHECK(memcmp(r.rng, c.rng, sizeof r.rng) == 0);
     CHECK_INT(r.n_params, 100);
     CHECK_INT(r.n_state, 200);
@@ -93,7 +95,7 @@ static void test_roundtrip(void)
     mgpu_ckpt_free(&r);
     mgpu_ckpt_free(&r); /* safe twice */
     struct stat st;
-    CHECK(stat(path_in("a.ckpt"), &st) == 0 && st.st_size == 128 + 400);
+    CHECK(stat(path_in("a.ckpt"), &st) == 0 && st.st_size == 136 + 400);
     teardown();
 }
 
@@ -114,8 +116,9 @@ static void test_corruption_detected(void)
     mgpu_ckpt_t c = sample(params, state), r;
     mgpu_err_t err = {0};
     const char *p = path_in("c.ckpt");
-    long offsets[] = {128 + 4 * 50, 128 + 400 + 4 * 199 + 3, 40 /* header: epoch */};
-    for (int i = 0; i < 3; i++) {
+    long offsets[] = {136 + 4 * 50, 136 + 400 + 4 * 199 + 3, 40 /* header: epoch */,
+                      128 /* header: batch_per_rank */};
+    for (int i = 0; i < 4; i++) {
         CHECK_INT(mgpu_ckpt_write(p, &c, &err), 0);
         flip_byte(p, offsets[i]);
         CHECK_INT(mgpu_ckpt_read(p, &r, &err), -EBADMSG);
@@ -124,9 +127,12 @@ static void test_corruption_detected(void)
     }
     /* Truncated. */
     CHECK_INT(mgpu_ckpt_write(p, &c, &err), 0);
-    CHECK(truncate(p, 128 + 400) == 0);
+    CHECK(truncate(p, 136 + 400) == 0);
     CHECK_INT(mgpu_ckpt_read(p, &r, &err), -EBADMSG);
-    CHECK_CONTAINS(err.msg, "528 bytes, expected 1328");
+    CHECK_CONTAINS(err.msg, "536 bytes, expected 1336");
+    CHECK(truncate(p, 130) == 0); /* version 2's header cut in its last 8 bytes */
+    CHECK_INT(mgpu_ckpt_read(p, &r, &err), -EBADMSG);
+    CHECK_CONTAINS(err.msg, "shorter than its header");
     CHECK(truncate(p, 20) == 0);
     CHECK_INT(mgpu_ckpt_read(p, &r, &err), -EBADMSG);
     CHECK_CONTAINS(err.msg, "shorter than its header");
@@ -141,9 +147,41 @@ static void test_corruption_detected(void)
     CHECK_INT(mgpu_ckpt_write(p, &c, &err), 0);
     flip_byte(p, 9);
     CHECK_INT(mgpu_ckpt_read(p, &r, &err), -EBADMSG);
-    CHECK_CONTAINS(err.msg, "expected version 1");
+    CHECK_CONTAINS(err.msg, "expected version 2 with 136 (or 1 with 128)");
     /* None at all: a fresh start, not damage. */
     CHECK_INT(mgpu_ckpt_read(path_in("none.ckpt"), &r, &err), -ENOENT);
+    teardown();
+}
+
+/* A version 1 file (the 128-byte header, no batch_per_rank), as runs before version 2 wrote
+ * them: read, its batch unknown (0). */
+static void test_version1_still_read(void)
+{
+    setup();
+    float params[100], state[200];
+    mgpu_ckpt_t c = sample(params, state), r;
+    mgpu_err_t err = {0};
+    const char *p = path_in("v1.ckpt");
+    CHECK_INT(mgpu_ckpt_write(p, &c, &err), 0);
+    unsigned char buf[136 + 1200];
+    FILE *f = fopen(p, "rb");
+    CHECK(fread(buf, 1, sizeof buf, f) == sizeof buf);
+    fclose(f);
+    uint32_t v1 = 1, bytes = 128;
+    uint64_t sum = 0;
+    memcpy(buf + 8, &v1, 4);
+    memcpy(buf + 12, &bytes, 4);
+    memcpy(buf + 120, &sum, 8);
+    memmove(buf + 128, buf + 136, 1200);
+    sum = mgpu_fnv1a(mgpu_fnv1a(MGPU_FNV_OFFSET, buf, 128), buf + 128, 1200);
+    memcpy(buf + 120, &sum, 8);
+    f = fopen(p, "wb");
+    CHECK(fwrite(buf, 1, 128 + 1200, f) == 128 + 1200);
+    fclose(f);
+    CHECK_INT(mgpu_ckpt_read(p, &r, &err), 0);
+    CHECK(r.epoch == 3 && r.batch_in_epoch == 7 && r.world_size == 4 && r.batch_per_rank == 0);
+    CHECK(memcmp(r.state, state, sizeof state) == 0);
+    mgpu_ckpt_free(&r);
     teardown();
 }
 
@@ -188,6 +226,7 @@ int main(void)
 {
     RUN(test_roundtrip);
     RUN(test_corruption_detected);
+    RUN(test_version1_still_read);
     RUN(test_failed_write_keeps_old);
     RUN(test_fnv);
     return check_done();

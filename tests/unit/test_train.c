@@ -494,26 +494,50 @@ static void test_resume_matches_uninterrupted(void)
 /* A step publishes its phases in order: data, forward, backward (after the output layer, whose
  * forward is fused with its loss and gradient), then the optimizer. The page is a shared file
  * attached as under mgpu-launch. */
-/* A checkpoint's place in its epoch, moved to another world size by samples seen. */
+/* A checkpoint's place in its epoch, moved to another world size or batch by samples seen. */
 static void test_rescale_position(void)
 {
     long long e = 0, b = 4;
     char buf[512] = "";
     FILE *f = fmemopen(buf, sizeof buf, "w");
-    CHECK_INT(mgpu_run_rescale_position(f, 4, 2, 31, &e, &b), 1); /* 4 x 4 = 16 batches of 1 */
+    mgpu_run_place_t r4 = {4, 1}, r2 = {2, 1}, r3 = {3, 1}, r1 = {1, 1}, unknown = {0, 0};
+    CHECK_INT(mgpu_run_rescale_position(f, &r4, &r2, 31, &e, &b), 1); /* 4 x 4 = 16 batches of 1 */
     fclose(f);
     CHECK(e == 0 && b == 8);
     CHECK_CONTAINS(buf, "written by 4 ranks, this run has 2: epoch 1 goes on from batch 8 of 31");
     e = 1, b = 5;
-    CHECK_INT(mgpu_run_rescale_position(NULL, 2, 4, 9, &e, &b), 1);
+    mgpu_run_place_t r2b = {2, 1}, r4b = {4, 1};
+    CHECK_INT(mgpu_run_rescale_position(NULL, &r2b, &r4b, 9, &e, &b), 1);
     CHECK(e == 1 && b == 2); /* 10 / 4, rounded down: half a batch is seen again */
     e = 0, b = 10;
-    CHECK_INT(mgpu_run_rescale_position(NULL, 3, 1, 30, &e, &b), 1);
+    CHECK_INT(mgpu_run_rescale_position(NULL, &r3, &r1, 30, &e, &b), 1);
     CHECK(e == 1 && b == 0); /* the whole epoch was seen: the next one */
     e = 2, b = 7;
-    CHECK_INT(mgpu_run_rescale_position(NULL, 2, 2, 30, &e, &b), 0); /* same world size */
-    CHECK_INT(mgpu_run_rescale_position(NULL, 0, 2, 30, &e, &b), 0); /* unknown */
+    CHECK_INT(mgpu_run_rescale_position(NULL, &r2, &r2, 30, &e, &b), 0);      /* the same batches */
+    CHECK_INT(mgpu_run_rescale_position(NULL, &unknown, &r2, 30, &e, &b), 0); /* unknown */
     CHECK(e == 2 && b == 7);
+    /* the batch changed, not the ranks: 30 batches of 4 are 15 of 8, or 60 of 2 */
+    mgpu_run_place_t b4 = {1, 4}, b8 = {1, 8}, b2x2 = {2, 2};
+    e = 0, b = 30;
+    memset(buf, 0, sizeof buf);
+    f = fmemopen(buf, sizeof buf, "w");
+    CHECK_INT(mgpu_run_rescale_position(f, &b4, &b8, 47, &e, &b), 1);
+    fclose(f);
+    CHECK(e == 0 && b == 15);
+    CHECK_CONTAINS(buf, "written by 1 ranks of 4 samples a batch, this run has 1 of 8: epoch 1 "
+                        "goes on from batch 15 of 47 (as many samples as 30 batches of 4");
+    e = 0, b = 30;
+    CHECK_INT(mgpu_run_rescale_position(NULL, &b4, &b2x2, 47, &e, &b), 0);
+    CHECK(e == 0 && b == 30); /* 2 ranks of 2: 4 a batch, as before */
+    e = 0, b = 30;
+    mgpu_run_place_t b4x2 = {2, 4}, b1 = {1, 1};
+    CHECK_INT(mgpu_run_rescale_position(NULL, &b4x2, &b1, 500, &e, &b), 1);
+    CHECK(e == 0 && b == 240);
+    /* a version 1 checkpoint's batch is unknown: taken as this run's, ranks alone count */
+    mgpu_run_place_t old2 = {2, 0}, b8x1 = {1, 8};
+    e = 0, b = 3;
+    CHECK_INT(mgpu_run_rescale_position(NULL, &old2, &b8x1, 50, &e, &b), 1);
+    CHECK(e == 0 && b == 6);
 }
 
 static void test_step_publishes_its_phases(void)

@@ -15,7 +15,8 @@
 #include "atomic_file.h" /* mgpu_atomic_file_write */
 
 #define CKPT_MAGIC "MGPUCKPT"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2 /* 1: without the header's last 8 bytes (batch_per_rank), still read */
+#define CKPT_V1_BYTES 128
 
 typedef struct ckpt_header {
     char magic[8];
@@ -32,9 +33,11 @@ typedef struct ckpt_header {
     uint32_t world_size;
     uint64_t seed;
     uint64_t rng[4];
-    uint64_t checksum; /* FNV-1a over this header (with checksum = 0) and the payload */
+    uint64_t checksum;       /* FNV-1a over this header (with checksum = 0) and the payload */
+    uint32_t batch_per_rank; /* version 2 on: a rank's samples in each batch_in_epoch */
+    uint32_t reserved;
 } ckpt_header_t;
-_Static_assert(sizeof(ckpt_header_t) == 128, "the on-disk header is 128 bytes");
+_Static_assert(sizeof(ckpt_header_t) == 136, "the on-disk header is 136 bytes");
 
 uint64_t mgpu_fnv1a(uint64_t h, const void *data, size_t len)
 {
@@ -50,7 +53,7 @@ static uint64_t checksum(const ckpt_header_t *hdr, const float *params, const fl
 {
     ckpt_header_t h = *hdr;
     h.checksum = 0;
-    uint64_t x = mgpu_fnv1a(MGPU_FNV_OFFSET, &h, sizeof h);
+    uint64_t x = mgpu_fnv1a(MGPU_FNV_OFFSET, &h, hdr->header_bytes);
     x = mgpu_fnv1a(x, params, sizeof(float) * hdr->n_params);
     if (hdr->n_state > 0)
         x = mgpu_fnv1a(x, state, sizeof(float) * hdr->n_state);
@@ -82,6 +85,7 @@ int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err)
     h.optim_step = c->optim_step;
     h.optim_kind = c->optim_kind;
     h.world_size = c->world_size;
+    h.batch_per_rank = c->batch_per_rank;
     h.seed = c->seed;
     memcpy(h.rng, c->rng, sizeof h.rng);
     h.checksum = checksum(&h, c->params, c->state);
@@ -125,7 +129,8 @@ int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err)
         rc = mgpu_err_set(err, -errno, "checkpoint: fstat(%s): %s", path, strerror(errno));
         goto out;
     }
-    if ((size_t)st.st_size < sizeof h || fread(&h, sizeof h, 1, f) != 1) {
+    memset(&h, 0, sizeof h);
+    if ((size_t)st.st_size < CKPT_V1_BYTES || fread(&h, CKPT_V1_BYTES, 1, f) != 1) {
         rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: %lld bytes, shorter than its header", path,
                           (long long)st.st_size);
         goto out;
@@ -134,14 +139,21 @@ int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err)
         rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: not an mgpu checkpoint (bad magic)", path);
         goto out;
     }
-    if (h.version != CKPT_VERSION || h.header_bytes != sizeof h) {
+    if (!(h.version == CKPT_VERSION && h.header_bytes == sizeof h) &&
+        !(h.version == 1 && h.header_bytes == CKPT_V1_BYTES)) {
         rc = mgpu_err_set(err, -EBADMSG,
                           "checkpoint %s: version %u with a %u-byte header, expected version "
-                          "%d with %zu",
-                          path, h.version, h.header_bytes, CKPT_VERSION, sizeof h);
+                          "%d with %zu (or 1 with %d)",
+                          path, h.version, h.header_bytes, CKPT_VERSION, sizeof h, CKPT_V1_BYTES);
         goto out;
     }
-    uint64_t want = sizeof h + sizeof(float) * (h.n_params + h.n_state);
+    if (h.version > 1 && ((size_t)st.st_size < sizeof h ||
+                          fread((char *)&h + CKPT_V1_BYTES, sizeof h - CKPT_V1_BYTES, 1, f) != 1)) {
+        rc = mgpu_err_set(err, -EBADMSG, "checkpoint %s: %lld bytes, shorter than its header", path,
+                          (long long)st.st_size);
+        goto out;
+    }
+    uint64_t want = h.header_bytes + sizeof(float) * (h.n_params + h.n_state);
     if (h.n_params > ((uint64_t)1 << 40) || h.n_state > ((uint64_t)1 << 41) ||
         (uint64_t)st.st_size != want) {
         rc = mgpu_err_set(err, -EBADMSG,
@@ -175,6 +187,7 @@ int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err)
     c->optim_step = h.optim_step;
     c->optim_kind = h.optim_kind;
     c->world_size = h.world_size;
+    c->batch_per_rank = h.batch_per_rank;
     c->seed = h.seed;
     memcpy(c->rng, h.rng, sizeof c->rng);
     c->n_params = h.n_params;

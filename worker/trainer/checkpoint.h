@@ -6,8 +6,9 @@
  * the new one, never a torn file. A 64-bit FNV-1a checksum over the header and payload
  * catches a file damaged afterwards (-EBADMSG, naming what failed).
  *
- * Format (little-endian, version 1): a 128-byte header (magic "MGPUCKPT", version, sizes,
- * counters, checksum), then n_params floats, then n_state floats.
+ * Format (little-endian, version 2): a 136-byte header (magic "MGPUCKPT", version, sizes,
+ * counters, checksum, a rank's batch), then n_params floats, then n_state floats. Version 1
+ * files (a 128-byte header, without the batch) are read too.
  *
  * Ownership: mgpu_ckpt_read allocates params and state; mgpu_ckpt_free releases them. For
  * mgpu_ckpt_write the caller's arrays are only read. */
@@ -27,6 +28,7 @@ typedef struct mgpu_ckpt {
     uint64_t optim_step;     /* the optimizer's own step count (bias correction) */
     uint32_t optim_kind;     /* mgpu_optim_kind_t */
     uint32_t world_size;     /* of the run that wrote it */
+    uint32_t batch_per_rank; /* samples one rank took in each batch_in_epoch (0: unknown) */
     uint64_t seed;           /* the cfg's seed, to refuse resuming a differently seeded run */
     uint64_t rng[4];         /* trainer RNG state */
     size_t n_params, n_state;

@@ -94,6 +94,7 @@ static int save_checkpoint(ddp_state_t *s, uint64_t epoch, uint64_t batch, uint6
                      .optim_step = (uint64_t)t->optim->step,
                      .optim_kind = (uint32_t)t->optim->spec.kind,
                      .world_size = (uint32_t)world(s),
+                     .batch_per_rank = (uint32_t)s->cfg->batch_size,
                      .seed = s->cfg->seed,
                      .n_params = t->model->n_params,
                      .params = s->h_params,
@@ -285,8 +286,10 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         res->resumed_step = step;
         if (rank == 0)
             mgpu_run_print_resumed(s.out, cfg->checkpoint, epoch, step);
-        mgpu_run_rescale_position(rank == 0 ? s.out : NULL, h.world_size, comm->world_size,
-                                  (long long)nb, &epoch, &batch);
+        const mgpu_run_place_t then = {h.world_size, h.batch_per_rank},
+                               now = {comm->world_size, (long long)B};
+        mgpu_run_rescale_position(rank == 0 ? s.out : NULL, &then, &now, (long long)nb, &epoch,
+                                  &batch);
     }
     long long evaluated_at = -1;
     int stopped = 0;

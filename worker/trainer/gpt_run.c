@@ -93,6 +93,7 @@ static int save_checkpoint(run_t *s, uint64_t epoch, uint64_t batch, uint64_t st
                      .optim_step = step,
                      .optim_kind = (uint32_t)MGPU_OPTIM_ADAMW,
                      .world_size = (uint32_t)s->comm->world_size,
+                     .batch_per_rank = (uint32_t)(s->cfg->batch_size * s->cfg->grad_accum),
                      .seed = s->cfg->seed,
                      .n_params = m->n_params,
                      .params = s->h_params,
@@ -588,8 +589,9 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if (h.status == 1) {
         res->resumed_step = step;
-        mgpu_run_rescale_position(rank == 0 ? s.out : NULL, h.world_size, W, per_epoch, &epoch,
-                                  &batch);
+        const mgpu_run_place_t then = {h.world_size, h.batch_per_rank},
+                               now = {W, (long long)(B * accum)};
+        mgpu_run_rescale_position(rank == 0 ? s.out : NULL, &then, &now, per_epoch, &epoch, &batch);
     }
     mgpu_adamw_hparams_t hp = {.beta1 = (float)cfg->beta1,
                                .beta2 = (float)cfg->beta2,

@@ -120,6 +120,7 @@ static int resume_or_broadcast(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, v
             h->step = c.step;
             h->optim_step = c.optim_step;
             h->world_size = (int32_t)c.world_size;
+            h->batch_per_rank = (int32_t)c.batch_per_rank;
             if (host_state && c.n_state > 0)
                 memcpy(state, c.state, sizeof(float) * c.n_state);
             if ((rc = mgpu_k_copy_to_device(k, params, c.params, sizeof(float) * c.n_params, &e)) <
@@ -186,22 +187,33 @@ double mgpu_run_rate(double amount, double seconds)
     return amount / (seconds > 0 ? seconds : 1e-9);
 }
 
-int mgpu_run_rescale_position(FILE *out, int ranks_then, int ranks_now, long long per_epoch,
-                              long long *epoch, long long *batch)
+int mgpu_run_rescale_position(FILE *out, const mgpu_run_place_t *then, const mgpu_run_place_t *now,
+                              long long per_epoch, long long *epoch, long long *batch)
 {
-    if (ranks_then <= 0 || ranks_then == ranks_now || *batch == 0)
+    const long long b_then = then->batch_per_rank > 0 ? then->batch_per_rank : now->batch_per_rank;
+    const long long seen = (long long)then->ranks * b_then,
+                    step = (long long)now->ranks * now->batch_per_rank;
+    if (then->ranks <= 0 || seen == step || *batch == 0)
         return 0;
-    long long was = *batch, now = was * ranks_then / ranks_now;
-    if (now >= per_epoch)
-        (*epoch)++, now = 0;
-    *batch = now;
-    if (out != NULL) {
+    long long was = *batch, at = was * seen / step;
+    if (at >= per_epoch)
+        (*epoch)++, at = 0;
+    *batch = at;
+    if (out == NULL)
+        return 1;
+    if (b_then == now->batch_per_rank)
         fprintf(out,
                 "the checkpoint was written by %d ranks, this run has %d: epoch %lld goes on from "
                 "batch %lld of %lld (as many samples as %lld batches of %d ranks, rounded down)\n",
-                ranks_then, ranks_now, *epoch + 1, now, per_epoch, was, ranks_then);
-        fflush(out);
-    }
+                then->ranks, now->ranks, *epoch + 1, at, per_epoch, was, then->ranks);
+    else
+        fprintf(out,
+                "the checkpoint was written by %d ranks of %lld samples a batch, this run has %d "
+                "of %lld: epoch %lld goes on from batch %lld of %lld (as many samples as %lld "
+                "batches of %lld, rounded down)\n",
+                then->ranks, b_then, now->ranks, now->batch_per_rank, *epoch + 1, at, per_epoch,
+                was, seen);
+    fflush(out);
     return 1;
 }
 

@@ -21,8 +21,9 @@ struct cJSON; /* a metrics line: the callers build it with cJSON, this header ne
 
 /* What rank 0 tells everyone about the checkpoint before anything else. */
 typedef struct mgpu_run_resume {
-    int32_t status;     /* 1: resume, 0: fresh start, -1: rank 0 failed (message follows) */
-    int32_t world_size; /* of the run that wrote the checkpoint (0: unknown) */
+    int32_t status;         /* 1: resume, 0: fresh start, -1: rank 0 failed (message follows) */
+    int32_t world_size;     /* of the run that wrote the checkpoint (0: unknown) */
+    int32_t batch_per_rank; /* its samples a rank a batch (0: unknown) */
     uint64_t epoch, batch, step, optim_step;
     char msg[1024];
 } mgpu_run_resume_t;
@@ -92,13 +93,21 @@ void mgpu_run_pace(double t0, double amount, long long planned, long long step, 
 /* amount per second over seconds (a zero duration counts as a nanosecond). */
 double mgpu_run_rate(double amount, double seconds);
 
-/* A checkpoint's place in its epoch (batch batches done, each of one batch per rank on
- * ranks_then ranks) as batches of this run on ranks_now ranks: as many windows or samples
- * seen, rounded down (a few are seen again, none skipped), with the epoch's end rolling over
- * to the next epoch (per_epoch batches now). Prints what it did on rank 0's out, and leaves
- * the place as it is when the world size is the same or unknown. Returns 1 if it moved. */
-int mgpu_run_rescale_position(FILE *out, int ranks_then, int ranks_now, long long per_epoch,
-                              long long *epoch, long long *batch);
+/* Where a run's batches come from: its ranks, and the samples (windows) one rank takes in
+ * one of the batches a checkpoint's place counts (its batch size times grad_accum; 0 in a
+ * checkpoint's: unknown, taken as this run's). */
+typedef struct mgpu_run_place {
+    int ranks;
+    long long batch_per_rank;
+} mgpu_run_place_t;
+
+/* A checkpoint's place in its epoch (batch batches done, of then's ranks and batches) as
+ * batches of this run (now): as many samples seen, rounded down (a few are seen again, none
+ * skipped), with the epoch's end rolling over to the next epoch (per_epoch batches now).
+ * Prints what it did on rank 0's out, and leaves the place as it is when a batch of both
+ * takes as many samples, or then's ranks are unknown (0). Returns 1 if it moved. */
+int mgpu_run_rescale_position(FILE *out, const mgpu_run_place_t *then, const mgpu_run_place_t *now,
+                              long long per_epoch, long long *epoch, long long *batch);
 
 /* The epoch (from 0) of a loop's last step, after the loop: the one max_steps stopped in
  * (stopped, at batch of epoch), or the one before epoch where the loop ended at an epoch's
