@@ -214,6 +214,12 @@ static void with_metaspace(cJSON *root)
     cJSON_ReplaceItemInObject(p, "type", cJSON_CreateString("Metaspace"));
 }
 
+static void with_lstrip(cJSON *root)
+{
+    cJSON *eot = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "added_tokens"), 0);
+    cJSON_AddBoolToObject(eot, "lstrip", 1);
+}
+
 static void test_refused_tokenizers(void)
 {
     mgpu_bpe_t *t = NULL;
@@ -227,6 +233,9 @@ static void test_refused_tokenizers(void)
     CHECK_CONTAINS(err.msg, "m.json: model.merges[8] = 'zz q': 'zz' is not in model.vocab");
     CHECK_INT(mgpu_bpe_load(write_tokenizer("s.json", with_metaspace), &t, &err), MGPU_E_CONFIG);
     CHECK_CONTAINS(err.msg, "s.json: pre_tokenizer is not ByteLevel");
+    /* RoBERTa's <mask> takes the spaces before it: not what a literal match gives */
+    CHECK_INT(mgpu_bpe_load(write_tokenizer("l.json", with_lstrip), &t, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "l.json: added_tokens[0] ('<|endoftext|>') has lstrip = true");
     char path[600];
     snprintf(path, sizeof path, "%s/j.json", tmpdir);
     FILE *f = fopen(path, "w");

@@ -373,6 +373,16 @@ int mgpu_bpe_load(const char *path, mgpu_bpe_t **out, mgpu_err_t *err)
                               t->n_added);
             goto out;
         }
+        /* matched as written: a flag that widens or narrows the match is refused */
+        static const char *const flags[] = {"lstrip", "rstrip", "single_word"};
+        for (int f = 0; f < 3; f++)
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, flags[f]))) {
+                rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                                  "%s: added_tokens[%d] ('%.100s') has %s = true: only tokens "
+                                  "matched exactly as written are supported",
+                                  path, t->n_added, content->valuestring, flags[f]);
+                goto out;
+            }
         if ((rc = set_token(t, id->valueint, content->valuestring, path, err)) < 0)
             goto out;
         added_t *a = &t->added[t->n_added++];
