@@ -182,6 +182,8 @@ static void test_bad_headers_are_named(void)
     fclose(f);
     expect_open_error(tmp("odd.bin"), "odd.bin: 3 bytes and no llm.c header");
     expect_open_error(tmp("none_*.bin"), "no file matches the pattern");
+    expect_open_error(tmp("nodir/x_*.bin"), "needs the folder '");
+    expect_open_error(tmp("nodir/x_*.bin"), "nodir': No such file or directory");
     expect_open_error(tmp("missing.bin"), "missing.bin: cannot open data_tokens");
     expect_open_error(" , ", "expected a file, a list or a pattern");
     /* a list fails on its bad member, naming it */

@@ -99,6 +99,17 @@ static int add_file(mgpu_shards_t *s, const char *path, int text, mgpu_err_t *er
     return 0;
 }
 
+/* The folder glob could not read, for the message (glob reports it through a callback). */
+static char glob_failed_at[512];
+static int glob_errno;
+
+static int glob_error(const char *path, int eerrno)
+{
+    snprintf(glob_failed_at, sizeof glob_failed_at, "%s", path);
+    glob_errno = eerrno;
+    return 1; /* stop: GLOB_ERR stops anyway */
+}
+
 int mgpu_shards_open(mgpu_shards_t *s, const char *spec, const char *key, int text, int vocab,
                      mgpu_err_t *err)
 {
@@ -124,13 +135,19 @@ int mgpu_shards_open(mgpu_shards_t *s, const char *spec, const char *key, int te
             continue;
         }
         glob_t g;
-        int gr = glob(e, GLOB_ERR, NULL, &g);
+        glob_failed_at[0] = 0;
+        glob_errno = 0;
+        int gr = glob(e, GLOB_ERR, glob_error, &g);
         if (gr == GLOB_NOMATCH)
             rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s = '%s': no file matches the pattern '%s'",
                               key, spec, e);
+        else if (gr == GLOB_NOSPACE)
+            rc = mgpu_err_set(err, -ENOMEM, "%s = '%s': out of memory matching the pattern '%s'",
+                              key, spec, e);
         else if (gr != 0)
-            rc = mgpu_err_set(err, MGPU_E_CONFIG, "%s: glob('%s') failed (%s)", key, e,
-                              gr == GLOB_NOSPACE ? "out of memory" : "a folder cannot be read");
+            rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                              "%s = '%s': the pattern '%s' needs the folder '%s': %s", key, spec, e,
+                              glob_failed_at, strerror(glob_errno));
         for (size_t i = 0; gr == 0 && i < g.gl_pathc && rc == 0; i++)
             rc = add_file(s, g.gl_pathv[i], text, err);
         if (gr == 0 || gr == GLOB_NOMATCH)
