@@ -63,7 +63,8 @@ def metrics(path):
 def params(path):
     data = open(path, "rb").read()
     (n,) = struct.unpack_from("<Q", data, 24)
-    return struct.unpack_from("<%df" % n, data, 128)
+    (header,) = struct.unpack_from("<I", data, 12)
+    return struct.unpack_from("<%df" % n, data, header)
 
 close = lambda a, b: abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-30)
 bad = []

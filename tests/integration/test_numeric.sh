@@ -58,7 +58,8 @@ def params(path):
         sys.exit("%s: not a checkpoint" % path)
     (n,) = struct.unpack_from("<Q", data, 24)
     (world,) = struct.unpack_from("<I", data, 76)
-    return world, struct.unpack_from("<%df" % n, data, 128)
+    (header,) = struct.unpack_from("<I", data, 12)
+    return world, struct.unpack_from("<%df" % n, data, header)
 
 def close(a, b):
     return abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-30)

@@ -160,8 +160,8 @@ def loss(path, tokens, T, B, vocab, mode=""):
 def same(path, ckpt, L):
     sd = load_file(path)
     data = open(ckpt, "rb").read()
-    (n,) = struct.unpack_from("<Q", data, 24)
-    flat = torch.frombuffer(bytearray(data[128:128 + 4 * n]), dtype=torch.float32)
+    (n, header) = struct.unpack_from("<Q", data, 24)[0], struct.unpack_from("<I", data, 12)[0]
+    flat = torch.frombuffer(bytearray(data[header:header + 4 * n]), dtype=torch.float32)
     names, at, bad = hf_names(L), 0, []
     if sorted(sd) != sorted(names):
         print(f"names differ: {sorted(set(sd) ^ set(names))}")
