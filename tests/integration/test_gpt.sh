@@ -232,6 +232,11 @@ t_gpt_resume_continues_and_refuses_another_shape() {
     "$WORKER" g.cfg max_steps=8 checkpoint=a.ckpt metrics_file=ma.jsonl >out1 2>err1 ||
         { cat out1 err1 >&2; fail "second half: exit $?"; }
     expect_grep out1 '^resumed from a.ckpt at epoch 1, step 4'
+    # resumed with no step left (a restart after the training ended): no loss that no step had
+    "$WORKER" g.cfg max_steps=8 checkpoint=a.ckpt metrics_file=ma_end.jsonl >out_end 2>&1 ||
+        { cat out_end >&2; fail "resume at the end: exit $?"; }
+    python3 -c 'import json, sys; f = [json.loads(l) for l in open(sys.argv[1])][-1]; sys.exit(not f["final"] or "loss" in f or f["steps"] != 8)' ma_end.jsonl ||
+        fail "the final metrics of a run with no step left: $(tail -1 ma_end.jsonl)"
     "$WORKER" g.cfg max_steps=8 checkpoint=b.ckpt metrics_file=mb.jsonl >out2 2>err2 ||
         { cat out2 err2 >&2; fail "whole run: exit $?"; }
     # the resumed run logs steps 5..8: compare them with the whole run's

@@ -67,7 +67,8 @@ typedef struct mgpu_ddp_comm {
 typedef struct mgpu_ddp_result {
     long long steps;        /* optimizer steps done in all (resumed ones included) */
     long long resumed_step; /* the step a checkpoint resumed from (-1: a fresh start) */
-    double loss;            /* the last logged training loss, averaged over ranks */
+    double loss;            /* the last logged training loss, averaged over ranks (NAN when
+                             * no step ran: a resumed run with none left) */
     double eval_loss;       /* the last evaluation (NAN when there is no eval split) */
     double eval_accuracy;   /* cross_entropy only (NAN otherwise) */
     double samples_per_s;   /* global training samples per second of this run */

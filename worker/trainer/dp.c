@@ -329,7 +329,8 @@ static void report(dp_shared_t *sh)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "final", 1);
     cJSON_AddStringToObject(o, "mode", "dp");
-    cJSON_AddNumberToObject(o, "loss", r->run.loss);
+    if (!isnan(r->run.loss))
+        cJSON_AddNumberToObject(o, "loss", r->run.loss);
     if (!isnan(r->run.eval_accuracy))
         cJSON_AddNumberToObject(o, "eval_accuracy", r->run.eval_accuracy);
     if (!isnan(r->run.eval_loss))

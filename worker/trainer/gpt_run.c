@@ -745,7 +745,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     if (rank == 0) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddBoolToObject(o, "final", 1);
-        cJSON_AddNumberToObject(o, "loss", res->loss);
+        if (!isnan(res->loss)) /* a resumed run with no step left has none */
+            cJSON_AddNumberToObject(o, "loss", res->loss);
         if (!isnan(res->eval_loss)) {
             cJSON_AddNumberToObject(o, "eval_loss", res->eval_loss);
             cJSON_AddNumberToObject(o, "eval_perplexity", exp(res->eval_loss));

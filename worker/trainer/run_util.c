@@ -37,7 +37,7 @@ int mgpu_run_check_comm(const char *who, const mgpu_ddp_comm_t *comm, mgpu_err_t
 void mgpu_run_result_init(mgpu_ddp_result_t *res)
 {
     memset(res, 0, sizeof *res);
-    res->eval_loss = res->eval_accuracy = NAN;
+    res->loss = res->eval_loss = res->eval_accuracy = NAN; /* NAN: no step ran */
     res->resumed_step = -1;
 }
 
