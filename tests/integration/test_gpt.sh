@@ -276,6 +276,28 @@ check_refused() {
     expect_grep err "$want"
 }
 
+# SIGUSR1 to the launcher (Slurm's --signal=USR1@60 before a time limit) reaches the workers,
+# which write a checkpoint after the step in progress and go on; a later run resumes there.
+t_gpt_sigusr1_writes_a_checkpoint_and_goes_on() {
+    small_cfg
+    "$LAUNCH" --nproc_per_node=2 g.cfg max_steps=100000000 log_interval=1 checkpoint=u.ckpt \
+        checkpoint_interval=100000000 >o 2>e &
+    local pid=$! step
+    wait_until 60 grep -q 'step 3/' o || { kill -9 $pid; cat o e >&2; fail "no third step"; }
+    kill -USR1 $pid
+    wait_until 60 grep -q 'SIGUSR1 after step' o || { kill -9 $pid; cat o e >&2; fail "no SIGUSR1 line"; }
+    wait_until 60 grep -q "step $(($(grep -o 'SIGUSR1 after step [0-9]*' o | grep -o '[0-9]*$') + 2))/" o ||
+        { kill -9 $pid; cat o e >&2; fail "the run did not go on"; }
+    kill -TERM $pid
+    wait $pid
+    step=$(grep -o 'SIGUSR1 after step [0-9]*: checkpoint u.ckpt; the run goes on' o | grep -o 'step [0-9]*' | grep -o '[0-9]*')
+    [ -n "$step" ] || { cat o >&2; fail "no checkpoint line"; }
+    expect_eq "$(grep -c 'SIGUSR1 after step' o)" 1 "SIGUSR1 lines (rank 0's)"
+    "$WORKER" g.cfg max_steps=$((step + 1)) checkpoint=u.ckpt >o2 2>e2 ||
+        { cat o2 e2 >&2; fail "resume: exit $?"; }
+    expect_grep o2 "^resumed from u.ckpt at epoch [0-9]+, step $step\$"
+}
+
 t_gpt_cfg_errors_are_refused_by_name() {
     small_cfg
     "$WORKER" --check g.cfg >out 2>err || { cat err >&2; fail "the small cfg is refused"; }

@@ -388,6 +388,10 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                 (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch + 1, (uint64_t)step,
                                       err)) < 0)
                 goto out;
+            if (mgpu_run_signal_checkpoint(s.out, cfg, rank, step) &&
+                (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch + 1, (uint64_t)step,
+                                      err)) < 0)
+                goto out;
         }
         if (stopped) {
             /* A run that max_steps ends mid-epoch can be continued with a larger max_steps. */

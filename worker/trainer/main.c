@@ -17,6 +17,7 @@
 
 #include "bpe.h"        /* mgpu_bpe_*: --encode */
 #include "checkpoint.h" /* mgpu_ckpt_remove_stale */
+#include "run_util.h"   /* mgpu_run_signals_hold */
 #include "shards.h"     /* mgpu_shards_*: --encode's input and output */
 #include "escape.h"     /* mgpu_escape */
 
@@ -201,6 +202,7 @@ int main(int argc, char **argv)
         goto fail;
     if (check)
         return 0;
+    mgpu_run_signals_hold(); /* before any thread: the loop takes SIGUSR1/2 between steps */
     /* Step 2: who am I, which device. */
     if ((rc = mgpu_init(NULL, &ctx, &err)) < 0)
         goto fail;

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h> /* metrics lines */
 #include <errno.h>       /* ENOENT, EINVAL, ENOMEM */
 #include <math.h>        /* NAN */
+#include <signal.h>      /* sigprocmask, sigpending, sigtimedwait */
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* memset, strerror */
 #include <time.h>        /* clock_gettime */
@@ -241,4 +242,51 @@ int mgpu_run_result_params(mgpu_kernels_t *k, const char *who, const float *para
     if (res->params == NULL)
         return mgpu_err_set(err, -ENOMEM, "%s: cannot allocate the result's parameters", who);
     return mgpu_k_copy_to_host(k, res->params, params, sizeof(float) * n_params, err);
+}
+
+static void user_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGUSR1);
+    sigaddset(set, SIGUSR2);
+}
+
+void mgpu_run_signals_hold(void)
+{
+    sigset_t set;
+    user_signals(&set);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+}
+
+int mgpu_run_signal_checkpoint(FILE *out, const mgpu_cfg_t *cfg, int rank, long long step)
+{
+    sigset_t set, pending;
+    const struct timespec now = {0, 0};
+    int sig, got = 0;
+    user_signals(&set);
+    if (sigpending(&pending) != 0 ||
+        (!sigismember(&pending, SIGUSR1) && !sigismember(&pending, SIGUSR2)))
+        return 0;
+    while ((sig = sigtimedwait(&set, NULL, &now)) > 0)
+        got = sig;
+    if (got == 0)
+        return 0;
+    const char *name = got == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
+    const int just_written = cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0;
+    const int write = cfg->checkpoint[0] != 0 && !cfg->zero && !just_written;
+    if (rank == 0 && out != NULL) {
+        if (cfg->checkpoint[0] == 0)
+            fprintf(out, "%s after step %lld: no checkpoint file is set; the run goes on\n", name,
+                    step);
+        else if (cfg->zero)
+            fprintf(out,
+                    "%s after step %lld: with zero = 1 a checkpoint needs every rank at one step, "
+                    "so only checkpoint_interval's steps write one; the run goes on\n",
+                    name, step);
+        else
+            fprintf(out, "%s after step %lld: checkpoint %s%s; the run goes on\n", name, step,
+                    cfg->checkpoint, just_written ? " (just written)" : "");
+        fflush(out);
+    }
+    return write;
 }

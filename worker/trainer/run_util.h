@@ -118,4 +118,15 @@ long long mgpu_run_last_epoch(int stopped, long long epoch, long long batch);
 int mgpu_run_result_params(mgpu_kernels_t *k, const char *who, const float *params, size_t n_params,
                            mgpu_ddp_result_t *res, mgpu_err_t *err);
 
+/* SIGUSR1 and SIGUSR2 (Slurm's --signal=USR1@60 before a time limit; mgpu-launch passes them
+ * on) are held pending in every thread of the process (call before any thread starts), so
+ * that they neither end the worker nor interrupt a system call: the training loop takes them
+ * between steps. */
+void mgpu_run_signals_hold(void);
+/* After step: whether one of them came since the last call, and rank 0 is to write a
+ * checkpoint now (cfg's checkpoint set, zero = 0, whose checkpoint is rank 0's alone, and
+ * none just written by checkpoint_interval). Rank 0 says on out what it does; the run goes on
+ * either way. 0 when none came. */
+int mgpu_run_signal_checkpoint(FILE *out, const mgpu_cfg_t *cfg, int rank, long long step);
+
 #endif
