@@ -152,6 +152,36 @@ static int emit(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const
     return 0;
 }
 
+/* A line past MGPU_LINE_MAX, not held whole: what there is of it goes on now, the raw bytes
+ * exactly as written (no newline added) and on the console as a line that goes on, as
+ * mgpu_linebuf_live shows one: the rest follows without a prefix, unless another stream's
+ * line breaks in first. */
+static int emit_long(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const char **block,
+                     size_t *blen, const char **raw, size_t *rlen)
+{
+    const size_t plen = strlen(prefix), q = lb->plen - lb->shown;
+    size_t c = live_layout(NULL, lb, prefix, plen, lb->part + lb->shown, q);
+
+    if (reserve(&ob->buf, &ob->cap, c + lb->plen) < 0)
+        return -ENOMEM;
+    *blen = live_layout(ob->buf, lb, prefix, plen, lb->part + lb->shown, q);
+    *block = ob->buf;
+    memcpy(ob->buf + *blen, lb->part, lb->plen);
+    if (raw != NULL) {
+        *raw = ob->buf + *blen;
+        *rlen = lb->plen;
+    }
+    lb->at_cr = lb->part[lb->plen - 1] == '\r';
+    lb->live = 1;
+    lb->shown = lb->plen = 0;
+    if (lb->pcap > 65536) {
+        free(lb->part);
+        lb->part = NULL;
+        lb->pcap = 0;
+    }
+    return 0;
+}
+
 int mgpu_linebuf_feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix, const char *data,
                       size_t n, const char **block, size_t *blen, const char **raw, size_t *rlen)
 {
@@ -175,21 +205,16 @@ int mgpu_linebuf_feed(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix,
         return 0;
     }
     if (nlines == 0) {
-        /* A line longer than MGPU_LINE_MAX: cut it here rather than hold memory forever. */
-        last = n;
-        if (reserve(&lb->part, &lb->pcap, lb->plen + n + 1) < 0)
+        if (reserve(&lb->part, &lb->pcap, lb->plen + n) < 0)
             return -ENOMEM;
         memcpy(lb->part + lb->plen, data, n);
-        lb->part[lb->plen + n] = '\n';
-        lb->plen += n + 1;
-        nlines = 1;
-        n = last = 0;
-    } else {
-        if (reserve(&lb->part, &lb->pcap, lb->plen + last) < 0)
-            return -ENOMEM;
-        memcpy(lb->part + lb->plen, data, last);
-        lb->plen += last;
+        lb->plen += n;
+        return emit_long(lb, ob, prefix, block, blen, raw, rlen);
     }
+    if (reserve(&lb->part, &lb->pcap, lb->plen + last) < 0)
+        return -ENOMEM;
+    memcpy(lb->part + lb->plen, data, last);
+    lb->plen += last;
     if (emit(lb, ob, prefix, lb->part, lb->plen, nlines, block, blen, raw, rlen) < 0)
         return -ENOMEM;
     /* Keep the tail after the last newline as the next partial line. */
@@ -213,7 +238,7 @@ int mgpu_linebuf_flush(mgpu_linebuf_t *lb, mgpu_outbuf_t *ob, const char *prefix
     *blen = 0;
     if (rlen != NULL)
         *rlen = 0;
-    if (lb->plen == 0)
+    if (lb->plen == 0 && !lb->live) /* (live: a long line's start went on, its end is due) */
         return 0;
     if (reserve(&lb->part, &lb->pcap, lb->plen + 1) < 0)
         return -ENOMEM;

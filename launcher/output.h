@@ -4,7 +4,9 @@
  * preceded by the rank's prefix, in one contiguous block, so that one write(2) of the block
  * puts them on the console without tearing against other workers' lines. A partial line waits
  * for its newline (or the end of the stream, when it is completed with one); a line longer
- * than MGPU_LINE_MAX is cut there, as if it ended.
+ * than MGPU_LINE_MAX is not held whole: each feed past that hands on what there is of it, the
+ * raw bytes exactly as written and on the console as a line that goes on (as live output
+ * shows one, below).
  *
  * Live output, for a console a person watches: mgpu_linebuf_live hands on the part of the
  * unfinished line not yet shown (a progress bar's "\r" updates, a prompt), so it appears at

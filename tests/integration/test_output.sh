@@ -340,6 +340,22 @@ t_output_bytes_passed_unchanged() {
     cmp expected out || fail "bytes changed: $(od -c out | head)"
 }
 
+# A line of 5 MB (a JSON or base64 blob), and one of 3 MB with no newline at the end: the log
+# files hold exactly the worker's bytes (the unfinished last line completed with a newline, as
+# any is), and the console has each line whole, prefixed once.
+t_output_lines_of_megabytes_pass_whole() {
+    printf '#!/bin/sh\nhead -c 5000000 /dev/zero | tr "\\0" A; echo; head -c 3000000 /dev/zero | tr "\\0" B\n' >long.sh
+    chmod +x long.sh
+    { ./long.sh; echo; } >want
+    run_launch --nproc_per_node=1 --log_dir "$PWD/logs" --tee 3 ./long.sh
+    expect_eq "$rc" 0
+    cmp want logs/*/attempt_0/0/stdout.log || fail "the log file differs from the worker's bytes"
+    { sed -n '1s/^/[rank0]:/p' want; sed -n '2s/^/[rank0]:/p' want; } >want_console
+    cmp want_console out || fail "the console differs: $(cut -c1-20 out | head -5)"
+    run_launch --nproc_per_node=1 --no_prefix ./long.sh
+    cmp want out || fail "with --no_prefix the console differs"
+}
+
 t_logs_redirect_without_log_dir_kept() {
     # -r 3 without --log_dir: the output goes to files in a folder the launcher makes and keeps
     # (torchrun: a torchelastic_* temporary folder), and says where

@@ -72,30 +72,40 @@ static void test_every_split_point(void)
     }
 }
 
-static void test_overlong_line_is_cut(void)
+/* A line of 20 x 64 KiB and then its newline, past MGPU_LINE_MAX: the raw bytes (the log
+ * files) are exactly the worker's, and the console has it as one line with one prefix. */
+static void test_overlong_line_passes_whole(void)
 {
     mgpu_linebuf_t lb = {0};
     mgpu_outbuf_t ob = {0};
-    size_t chunk = 65536, total = 0, n;
-    char *data = malloc(chunk);
-    const char *b;
-    int emitted = 0;
+    const size_t chunk = 65536, all = 20 * chunk + 1;
+    size_t con = 0, rawn = 0, n, rn;
+    char *data = malloc(chunk), *c = malloc(all + 16), *r = malloc(all + 16);
+    const char *b, *raw;
+    int early = 0;
 
     memset(data, 'a', chunk);
-    /* 20 chunks without a newline: cut once the line reaches MGPU_LINE_MAX */
-    for (int i = 0; i < 20; i++) {
-        CHECK_INT(mgpu_linebuf_feed(&lb, &ob, "", data, chunk, &b, &n, NULL, NULL), 0);
-        if (n > 0) {
-            emitted++;
-            CHECK(b[n - 1] == '\n');
-            total += n - 1;
-        }
+    for (int i = 0; i < 21; i++) {
+        int last = i == 20;
+        CHECK_INT(mgpu_linebuf_feed(&lb, &ob, "P ", last ? "\n" : data, last ? 1 : chunk, &b, &n,
+                                    &raw, &rn),
+                  0);
+        early += !last && n > 0;
+        memcpy(c + con, b, n);
+        con += n;
+        memcpy(r + rawn, raw, rn);
+        rawn += rn;
     }
-    mgpu_linebuf_flush(&lb, &ob, "", &b, &n, NULL, NULL);
-    total += n ? n - 1 : 0;
-    CHECK_INT(emitted, 1);
-    CHECK_INT(total, 20 * chunk);
+    mgpu_linebuf_flush(&lb, &ob, "P ", &b, &n, &raw, &rn);
+    CHECK_INT(n, 0);
+    CHECK(early > 0); /* not held until the newline */
+    CHECK_INT(rawn, all);
+    CHECK(r[all - 1] == '\n' && memchr(r, '\n', all - 1) == NULL && r[0] == 'a');
+    CHECK_INT(con, all + 2);
+    CHECK(memcmp(c, "P a", 3) == 0 && memchr(c, '\n', con - 1) == NULL && c[con - 1] == '\n');
     free(data);
+    free(c);
+    free(r);
     mgpu_linebuf_free(&lb);
     mgpu_outbuf_free(&ob);
 }
@@ -274,7 +284,7 @@ int main(void)
     RUN(test_prefix_template);
     RUN(test_lines_split_across_chunks);
     RUN(test_every_split_point);
-    RUN(test_overlong_line_is_cut);
+    RUN(test_overlong_line_passes_whole);
     RUN(test_live_progress_bar);
     RUN(test_live_partial_line_and_detach);
     RUN(test_live_then_end_of_stream);
