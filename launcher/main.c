@@ -83,7 +83,9 @@ static int parse(mgpu_cli_t *cli, int argc, char **argv)
         mgpu_log_init("mgpu-launch", MGPU_LOG_ERROR);
     else if (cli->verbose)
         mgpu_log_init("mgpu-launch", MGPU_LOG_INFO);
-    if (cli->nnodes_max > 1 && cli->endpoint_host[0] && cli->master_given && !cli->standalone)
+    if (cli->endpoint_host[0] && cli->master_given && !cli->standalone &&
+        (cli->nnodes_max > 1 ||
+         (cli->endpoint_port_given && strcmp(cli->rdzv_backend, "static") == 0)))
         mgpu_warn("--master_addr and --master_port are only used without --rdzv_endpoint: the "
                   "nodes meet at %s, as with torchrun",
                   cli->rdzv_endpoint);

@@ -826,6 +826,12 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         /* The nodes meet at --rdzv_endpoint when it is given (main.c). */
         snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->endpoint_host);
         plan->master_port = cli->endpoint_port;
+    } else if (cli->endpoint_host[0] && cli->endpoint_port_given && !cli->standalone &&
+               strcmp(cli->rdzv_backend, "static") == 0) {
+        /* One node: torchrun's static rendezvous makes HOST:PORT the workers' master */
+        snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->endpoint_host);
+        plan->master_port = cli->endpoint_port;
+        plan->port_is_free_pick = 0;
     }
     if (plan->nnodes > 1 && (rc = rdzv_ports(plan, cli, err)) < 0)
         return rc;

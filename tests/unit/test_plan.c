@@ -181,6 +181,16 @@ static void test_env_contract(void)
     CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "1234");
     CHECK(mgpu_plan_var(&p, 0, "OMP_NUM_THREADS") != NULL);
     mgpu_plan_free(&p);
+    /* one node with a static --rdzv_endpoint: torchrun's master is there */
+    CHECK_INT(build(&p, &e, &in, "--rdzv_endpoint=127.0.0.2:29655", "/bin/true", NULL), 0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_ADDR"), "127.0.0.2");
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "29655");
+    mgpu_plan_free(&p);
+    CHECK_INT(
+        build(&p, &e, &in, "--standalone", "--rdzv_endpoint=127.0.0.2:29655", "/bin/true", NULL),
+        0);
+    CHECK_STR(mgpu_plan_var(&p, 0, "MASTER_PORT"), "41234"); /* standalone: its own port */
+    mgpu_plan_free(&p);
     in.omp_threads = NULL;
     CHECK_INT(build(&p, &e, &in, "--standalone", "/bin/true", NULL), 0);
     CHECK_STR(mgpu_plan_var(&p, 0, "TORCHELASTIC_RUN_ID"), "rand-id");
