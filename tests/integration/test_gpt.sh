@@ -232,6 +232,16 @@ t_gpt_resume_continues_and_refuses_another_shape() {
     "$WORKER" g.cfg max_steps=8 checkpoint=a.ckpt metrics_file=ma.jsonl >out1 2>err1 ||
         { cat out1 err1 >&2; fail "second half: exit $?"; }
     expect_grep out1 '^resumed from a.ckpt at epoch 1, step 4'
+    # checkpoint_interval's checkpoints end with the run's last step, off the interval too
+    "$WORKER" g.cfg max_steps=8 checkpoint=i.ckpt checkpoint_interval=3 >out_i 2>&1 ||
+        { cat out_i >&2; fail "checkpoint_interval = 3: exit $?"; }
+    "$WORKER" g.cfg max_steps=8 checkpoint=i.ckpt >out_i2 2>&1 || { cat out_i2 >&2; fail "resume"; }
+    expect_grep out_i2 '^resumed from i.ckpt at epoch 1, step 8$'
+    # and an override turns checkpoints off for a cfg that sets checkpoint_interval
+    printf 'checkpoint = i.ckpt\ncheckpoint_interval = 3\n' >>g.cfg
+    "$WORKER" --check g.cfg checkpoint= checkpoint_interval=0 >out_c 2>&1 ||
+        { cat out_c >&2; fail "checkpoint= checkpoint_interval=0 refused"; }
+    sed -i '/^checkpoint/d' g.cfg
     # resumed with no step left (a restart after the training ended): no loss that no step had
     "$WORKER" g.cfg max_steps=8 checkpoint=a.ckpt metrics_file=ma_end.jsonl >out_end 2>&1 ||
         { cat out_end >&2; fail "resume at the end: exit $?"; }

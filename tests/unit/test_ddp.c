@@ -382,24 +382,25 @@ static void test_resume_after_kill(void)
     cfg_from(&full, NULL, text);
     /* Uninterrupted, no checkpoint. */
     run_world(&full, 2, ja, &w);
-    /* The same with checkpoints every 4 steps, "killed" after 15 of 24 steps. */
+    /* The same with checkpoints every 4 steps, stopped by max_steps after 15 of 24 steps: its
+     * end is checkpointed too (a kill's is not: test_durability kills). */
     killed = full;
     snprintf(killed.checkpoint, sizeof killed.checkpoint, "%s", ckpt);
     killed.checkpoint_interval = 4;
     killed.max_steps = 15;
     run_world(&killed, 2, jb, &w);
     CHECK_INT(jb[0].res.steps, 15);
-    /* Restarted: resumes from step 12 by itself and runs to the end. */
+    /* Restarted: resumes from step 15 by itself and runs to the end. */
     killed.max_steps = 0;
     run_world(&killed, 2, jc, &w);
     for (int r = 0; r < 2; r++) {
         CHECK_INT(jc[r].rc, 0);
-        CHECK_INT(jc[r].res.resumed_step, 12);
+        CHECK_INT(jc[r].res.resumed_step, 15);
         CHECK_INT(jc[r].res.steps, ja[r].res.steps);
         CHECK(memcmp(jc[r].res.params, ja[r].res.params, sizeof(float) * ja[r].res.n_params) == 0);
     }
     CHECK(strstr(jc[0].out, "resumed from") != NULL);
-    printf("  killed at step 15, resumed from step 12: final parameters bit-identical\n");
+    printf("  stopped at step 15, resumed there: final parameters bit-identical\n");
     free_jobs(jb, 2);
     free_jobs(jc, 2);
 

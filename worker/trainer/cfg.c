@@ -783,7 +783,7 @@ int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
         cfg->weight_decay = adamw ? 0.01 : 0.0; /* torch.optim defaults */
 
     /* Output. */
-    CONFLICT(line_of(cfg, "checkpoint_interval") != 0 && cfg->checkpoint[0] == 0,
+    CONFLICT(cfg->checkpoint_interval > 0 && cfg->checkpoint[0] == 0,
              "checkpoint_interval checkpoint",
              "checkpoint_interval is set but checkpoint (the file) is not");
     if ((rc = check_out(cfg, "metrics_file", cfg->metrics_file, err)) < 0 ||

@@ -707,15 +707,16 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                       err)) < 0)
                 goto out;
         }
+        /* The run's end is saved too (where checkpoint_interval's steps did not just save
+         * it): a run that max_steps ends mid-epoch can be continued with a larger max_steps. */
+        const int saved = cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0;
         if (stopped) {
-            /* A run that max_steps ends mid-epoch can be continued with a larger max_steps. */
-            if (cfg->checkpoint_interval == 0 &&
-                (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch, (uint64_t)step, err)) <
-                    0)
+            if (!saved && (rc = save_checkpoint(&s, (uint64_t)epoch, (uint64_t)batch,
+                                                (uint64_t)step, err)) < 0)
                 goto out;
             break;
         }
-        if (cfg->checkpoint_interval == 0 &&
+        if ((cfg->checkpoint_interval == 0 || (!saved && epoch + 1 == cfg->epochs)) &&
             (rc = save_checkpoint(&s, (uint64_t)epoch + 1, 0, (uint64_t)step, err)) < 0)
             goto out;
         if (s.eval.n_windows > 0 && cfg->eval_interval > 0 &&
