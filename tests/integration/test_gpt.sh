@@ -242,6 +242,21 @@ t_gpt_resume_continues_and_refuses_another_shape() {
     "$WORKER" --check g.cfg checkpoint= checkpoint_interval=0 >out_c 2>&1 ||
         { cat out_c >&2; fail "checkpoint= checkpoint_interval=0 refused"; }
     sed -i '/^checkpoint/d' g.cfg
+    # a resumed run's metrics file holds each step once: what a killed run logged after its
+    # last checkpoint (steps 5 and 6 here, and a final record) goes, the steps run again
+    "$WORKER" g.cfg max_steps=4 checkpoint=k.ckpt metrics_file=mk.jsonl >out_k 2>&1 ||
+        { cat out_k >&2; fail "4 steps: exit $?"; }
+    printf '{"epoch":1,"step":5,"loss":9}\n{"epoch":1,"step":6,"loss":9}\n{"final":true,"loss":9}\n' >>mk.jsonl
+    "$WORKER" g.cfg max_steps=6 checkpoint=k.ckpt metrics_file=mk.jsonl >out_k2 2>&1 ||
+        { cat out_k2 >&2; fail "resumed to 6: exit $?"; }
+    python3 - mk.jsonl <<'PY' || fail "the resumed metrics file: $(cat mk.jsonl)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["step"] for r in rows if "loss" in r and "step" in r and not r.get("final")]
+finals = [r for r in rows if r.get("final")]
+assert steps == [1, 2, 3, 4, 5, 6], steps
+assert len(finals) == 1 and finals[0]["steps"] == 6 and finals[0]["loss"] != 9, finals
+PY
     # resumed with no step left (a restart after the training ended): no loss that no step had
     "$WORKER" g.cfg max_steps=8 checkpoint=a.ckpt metrics_file=ma_end.jsonl >out_end 2>&1 ||
         { cat out_end >&2; fail "resume at the end: exit $?"; }

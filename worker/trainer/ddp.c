@@ -271,7 +271,8 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         goto out;
 #endif
     }
-    if ((rc = mgpu_run_metrics_open("ddp", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
+    if ((rc = mgpu_run_metrics_open("ddp", cfg, rank, h.status == 1 ? (long long)h.step : -1,
+                                    &s.metrics, err)) < 0)
         goto out;
     if (rank == 0)
         mgpu_zero_print_state(s.out, "ddp", cfg->zero, W, s.t->optim->n_state, full_state(&s));

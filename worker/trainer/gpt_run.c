@@ -553,7 +553,8 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     }
     if ((rc = resume_or_broadcast(&s, &h, err)) < 0 || (rc = mgpu_gpt_params_changed(s.m, err)) < 0)
         goto out;
-    if ((rc = mgpu_run_metrics_open("gpt", cfg, rank, h.status == 1, &s.metrics, err)) < 0)
+    if ((rc = mgpu_run_metrics_open("gpt", cfg, rank, h.status == 1 ? (long long)h.step : -1,
+                                    &s.metrics, err)) < 0)
         goto out;
     size_t nb = mgpu_sampler_num_batches(&samp, B, cfg->drop_last_batch);
     long long per_epoch = (long long)(nb / accum);

@@ -8,7 +8,10 @@
 #include <signal.h>      /* sigprocmask, sigpending, sigtimedwait */
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* memset, strerror */
+#include <sys/uio.h>     /* struct iovec */
 #include <time.h>        /* clock_gettime */
+
+#include "atomic_file.h" /* mgpu_atomic_file_write */
 
 double mgpu_run_now_s(void)
 {
@@ -67,13 +70,53 @@ int mgpu_run_reduce_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *s
     return mgpu_k_copy_to_host(k, v, scratch, sizeof(float) * n, err);
 }
 
-int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, int append, FILE **f,
-                          mgpu_err_t *err)
+/* A resumed run's metrics file as the checkpoint left the run: the lines of steps after
+ * resumed_step (a run killed after its last checkpoint logged them, and the run goes over
+ * them again) and final records go, so that every step is in the file once. */
+static int metrics_cut(const char *who, const char *path, long long resumed_step, mgpu_err_t *err)
 {
+    FILE *in = fopen(path, "r");
+    char *line = NULL, *kept = NULL;
+    size_t cap = 0, n = 0;
+    ssize_t len;
+    int rc = 0;
+    if (in == NULL)
+        return errno == ENOENT
+                   ? 0
+                   : mgpu_err_set(err, -errno, "%s: fopen(%s): %s", who, path, strerror(errno));
+    FILE *out = open_memstream(&kept, &n);
+    if (out == NULL) {
+        fclose(in);
+        return mgpu_err_set(err, -ENOMEM, "%s: open_memstream failed", who);
+    }
+    while ((len = getline(&line, &cap, in)) > 0) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+        int drop = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "final")) ||
+                   (cJSON_IsNumber(step) && step->valuedouble > (double)resumed_step);
+        cJSON_Delete(o);
+        if (!drop)
+            fwrite(line, 1, (size_t)len, out);
+    }
+    free(line);
+    fclose(in);
+    fclose(out);
+    struct iovec iov = {.iov_base = kept, .iov_len = n};
+    rc = mgpu_atomic_file_write(path, &iov, 1, MGPU_ATOMIC_FILE_NO_SYNC, err);
+    free(kept);
+    return rc;
+}
+
+int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, long long resumed_step,
+                          FILE **f, mgpu_err_t *err)
+{
+    int rc;
     *f = NULL;
     if (rank != 0 || cfg->metrics_file[0] == 0)
         return 0;
-    *f = fopen(cfg->metrics_file, append ? "a" : "w");
+    if (resumed_step >= 0 && (rc = metrics_cut(who, cfg->metrics_file, resumed_step, err)) < 0)
+        return rc;
+    *f = fopen(cfg->metrics_file, resumed_step >= 0 ? "a" : "w");
     if (*f == NULL)
         return mgpu_err_set(err, -errno, "%s: fopen(%s): %s", who, cfg->metrics_file,
                             strerror(errno));

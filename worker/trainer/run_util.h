@@ -51,10 +51,12 @@ int mgpu_run_bcast_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *sc
 int mgpu_run_reduce_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *scratch, float *v,
                          size_t n, int average, mgpu_err_t *err);
 
-/* Rank 0 with a metrics_file opens it (append: a resumed run continues the log of the run it
- * resumes); *f stays NULL elsewhere. The caller fcloses *f. */
-int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, int append, FILE **f,
-                          mgpu_err_t *err);
+/* Rank 0 with a metrics_file opens it: a fresh run (resumed_step -1) starts it anew, a resumed
+ * one continues the log of the run it resumes, less the lines of steps after resumed_step
+ * (logged after the checkpoint by a run that was then killed: the steps run again) and final
+ * records. *f stays NULL elsewhere. The caller fcloses *f. */
+int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, long long resumed_step,
+                          FILE **f, mgpu_err_t *err);
 /* One JSON line into f (may be NULL: nothing written); obj is deleted either way. */
 void mgpu_run_metrics_line(FILE *f, struct cJSON *obj);
 
