@@ -43,6 +43,15 @@ int mgpu_log_level_parse(const char *s)
     return mgpu_names_find(level_names, MGPU_NAMES_COUNT(level_names), s);
 }
 
+static void (*before_write)(void *ctx);
+static void *before_write_ctx;
+
+void mgpu_log_before_write(void (*fn)(void *ctx), void *ctx)
+{
+    before_write = fn;
+    before_write_ctx = ctx;
+}
+
 void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
 {
     char line[4096];
@@ -66,6 +75,8 @@ void mgpu_log(mgpu_log_level_t level, const char *fmt, ...)
     if (n >= (int)sizeof line - 1)
         n = (int)sizeof line - 2;
     line[n++] = '\n';
+    if (before_write != NULL)
+        before_write(before_write_ctx);
     /* One write: a line is never split between this and another writer of stderr. */
     for (const char *p = line; n > 0;) {
         ssize_t w = write(2, p, (size_t)n);

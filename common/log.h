@@ -17,6 +17,9 @@ mgpu_log_level_t mgpu_log_level(void);
 /* Parses "error", "warn"/"warning", "info", "debug" (any case); -1 when unknown. */
 int mgpu_log_level_parse(const char *s);
 void mgpu_log(mgpu_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* fn(ctx) runs before each line is written (NULL: nothing): the launcher ends there a worker's
+ * unfinished line that its console shows, so that no message is glued onto it. */
+void mgpu_log_before_write(void (*fn)(void *ctx), void *ctx);
 
 #define mgpu_error(...) mgpu_log(MGPU_LOG_ERROR, __VA_ARGS__)
 #define mgpu_warn(...) mgpu_log(MGPU_LOG_WARN, __VA_ARGS__)

@@ -66,6 +66,20 @@ void mgpu_console_put(mgpu_console_t *c, int fd, mgpu_linebuf_t *lb, const char 
     c->owner_fd[slot] = fd;
 }
 
+void mgpu_console_end_line(mgpu_console_t *c, int fd)
+{
+    int slot;
+
+    if (fd < 1 || fd > 2)
+        return;
+    slot = c->slot[fd];
+    if (c->owner[slot] != NULL) {
+        write_fd(c, c->owner_fd[slot], "\n", 1);
+        mgpu_linebuf_detach(c->owner[slot]);
+        c->owner[slot] = NULL;
+    }
+}
+
 void mgpu_console_forget(mgpu_console_t *c, const mgpu_linebuf_t *lb)
 {
     for (int i = 0; i < 3; i++)

@@ -40,6 +40,9 @@ int mgpu_console_quiet_ms(const mgpu_console_t *c, int fd);
 /* Writes n bytes that lb handed out (whole lines, or part of one) to fd; -1 writes nothing. */
 void mgpu_console_put(mgpu_console_t *c, int fd, mgpu_linebuf_t *lb, const char *p, size_t n);
 /* lb's stream is closed: the console no longer points to it. */
+/* Ends the unfinished line a worker's stream shows on fd's console, if one does (a newline;
+ * the rest of that line comes with a prefix of its own): before the launcher writes there. */
+void mgpu_console_end_line(mgpu_console_t *c, int fd);
 void mgpu_console_forget(mgpu_console_t *c, const mgpu_linebuf_t *lb);
 
 #endif

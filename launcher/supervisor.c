@@ -710,6 +710,17 @@ static const char *run_folder_base(const mgpu_plan_t *plan)
     return "/tmp";
 }
 
+/* Before the launcher's own messages reach stderr: a worker's unfinished line shown there ends
+ * first (mgpu_log's hook). Only in the launcher itself: a child between fork and exec that
+ * logs writes to the worker's own descriptors. */
+static pid_t console_pid;
+
+static void end_stderr_line(void *con)
+{
+    if (getpid() == console_pid)
+        mgpu_console_end_line(con, 2);
+}
+
 /* The expiration timers' view of the workers (filetimer.h). */
 static int timer_worker_of(void *arg, pid_t pid, int *rank)
 {
@@ -766,6 +777,8 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
     /* The first attempt's pseudo-terminals open while the run's folder and loop are made
      * (which streams share one depends on the console). */
     mgpu_console_init(&s->con, plan->output.tty > 0);
+    console_pid = getpid();
+    mgpu_log_before_write(end_stderr_line, &s->con);
     if ((rc = plan_streams(s, err)) < 0)
         goto out;
 
@@ -882,6 +895,7 @@ int mgpu_sup_run(mgpu_plan_t *plan, mgpu_rdzv_t *rdzv, mgpu_cgroup_t *cg,
         res->exit_code = rc < 0 || res->rdzv_error ? 1 : 0;
     rc = 0;
 out:
+    mgpu_log_before_write(NULL, NULL);
     mgpu_ptys_end(&s->ptys); /* pairs left by a run that ended before its first fork */
     *cg = s->cg;
     *keeper = s->keeper;

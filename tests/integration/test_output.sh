@@ -116,6 +116,18 @@ t_output_partial_line_of_killed_worker_delivered() {
     expect_grep err 'about to die'
 }
 
+# A worker's unfinished line on stderr (a progress bar) that the console shows when the
+# launcher has to speak: its message starts on a line of its own, not glued onto the worker's.
+t_output_launcher_message_after_unfinished_line() {
+    "$LAUNCH" --nproc_per_node=1 "$TW" enoeol "progress 40%" pause >out 2>err &
+    local pid=$!
+    wait_until 30 grep -q 'progress 40%' err || { kill -9 $pid; fail "the unfinished line never showed"; }
+    kill -TERM $pid
+    wait $pid
+    expect_grep err '^\[rank0\]:progress 40%$'
+    expect_grep err '^mgpu-launch: warning: received SIGTERM'
+}
+
 t_output_all_output_before_exit_delivered() {
     # a worker that writes a lot and exits at once: everything arrives before the launcher exits
     NLINES=5000
