@@ -54,6 +54,31 @@ static double first_part(double timeout)
     return timeout > NOTICE_AFTER_S ? NOTICE_AFTER_S : timeout;
 }
 
+/* Node 0, every node in: each was started with node 0's --nnodes. Otherwise verdict says which
+ * was not (every node stops before it starts a worker) and err has it too. */
+static int same_nnodes(mgpu_rdzv_t *r, char *verdict, size_t cap, mgpu_err_t *err)
+{
+    for (int i = 1; i < r->nnodes; i++) {
+        char key[32];
+        void *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof key, "nnodes/%d", i);
+        if (mgpu_store_get(r->client, key, 1.0, &v, &len, NULL) < 0)
+            continue; /* a launcher of an older mgpu: nothing to compare */
+        char buf[16];
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < 15 ? len : 15), (char *)v);
+        free(v);
+        const int theirs = atoi(buf);
+        if (theirs != r->nnodes) {
+            snprintf(verdict, cap,
+                     "node rank %d was started with --nnodes=%d, node 0 with --nnodes=%d: start "
+                     "mgpu-launch on every node with the same --nnodes",
+                     i, theirs, r->nnodes);
+            return mgpu_err_set(err, MGPU_E_USAGE, "rendezvous at %s: %s", r->where, verdict);
+        }
+    }
+    return 0;
+}
 /* Static: node ranks given. Node 0 (which serves the store) decides whether the round is
  * complete and tells each node under its own key, so a node that never comes is named by every
  * node at the same moment, and no node asks a store that went away. */
@@ -66,6 +91,12 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
 
     r->nnodes = o->nnodes_max;
     r->node_rank = o->node_rank;
+    /* the --nnodes it was started with, for node 0 to compare with its own */
+    char count[16];
+    snprintf(key, sizeof key, "nnodes/%d", o->node_rank);
+    snprintf(count, sizeof count, "%d", r->nnodes);
+    if ((rc = mgpu_store_set(r->client, key, count, strlen(count), err)) < 0)
+        return rc;
     snprintf(key, sizeof key, "node/%d", o->node_rank);
     rc = mgpu_store_compare_set(r->client, key, "", 0, me, strlen(me), &cur, &clen, err);
     if (rc < 0)
@@ -134,6 +165,7 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
                           verdict);
     } else if (rc == 0) {
         snprintf(verdict, sizeof verdict, "ok");
+        rc = same_nnodes(r, verdict, sizeof verdict, err);
     } else {
         return rc;
     }

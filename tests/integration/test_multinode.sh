@@ -28,6 +28,22 @@ t_mn_loopback_two_nodes_world() {
     expect_grep out.0 '^\[rank1\]:hello 1$'
 }
 
+t_mn_loopback_nnodes_mismatch_refused_before_workers() {
+    # node 1 says 3 nodes, node 0 says 2: both stop at the rendezvous, naming it, no worker runs
+    local port; port=$(free_port)
+    start_node 1 - $(static_args 3 "$port" 127.0.0.1) --node_rank=1 --rdzv_conf join_timeout=20 \
+        "$TW" touch ran.1
+    start_node 0 - $(static_args 2 "$port" 127.0.0.1) --node_rank=0 --rdzv_conf join_timeout=20 \
+        "$TW" touch ran.0
+    wait_node 0 15; wait_node 1 15
+    [ "${MN_RC[0]}" != 0 ] && [ "${MN_RC[1]}" != 0 ] ||
+        fail "exit statuses ${MN_RC[0]}/${MN_RC[1]} ($(dump_nodes err.0 err.1 2>&1))"
+    for n in 0 1; do
+        expect_grep err.$n 'node rank 1 was started with --nnodes=3, node 0 with --nnodes=2'
+    done
+    [ ! -e ran.0 ] && [ ! -e ran.1 ] || fail "a worker ran"
+}
+
 t_mn_loopback_store_bound_to_loopback() {
     # the store of a job whose nodes are all this host listens on loopback only
     local port; port=$(free_port)
