@@ -10,6 +10,7 @@
 #include <sys/random.h> /* getrandom */
 #include <unistd.h>     /* close */
 
+#include "clock.h"        /* mgpu_clock_mono_ns */
 #include "sock.h"         /* mgpu_sock_free_port */
 #include "log.h"          /* mgpu_info */
 #include "store.h"        /* the blocking client */
@@ -416,7 +417,17 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     }
     r->store_port = port;
     snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
-    rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout, &r->client, err);
+    /* A node that waits for node 0's store says so after a while, as node 0 does for them. */
+    const double t1 = o->serve ? o->join_timeout : first_part(o->join_timeout);
+    const int64_t t0 = mgpu_clock_mono_ns();
+    rc = mgpu_store_connect(o->store_host, port, token, t1, &r->client, err);
+    if (rc < 0 && o->join_timeout > t1 && (double)(mgpu_clock_mono_ns() - t0) >= 0.9e9 * t1) {
+        mgpu_warn("rendezvous '%s': no store at %s yet (node 0 serves it: is it started, and are "
+                  "--master_addr and --master_port, or --rdzv_endpoint, its?); waiting up to %g s "
+                  "more",
+                  o->run_id, r->where, o->join_timeout - t1);
+        rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout - t1, &r->client, err);
+    }
     if (rc < 0) {
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);

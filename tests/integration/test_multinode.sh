@@ -158,6 +158,20 @@ t_mn_loopback_waiting_is_said() {
     check_world "1 1" "$port"
 }
 
+t_mn_loopback_waiting_for_the_store_is_said() {
+    # a node that comes before node 0's store says so after 10 s, then joins when it comes
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 "$TW" env e.1.%l
+    wait_until 30 grep -q "no store at 127.0.0.1:$port yet" err.1 ||
+        fail "node 1 said nothing while waiting ($(dump_nodes err.1 2>&1))"
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses of nodes 0/1 ($(dump_nodes err.0 err.1 2>&1))"
+    expect_eq "$(grep -c 'no store' err.1)" 1 "lines saying node 1 waits"
+    check_world "1 1" "$port"
+}
+
 # ------------------------------------------------------------------ network namespaces
 
 t_mn_netns_three_nodes_with_token() {
