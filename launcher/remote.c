@@ -305,9 +305,16 @@ static void on_signal(uv_signal_t *handle, int signum)
         return;
     r->user_signal = signum;
     if (!r->started) {
-        /* The hosts' launchers still wait for the token: the end of their stdin stops them. */
+        /* The hosts' launchers still wait for the token: the end of their stdin stops them.
+         * An ssh still connecting reads no stdin and would wait out its ConnectTimeout; where
+         * no launcher runs yet nothing can be left behind, so it is stopped at once. */
+        mgpu_warn("signal %d (%s) before the job started: stopping every host", signum,
+                  strsignal(signum));
         r->aborting = 1;
         stop_all(r);
+        for (int k = 0; k < r->hosts.n; k++)
+            if (r->h[k].spawned && !r->h[k].exited && !r->h[k].ready)
+                uv_process_kill(&r->h[k].proc, SIGTERM);
         return;
     }
     mgpu_warn("signal %d (%s): stopping every host", signum, strsignal(signum));

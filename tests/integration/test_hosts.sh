@@ -281,6 +281,37 @@ SH
     expect_grep err "host a \(--hosts\): cannot run /nonexistent/ssh here: no such file or directory"
 }
 
+t_hosts_ctrl_c_while_ssh_still_connects_stops_at_once() {
+    # an ssh stand-in that runs host a's command here but on host b hangs, reading nothing, as
+    # ssh does while it connects to a host that does not answer (ConnectTimeout=30): Ctrl-C
+    # ends the run within seconds, says so, and leaves neither ssh nor host a's launcher
+    cat >fake_ssh <<'SH'
+#!/bin/sh
+for last; do :; done
+eval "host=\${$(($# - 1))}"
+case $host in
+b) exec sleep 120 ;;
+*) exec sh -c "$last" ;;
+esac
+SH
+    chmod +x fake_ssh
+    local mark=connecting-$$ pid t0
+    MGPU_TEST_MARK=$mark "$LAUNCH" --hosts a,b --ssh "$PWD/fake_ssh" --export $EXPORTS "$TW" touch ran.%r \
+        >out 2>err &
+    pid=$!
+    wait_until 10 eval '[ "$(procs_with_mark '$mark' | wc -l)" -ge 3 ]' || fail "hosts not started: $(cat err)"
+    sleep 0.5
+    t0=$SECONDS
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    expect_eq "$rc" 130 "exit status after SIGINT ($(cat err))"
+    [ $((SECONDS - t0)) -le 5 ] || fail "SIGINT took $((SECONDS - t0)) s to end the run"
+    expect_grep err "signal 2 \(Interrupt\) before the job started: stopping every host"
+    [ -z "$(ls ran.* 2>/dev/null)" ] || fail "workers ran: $(ls ran.*)"
+    wait_until 5 eval '[ -z "$(procs_with_mark '$mark')" ]' || fail "left running: $(procs_with_mark $mark)"
+}
+
 t_hosts_network_loss_stops_every_host() {
     # host 2's network goes away mid-job (its link down): ssh here gives it up after 3
     # keepalives, the other hosts are stopped, and host 2's launcher, hearing nothing on its
