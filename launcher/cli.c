@@ -149,7 +149,7 @@ static const opt_t opts[] = {
     {"allow_gpu_sharing", 0, ARG_NONE, O_SHARING,
      "more workers than GPUs: rank k on ordinal k mod n"},
     {"allow_multiple_launchers", 0, ARG_NONE, O_MULTI_LAUNCHERS,
-     "several launchers per node in a Slurm step (srun -n > nodes)"},
+     "several launchers per node (a Slurm step or mpirun with several tasks on a node)"},
     {"stall_timeout", 0, ARG_REQUIRED, O_STALL_TIMEOUT,
      "SECONDS  report a rank without progress for SECONDS (default 0: off)"},
     {"stall_action", 0, ARG_REQUIRED, O_STALL_ACTION,

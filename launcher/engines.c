@@ -216,6 +216,16 @@ static int apply_ompi(mgpu_cli_t *cli, mgpu_getenv_fn g, mgpu_err_t *err)
         return 0;
     env_int(g, "OMPI_COMM_WORLD_RANK", &rank);
     env_int(g, "OMPI_COMM_WORLD_LOCAL_SIZE", &local_size);
+    /* mpirun maps ranks by slot: -np 2 on one host starts two launchers here, each giving its
+     * workers local ranks 0, 1, ... on the same GPUs. Refused as a Slurm step of several tasks
+     * on a node is, unless asked for. */
+    if (local_size > 1 && !cli->allow_multiple_launchers)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "mpirun started %d launchers on this host "
+                            "(OMPI_COMM_WORLD_LOCAL_SIZE=%d), each running its workers on the "
+                            "same GPUs; run one launcher per host: mpirun --map-by ppr:1:node "
+                            "mgpu-launch ... (or pass --allow_multiple_launchers)",
+                            local_size, local_size);
     if (!mgpu_cli_given(cli, "nnodes")) {
         cli->nnodes_min = cli->nnodes_max = size;
         note(cli, "nnodes=%d (OMPI_COMM_WORLD_SIZE)", size);

@@ -86,11 +86,19 @@ static void test_slurm(void)
 static void test_openmpi(void)
 {
     char *argv[] = {"mgpu-launch", "prog"};
+    char *allow[] = {"mgpu-launch", "--allow_multiple_launchers", "prog"};
     mgpu_err_t e;
     env[0][0] = "OMPI_COMM_WORLD_SIZE", env[0][1] = "2";
     env[1][0] = "OMPI_COMM_WORLD_RANK", env[1][1] = "1";
     env[2][0] = "OMPI_COMM_WORLD_LOCAL_SIZE", env[2][1] = "2";
+    /* mpirun -np 2 on one host: two launchers on the same GPUs, refused unless asked for */
     mgpu_cli_t *c = parse(argv, 2);
+    CHECK_INT(mgpu_engines_apply(c, env_get, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "mpirun started 2 launchers on this host (OMPI_COMM_WORLD_LOCAL_SIZE=2)");
+    CHECK_CONTAINS(e.msg, "mpirun --map-by ppr:1:node mgpu-launch");
+    CHECK_CONTAINS(e.msg, "--allow_multiple_launchers");
+    free(c);
+    c = parse(allow, 3);
     CHECK_INT(mgpu_engines_apply(c, env_get, &e), 0);
     CHECK_INT(c->nnodes_max, 2);
     CHECK_INT(c->node_rank, 1);
