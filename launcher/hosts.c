@@ -2,14 +2,15 @@
  * hosts.h). */
 #include "hosts.h"
 
-#include <ctype.h>   /* isalnum */
-#include <errno.h>   /* errno */
-#include <stdarg.h>  /* va_list */
-#include <stdio.h>   /* fopen */
-#include <stdlib.h>  /* realloc */
-#include <string.h>  /* strcmp */
-#include <strings.h> /* strncasecmp */
-#include <unistd.h>  /* read */
+#include <arpa/inet.h> /* inet_pton */
+#include <ctype.h>     /* isalnum */
+#include <errno.h>     /* errno */
+#include <stdarg.h>    /* va_list */
+#include <stdio.h>     /* fopen */
+#include <stdlib.h>    /* realloc */
+#include <string.h>    /* strcmp */
+#include <strings.h>   /* strncasecmp */
+#include <unistd.h>    /* read */
 
 #include "escape.h" /* mgpu_escape_inplace */
 #include "fdio.h"   /* mgpu_fdio_write_all */
@@ -61,10 +62,14 @@ static mgpu_host_t *find(mgpu_hosts_t *h, const char *name)
     return NULL;
 }
 
-/* A host name or IPv4 address as ssh takes it: no blanks, quotes or shell characters, no
- * leading '-' (ssh would read an option), no ':' (the slot separator of --hosts). */
+/* A host name, IPv4 or IPv6 address as ssh takes it: no blanks, quotes or shell characters,
+ * no leading '-' (ssh would read an option); a ':' only in an IPv6 address (--hosts writes
+ * one in brackets, [fd00::1]:SLOTS). */
 static int name_ok(const char *s)
 {
+    struct in6_addr a6;
+    if (inet_pton(AF_INET6, s, &a6) == 1)
+        return 1;
     if (*s == '\0' || *s == '-')
         return 0;
     for (; *s; s++)
@@ -82,8 +87,8 @@ static int add(mgpu_hosts_t *h, const char *name, int slots, const char *origin,
                             name, prev->origin);
     if (strlen(name) >= sizeof h->v[0].name || !name_ok(name))
         return mgpu_err_set(err, MGPU_E_USAGE,
-                            "%s: '%s': expected a host name or address (letters, digits, '.', "
-                            "'-' and '_')",
+                            "%s: '%s': expected a host name (letters, digits, '.', '-' and '_') "
+                            "or an IPv4 or IPv6 address",
                             origin, name);
     if (slots < 1 || slots > MGPU_MAX_LOCAL)
         return mgpu_err_set(err, MGPU_E_USAGE, "%s: host '%s': slots=%d: expected 1 to %d", origin,
@@ -169,6 +174,25 @@ int mgpu_hosts_read_file(const char *path, mgpu_hosts_t *out, mgpu_err_t *err)
     return rc;
 }
 
+/* An entry "[ADDR]" or "[ADDR]:REST" (an IPv6 address, whose ':' are not separators): *tok
+ * becomes ADDR and *colon the ':' before REST, or NULL. An entry without '[' is left as it is;
+ * -1 for a '[' without its ']' or with something other than ':' after it. */
+static int unbracket(char **tok, char **colon)
+{
+    struct in6_addr a6;
+    char *close;
+    if (inet_pton(AF_INET6, *tok, &a6) == 1) /* a bare IPv6 address: all of it the host */
+        *colon = NULL;
+    if (**tok != '[')
+        return 0;
+    if ((close = strchr(*tok, ']')) == NULL || (close[1] != '\0' && close[1] != ':'))
+        return -1;
+    *close = '\0';
+    *colon = close[1] == ':' ? close + 1 : NULL;
+    (*tok)++;
+    return 0;
+}
+
 int mgpu_hosts_parse_list(const char *list, mgpu_hosts_t *out, mgpu_err_t *err)
 {
     char buf[8192], *save = NULL, *tok;
@@ -182,6 +206,12 @@ int mgpu_hosts_parse_list(const char *list, mgpu_hosts_t *out, mgpu_err_t *err)
     for (tok = strtok_r(buf, ",", &save); rc == 0 && tok; tok = strtok_r(NULL, ",", &save)) {
         char *colon = strrchr(tok, ':');
         int slots = 1;
+        if (unbracket(&tok, &colon) < 0) {
+            rc = mgpu_err_set(err, MGPU_E_USAGE,
+                              "--hosts=%s: '%s': expected [IPv6 address] or [IPv6 address]:SLOTS",
+                              list, tok);
+            break;
+        }
         if (colon != NULL) {
             *colon = '\0';
             if ((slots = slots_of(colon + 1)) < 1)
@@ -210,6 +240,10 @@ static int select_entry(mgpu_hosts_t *h, const char *opt, char *entry, unsigned 
     char *colon = strchr(entry, ':'), *save = NULL, *tok;
     mgpu_host_t *host;
 
+    if (unbracket(&entry, &colon) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE,
+                            "%s: '%s': expected [IPv6 address] or [IPv6 address]:S,S,...", opt,
+                            entry);
     if (colon != NULL)
         *colon = '\0';
     if ((host = find(h, entry)) == NULL)

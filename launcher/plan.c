@@ -582,6 +582,16 @@ static int rdzv_ports(mgpu_plan_t *plan, const mgpu_cli_t *cli, mgpu_err_t *err)
     return 0;
 }
 
+/* Where node 0 serves a store reached at host: a loopback host on loopback, any other on every
+ * address; of the host's family (an IPv6 literal: IPv6, whose "::" takes IPv4 too). */
+static const char *bind_any(const char *host)
+{
+    const int v6 = strchr(host, ':') != NULL;
+    if (mgpu_sock_is_loopback(host))
+        return v6 ? "::1" : "127.0.0.1";
+    return v6 ? "::" : "0.0.0.0";
+}
+
 void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
 {
     const mgpu_plan_rdzv_t *r = &plan->rdzv;
@@ -625,8 +635,7 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
          * another launcher here serves already with EADDRINUSE; main then joins as a client. */
         ro->serve = r->is_host >= 0 ? r->is_host : 1;
         ro->master_addr = mgpu_sock_is_loopback(eh) ? "127.0.0.1" : ro->hostname;
-        ro->bind_host =
-            mgpu_sock_is_loopback(eh) ? "127.0.0.1" : (r->is_host == 1 ? "0.0.0.0" : eh);
+        ro->bind_host = mgpu_sock_is_loopback(eh) || r->is_host == 1 ? bind_any(eh) : eh;
         return;
     }
     /* Static: node 0 serves the store at the plan's master address and port (--rdzv_endpoint
@@ -634,7 +643,7 @@ void mgpu_plan_rdzv_opts(const mgpu_plan_t *plan, mgpu_rdzv_opts_t *ro)
     ro->store_host = plan->master_addr;
     ro->serve = r->node_rank == 0;
     ro->master_addr = plan->master_addr;
-    ro->bind_host = mgpu_sock_is_loopback(ro->store_host) ? "127.0.0.1" : "0.0.0.0";
+    ro->bind_host = bind_any(ro->store_host);
 }
 
 int mgpu_plan_max_conns(const mgpu_plan_t *plan)

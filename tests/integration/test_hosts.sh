@@ -4,7 +4,7 @@
 # prefixed by host; a rank failing on the second host stopping every host with its status and
 # report; the local launcher killed with SIGKILL leaving nothing on any host; Ctrl-C; a host
 # that refuses ssh named before anything starts; hostfile errors; the token on no command
-# line; .mgpu_env and --export reaching the workers.
+# line; .mgpu_env and --export reaching the workers; hosts by IPv6 address.
 
 source "$(dirname "${BASH_SOURCE[0]}")/multinode/common.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/multinode/sshd.sh"
@@ -49,6 +49,28 @@ t_hosts_three_by_two_world() {
         done
     done
     expect_eq "$(procs_with_mark world-$$ | wc -l)" 0 "processes left"
+}
+
+t_hosts_ipv6_hostfile() {
+    # hosts by IPv6 address: ssh to each, node 0's store on IPv6, the world as over IPv4
+    hosts_up 2
+    [ -n "${MN_ADDR6[0]}" ] && [ -n "${MN_ADDR6[1]}" ] || skip "no IPv6 in the test's namespaces"
+    wait_until 10 eval 'ip netns exec "${MN_NS[1]}" timeout 2 bash -c "</dev/tcp/${MN_ADDR6[0]}/$SSH_PORT" 2>/dev/null' ||
+        fail "node 1 cannot reach node 0's sshd at [${MN_ADDR6[0]}]:$SSH_PORT"
+    printf '%s slots=2\n%s slots=2\n' "${MN_ADDR6[0]}" "${MN_ADDR6[1]}" >hostfile
+    local port; port=$(free_port)
+    MGPU_TEST_MARK=v6-$$ launch_hosts L --hostfile hostfile --master_port "$port" --export $EXPORTS \
+        "$TW" env "e.%r" print "hello %r"
+    wait_node L 60
+    expect_eq "${MN_RC[L]}" 0 "exit status ($(dump_nodes err.L out.L 2>&1))"
+    local r
+    for r in 0 1 2 3; do
+        [ -f e.$r ] || fail "rank $r did not run ($(ls))"
+        expect_eq "$(envval e.$r GROUP_RANK)/$(envval e.$r WORLD_SIZE)" "$((r / 2))/4" "GROUP_RANK/WORLD_SIZE of rank $r"
+        expect_eq "$(envval e.$r MASTER_ADDR)" "${MN_ADDR6[0]}" "MASTER_ADDR"
+        expect_grep out.L "^\[${MN_ADDR6[$((r / 2))]}:rank$r\]:hello $r$"
+    done
+    wait_until 5 eval '[ -z "$(procs_with_mark v6-'$$')" ]' || fail "left running: $(procs_with_mark v6-$$)"
 }
 
 # every process of the job carries MGPU_TEST_MARK (the local launcher and its ssh, and through

@@ -28,6 +28,36 @@ t_mn_loopback_two_nodes_world() {
     expect_grep out.0 '^\[rank1\]:hello 1$'
 }
 
+t_mn_loopback_ipv6() {
+    # node 0 at ::1: the store of a static job and of an elastic one ([::1]:PORT) is served on
+    # IPv6, and mgpu-worker's CPU ranks on two nodes reach each other over it
+    "$PY3" -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null ||
+        skip "no IPv6 loopback here"
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" ::1)
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 --rdzv_conf join_timeout=20 "$TW" env e.1.%l
+    start_node 0 - $a --node_rank=0 --nproc_per_node=2 --rdzv_conf join_timeout=20 "$TW" env e.0.%l
+    wait_node 0 30; wait_node 1 30
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "static, exit statuses ($(dump_nodes err.0 err.1 2>&1))"
+    check_world "2 1" "$port"
+    expect_eq "$(envval e.1.0 MASTER_ADDR)" ::1 "MASTER_ADDR"
+    rm -f e.*
+    port=$(free_port)
+    a=$(static_args 2 "$port" ::1)
+    start_node w1 - $a --node_rank=1 --nproc_per_node=1 "$WORKER" "$MGPU_ROOT/configs/demo.cfg"
+    start_node w0 - $a --node_rank=0 --nproc_per_node=1 "$WORKER" "$MGPU_ROOT/configs/demo.cfg"
+    wait_node w0 60; wait_node w1 60
+    expect_eq "${MN_RC[w0]}/${MN_RC[w1]}" 0/0 "mgpu-worker, exit statuses ($(dump_nodes err.w0 err.w1 2>&1))"
+    expect_grep out.w0 '^\[rank0\]:ddp: '
+    port=$(free_port)
+    a="--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=[::1]:$port --rdzv_id=v6-$port"
+    start_node e0 - $a --rdzv_conf join_timeout=20,last_call_timeout=2 "$TW" env e.%r
+    start_node e1 - $a --rdzv_conf join_timeout=20,last_call_timeout=2 "$TW" env e.%r
+    wait_node e0 30; wait_node e1 30
+    expect_eq "${MN_RC[e0]}/${MN_RC[e1]}" 0/0 "elastic, exit statuses ($(dump_nodes err.e0 err.e1 2>&1))"
+    expect_eq "$(envval e.0 WORLD_SIZE)/$(envval e.1 WORLD_SIZE)" 2/2 "WORLD_SIZE of the elastic job"
+}
+
 t_mn_loopback_nnodes_mismatch_refused_before_workers() {
     # node 1 says 3 nodes, node 0 says 2: both stop at the rendezvous, naming it, no worker runs
     local port; port=$(free_port)

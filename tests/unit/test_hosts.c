@@ -101,6 +101,42 @@ static void test_list_and_select(void)
     CHECK_INT(mgpu_hosts_parse_list("", &h, &e), MGPU_E_USAGE);
 }
 
+/* IPv6 addresses: bare in a hostfile, in brackets before a slot count or slots. */
+static void test_ipv6(void)
+{
+    mgpu_hosts_t h;
+    mgpu_err_t e = {0};
+    CHECK_STR(hostfile_error("fd77::1 slots=2\nfd77::2\n::ffff:10.0.0.3 slots=4\n", &h), "");
+    CHECK_INT(h.n, 3);
+    CHECK_STR(h.v[0].name, "fd77::1");
+    CHECK_INT(h.v[0].slots, 2);
+    CHECK_STR(h.v[2].name, "::ffff:10.0.0.3");
+    mgpu_hosts_free(&h);
+    CHECK_CONTAINS(hostfile_error("fd77:::1 slots=2\n", &h), "F:1: 'fd77:::1': expected a host");
+    CHECK_INT(mgpu_hosts_parse_list("[fd77::1]:4,fd77::2,[fd77::3],b:2", &h, &e), 0);
+    CHECK_INT(h.n, 4);
+    CHECK_STR(h.v[0].name, "fd77::1");
+    CHECK_INT(h.v[0].slots, 4);
+    CHECK_STR(h.v[1].name, "fd77::2");
+    CHECK_INT(h.v[1].slots, 1);
+    CHECK_STR(h.v[2].name, "fd77::3");
+    CHECK_INT(h.v[2].slots, 1);
+    CHECK_INT(mgpu_hosts_select(&h, "[fd77::1]:1,3@fd77::2@b", NULL, &e), 0);
+    CHECK_INT(h.n, 3);
+    CHECK_INT(h.v[0].nsel, 2);
+    CHECK_INT(h.v[0].sel[1], 3);
+    CHECK_STR(h.v[1].name, "fd77::2");
+    CHECK_INT(mgpu_hosts_select(&h, NULL, "[fd77::1", &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--exclude: '[fd77::1': expected [IPv6 address]");
+    mgpu_hosts_free(&h);
+    CHECK_INT(mgpu_hosts_parse_list("[fd77::1]4", &h, &e), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "expected [IPv6 address] or [IPv6 address]:SLOTS");
+    CHECK_INT(mgpu_hosts_parse_list("[fd77::1]:0", &h, &e), MGPU_E_USAGE);
+    CHECK_INT(mgpu_hosts_parse_list("[a]:1", &h, &e), 0); /* a name in brackets is still a name */
+    CHECK_STR(h.v[0].name, "a");
+    mgpu_hosts_free(&h);
+}
+
 static const char *vars[][2] = {{"MY_VAR", "v"}, {"PET_RDZV_TOKEN", "secret"}, {NULL, NULL}};
 
 static const char *get(const char *name)
@@ -184,6 +220,7 @@ int main(void)
 {
     RUN(test_hostfile);
     RUN(test_list_and_select);
+    RUN(test_ipv6);
     RUN(test_env);
     RUN(test_command);
     return check_done();

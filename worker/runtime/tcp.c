@@ -9,7 +9,7 @@
 #include <errno.h>       /* errno */
 #include <fcntl.h>       /* fcntl */
 #include <netdb.h>       /* getaddrinfo */
-#include <netinet/in.h>  /* sockaddr_in */
+#include <netinet/in.h>  /* sockaddr_in, sockaddr_in6 */
 #include <netinet/tcp.h> /* TCP_NODELAY */
 #include <poll.h>        /* poll */
 #include <stdint.h>      /* uint64_t */
@@ -370,11 +370,11 @@ static int tcp_route_addr(const char *host, char *buf, size_t len, mgpu_err_t *e
     int fd, rc;
 
     memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
     if ((rc = getaddrinfo(host, "9", &hints, &ai)) != 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "getaddrinfo(%s): %s", host, gai_strerror(rc));
-    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     rc = fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 ||
          getsockname(fd, (struct sockaddr *)&ss, &sl) < 0;
     freeaddrinfo(ai);
@@ -386,7 +386,10 @@ static int tcp_route_addr(const char *host, char *buf, size_t len, mgpu_err_t *e
                             strerror(e));
     }
     close(fd);
-    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, buf, (socklen_t)len);
+    if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, buf, (socklen_t)len);
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, buf, (socklen_t)len);
     return 0;
 }
 
@@ -430,24 +433,27 @@ static int tcp_connect(const char *host, int port, double deadline, int *out, mg
     return 0;
 }
 
-static int tcp_listen(int *fd_out, int *port_out, mgpu_err_t *err)
+/* Listens on every address of the family of the one this member publishes (an IPv6 address:
+ * "::", which takes IPv4 too where the kernel allows it). */
+static int tcp_listen(const char *host, int *fd_out, int *port_out, mgpu_err_t *err)
 {
-    struct sockaddr_in a;
-    socklen_t al = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int v6 = strchr(host, ':') != NULL;
+    struct sockaddr_storage a;
+    socklen_t al = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
     memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 16) < 0 ||
+    a.ss_family = v6 ? AF_INET6 : AF_INET; /* the any address and port 0: all zeros */
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, al) < 0 || listen(fd, 16) < 0 ||
         getsockname(fd, (struct sockaddr *)&a, &al) < 0) {
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return mgpu_err_set(err, -e, "listen(0.0.0.0:0): %s", strerror(e));
+        return mgpu_err_set(err, -e, "listen(%s:0): %s", v6 ? "[::]" : "0.0.0.0", strerror(e));
     }
     *fd_out = fd;
-    *port_out = ntohs(a.sin_port);
+    *port_out =
+        ntohs(v6 ? ((struct sockaddr_in6 *)&a)->sin6_port : ((struct sockaddr_in *)&a)->sin_port);
     return 0;
 }
 
@@ -512,7 +518,7 @@ int mgpu_tcp_open(const mgpu_tcp_opts_t *o, mgpu_tcp_t **out, mgpu_err_t *err)
         snprintf(host, sizeof host, "%s", o->advertise);
     else if ((rc = tcp_route_addr(o->route_host, host, sizeof host, err)) < 0)
         goto fail;
-    if ((rc = tcp_listen(&lfd, &port, err)) < 0)
+    if ((rc = tcp_listen(host, &lfd, &port, err)) < 0)
         goto fail;
     snprintf(key, sizeof key, "%s/%d", o->key, o->member);
     snprintf(val, sizeof val, "%s %d %llu", host, port, (unsigned long long)nonce);

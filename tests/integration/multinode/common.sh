@@ -109,12 +109,16 @@ mn_netns_setup() {
     for i in $(seq 0 $((n - 1))); do
         MN_NS[$i]="${base}n$i"
         MN_ADDR[$i]="10.$oct.0.$((i + 1))"
+        MN_ADDR6[$i]="fd77:$oct::$((i + 1))"
         ip netns add "${MN_NS[$i]}" || fail "ip netns add ${MN_NS[$i]}"
         MN_NETNS+=("${MN_NS[$i]}")
         ip link add mg0 netns "${MN_NS[$i]}" type veth peer name "p$i" netns "${base}sw" 2>/dev/null ||
             skip "cannot create veth pairs here"
         ip -n "${base}sw" link set "p$i" master br0 up || fail "veth p$i on the bridge"
         ip -n "${MN_NS[$i]}" addr add "${MN_ADDR[$i]}/24" dev mg0 || fail "address of node $i"
+        # an IPv6 address too, where the kernel has IPv6 (nodad: usable at once); else none
+        ip -n "${MN_NS[$i]}" -6 addr add "${MN_ADDR6[$i]}/64" dev mg0 nodad 2>/dev/null ||
+            MN_ADDR6[$i]=
         ip -n "${MN_NS[$i]}" link set mg0 up || fail "mg0 up in node $i"
         ip -n "${MN_NS[$i]}" link set lo up || fail "lo up in node $i"
     done

@@ -36,6 +36,7 @@ sshd_start() {
     local i=$1 ns=${MN_NS[$1]} addr=${MN_ADDR[$1]}
     cat >"sshd_config.$i" <<EOF
 ListenAddress $addr:$SSH_PORT
+${MN_ADDR6[$1]:+ListenAddress [${MN_ADDR6[$1]}]:$SSH_PORT}
 HostKey $PWD/ssh_host_key
 AuthorizedKeysFile $PWD/ssh_authorized_keys
 PermitRootLogin yes
