@@ -537,6 +537,17 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
             return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected a host name or address", what,
                                 v);
         cli->master_given = 1;
+        if (v[0] == '[') { /* [IPv6]: the address in the brackets */
+            if (strlen(v) < 3 || v[strlen(v) - 1] != ']')
+                return mgpu_err_set(err, MGPU_E_USAGE,
+                                    "%s='%s': expected a host name or address, an IPv6 one "
+                                    "bare or in brackets",
+                                    what, v);
+            rc = copy_str(what, cli->master_addr, sizeof cli->master_addr, v + 1, err);
+            if (rc == 0)
+                cli->master_addr[strlen(cli->master_addr) - 1] = '\0';
+            return rc;
+        }
         return copy_str(what, cli->master_addr, sizeof cli->master_addr, v, err);
     case O_MASTER_PORT:
         cli->master_given = 1;

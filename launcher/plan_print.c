@@ -49,18 +49,19 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
                 plan->nproc);
     if (plan->python[0])
         fprintf(out, "  python: %s (PYTHON_EXEC chooses another)\n", plan->python);
+    const int v6 = strchr(plan->master_addr, ':') != NULL; /* written [ADDR]:PORT */
     if (plan->nnodes > 1)
         /* Where the nodes meet, and the port rule a firewall must follow. */
         fprintf(out,
-                "  master: %s:%d (the launchers' store)  run id: %s  max restarts: %d\n"
+                "  master: %s%s%s:%d (the launchers' store)  run id: %s  max restarts: %d\n"
                 "  ports: the store listens on %d; MASTER_PORT is that port + 1 (%d), on the node "
                 "of global rank 0: a firewall must let both through\n",
-                plan->master_addr, plan->rdzv_port, plan->run_id, plan->max_restarts,
-                plan->rdzv_port, plan->master_port);
+                v6 ? "[" : "", plan->master_addr, v6 ? "]" : "", plan->rdzv_port, plan->run_id,
+                plan->max_restarts, plan->rdzv_port, plan->master_port);
     else
-        fprintf(out, "  master: %s:%d%s  run id: %s  max restarts: %d\n", plan->master_addr,
-                plan->master_port, plan->port_is_free_pick ? " (a free port)" : "", plan->run_id,
-                plan->max_restarts);
+        fprintf(out, "  master: %s%s%s:%d%s  run id: %s  max restarts: %d\n", v6 ? "[" : "",
+                plan->master_addr, v6 ? "]" : "", plan->master_port,
+                plan->port_is_free_pick ? " (a free port)" : "", plan->run_id, plan->max_restarts);
     for (int i = 0; i < 2; i++) {
         const mgpu_line_filters_t *f = &plan->output.dup[i];
         const char *p = f->buf;

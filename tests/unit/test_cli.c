@@ -50,6 +50,21 @@ static void test_defaults(void)
     free(c);
 }
 
+/* An IPv6 node 0: bare, or in brackets as in HOST:PORT forms (the brackets are not the address). */
+static void test_master_addr_ipv6(void)
+{
+    mgpu_cli_t *c = calloc(1, sizeof *c);
+    mgpu_err_t e;
+    CHECK_INT(parse(c, &e, "--master_addr=fd00::1", "x", NULL), 0);
+    CHECK_STR(c->master_addr, "fd00::1");
+    CHECK_INT(parse(c, &e, "--master_addr=[fd00::2]", "x", NULL), 0);
+    CHECK_STR(c->master_addr, "fd00::2");
+    CHECK_INT(parse(c, &e, "--master_addr=[]", "x", NULL), MGPU_E_USAGE);
+    CHECK_CONTAINS(e.msg, "--master_addr='[]': expected a host name or address");
+    CHECK_INT(parse(c, &e, "--master_addr=[fd00::1", "x", NULL), MGPU_E_USAGE);
+    free(c);
+}
+
 static void test_spellings(void)
 {
     mgpu_cli_t *c = calloc(1, sizeof *c);
@@ -383,6 +398,7 @@ static void test_messages_escape_input(void)
 int main(void)
 {
     RUN(test_defaults);
+    RUN(test_master_addr_ipv6);
     RUN(test_spellings);
     RUN(test_program_ends_options);
     RUN(test_env_defaults);
