@@ -1,12 +1,12 @@
 /* gpt_kernels_bench.c - what the CUDA table of a GPT's ops (kernels/gpt_cuda.h) achieves on
- * this GPU at two model shapes: GPT-2 124M (batch 16, context 1024, width 768, 12 heads,
+ * this GPU at these model shapes: GPT-2 124M (batch 16, context 1024, width 768, 12 heads,
  * vocabulary 50304) and a small byte-level model (batch 64, context 256, width 384, 6 heads,
- * vocabulary 256), and heads of 128 (batch 8, context 1024, width 1536, 12 heads, vocabulary
- * 50304). One row an op: the time a call (median of CUDA-event intervals between
- * back-to-back calls after a warm-up, the fastest beside it), and what it achieves: GB/s of
- * the bytes the op must move at least (each input read once, each output written once) for
- * the memory-bound ops, TFLOP/s for attention (causal: half the score matrix, forward
- * 4 b nh t^2 hs / 2 FLOPs, backward 2.5 times that) and the output layer (its products).
+ * vocabulary 256), GPT-2 124M at context 2048 (batch 8), and heads of 128 (batch 8, context
+ * 1024, width 1536, 12 heads, vocabulary 50304). One row an op: the time a call (median of
+ * CUDA-event intervals between back-to-back calls after a warm-up, the fastest beside it), and what
+ * it achieves: GB/s of the bytes the op must move at least (each input read once, each output
+ * written once) for the memory-bound ops, TFLOP/s for attention (causal: half the score matrix,
+ * forward 4 b nh t^2 hs / 2 FLOPs, backward 2.5 times that) and the output layer (its products).
  * Beside attention, PyTorch's F.scaled_dot_product_attention (causal) on the same shape,
  * measured in the same run by tests/bench/gpt_sdpa_bench.py when python3 with a CUDA build of
  * torch is there (MGPU_PYTHON names another interpreter), fp32 and bf16 beside ours in the
@@ -15,8 +15,8 @@
  * does not need). The bf16 path's attention (the table's bf16 ops: bf16 qkv, out, dout and
  * dqkv, as PyTorch's) follows as "attention16" rows, in prec bf16.
  *
- * Usage: build/tests/gpt_kernels_bench [gpt2|byte|h128|all] (default all), from the repository's
- * root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).
+ * Usage: build/tests/gpt_kernels_bench [gpt2|gpt2-2k|byte|h128|all] (default all), from the
+ * repository's root (the helper script's path is relative to it; MGPU_SDPA_SCRIPT names another).
  * Exit status: 0 measured, 1 a CUDA or op failure (the message names it), 2 bad usage, 77 no
  * GPU or a build without CUDA. tests/unit/test_gpt_cuda.c checks that the same ops are
  * right; this program only times them. */
@@ -52,6 +52,7 @@ typedef struct shape {
 static const shape_t shapes[] = {
     {"gpt2", 16, 1024, 768, 12, 50304, 12},
     {"byte", 64, 256, 384, 6, 256, 6},
+    {"gpt2-2k", 8, 2048, 768, 12, 50304, 12},
     {"h128", 8, 1024, 1536, 12, 50304, 12},
 };
 
@@ -427,7 +428,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         known = known || strcmp(which, shapes[i].name) == 0;
     if (!known) {
-        fprintf(stderr, "usage: gpt_kernels_bench [gpt2|byte|h128|all], got '%s'\n", which);
+        fprintf(stderr, "usage: gpt_kernels_bench [gpt2|gpt2-2k|byte|h128|all], got '%s'\n", which);
         return 2;
     }
     if (mgpu_kernels_cuda_device_count(&b.err) <= 0) {
