@@ -2,6 +2,7 @@
 #include "sock.h"
 
 #include <netinet/in.h> /* sockaddr_in */
+#include <stdio.h>      /* snprintf */
 #include <string.h>     /* strcmp, memcmp */
 #include <sys/socket.h> /* socket */
 #include <unistd.h>     /* close */
@@ -34,4 +35,10 @@ int mgpu_sock_addr_is_loopback(const struct sockaddr *a)
         return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
     return a->sa_family == AF_INET6 &&
            memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
+}
+
+const char *mgpu_sock_hostport(char *buf, size_t n, const char *host, int port)
+{
+    snprintf(buf, n, strchr(host, ':') != NULL ? "[%s]:%d" : "%s:%d", host, port);
+    return buf;
 }

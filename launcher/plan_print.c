@@ -6,6 +6,8 @@
 #include <errno.h>       /* ENOMEM */
 #include <string.h>      /* strlen */
 
+#include "sock.h" /* mgpu_sock_hostport */
+
 static void device_line(const mgpu_plan_t *plan, const mgpu_worker_plan_t *w, char *buf, size_t len)
 {
     if (w->physical < 0) {
@@ -49,18 +51,18 @@ void mgpu_plan_print(const mgpu_plan_t *plan, FILE *out)
                 plan->nproc);
     if (plan->python[0])
         fprintf(out, "  python: %s (PYTHON_EXEC chooses another)\n", plan->python);
-    const int v6 = strchr(plan->master_addr, ':') != NULL; /* written [ADDR]:PORT */
+    char hp[300];
     if (plan->nnodes > 1)
         /* Where the nodes meet, and the port rule a firewall must follow. */
         fprintf(out,
-                "  master: %s%s%s:%d (the launchers' store)  run id: %s  max restarts: %d\n"
+                "  master: %s (the launchers' store)  run id: %s  max restarts: %d\n"
                 "  ports: the store listens on %d; MASTER_PORT is that port + 1 (%d), on the node "
                 "of global rank 0: a firewall must let both through\n",
-                v6 ? "[" : "", plan->master_addr, v6 ? "]" : "", plan->rdzv_port, plan->run_id,
+                mgpu_sock_hostport(hp, sizeof hp, plan->master_addr, plan->rdzv_port), plan->run_id,
                 plan->max_restarts, plan->rdzv_port, plan->master_port);
     else
-        fprintf(out, "  master: %s%s%s:%d%s  run id: %s  max restarts: %d\n", v6 ? "[" : "",
-                plan->master_addr, v6 ? "]" : "", plan->master_port,
+        fprintf(out, "  master: %s%s  run id: %s  max restarts: %d\n",
+                mgpu_sock_hostport(hp, sizeof hp, plan->master_addr, plan->master_port),
                 plan->port_is_free_pick ? " (a free port)" : "", plan->run_id, plan->max_restarts);
     for (int i = 0; i < 2; i++) {
         const mgpu_line_filters_t *f = &plan->output.dup[i];

@@ -11,7 +11,7 @@
 #include <unistd.h>     /* close */
 
 #include "clock.h"        /* mgpu_clock_mono_ns */
-#include "sock.h"         /* mgpu_sock_free_port */
+#include "sock.h"         /* mgpu_sock_free_port, mgpu_sock_hostport */
 #include "log.h"          /* mgpu_info */
 #include "store.h"        /* the blocking client */
 #include "store_thread.h" /* the server, when this node serves it */
@@ -324,7 +324,7 @@ static int join_local(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *tok
         return rc;
     r->local = 1;
     r->store_port = port;
-    snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
+    mgpu_sock_hostport(r->where, sizeof r->where, o->store_host, port);
     snprintf(r->prefix, sizeof r->prefix, "mgpu/%s/", o->run_id);
     snprintf(r->host, sizeof r->host, "%s", o->hostname);
     r->nnodes = 1;
@@ -416,7 +416,7 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
         }
     }
     r->store_port = port;
-    snprintf(r->where, sizeof r->where, "%s:%d", o->store_host, port);
+    mgpu_sock_hostport(r->where, sizeof r->where, o->store_host, port);
     /* A node that waits for node 0's store says so after a while, as node 0 does for them. */
     const double t1 = o->serve ? o->join_timeout : first_part(o->join_timeout);
     const int64_t t0 = mgpu_clock_mono_ns();

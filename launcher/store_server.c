@@ -21,7 +21,7 @@
 #include "fdio.h"           /* mgpu_fdio_raise_limit */
 #include "log.h"            /* mgpu_warn, mgpu_debug */
 #include "store_proto.h"    /* frames, decoder */
-#include "sock.h"           /* mgpu_sock_addr_is_loopback */
+#include "sock.h"           /* mgpu_sock_addr_is_loopback, mgpu_sock_hostport */
 #include "store_requests.h" /* the table and the handlers */
 
 #define DEFAULT_MAX_CONNS 4096
@@ -434,7 +434,7 @@ static void peer_name(uv_tcp_t *t, char *buf, size_t size)
             port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
         }
     }
-    snprintf(buf, size, "%s:%d", host, port);
+    mgpu_sock_hostport(buf, size, host, port);
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -593,7 +593,7 @@ int mgpu_store_server_start(uv_loop_t *loop, const mgpu_store_server_opts_t *o,
     host = o->bind_host && *o->bind_host ? o->bind_host : "127.0.0.1";
     if (o->port < 0 || o->port > 65535)
         return mgpu_err_set(err, MGPU_E_RANGE, "store port %d is not in 0..65535", o->port);
-    snprintf(addr_str, sizeof addr_str, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, o->port);
+    mgpu_sock_hostport(addr_str, sizeof addr_str, host, o->port);
 
     snprintf(portbuf, sizeof portbuf, "%d", o->port);
     hints.ai_family = AF_UNSPEC;

@@ -229,6 +229,10 @@ static void test_sock_loopback(void)
     CHECK_INT(mgpu_sock_is_loopback("127.0.0.2"), 1);
     CHECK_INT(mgpu_sock_is_loopback("localhost"), 1);
     CHECK_INT(mgpu_sock_is_loopback("10.0.0.1"), 0);
+    char hp[64];
+    CHECK_STR(mgpu_sock_hostport(hp, sizeof hp, "node0", 29500), "node0:29500");
+    CHECK_STR(mgpu_sock_hostport(hp, sizeof hp, "10.0.0.1", 1), "10.0.0.1:1");
+    CHECK_STR(mgpu_sock_hostport(hp, sizeof hp, "fd00::1", 29400), "[fd00::1]:29400");
 }
 
 enum { COLOR_RED, COLOR_GREEN, COLOR_HOLE, COLOR_BLUE };
