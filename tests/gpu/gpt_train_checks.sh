@@ -9,8 +9,11 @@
 #     acts) trained 20 steps with precision = fp32 on the GPU and on the CPU backend
 #     (CUDA_VISIBLE_DEVICES="" hides the GPU): every step's loss within 1e-4 relative.
 #   gpt_bf16_tracks_fp32: the small byte model of configs/bench_gpt_small.cfg (6 layers, 384
-#     wide, 6 heads, context 256), batch 16, 500 steps on Debian's licence texts, bf16 against
-#     fp32 on the GPU. Both runs see the same batches in the same order (same seed), so their
+#     wide, 6 heads, context 256), batch 16, 500 steps on the repository's own sources and
+#     documents (the C, CUDA and Markdown files under common/, kernels/, launcher/ and worker/,
+#     in path order: the same text on every machine at a given commit; over 2 MB, so that the
+#     500 steps of 16 x 256 bytes read it about once and the model learns rather than
+#     memorises), bf16 against fp32 on the GPU. Both runs see the same batches in the same order (same seed), so their
 #     curves differ by precision alone; each curve is smoothed by averaging its losses over 20
 #     blocks of 25 steps, and every block's mean must be within 2% of fp32's. The bf16 run
 #     must have taken the bf16 path (its first line says "bf16 activations"): activations
@@ -62,13 +65,11 @@ text_of() {
     rm -f "$file.all"
     [ "$(stat -c %s "$file")" -gt "$unit" ]
 }
-licences=$(find /usr/share/common-licenses -maxdepth 1 -type f 2>/dev/null | sort)
 gpl=/usr/share/common-licenses/GPL-3
-if [ -z "$licences" ] || [ ! -f "$gpl" ]; then
+if [ ! -f "$gpl" ]; then
     # a machine without Debian's licence texts: the repository's own sources are text too
-    echo "  note: no /usr/share/common-licenses here: training on the repository's sources"
-    licences=$(find "$root/kernels" "$root/worker" "$root/launcher" -name '*.[ch]' | sort)
-    gpl=$licences
+    echo "  note: no $gpl here: the tiny GPT trains on the repository's sources"
+    gpl=$(find "$root/kernels" "$root/worker" "$root/launcher" -name '*.[ch]' | LC_ALL=C sort)
 fi
 
 # NAME CFG key=value... : one run; its output and metrics in $out/NAME.{out,jsonl}
@@ -195,9 +196,11 @@ CUDA_VISIBLE_DEVICES='' run tiny_cpu "$out/tiny.cfg" || why tiny_cpu
 compare gpt_gpu_matches_cpu gpu_cpu "$out/tiny_gpu.jsonl" "$out/tiny_cpu.jsonl" 1e-4 1 20 || rc=1
 
 # --- (b) bf16 against fp32 over 500 steps ------------------------------------------------------
-# shellcheck disable=SC2086 # the list of licence files
-text_of "$out/licences.txt" $((256 * 16)) $licences
-echo "  text: $(stat -c %s "$out/licences.txt") bytes of $(echo "$licences" | wc -w) files"
+sources=$(cd "$root" && find common kernels launcher worker -type f \
+    \( -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' -o -name '*.md' \) | LC_ALL=C sort)
+# shellcheck disable=SC2086 # the list of the repository's files, relative to it
+(cd "$root" && text_of "$out/sources.txt" $((256 * 16)) $sources)
+echo "  text: $(stat -c %s "$out/sources.txt") bytes of $(echo "$sources" | wc -w) files"
 cat >"$out/small.cfg" <<EOF
 model = gpt
 n_layer = 6
@@ -205,7 +208,7 @@ n_head = 6
 n_embd = 384
 context = 256
 dataset = text
-data_text = licences.txt
+data_text = sources.txt
 eval_fraction = 0
 batch_size = 16
 optimizer = adamw
