@@ -323,6 +323,20 @@ t_gpt_sigusr1_writes_a_checkpoint_and_goes_on() {
     expect_grep o2 "^resumed from u.ckpt at epoch [0-9]+, step $step\$"
 }
 
+# MGPU_GPT_REUSE_GRADS (the bf16 GPT's activations in the gradients' memory): 0 and 1 train,
+# another value is refused by name before anything is made.
+t_gpt_reuse_grads_variable_is_checked() {
+    small_cfg
+    for v in 0 1; do
+        MGPU_GPT_REUSE_GRADS=$v "$WORKER" g.cfg max_steps=2 >out 2>err ||
+            { cat out err >&2; fail "MGPU_GPT_REUSE_GRADS=$v: exit $?"; }
+    done
+    if MGPU_GPT_REUSE_GRADS=yes "$WORKER" g.cfg max_steps=2 >out 2>err; then
+        fail "MGPU_GPT_REUSE_GRADS=yes was accepted"
+    fi
+    expect_grep err 'MGPU_GPT_REUSE_GRADS=yes: expected 1 or 0'
+}
+
 t_gpt_cfg_errors_are_refused_by_name() {
     small_cfg
     "$WORKER" --check g.cfg >out 2>err || { cat err >&2; fail "the small cfg is refused"; }

@@ -14,7 +14,8 @@
  * is hooked), with the buckets during the backward, after it (bucket_overlap = false) and
  * written back in place. The plain run is repeated last: if the step itself is not
  * reproducible here, that is said apart. And the products' workspace slices of a capture
- * (kernels/schedule.cu) against the shared workspace, bit for bit.
+ * (kernels/schedule.cu) against the shared workspace, and the activations and scratch kept
+ * inside the gradients and logits (reuse_grads) against buffers of their own, bit for bit.
  *
  * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
 #include "check.h"
@@ -82,7 +83,8 @@ typedef struct run {
     float *params; /* host, malloc'd */
     size_t n_params;
     size_t snap_differ; /* floats of the snapshots that differ from the final gradients */
-    int ok;             /* the run got to its end */
+    size_t in_grads, in_logits; /* the model's (model_gpt.h) */
+    int ok;                     /* the run got to its end */
 } run_t;
 
 #define RUN_OK(call)                                                                               \
@@ -120,6 +122,8 @@ static void train(mgpu_kernels_t *k, const mgpu_gpt_spec_t *sp, run_mode_t mode,
         goto out;
     }
     s.m = m;
+    r->in_grads = m->in_grads;
+    r->in_logits = m->in_logits;
     RUN_OK(mgpu_gpt_init(m, 3, &err));
     RUN_OK(mgpu_gpt_buckets(m, bucket_mb, &plan, &nb, &err));
     CHECK_INT(nb, sp->n_layer + 1);
@@ -387,6 +391,49 @@ static void test_workspace_slices_bf16(void)
     free(tgt);
 }
 
+/* spec.reuse_grads on the bf16 path (activations inside the gradients of the block below,
+ * the backward's scratch inside the logits: a vocabulary of 1024 makes them large enough): the
+ * same bits as every buffer in memory of its own, eager (the first step) and replayed, with the
+ * buckets' stand-in all-reduce during and after the backward, and with recompute = 2. */
+static void test_reuse_grads_bf16(void)
+{
+    need_gpu();
+    mgpu_gpt_spec_t sp = spec;
+    sp.vocab = 1024;
+    int32_t *tok, *tgt;
+    batches(&sp, &tok, &tgt);
+    mgpu_kernels_t *k = cuda_backend(MGPU_PREC_BF16);
+    if (k == NULL)
+        goto out;
+    const run_mode_t modes[] = {PLAIN, SNAPSHOT, AFTER_BACKWARD, PLAIN};
+    for (int i = 0; i < 4; i++) {
+        run_t r[2];
+        sp.recompute = i == 3 ? 2 : 0;
+        for (int reuse = 0; reuse < 2; reuse++) {
+            sp.reuse_grads = reuse;
+            train(k, &sp, modes[i], tok, tgt, &r[reuse]);
+        }
+        if (r[0].ok && r[1].ok) {
+            printf("  %s, recompute %d: %zu bytes of activations inside the gradients, %zu of "
+                   "scratch inside the logits; losses %.6f .. %.6f\n",
+                   mode_names[modes[i]], sp.recompute, r[1].in_grads, r[1].in_logits,
+                   r[1].loss[0], r[1].loss[STEPS - 1]);
+            CHECK(r[1].in_grads > 0 && r[0].in_grads == 0 && r[1].in_logits > 0);
+            CHECK(same_run("reuse_grads against buffers of their own", &r[1], &r[0]));
+            CHECK(r[1].snap_differ == 0);
+        } else {
+            CHECK(r[0].ok && r[1].ok);
+        }
+        free(r[0].params);
+        free(r[1].params);
+    }
+out:
+    unsetenv("MGPU_LT_TUNE");
+    mgpu_kernels_destroy(k);
+    free(tok);
+    free(tgt);
+}
+
 int main(void)
 {
     RUN(test_average_in_step_fp32);
@@ -394,5 +441,6 @@ int main(void)
     RUN(test_recompute_in_step_fp32);
     RUN(test_recompute_in_step_bf16);
     RUN(test_workspace_slices_bf16);
+    RUN(test_reuse_grads_bf16);
     return check_done();
 }

@@ -239,6 +239,31 @@ static void put1(float *p, size_t n, int fresh)
         p[i] = fresh ? 1.0f : p[i] + 1.0f;
 }
 
+/* The gradients' memory the backward has written (rd.m's, from the test's reset), and the
+ * reads by the stand-in ops of memory already so written: a read of an activation that an
+ * earlier gradient write overwrote (spec.reuse_grads). Off while rd.m is NULL. */
+static struct {
+    const mgpu_gpt_t *m;
+    uintptr_t lo[256], hi[256];
+    int n, stale;
+} rd;
+
+static void wrote(const void *p, size_t bytes)
+{
+    const uintptr_t a = (uintptr_t)p, g = rd.m != NULL ? (uintptr_t)rd.m->grads : 0;
+    if (rd.m == NULL || p == NULL || a < g || a >= g + sizeof(float) * rd.m->n_params ||
+        rd.n == 256)
+        return;
+    rd.lo[rd.n] = a, rd.hi[rd.n++] = a + bytes;
+}
+
+static void reads(const void *p, size_t bytes)
+{
+    const uintptr_t a = (uintptr_t)p;
+    for (int i = 0; p != NULL && i < rd.n; i++)
+        rd.stale += a < rd.hi[i] && rd.lo[i] < a + bytes;
+}
+
 static int f_to_bf16(void *impl, size_t n, const float *x, mgpu_bf16_t *y, mgpu_err_t *err)
 {
     return f_none();
@@ -261,6 +286,13 @@ static int f_ln_back(void *impl, int n, int c, const mgpu_bf16_t *dy, const floa
                      float *dx, mgpu_bf16_t *dx16, float *dw, float *db, float *dsum,
                      mgpu_bf16_t *y, size_t ldy, int fresh, mgpu_err_t *err)
 {
+    reads(dy, sizeof(mgpu_bf16_t) * n * c);
+    reads(x, sizeof(float) * n * c);
+    reads(mean, sizeof(float) * n);
+    reads(rstd, sizeof(float) * n);
+    wrote(dw, sizeof(float) * c);
+    wrote(db, sizeof(float) * c);
+    wrote(dsum, sizeof(float) * c);
     add1(dx, (size_t)n * c);
     put1(dw, (size_t)c, fresh);
     put1(db, (size_t)c, fresh);
@@ -285,6 +317,8 @@ static int f_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout
                        const mgpu_bf16_t *w, size_t ldw, const mgpu_bf16_t *pre, mgpu_bf16_t *din,
                        mgpu_err_t *err)
 {
+    reads(dout, sizeof(mgpu_bf16_t) * n * oc);
+    reads(pre, sizeof(mgpu_bf16_t) * n * c);
     return f_none();
 }
 
@@ -292,6 +326,10 @@ static int f_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *do
                          const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
                          mgpu_err_t *err)
 {
+    reads(dout, sizeof(mgpu_bf16_t) * n * oc);
+    reads(inp, sizeof(mgpu_bf16_t) * ((size_t)(n - 1) * ldi + c));
+    wrote(dw, sizeof(float) * oc * c);
+    wrote(dbias, sizeof(float) * oc);
     put1(dw, (size_t)oc * c, fresh);
     put1(dbias, (size_t)oc, fresh);
     return 0;
@@ -307,6 +345,10 @@ static int f_attn_back(void *impl, int b, int t, int c, int nh, const mgpu_bf16_
                        const mgpu_bf16_t *qkv, const mgpu_bf16_t *out, const float *lse,
                        mgpu_bf16_t *dqkv, mgpu_err_t *err)
 {
+    reads(dout, sizeof(mgpu_bf16_t) * b * t * c);
+    reads(qkv, sizeof(mgpu_bf16_t) * b * t * 3 * c);
+    reads(out, sizeof(mgpu_bf16_t) * b * t * c);
+    reads(lse, sizeof(float) * b * nh * t);
     return f_none();
 }
 
@@ -319,6 +361,7 @@ static int f_xent(void *impl, int rows, int vocab, mgpu_bf16_t *logits, const in
 
 static int f_gelu(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err)
 {
+    reads(pre, sizeof(mgpu_bf16_t) * n);
     return f_none();
 }
 
@@ -657,6 +700,111 @@ static void test_fc_bias_inside(void)
     mgpu_kernels_destroy(k);
 }
 
+/* One buffer of a block's activations or of the backward's scratch: where and how long. */
+typedef struct span {
+    uintptr_t lo, hi;
+} span_t;
+
+static int spans_apart(const span_t *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (s[i].lo < s[j].hi && s[j].lo < s[i].hi)
+                return 0;
+    return 1;
+}
+
+/* The bf16 path with reuse_grads, for each recompute level and both places of c_fc's bias:
+ * the activations of block l >= 1 that lie inside the gradients lie inside block l - 1's, whole,
+ * 256-byte aligned, apart from each other (block 0's, and ln2_16 with its column of ones, never);
+ * in_grads counts them; the backward's scratch (dres, d4_16, dqkv16) lies inside the logits
+ * where they are large enough (vocabulary 1024), apart, and in_logits counts it. Then a
+ * backward over the stand-in ops never reads memory that an earlier gradient write of the same
+ * backward overwrote; a second backward without a zeroing is refused. Without reuse_grads no
+ * activation lies in the gradients. */
+static void test_activations_inside_gradients(void)
+{
+    mgpu_kernels_t *k = cpu();
+    mgpu_err_t err = {0};
+    const int b = 2, t = 16;
+    int32_t tok[32], tgt[32];
+    for (int run = 0; run < 12; run++) {
+        const int re = run % 3, inside = (run / 3) % 2, reuse = run < 6 ? 1 : run % 2;
+        mgpu_gpt_spec_t s = {.n_layer = 3, .n_head = 2, .n_embd = 32, .context = 16,
+                             .vocab = 1024, .recompute = re, .reuse_grads = reuse};
+        mgpu_gpt_t *m = NULL;
+        batch(b, t, s.vocab, tok, tgt);
+        if (inside)
+            unsetenv("MGPU_GPT_FC_BIAS");
+        else
+            setenv("MGPU_GPT_FC_BIAS", "epilogue", 1);
+        CHECK_INT(mgpu_gpt_create_with(k, &s, b, &writes16, &m, &err), 0);
+        if (m == NULL)
+            continue;
+        const size_t N = (size_t)b * t, NC = N * s.n_embd, F = sizeof(float), H = 2;
+        const uintptr_t g = (uintptr_t)m->grads, h = (uintptr_t)m->logits16;
+        span_t sp[64];
+        int n = 0, misplaced = 0;
+        size_t in_grads = 0;
+        for (int l = 0; l < s.n_layer; l++) {
+            const mgpu_gpt_acts_t *a = &m->acts[l];
+            const struct {
+                const void *p;
+                size_t bytes;
+            } bufs[] = {{a->x, F * NC},         {a->res2, F * NC},        {a->lse, F * N * 2},
+                        {a->ln1_mean, F * N},   {a->ln1_rstd, F * N},     {a->ln2_mean, F * N},
+                        {a->ln2_rstd, F * N},   {a->qkv16, H * 3 * NC},   {a->atty16, H * NC},
+                        {a->fch16, H * 4 * NC}, {a->ln1_16, H * NC},      {a->ln2_16, H * NC},
+                        {a->gelu16, H * 4 * NC}};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+                const uintptr_t p = (uintptr_t)bufs[i].p;
+                if (bufs[i].p == NULL || p < g || p >= g + F * m->n_params)
+                    continue;
+                const uintptr_t lo = g + F * m->blocks[l > 0 ? l - 1 : 0].ln1_w,
+                                hi = g + F * m->blocks[l].ln1_w;
+                misplaced += l == 0 || p < lo || p + bufs[i].bytes > hi || p % 256 != 0 ||
+                             (bufs[i].p == a->ln2_16 && m->fc_kp > 0);
+                sp[n++] = (span_t){p, p + bufs[i].bytes};
+                in_grads += bufs[i].bytes;
+            }
+        }
+        CHECK_INT(misplaced, 0);
+        CHECK(spans_apart(sp, n));
+        CHECK_INT(m->in_grads, in_grads);
+        CHECK(reuse ? in_grads > 0 : in_grads == 0);
+        const uintptr_t sc[] = {(uintptr_t)m->dres, (uintptr_t)m->d4_16, (uintptr_t)m->dqkv16};
+        const size_t sb[] = {F * NC, H * 4 * NC, H * 3 * NC};
+        const size_t hb = H * (size_t)m->head_rows * s.vocab;
+        span_t ss[3];
+        for (int i = 0; i < 3; i++) {
+            CHECK(sc[i] >= h && sc[i] + sb[i] <= h + hb);
+            ss[i] = (span_t){sc[i], sc[i] + sb[i]};
+        }
+        CHECK(spans_apart(ss, 3));
+        CHECK_INT(m->in_logits, sb[0] + sb[1] + sb[2]);
+        CHECK_INT(mgpu_gpt_init(m, 11, &err), 0);
+        CHECK_INT(mgpu_gpt_load(m, tok, tgt, b, t, &err), 0);
+        memset(&rd, 0, sizeof rd);
+        rd.m = m;
+        CHECK_INT(mgpu_gpt_zero_grads(m, &err), 0);
+        CHECK_INT(mgpu_gpt_loss(m, 1.0f / ((float)b * t), 1, &err), 0);
+        if (reuse)
+            CHECK(rd.n > 0);
+        CHECK_INT(rd.stale, 0);
+        rd.m = NULL;
+        int again = mgpu_gpt_loss(m, 1.0f / ((float)b * t), 1, &err);
+        if (reuse) {
+            CHECK(again < 0);
+            CHECK_CONTAINS(err.msg, "zero the gradients before each backward");
+        } else {
+            CHECK_INT(again, 0);
+        }
+        mgpu_gpt_destroy(m);
+    }
+    unsetenv("MGPU_GPT_FC_BIAS");
+    mgpu_kernels_destroy(k);
+}
+
 static void test_bucket_size_refused(void)
 {
     mgpu_kernels_t *k = cpu();
@@ -745,6 +893,7 @@ int main(int argc, char **argv)
     RUN(test_update_without_backward_sees_zeros);
     RUN(test_bucket_size_refused);
     RUN(test_fc_bias_inside);
+    RUN(test_activations_inside_gradients);
     RUN(test_bf16_copy_leaves_fc16_tensors_out);
     return check_done();
 }

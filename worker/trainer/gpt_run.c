@@ -510,6 +510,17 @@ static int open_data(run_t *s, mgpu_err_t *err)
     return 0;
 }
 
+/* The model's reuse_grads (model_gpt.h): on where each step's one backward follows the
+ * gradients' zeroing and comes before the step's update (grad_accum = 1), unless
+ * MGPU_GPT_REUSE_GRADS=0 (to compare; 1 is the default). */
+static int reuse_grads(const mgpu_cfg_t *cfg, mgpu_err_t *err)
+{
+    const char *e = getenv("MGPU_GPT_REUSE_GRADS");
+    if (e != NULL && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
+        return mgpu_err_set(err, -EINVAL, "MGPU_GPT_REUSE_GRADS=%s: expected 1 or 0", e);
+    return cfg->grad_accum == 1 && (e == NULL || strcmp(e, "1") == 0);
+}
+
 int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t *comm, FILE *out,
                  mgpu_ddp_result_t *result, mgpu_err_t *err)
 {
@@ -532,6 +543,9 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                             .vocab = cfg->vocab,
                             .sharded_optimizer = cfg->zero,
                             .recompute = cfg->recompute};
+    if ((rc = reuse_grads(cfg, err)) < 0)
+        goto out;
+    spec.reuse_grads = rc;
     if ((rc = mgpu_kernels_set_precision(k, cfg->precision, err)) < 0 ||
         (rc = open_data(&s, err)) < 0)
         goto out;

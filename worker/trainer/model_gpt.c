@@ -3,6 +3,7 @@
 
 #include <errno.h>  /* EINVAL, ENOMEM */
 #include <math.h>   /* sqrt */
+#include <stdint.h> /* uintptr_t */
 #include <stdlib.h> /* calloc, malloc, free */
 #include <string.h> /* memset */
 
@@ -74,6 +75,101 @@ static int shared(const mgpu_gpt_t *m, const void *p)
     return 0;
 }
 
+/* Whether p lies inside another buffer's memory (spec.recompute's shared buffers; the
+ * gradients or the logits, mgpu_gpt_t's in_grads and in_logits): then it is not freed on its
+ * own. */
+static int borrowed(const mgpu_gpt_t *m, const void *p)
+{
+    const uintptr_t a = (uintptr_t)p, g = (uintptr_t)m->grads, h = (uintptr_t)m->logits16;
+    return shared(m, p) ||
+           (m->grads != NULL && a >= g && a < g + sizeof(float) * m->n_params) ||
+           (m->logits16 != NULL &&
+            a >= h && a < h + sizeof(mgpu_bf16_t) * (size_t)m->head_rows * m->spec.vocab);
+}
+
+/* A buffer to place inside another's memory: its pointer (f or h) and its size in bytes. */
+typedef struct slot {
+    float **f;
+    mgpu_bf16_t **h;
+    size_t bytes;
+} slot_t;
+
+#define SLOT_ALIGN 256 /* as cudaMalloc's */
+
+/* Places the slots inside [base, base + bytes), the largest first, one after the other, each
+ * SLOT_ALIGN-aligned, passing over those that no longer fit; sets the pointers of those placed
+ * (the others are left as they are) and returns their bytes. */
+static size_t place_inside(void *base, size_t bytes, slot_t *s, int n)
+{
+    const uintptr_t end = (uintptr_t)base + bytes;
+    uintptr_t at = (uintptr_t)base;
+    size_t placed = 0;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && s[j].bytes > s[j - 1].bytes; j--) {
+            slot_t t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        uintptr_t q = (at + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+        if (q > end || s[i].bytes > end - q)
+            continue;
+        if (s[i].f != NULL)
+            *s[i].f = (float *)q;
+        else
+            *s[i].h = (mgpu_bf16_t *)q;
+        at = q + s[i].bytes;
+        placed += s[i].bytes;
+    }
+    return placed;
+}
+
+/* alloc_f and alloc_h for a pointer still NULL (one not placed inside another buffer). */
+static int own_f(mgpu_gpt_t *m, size_t n, float **out, mgpu_err_t *err)
+{
+    return *out != NULL ? 0 : alloc_f(m, n, out, err);
+}
+
+static int own_h(mgpu_gpt_t *m, size_t n, mgpu_bf16_t **out, mgpu_err_t *err)
+{
+    return *out != NULL ? 0 : alloc_h(m, n, out, err);
+}
+
+/* With spec.reuse_grads on the bf16 path: block l's activations (l >= 1) inside block l - 1's
+ * gradients, as many as fit. Block l - 1's backward writes those gradients after block l's
+ * backward has read the activations, and the next forward writes the activations after the
+ * update has read the gradients. ln2_16 with fc_kp stays out: its column of ones is written
+ * once, at creation. */
+static void acts_in_grads(mgpu_gpt_t *m, size_t N)
+{
+    const size_t C = (size_t)m->spec.n_embd, NC = N * C, NH = N * (size_t)m->spec.n_head;
+    const size_t F = sizeof(float), H = sizeof(mgpu_bf16_t);
+    for (int l = 1; l < m->spec.n_layer; l++) {
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        char *lo = (char *)(m->grads + m->blocks[l - 1].ln1_w);
+        char *hi = (char *)(m->grads + m->blocks[l].ln1_w);
+        slot_t s[13];
+        int n = 0;
+        s[n++] = (slot_t){&a->x, NULL, F * NC};
+        s[n++] = (slot_t){&a->res2, NULL, F * NC};
+        s[n++] = (slot_t){&a->lse, NULL, F * NH};
+        s[n++] = (slot_t){&a->ln1_mean, NULL, F * N};
+        s[n++] = (slot_t){&a->ln1_rstd, NULL, F * N};
+        s[n++] = (slot_t){&a->ln2_mean, NULL, F * N};
+        s[n++] = (slot_t){&a->ln2_rstd, NULL, F * N};
+        s[n++] = (slot_t){NULL, &a->qkv16, H * 3 * NC};
+        s[n++] = (slot_t){NULL, &a->atty16, H * NC};
+        s[n++] = (slot_t){NULL, &a->fch16, H * 4 * NC};
+        if (a->ln1_16 == NULL)
+            s[n++] = (slot_t){NULL, &a->ln1_16, H * NC};
+        if (a->ln2_16 == NULL && m->fc_kp == 0)
+            s[n++] = (slot_t){NULL, &a->ln2_16, H * NC};
+        if (a->gelu16 == NULL)
+            s[n++] = (slot_t){NULL, &a->gelu16, H * 4 * NC};
+        m->in_grads += place_inside(lo, (size_t)(hi - lo), s, n);
+    }
+}
+
 /* The rows of ln2_16 and of the c_fc weights the bf16 product reads: fc_kp, or C. */
 static int fc_k(const mgpu_gpt_t *m)
 {
@@ -120,14 +216,34 @@ void mgpu_gpt_destroy(mgpu_gpt_t *m)
 {
     if (m == NULL)
         return;
-    mgpu_bf16_t **hb[] = {&m->params16, &m->lnf16, &m->logits16, &m->dres16,
-                          &m->dln16,    &m->d4_16, &m->dqkv16,   &m->fc16};
+    /* What lies inside the gradients or the logits first, while those are still there. */
+    for (int l = 0; m->acts != NULL && l < m->spec.n_layer; l++) {
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        float *ab[] = {a->x,    a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,    a->lse,
+                       a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu};
+        for (size_t i = 0; i < sizeof ab / sizeof ab[0]; i++)
+            if (ab[i] != NULL && !borrowed(m, ab[i]))
+                mgpu_k_free(m->k, ab[i]);
+        mgpu_bf16_t *ah[] = {a->ln1_16, a->qkv16, a->atty16, a->ln2_16, a->fch16, a->gelu16};
+        for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
+            if (ah[i] != NULL && !borrowed(m, ah[i]))
+                mgpu_k_free(m->k, ah[i]);
+    }
+    float **sf[] = {&m->dres};
+    mgpu_bf16_t **sh[] = {&m->d4_16, &m->dqkv16};
+    for (size_t i = 0; i < sizeof sf / sizeof sf[0]; i++)
+        if (*sf[i] != NULL && !borrowed(m, *sf[i]))
+            mgpu_k_free(m->k, *sf[i]);
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+        if (*sh[i] != NULL && !borrowed(m, *sh[i]))
+            mgpu_k_free(m->k, *sh[i]);
+    mgpu_bf16_t **hb[] = {&m->params16, &m->lnf16, &m->logits16, &m->dres16, &m->dln16, &m->fc16};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++)
         if (*hb[i] != NULL)
             mgpu_k_free(m->k, *hb[i]);
     float **bufs[] = {&m->params,   &m->grads,    &m->moments, &m->xout, &m->lnf,
-                      &m->lnf_mean, &m->lnf_rstd, &m->logits,  &m->dres, &m->dln,
-                      &m->d4,       &m->dqkv,     &m->scalars, &m->one};
+                      &m->lnf_mean, &m->lnf_rstd, &m->logits,  &m->dln,  &m->d4,
+                      &m->dqkv,     &m->scalars,  &m->one};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (*bufs[i] != NULL)
             mgpu_k_free(m->k, *bufs[i]);
@@ -138,18 +254,6 @@ void mgpu_gpt_destroy(mgpu_gpt_t *m)
     if (m->now != NULL)
         mgpu_k_free(m->k, m->now);
     free(m->adam);
-    for (int l = 0; m->acts != NULL && l < m->spec.n_layer; l++) {
-        mgpu_gpt_acts_t *a = &m->acts[l];
-        float *ab[] = {a->x,    a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,    a->lse,
-                       a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu};
-        for (size_t i = 0; i < sizeof ab / sizeof ab[0]; i++)
-            if (ab[i] != NULL && !shared(m, ab[i]))
-                mgpu_k_free(m->k, ab[i]);
-        mgpu_bf16_t *ah[] = {a->ln1_16, a->qkv16, a->atty16, a->ln2_16, a->fch16, a->gelu16};
-        for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
-            if (ah[i] != NULL && !shared(m, ah[i]))
-                mgpu_k_free(m->k, ah[i]);
-    }
     float *rf[] = {m->re_ln1, m->re_ln2, m->re_gelu, m->re_mean, m->re_rstd};
     for (size_t i = 0; i < sizeof rf / sizeof rf[0]; i++)
         if (rf[i] != NULL)
@@ -271,8 +375,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         (rc = alloc_f(m, m->n_params, &m->grads, err)) < 0 ||
         (!s->sharded_optimizer && (rc = alloc_f(m, 2 * m->n_params, &m->moments, err)) < 0) ||
         (rc = alloc_f(m, NC, &m->xout, err)) < 0 || (rc = alloc_f(m, N, &m->lnf_mean, err)) < 0 ||
-        (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 || (rc = alloc_f(m, NC, &m->dres, err)) < 0 ||
-        (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
+        (rc = alloc_f(m, N, &m->lnf_rstd, err)) < 0 || (rc = alloc_f(m, 4, &m->scalars, err)) < 0)
         goto fail;
     if (m->b16 != NULL) {
         size_t cap = HEAD16_BYTES / (sizeof(mgpu_bf16_t) * V), chunks;
@@ -285,12 +388,21 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         m->n_params16 = m->n_params - (size_t)s->n_layer * fc_gap(m);
         if ((rc = alloc_h(m, m->n_params16, &m->params16, err)) < 0 ||
             (rc = alloc_h(m, NC, &m->lnf16, err)) < 0 ||
-            (rc = alloc_h(m, (size_t)m->head_rows * V, &m->logits16, err)) < 0 ||
-            (rc = alloc_f(m, V, &m->logits, err)) < 0 ||
+            (rc = alloc_h(m, (size_t)m->head_rows * V, &m->logits16, err)) < 0)
+            goto fail;
+        /* The blocks' backward scratch inside the logits where it fits: the head's backward
+         * has read them before the blocks' backward starts (dln16, which the head writes,
+         * stays out). */
+        slot_t sc[] = {{&m->dres, NULL, sizeof(float) * NC},
+                       {NULL, &m->d4_16, sizeof(mgpu_bf16_t) * 4 * NC},
+                       {NULL, &m->dqkv16, sizeof(mgpu_bf16_t) * 3 * NC}};
+        m->in_logits = place_inside(m->logits16, sizeof(mgpu_bf16_t) * (size_t)m->head_rows * V,
+                                    sc, 3);
+        if ((rc = alloc_f(m, V, &m->logits, err)) < 0 ||
             (rc = alloc_h(m, NC, &m->dres16, err)) < 0 ||
-            (rc = alloc_h(m, NC, &m->dln16, err)) < 0 ||
-            (rc = alloc_h(m, 4 * NC, &m->d4_16, err)) < 0 ||
-            (rc = alloc_h(m, 3 * NC, &m->dqkv16, err)) < 0)
+            (rc = alloc_h(m, NC, &m->dln16, err)) < 0 || (rc = own_f(m, NC, &m->dres, err)) < 0 ||
+            (rc = own_h(m, 4 * NC, &m->d4_16, err)) < 0 ||
+            (rc = own_h(m, 3 * NC, &m->dqkv16, err)) < 0)
             goto fail;
         if (m->fc_kp > 0) {
             const float one = 1.0f;
@@ -303,7 +415,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         }
     } else {
         m->head_rows = N < HEAD_ROWS ? (int)N : HEAD_ROWS;
-        if ((rc = alloc_f(m, NC, &m->lnf, err)) < 0 ||
+        if ((rc = alloc_f(m, NC, &m->lnf, err)) < 0 || (rc = alloc_f(m, NC, &m->dres, err)) < 0 ||
             (rc = alloc_f(m, (size_t)m->head_rows * V, &m->logits, err)) < 0 ||
             (rc = alloc_f(m, NC, &m->dln, err)) < 0 || (rc = alloc_f(m, 4 * NC, &m->d4, err)) < 0 ||
             (rc = alloc_f(m, 3 * NC, &m->dqkv, err)) < 0)
@@ -316,18 +428,23 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         mgpu_gpt_acts_t *a = &m->acts[l];
         a->ln1 = m->re_ln1, a->ln2 = m->re_ln2, a->fch_gelu = m->re_gelu;
         a->ln1_16 = m->re_ln1_16, a->ln2_16 = m->re_ln2_16, a->gelu16 = m->re_gelu16;
-        if ((rc = alloc_f(m, NC, &a->x, err)) < 0 || (rc = alloc_f(m, N, &a->ln1_mean, err)) < 0 ||
-            (rc = alloc_f(m, N, &a->ln1_rstd, err)) < 0 ||
-            (rc = alloc_f(m, NH, &a->lse, err)) < 0 || (rc = alloc_f(m, NC, &a->res2, err)) < 0 ||
-            (rc = alloc_f(m, N, &a->ln2_mean, err)) < 0 ||
-            (rc = alloc_f(m, N, &a->ln2_rstd, err)) < 0)
+    }
+    if (w16 && s->reuse_grads)
+        acts_in_grads(m, N);
+    for (int l = 0; l < s->n_layer; l++) {
+        mgpu_gpt_acts_t *a = &m->acts[l];
+        if ((rc = own_f(m, NC, &a->x, err)) < 0 || (rc = own_f(m, N, &a->ln1_mean, err)) < 0 ||
+            (rc = own_f(m, N, &a->ln1_rstd, err)) < 0 || (rc = own_f(m, NH, &a->lse, err)) < 0 ||
+            (rc = own_f(m, NC, &a->res2, err)) < 0 || (rc = own_f(m, N, &a->ln2_mean, err)) < 0 ||
+            (rc = own_f(m, N, &a->ln2_rstd, err)) < 0)
             goto fail;
-        if (w16 ? (re < 2 && (rc = alloc_h(m, NC, &a->ln1_16, err)) < 0) ||
-                      (rc = alloc_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
-                      (rc = alloc_h(m, NC, &a->atty16, err)) < 0 ||
-                      (re < 2 && (rc = alloc_ln2_16(m, N, &a->ln2_16, err)) < 0) ||
-                      (rc = alloc_h(m, 4 * NC, &a->fch16, err)) < 0 ||
-                      (re < 1 && (rc = alloc_h(m, 4 * NC, &a->gelu16, err)) < 0)
+        if (w16 ? (re < 2 && (rc = own_h(m, NC, &a->ln1_16, err)) < 0) ||
+                      (rc = own_h(m, 3 * NC, &a->qkv16, err)) < 0 ||
+                      (rc = own_h(m, NC, &a->atty16, err)) < 0 ||
+                      (re < 2 && a->ln2_16 == NULL &&
+                       (rc = alloc_ln2_16(m, N, &a->ln2_16, err)) < 0) ||
+                      (rc = own_h(m, 4 * NC, &a->fch16, err)) < 0 ||
+                      (re < 1 && (rc = own_h(m, 4 * NC, &a->gelu16, err)) < 0)
                 : (re < 2 && (rc = alloc_f(m, NC, &a->ln1, err)) < 0) ||
                       (rc = alloc_f(m, 3 * NC, &a->qkv, err)) < 0 ||
                       (rc = alloc_f(m, NC, &a->atty, err)) < 0 ||
@@ -732,6 +849,11 @@ int mgpu_gpt_loss_hooked(mgpu_gpt_t *m, float scale, int do_backward, mgpu_gpt_h
 
     if (do_backward) /* (evaluation keeps its own phase) */
         mgpu_progress_phase(m->progress, MGPU_PHASE_FORWARD);
+    if (m->b16 != NULL && do_backward && m->spec.reuse_grads && !m->grads_fresh)
+        return mgpu_err_set(err, -EINVAL,
+                            "gpt: a backward adding into gradients an earlier backward wrote, "
+                            "with reuse_grads (the forward writes activations into the "
+                            "gradients' memory): zero the gradients before each backward");
     if ((rc = mgpu_gpt_forward(m, err)) < 0)
         return rc;
     if (m->b16 != NULL) {

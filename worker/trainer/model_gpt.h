@@ -37,6 +37,15 @@ typedef struct mgpu_gpt_spec {
      * gradients are those of 0, bit for bit, but for the bf16 path's GELU, which is made
      * again from the pre-activation kept in bf16 (gelu of mgpu_gpt_bf16_ops_t). */
     int recompute;
+    /* 1: every backward follows mgpu_gpt_zero_grads and its step's update comes before the next
+     * forward (no gradient accumulation, no forward between a backward and its update). The
+     * bf16 path then keeps activations of each block but the first in the memory of the
+     * gradients of the block below, which that block's backward writes only after the block
+     * above's backward has read them (the gradients are dead from an update to the next
+     * backward, the activations from that backward to the next forward): the model's memory
+     * drops by about the blocks' gradients. A backward that would add into gradients an
+     * earlier one wrote is refused. 0: every activation has memory of its own. */
+    int reuse_grads;
 } mgpu_gpt_spec_t;
 
 /* Offsets (in floats) of one block's tensors in params / grads. */
@@ -105,6 +114,11 @@ typedef struct mgpu_gpt {
      * forward's own). */
     float *re_ln1, *re_ln2, *re_gelu, *re_mean, *re_rstd;
     mgpu_bf16_t *re_ln1_16, *re_ln2_16, *re_gelu16;
+    /* The bf16 path's buffers that lie inside others' memory instead of their own, in bytes:
+     * the blocks' backward scratch (dres, d4_16, dqkv16) inside logits16, whose logits are dead
+     * once the head's backward has read them (in_logits; always, where it fits), and with
+     * spec.reuse_grads block l's activations inside block l - 1's gradients (in_grads). */
+    size_t in_logits, in_grads;
     /* The bf16 path after mgpu_gpt_zero_grads, until a backward has run: grads holds none of
      * the step's sums, and each gradient's first write overwrites it (the ops' fresh). */
     int grads_fresh;
