@@ -3,11 +3,11 @@
 
 #include <errno.h>  /* EINVAL, ENOMEM */
 #include <math.h>   /* sqrt */
-#include <stdint.h> /* uintptr_t */
 #include <stdlib.h> /* calloc, malloc, free */
 #include <string.h> /* memset */
 
 #include "checkpoint.h"  /* mgpu_fnv1a */
+#include "gpt_layout.h"  /* mgpu_gpt_layout_*: buffers inside others' memory */
 #include "gpt_ops.h"     /* mgpu_kg_* */
 #include "rng.h"         /* mgpu_rng_* */
 #include "transformer.h" /* mgpu_gpt_decays */
@@ -76,52 +76,10 @@ static int shared(const mgpu_gpt_t *m, const void *p)
 }
 
 /* Whether p lies inside another buffer's memory (spec.recompute's shared buffers; the
- * gradients or the logits, mgpu_gpt_t's in_grads and in_logits): then it is not freed on its
- * own. */
+ * gradients or the logits, gpt_layout.c): then it is not freed on its own. */
 static int borrowed(const mgpu_gpt_t *m, const void *p)
 {
-    const uintptr_t a = (uintptr_t)p, g = (uintptr_t)m->grads, h = (uintptr_t)m->logits16;
-    return shared(m, p) ||
-           (m->grads != NULL && a >= g && a < g + sizeof(float) * m->n_params) ||
-           (m->logits16 != NULL &&
-            a >= h && a < h + sizeof(mgpu_bf16_t) * (size_t)m->head_rows * m->spec.vocab);
-}
-
-/* A buffer to place inside another's memory: its pointer (f or h) and its size in bytes. */
-typedef struct slot {
-    float **f;
-    mgpu_bf16_t **h;
-    size_t bytes;
-} slot_t;
-
-#define SLOT_ALIGN 256 /* as cudaMalloc's */
-
-/* Places the slots inside [base, base + bytes), the largest first, one after the other, each
- * SLOT_ALIGN-aligned, passing over those that no longer fit; sets the pointers of those placed
- * (the others are left as they are) and returns their bytes. */
-static size_t place_inside(void *base, size_t bytes, slot_t *s, int n)
-{
-    const uintptr_t end = (uintptr_t)base + bytes;
-    uintptr_t at = (uintptr_t)base;
-    size_t placed = 0;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && s[j].bytes > s[j - 1].bytes; j--) {
-            slot_t t = s[j];
-            s[j] = s[j - 1];
-            s[j - 1] = t;
-        }
-    for (int i = 0; i < n; i++) {
-        uintptr_t q = (at + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
-        if (q > end || s[i].bytes > end - q)
-            continue;
-        if (s[i].f != NULL)
-            *s[i].f = (float *)q;
-        else
-            *s[i].h = (mgpu_bf16_t *)q;
-        at = q + s[i].bytes;
-        placed += s[i].bytes;
-    }
-    return placed;
+    return shared(m, p) || mgpu_gpt_layout_inside(m, p);
 }
 
 /* alloc_f and alloc_h for a pointer still NULL (one not placed inside another buffer). */
@@ -133,41 +91,6 @@ static int own_f(mgpu_gpt_t *m, size_t n, float **out, mgpu_err_t *err)
 static int own_h(mgpu_gpt_t *m, size_t n, mgpu_bf16_t **out, mgpu_err_t *err)
 {
     return *out != NULL ? 0 : alloc_h(m, n, out, err);
-}
-
-/* With spec.reuse_grads on the bf16 path: block l's activations (l >= 1) inside block l - 1's
- * gradients, as many as fit. Block l - 1's backward writes those gradients after block l's
- * backward has read the activations, and the next forward writes the activations after the
- * update has read the gradients. ln2_16 with fc_kp stays out: its column of ones is written
- * once, at creation. */
-static void acts_in_grads(mgpu_gpt_t *m, size_t N)
-{
-    const size_t C = (size_t)m->spec.n_embd, NC = N * C, NH = N * (size_t)m->spec.n_head;
-    const size_t F = sizeof(float), H = sizeof(mgpu_bf16_t);
-    for (int l = 1; l < m->spec.n_layer; l++) {
-        mgpu_gpt_acts_t *a = &m->acts[l];
-        char *lo = (char *)(m->grads + m->blocks[l - 1].ln1_w);
-        char *hi = (char *)(m->grads + m->blocks[l].ln1_w);
-        slot_t s[13];
-        int n = 0;
-        s[n++] = (slot_t){&a->x, NULL, F * NC};
-        s[n++] = (slot_t){&a->res2, NULL, F * NC};
-        s[n++] = (slot_t){&a->lse, NULL, F * NH};
-        s[n++] = (slot_t){&a->ln1_mean, NULL, F * N};
-        s[n++] = (slot_t){&a->ln1_rstd, NULL, F * N};
-        s[n++] = (slot_t){&a->ln2_mean, NULL, F * N};
-        s[n++] = (slot_t){&a->ln2_rstd, NULL, F * N};
-        s[n++] = (slot_t){NULL, &a->qkv16, H * 3 * NC};
-        s[n++] = (slot_t){NULL, &a->atty16, H * NC};
-        s[n++] = (slot_t){NULL, &a->fch16, H * 4 * NC};
-        if (a->ln1_16 == NULL)
-            s[n++] = (slot_t){NULL, &a->ln1_16, H * NC};
-        if (a->ln2_16 == NULL && m->fc_kp == 0)
-            s[n++] = (slot_t){NULL, &a->ln2_16, H * NC};
-        if (a->gelu16 == NULL)
-            s[n++] = (slot_t){NULL, &a->gelu16, H * 4 * NC};
-        m->in_grads += place_inside(lo, (size_t)(hi - lo), s, n);
-    }
 }
 
 /* The rows of ln2_16 and of the c_fc weights the bf16 product reads: fc_kp, or C. */
@@ -390,14 +313,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
             (rc = alloc_h(m, NC, &m->lnf16, err)) < 0 ||
             (rc = alloc_h(m, (size_t)m->head_rows * V, &m->logits16, err)) < 0)
             goto fail;
-        /* The blocks' backward scratch inside the logits where it fits: the head's backward
-         * has read them before the blocks' backward starts (dln16, which the head writes,
-         * stays out). */
-        slot_t sc[] = {{&m->dres, NULL, sizeof(float) * NC},
-                       {NULL, &m->d4_16, sizeof(mgpu_bf16_t) * 4 * NC},
-                       {NULL, &m->dqkv16, sizeof(mgpu_bf16_t) * 3 * NC}};
-        m->in_logits = place_inside(m->logits16, sizeof(mgpu_bf16_t) * (size_t)m->head_rows * V,
-                                    sc, 3);
+        mgpu_gpt_layout_scratch(m, N); /* inside logits16 where it fits */
         if ((rc = alloc_f(m, V, &m->logits, err)) < 0 ||
             (rc = alloc_h(m, NC, &m->dres16, err)) < 0 ||
             (rc = alloc_h(m, NC, &m->dln16, err)) < 0 || (rc = own_f(m, NC, &m->dres, err)) < 0 ||
@@ -430,7 +346,7 @@ int mgpu_gpt_create_with(mgpu_kernels_t *k, const mgpu_gpt_spec_t *spec, int max
         a->ln1_16 = m->re_ln1_16, a->ln2_16 = m->re_ln2_16, a->gelu16 = m->re_gelu16;
     }
     if (w16 && s->reuse_grads)
-        acts_in_grads(m, N);
+        mgpu_gpt_layout_acts(m, N);
     for (int l = 0; l < s->n_layer; l++) {
         mgpu_gpt_acts_t *a = &m->acts[l];
         if ((rc = own_f(m, NC, &a->x, err)) < 0 || (rc = own_f(m, N, &a->ln1_mean, err)) < 0 ||
