@@ -561,10 +561,10 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
  * aligned: _prepare once before the launches (their shared memory, for heads of hs), then each
  * pass on its stream, returning the launch's status. */
 int gpt16_attention_backward_wg_prepare(int hs, mgpu_err_t *err);
-cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
-                                               int c, int nh, const bf16 *qkv, const bf16 *dout,
-                                               const float *lse, const float *dsum, bf16 *dqkv,
-                                               float scale);
+cudaError_t gpt16_attention_backward_wg_launch(const cuda_impl *ci, bool key_pass,
+                                               cudaStream_t stream, int b, int t, int c, int nh,
+                                               const bf16 *qkv, const bf16 *dout, const float *lse,
+                                               const float *dsum, bf16 *dqkv, float scale);
 } /* namespace mgpu_cuda */
 
 #endif

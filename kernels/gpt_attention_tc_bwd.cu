@@ -356,10 +356,10 @@ int launch_bwd(cuda_impl *ci, int b, int t, int c, int nh, View qv, View kv, Vie
     cudaError_t kv_rc = cudaSuccess, q_rc = cudaSuccess;
     if constexpr (std::is_same<OutT, bf16>::value) {
         if (wg) { /* q, k, v and dout row views of qkv and dout (gpt16_attention_backward) */
-            kv_rc = gpt16_attention_backward_wg_launch(true, kv_stream, b, t, c, nh, qv.p, dov.p,
-                                                       lse, dsum, dqkv, scale);
-            q_rc = gpt16_attention_backward_wg_launch(false, ci->stream, b, t, c, nh, qv.p, dov.p,
-                                                      lse, dsum, dqkv, scale);
+            kv_rc = gpt16_attention_backward_wg_launch(ci, true, kv_stream, b, t, c, nh, qv.p,
+                                                       dov.p, lse, dsum, dqkv, scale);
+            q_rc = gpt16_attention_backward_wg_launch(ci, false, ci->stream, b, t, c, nh, qv.p,
+                                                      dov.p, lse, dsum, dqkv, scale);
         }
     }
     if (!wg) {

@@ -590,15 +590,10 @@ bool gpt16_attention_wg_ok(const cuda_impl *ci, int hs)
  * groups of 16 heads at 128 (0.104 against 0.114, and 0.112 over all heads); the backward's
  * passes, which run side by side, keep one head after another (longest first over all heads:
  * 0.306 ms against 0.292). MGPU_GPT_ATT_GROUP_FWD and MGPU_GPT_ATT_GROUP_BWD set the group
- * (0: head by head). */
-static int wg_group(bool fwd, int hs, int pairs)
+ * (options.h; 0: head by head). */
+static int wg_group(const cuda_impl *ci, bool fwd, int hs, int pairs)
 {
-    static int env[2] = {-2, -2};
-    int &e = env[fwd ? 0 : 1];
-    if (e == -2) {
-        const char *v = getenv(fwd ? "MGPU_GPT_ATT_GROUP_FWD" : "MGPU_GPT_ATT_GROUP_BWD");
-        e = v != nullptr && *v != '\0' ? atoi(v) : -1;
-    }
+    const int e = fwd ? ci->opt.att_group_fwd : ci->opt.att_group_bwd;
     const int grp = e >= 0 ? e : !fwd ? 0 : hs == 64 ? pairs : 16;
     return grp < pairs ? grp : pairs;
 }
@@ -615,7 +610,7 @@ int gpt16_attention_forward_wg(cuda_impl *ci, int b, int t, int c, int nh, const
     dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
     kern<<<grid, kWgThreads, smem, ci->stream>>>(
         t, c, nh, row_view(qkv, t, ld, hs), row_view(qkv + c, t, ld, hs),
-        row_view(qkv + 2 * (size_t)c, t, ld, hs), out, lse, scale, wg_group(true, hs, b * nh));
+        row_view(qkv + 2 * (size_t)c, t, ld, hs), out, lse, scale, wg_group(ci, true, hs, b * nh));
     CUDA_CHECK_LAUNCH(err, "att_fwd_wg_kernel (b=%d t=%d c=%d nh=%d)", b, t, c, nh);
     return 0;
 }
@@ -631,11 +626,12 @@ int gpt16_attention_backward_wg_prepare(int hs, mgpu_err_t *err)
     return hs == 128 ? backward_wg_prepare<128>(err) : backward_wg_prepare<64>(err);
 }
 
-cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t stream, int b, int t,
-                                               int c, int nh, const bf16 *qkv, const bf16 *dout,
-                                               const float *lse, const float *dsum, bf16 *dqkv,
-                                               float scale)
+cudaError_t gpt16_attention_backward_wg_launch(const cuda_impl *ci, bool key_pass,
+                                               cudaStream_t stream, int b, int t, int c, int nh,
+                                               const bf16 *qkv, const bf16 *dout, const float *lse,
+                                               const float *dsum, bf16 *dqkv, float scale)
 {
+    const int grp = wg_group(ci, false, c / nh, b * nh);
     const size_t ld = 3 * (size_t)c;
     const int hs = c / nh;
     const View qv = row_view(qkv, t, ld, hs), kv = row_view(qkv + c, t, ld, hs),
@@ -645,12 +641,12 @@ cudaError_t gpt16_attention_backward_wg_launch(bool key_pass, cudaStream_t strea
         dim3 grid((unsigned)((t + kWgRows - 1) / kWgRows), (unsigned)nh, (unsigned)b);
         auto kern = hs == 128 ? att_bwd_kv_wg_kernel<128> : att_bwd_kv_wg_kernel<64>;
         kern<<<grid, 128, wg_smem_kv(hs), stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum, dqkv,
-                                                    scale, wg_group(false, hs, b * nh));
+                                                    scale, grp);
     } else {
         dim3 grid((unsigned)((t + kWgQueryRows - 1) / kWgQueryRows), (unsigned)nh, (unsigned)b);
         auto kern = hs == 128 ? att_bwd_q_wg_kernel<128> : att_bwd_q_wg_kernel<64>;
         kern<<<grid, kWgThreads, wg_smem_q(hs), stream>>>(t, c, nh, qv, kv, vv, dov, lse, dsum,
-                                                          dqkv, scale, wg_group(false, hs, b * nh));
+                                                          dqkv, scale, grp);
     }
     return cudaGetLastError();
 }

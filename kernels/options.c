@@ -56,7 +56,11 @@ int mgpu_kernels_options_read(mgpu_kernels_options_t *o, mgpu_err_t *err)
     if ((rc = read_int("MGPU_LT_EPI", 7, 0, 7, "a bit mask 0..7", &o->lt_epi, err)) < 0 ||
         (rc = read_int("MGPU_SG_FP32", 7, 0, 7, "a bit mask 0..7", &o->sg_ops_fp32, err)) < 0 ||
         (rc = read_int("MGPU_SG_TF32", 2, 0, 7, "a bit mask 0..7", &o->sg_ops_tf32, err)) < 0 ||
-        (rc = read_int("MGPU_SG_SPLIT", 0, 0, 8, "0, 1, 2, 4 or 8", &o->sg_split, err)) < 0)
+        (rc = read_int("MGPU_SG_SPLIT", 0, 0, 8, "0, 1, 2, 4 or 8", &o->sg_split, err)) < 0 ||
+        (rc = read_int("MGPU_GPT_ATT_GROUP_FWD", -1, 0, 1 << 20, "a number of heads >= 0",
+                       &o->att_group_fwd, err)) < 0 ||
+        (rc = read_int("MGPU_GPT_ATT_GROUP_BWD", -1, 0, 1 << 20, "a number of heads >= 0",
+                       &o->att_group_bwd, err)) < 0)
         return rc;
     if (o->sg_split & (o->sg_split - 1))
         return mgpu_err_set(err, MGPU_E_USAGE,

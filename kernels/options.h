@@ -33,6 +33,10 @@ typedef struct mgpu_kernels_options {
                                Hopper too */
     bool x3_off;            /* MGPU_GPT_ATT_X3=0: the fp32 and tf32 attention on the CUDA
                                cores (no 3xTF32 tensor-core products) */
+    int att_group_fwd;      /* MGPU_GPT_ATT_GROUP_FWD: the warpgroup attention forward's
+                               blocks in groups of this many heads (0: head by head; -1,
+                               unset: gpt_attention_wg.cu's default) */
+    int att_group_bwd;      /* MGPU_GPT_ATT_GROUP_BWD: the same for the backward's passes */
 } mgpu_kernels_options_t;
 
 /* Fills *o from the environment, defaults where a variable is unset: 0, or MGPU_E_USAGE

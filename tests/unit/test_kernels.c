@@ -582,6 +582,19 @@ static void test_options(void)
     CHECK_INT(mgpu_kernels_options_read(&o, &err), MGPU_E_USAGE);
     CHECK_CONTAINS(err.msg, "MGPU_SG_SPLIT");
     setenv("MGPU_SG_SPLIT", "0", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK_INT(o.att_group_fwd, -1); /* unset: the kernel's own default */
+    CHECK_INT(o.att_group_bwd, -1);
+    setenv("MGPU_GPT_ATT_GROUP_FWD", "16", 1);
+    setenv("MGPU_GPT_ATT_GROUP_BWD", "0", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK_INT(o.att_group_fwd, 16);
+    CHECK_INT(o.att_group_bwd, 0);
+    setenv("MGPU_GPT_ATT_GROUP_BWD", "all", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_GPT_ATT_GROUP_BWD=\"all\", expected a number of heads >= 0");
+    unsetenv("MGPU_GPT_ATT_GROUP_FWD");
+    unsetenv("MGPU_GPT_ATT_GROUP_BWD");
     setenv("MGPU_CPU_GEMM", "portabel", 1);
     mgpu_kernels_t *k = NULL;
     CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), MGPU_E_USAGE);

@@ -83,6 +83,6 @@ int mgpu_gpt_layout_inside(const mgpu_gpt_t *m, const void *p)
 {
     const uintptr_t a = (uintptr_t)p, g = (uintptr_t)m->grads, h = (uintptr_t)m->logits16;
     return (m->grads != NULL && a >= g && a < g + sizeof(float) * m->n_params) ||
-           (m->logits16 != NULL &&
-            a >= h && a < h + sizeof(mgpu_bf16_t) * (size_t)m->head_rows * m->spec.vocab);
+           (m->logits16 != NULL && a >= h &&
+            a < h + sizeof(mgpu_bf16_t) * (size_t)m->head_rows * m->spec.vocab);
 }

@@ -43,8 +43,8 @@ typedef struct mgpu_gpt_spec {
      * gradients of the block below, which that block's backward writes only after the block
      * above's backward has read them (the gradients are dead from an update to the next
      * backward, the activations from that backward to the next forward): the model's memory
-     * drops by about the blocks' gradients (gpt_layout.h). A backward that would add into gradients an
-     * earlier one wrote is refused. 0: every activation has memory of its own. */
+     * drops by about the blocks' gradients (gpt_layout.h). A backward that would add into
+     * gradients an earlier one wrote is refused. 0: every activation has memory of its own. */
     int reuse_grads;
 } mgpu_gpt_spec_t;
 
