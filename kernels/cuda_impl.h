@@ -145,7 +145,9 @@ struct cuda_impl {
      * layer below with its bias gradient, and the first layer all run beside each other),
      * each with its own cuBLASLt workspace and narrow_dw_kernel's partial sums and counters.
      * The workspaces (kBlasWorkspace each) are allocated by the first product that runs on a
-     * side stream (side_ws): a model whose products are all large (the GPT) never needs them. */
+     * side stream (side_ws): a model whose products are all large (the GPT) never needs them.
+     * The bf16 GPT's captured weight gradients run on side stream 0 in turn (gpt_linear.cu's
+     * back_weight), each in a workspace slice of its own (gws below). */
     struct side_stream {
         cudaStream_t s;
         void *ws;
@@ -165,6 +167,7 @@ struct cuda_impl {
     float *sg_part;                    /* its input gradient's bias partials (kSgPartFloats) */
     unsigned *sg_count;                /* and their counters (kSgCounters, zero between) */
     long long sg_launches;             /* mgpu_kernels_cuda_small_gemms */
+    long long beside_products;         /* mgpu_kernels_cuda_beside_products */
     /* gpt_attention_tc.cu: the attention backward's key pass runs on att_side, beside the
      * query pass on `stream` (att_fork: `stream` before them; att_join: att_side after its
      * pass). Created on the first backward outside a graph capture. */

@@ -864,6 +864,8 @@ static const mgpu_gpt_bf16_ops_t gpt_bf16_ops = {
     gpt16_attention_backward,
     gpt16_xent,
     gpt16_gelu,
+    gpt16_linear_back_weight_beside,
+    cuda_join,
 };
 
 /* Positional, in the order of mgpu_gpt_ops_t (C++17 has no designated initialisers). */

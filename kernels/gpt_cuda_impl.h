@@ -148,6 +148,9 @@ int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *
 int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
                              const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
                              mgpu_err_t *err);
+int gpt16_linear_back_weight_beside(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                                    const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias,
+                                    int fresh, mgpu_err_t *err);
 
 /* gpt_attention_tc.cu (forward), gpt_attention_tc_bwd.cu (backward) */
 int gpt16_attention_forward(void *impl, int b, int t, int c, int nh, const mgpu_bf16_t *qkv,

@@ -157,14 +157,14 @@ lt_plan *plan(cuda_impl *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
  * in ws. */
 cublasStatus_t launch(cuda_impl *c, lt_plan *p, const cublasLtMatmulAlgo_t *algo, const void *a,
                       const void *b, float beta, const void *cmat, void *d, void *ws = nullptr,
-                      size_t ws_bytes = 0)
+                      size_t ws_bytes = 0, cudaStream_t s = nullptr)
 {
     const float one = 1.0f;
-    if (ws_bytes == 0)
+    if (ws == nullptr)
         ws = c->blas_ws, ws_bytes = kBlasWorkspace;
     return B.p_cublasLtMatmul(c->lt, p->desc, &one, a, p->la, b, p->lb, &beta,
                               cmat != nullptr ? cmat : d, p->ld, d, p->ld, algo, ws, ws_bytes,
-                              c->stream);
+                              s != nullptr ? s : c->stream);
 }
 
 /* The first eager product of a plan times the heuristic's candidates on its real operands
@@ -249,6 +249,18 @@ int matmul(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, c
     }
     CUBLAS_CHECK(err, launch(c, p, &p->algo, a, b, beta, cmat, d, ws, ws_bytes));
     return 0;
+}
+
+/* A captured product's workspace slice of its own (cuda_impl::gws), for a product beside the
+ * main stream: nothing else shares it. False when not capturing or when the slices are full. */
+bool take_slice(cuda_impl *c, const lt_plan *p, void **ws)
+{
+    const size_t take = (p->algo_ws + kGwsAlign - 1) / kGwsAlign * kGwsAlign;
+    if (!c->gws_on || c->gws_used + take > kBlasWorkspace)
+        return false;
+    *ws = c->gws + c->gws_used;
+    c->gws_used += take;
+    return true;
 }
 
 /* out (cols) += (fresh: =) the column sums of dout (rows x cols, bf16): slices of rows into the
@@ -355,9 +367,16 @@ int gpt16_linear_back_data(void *impl, int n, int c, int oc, const mgpu_bf16_t *
     return matmul(ci, p, w, dout, 0.0f, nullptr, din, nullptr, pre, err);
 }
 
-int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
-                             const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
-                             mgpu_err_t *err)
+namespace
+{
+
+/* Whole GPT steps on an H100, weight gradients beside against after (tests/bench/GPT_RESULTS.md):
+ * 1.6-1.9% faster at 16,384 tokens a step (124M at contexts 1024 and 2048), 1.0-1.7% at 8,192
+ * with heads of 128 and at 774M, level at 350M; 0.7-1.1% slower at 1.5B's 4,096. */
+constexpr int kBesideMinRows = 8192;
+
+int back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout, const mgpu_bf16_t *inp,
+                size_t ldi, float *dw, float *dbias, int fresh, bool beside, mgpu_err_t *err)
 {
     cuda_impl *ci = (cuda_impl *)impl;
     int rc;
@@ -374,10 +393,45 @@ int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t
                       CUBLASLT_EPILOGUE_DEFAULT, 0, kD32, err, &rc);
     if (p == nullptr)
         return rc;
-    if ((rc = matmul(ci, p, inp, dout, fresh ? 0.0f : 1.0f, nullptr, dw, nullptr, nullptr, err)) <
-        0)
+    const float beta = fresh ? 0.0f : 1.0f;
+    /* Beside the main stream (gpt_ops.h: linear_back_weight_beside): a captured product whose
+     * plan was tuned eagerly before, on side stream 0 (in the order queued; cuda_join makes
+     * the main stream wait). The column sums stay on the main stream, in the backend's
+     * scratch: after the product on the side stream they made the joins wait longer (no gain
+     * measured). By default only from kBesideMinRows rows (tokens a step) up. */
+    beside = beside && (ci->opt.wg_beside == 1 || (ci->opt.wg_beside < 0 && n >= kBesideMinRows));
+    void *ws = nullptr;
+    if (beside && p->tuned && take_slice(ci, p, &ws)) {
+        cuda_impl::side_stream &sd = ci->side[0];
+        CUDA_CHECK(err, cudaEventRecord(ci->ev_fork, ci->stream));
+        CUDA_CHECK(err, cudaStreamWaitEvent(sd.s, ci->ev_fork, 0));
+        const cublasStatus_t st =
+            launch(ci, p, &p->algo, inp, dout, beta, nullptr, dw, ws, p->algo_ws, sd.s);
+        /* recorded whatever happened: a side stream that joined a capture must leave it */
+        CUDA_CHECK(err, cudaEventRecord(sd.done, sd.s));
+        sd.pending = true;
+        CUBLAS_CHECK(err, st);
+        ci->beside_products++;
+    } else if ((rc = matmul(ci, p, inp, dout, beta, nullptr, dw, nullptr, nullptr, err)) < 0) {
         return rc;
+    }
     return dbias == nullptr ? 0 : colsum16(ci, n, oc, (const bf16_t *)dout, dbias, fresh != 0, err);
+}
+
+} /* namespace */
+
+int gpt16_linear_back_weight(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                             const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
+                             mgpu_err_t *err)
+{
+    return back_weight(impl, n, c, oc, dout, inp, ldi, dw, dbias, fresh, false, err);
+}
+
+int gpt16_linear_back_weight_beside(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                                    const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias,
+                                    int fresh, mgpu_err_t *err)
+{
+    return back_weight(impl, n, c, oc, dout, inp, ldi, dw, dbias, fresh, true, err);
 }
 
 } /* namespace mgpu_cuda */

@@ -133,6 +133,14 @@ typedef struct mgpu_gpt_bf16_ops {
     /* out[i] = bf16(gelu(pre[i])) for n elements (tanh approximation): linear's out made again
      * from the pre it kept, for a backward that keeps pre alone. */
     int (*gelu)(void *impl, size_t n, const mgpu_bf16_t *pre, mgpu_bf16_t *out, mgpu_err_t *err);
+    /* linear_back_weight, free to run beside the ops called after it until the next join
+     * (NULL: the caller uses linear_back_weight): until then nothing may write dout or inp,
+     * nor read or write dw and dbias. Those queued run one after another, in the order called. */
+    int (*linear_back_weight_beside)(void *impl, int n, int c, int oc, const mgpu_bf16_t *dout,
+                                     const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias,
+                                     int fresh, mgpu_err_t *err);
+    /* The ops called after it see every linear_back_weight_beside called before it done. */
+    int (*join)(void *impl, mgpu_err_t *err);
 } mgpu_gpt_bf16_ops_t;
 
 typedef struct mgpu_gpt_ops {

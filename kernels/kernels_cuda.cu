@@ -326,6 +326,13 @@ extern "C" long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k)
     return ((const cuda_impl *)k->impl)->sg_launches;
 }
 
+extern "C" long long mgpu_kernels_cuda_beside_products(const mgpu_kernels_t *k)
+{
+    if (k == NULL || k->backend != MGPU_KBACKEND_CUDA || k->impl == NULL)
+        return 0;
+    return ((const cuda_impl *)k->impl)->beside_products;
+}
+
 extern "C" int mgpu_kernels_cuda_small_gemm_split(int op, int m, int n, int k, const void *a,
                                                   int lda, const void *b, int ldb, int sms,
                                                   int forced)

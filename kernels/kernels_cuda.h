@@ -46,6 +46,10 @@ int mgpu_kernels_cuda_transpose(mgpu_kernels_t *k, int rows, int cols, const flo
  * know that a shape took that path. */
 long long mgpu_kernels_cuda_small_gemms(const mgpu_kernels_t *k);
 
+/* How many bf16 GPT weight gradients k has queued beside its stream (gpt_ops.h:
+ * linear_back_weight_beside; 0 for another backend): the tests' way to know that they did. */
+long long mgpu_kernels_cuda_beside_products(const mgpu_kernels_t *k);
+
 /* small_gemm.cu's rule, which needs no GPU: the K split it would use for op (0 forward, 1
  * input gradient, 2 weight gradient) of m x n outputs over k, with operands a (leading
  * dimension lda) and b (ldb) on a device of sms multiprocessors, forced: MGPU_SG_SPLIT's value

@@ -60,7 +60,8 @@ int mgpu_kernels_options_read(mgpu_kernels_options_t *o, mgpu_err_t *err)
         (rc = read_int("MGPU_GPT_ATT_GROUP_FWD", -1, 0, 1 << 20, "a number of heads >= 0",
                        &o->att_group_fwd, err)) < 0 ||
         (rc = read_int("MGPU_GPT_ATT_GROUP_BWD", -1, 0, 1 << 20, "a number of heads >= 0",
-                       &o->att_group_bwd, err)) < 0)
+                       &o->att_group_bwd, err)) < 0 ||
+        (rc = read_int("MGPU_GPT_WG_BESIDE", -1, 0, 1, "0 or 1", &o->wg_beside, err)) < 0)
         return rc;
     if (o->sg_split & (o->sg_split - 1))
         return mgpu_err_set(err, MGPU_E_USAGE,

@@ -37,6 +37,9 @@ typedef struct mgpu_kernels_options {
                                blocks in groups of this many heads (0: head by head; -1,
                                unset: gpt_attention_wg.cu's default) */
     int att_group_bwd;      /* MGPU_GPT_ATT_GROUP_BWD: the same for the backward's passes */
+    int wg_beside;          /* MGPU_GPT_WG_BESIDE: 1 the bf16 GPT's captured weight gradients
+                               on a side stream beside the backward's chain, 0 on the main
+                               stream (-1, unset: gpt_linear.cu's rule, by rows) */
 } mgpu_kernels_options_t;
 
 /* Fills *o from the environment, defaults where a variable is unset: 0, or MGPU_E_USAGE

@@ -15,7 +15,8 @@
  * written back in place. The plain run is repeated last: if the step itself is not
  * reproducible here, that is said apart. And the products' workspace slices of a capture
  * (kernels/schedule.cu) against the shared workspace, and the activations and scratch kept
- * inside the gradients and logits (reuse_grads) against buffers of their own, bit for bit.
+ * inside the gradients and logits (reuse_grads) against buffers of their own, and the weight
+ * gradients beside the backward's chain against after it, bit for bit.
  *
  * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
 #include "check.h"
@@ -24,7 +25,7 @@
 #include "model_gpt.h"     /* mgpu_gpt_*, mgpu_gpt_buckets */
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream */
+#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream, _beside_products */
 #include <cuda_runtime_api.h> /* cudaMemcpyAsync: the stand-in all-reduce */
 #endif
 
@@ -82,7 +83,7 @@ typedef struct run {
     float loss[STEPS];
     float *params; /* host, malloc'd */
     size_t n_params;
-    size_t snap_differ; /* floats of the snapshots that differ from the final gradients */
+    size_t snap_differ;         /* floats of the snapshots that differ from the final gradients */
     size_t in_grads, in_logits; /* the model's (model_gpt.h) */
     int ok;                     /* the run got to its end */
 } run_t;
@@ -416,8 +417,8 @@ static void test_reuse_grads_bf16(void)
         if (r[0].ok && r[1].ok) {
             printf("  %s, recompute %d: %zu bytes of activations inside the gradients, %zu of "
                    "scratch inside the logits; losses %.6f .. %.6f\n",
-                   mode_names[modes[i]], sp.recompute, r[1].in_grads, r[1].in_logits,
-                   r[1].loss[0], r[1].loss[STEPS - 1]);
+                   mode_names[modes[i]], sp.recompute, r[1].in_grads, r[1].in_logits, r[1].loss[0],
+                   r[1].loss[STEPS - 1]);
             CHECK(r[1].in_grads > 0 && r[0].in_grads == 0 && r[1].in_logits > 0);
             CHECK(same_run("reuse_grads against buffers of their own", &r[1], &r[0]));
             CHECK(r[1].snap_differ == 0);
@@ -434,6 +435,68 @@ out:
     free(tgt);
 }
 
+/* The weight gradients beside the backward's chain (MGPU_GPT_WG_BESIDE=1: every captured one
+ * on the backend's side stream, joined where model_gpt.c's backward16 says) against all on the
+ * main stream: the same losses and parameters bit for bit, with the hook's copies during the
+ * backward and after it, with the activations inside the gradients (which the block below's
+ * weight gradients overwrite) and with recompute = 2 (whose outputs a later block's pass
+ * writes again). */
+static long long beside_products(const mgpu_kernels_t *k)
+{
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    return mgpu_kernels_cuda_beside_products(k);
+#else
+    (void)k;
+    return 0;
+#endif
+}
+
+static void test_weight_grads_beside_bf16(void)
+{
+    need_gpu();
+    mgpu_gpt_spec_t sp = spec;
+    sp.vocab = 1024;
+    sp.reuse_grads = 1;
+    int32_t *tok, *tgt;
+    batches(&sp, &tok, &tgt);
+    mgpu_kernels_t *k[2];
+    for (int b = 0; b < 2; b++) {
+        setenv("MGPU_GPT_WG_BESIDE", b ? "1" : "0", 1);
+        k[b] = cuda_backend(MGPU_PREC_BF16);
+    }
+    unsetenv("MGPU_GPT_WG_BESIDE");
+    if (k[0] == NULL || k[1] == NULL)
+        goto out;
+    const run_mode_t modes[] = {PLAIN, SNAPSHOT, AFTER_BACKWARD, PLAIN};
+    for (int i = 0; i < 4; i++) {
+        run_t r[2];
+        sp.recompute = i == 3 ? 2 : 0;
+        const long long before = beside_products(k[1]);
+        for (int b = 0; b < 2; b++)
+            train(k[b], &sp, modes[i], tok, tgt, &r[b]);
+        const long long beside = beside_products(k[1]) - before;
+        if (r[0].ok && r[1].ok) {
+            printf("  %s, recompute %d: %lld weight gradients beside; losses %.6f .. %.6f\n",
+                   mode_names[modes[i]], sp.recompute, beside, r[1].loss[0], r[1].loss[STEPS - 1]);
+            /* four a block, in each capture (one, or one a bucket plan) */
+            CHECK(beside >= 4 * sp.n_layer);
+            CHECK(beside_products(k[0]) == 0);
+            CHECK(same_run("weight gradients beside against after", &r[1], &r[0]));
+            CHECK(r[1].snap_differ == 0);
+        } else {
+            CHECK(r[0].ok && r[1].ok);
+        }
+        free(r[0].params);
+        free(r[1].params);
+    }
+out:
+    unsetenv("MGPU_LT_TUNE");
+    mgpu_kernels_destroy(k[0]);
+    mgpu_kernels_destroy(k[1]);
+    free(tok);
+    free(tgt);
+}
+
 int main(void)
 {
     RUN(test_average_in_step_fp32);
@@ -442,5 +505,6 @@ int main(void)
     RUN(test_recompute_in_step_bf16);
     RUN(test_workspace_slices_bf16);
     RUN(test_reuse_grads_bf16);
+    RUN(test_weight_grads_beside_bf16);
     return check_done();
 }

@@ -595,6 +595,15 @@ static void test_options(void)
     CHECK_CONTAINS(err.msg, "MGPU_GPT_ATT_GROUP_BWD=\"all\", expected a number of heads >= 0");
     unsetenv("MGPU_GPT_ATT_GROUP_FWD");
     unsetenv("MGPU_GPT_ATT_GROUP_BWD");
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK_INT(o.wg_beside, -1); /* unset: gpt_linear.cu's rule by rows */
+    setenv("MGPU_GPT_WG_BESIDE", "1", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), 0);
+    CHECK_INT(o.wg_beside, 1);
+    setenv("MGPU_GPT_WG_BESIDE", "yes", 1);
+    CHECK_INT(mgpu_kernels_options_read(&o, &err), MGPU_E_USAGE);
+    CHECK_CONTAINS(err.msg, "MGPU_GPT_WG_BESIDE=\"yes\", expected 0 or 1");
+    unsetenv("MGPU_GPT_WG_BESIDE");
     setenv("MGPU_CPU_GEMM", "portabel", 1);
     mgpu_kernels_t *k = NULL;
     CHECK_INT(mgpu_kernels_create(MGPU_KBACKEND_CPU, -1, &k, &err), MGPU_E_USAGE);

@@ -568,12 +568,35 @@ static int head16(mgpu_gpt_t *m, float scale, int backward, mgpu_err_t *err)
     return 0;
 }
 
+/* Joins the weight gradients queued beside the backward's chain (gpt_ops.h: join). */
+static int join16(const mgpu_gpt_t *m, mgpu_err_t *err)
+{
+    return m->b16->join != NULL ? m->b16->join(m->k->impl, err) : 0;
+}
+
+/* A weight gradient that may run beside the ops after it (gpt_ops.h: the ops' _beside). */
+static int wg16(const mgpu_gpt_t *m, int n, int c, int oc, const mgpu_bf16_t *dout,
+                const mgpu_bf16_t *inp, size_t ldi, float *dw, float *dbias, int fresh,
+                mgpu_err_t *err)
+{
+    const mgpu_gpt_bf16_ops_t *o = m->b16;
+    if (o->linear_back_weight_beside != NULL)
+        return o->linear_back_weight_beside(m->k->impl, n, c, oc, dout, inp, ldi, dw, dbias, fresh,
+                                            err);
+    return o->linear_back_weight(m->k->impl, n, c, oc, dout, inp, ldi, dw, dbias, fresh, err);
+}
+
 /* The blocks' backward from dln16 (d lnf): dres (fp32) is the residual stream's gradient and
  * dres16 its bf16 copy, which the products read. The LayerNorm backward that writes dres16
  * also sums its columns into the bias gradient of the projection that reads it next
  * (mlp.c_proj of the block below, or attn.c_proj of the same block). With spec.recompute 2
  * the LayerNorm's backward also writes its forward's output again (the pass reads x anyway),
- * so the weight gradient that reads that output comes after it. */
+ * so the weight gradient that reads that output comes after it.
+ * The weight gradients (wg16) may run beside the chain of input gradients: each is
+ * joined before the next write of what it reads (dres16 by a LayerNorm backward; d4_16,
+ * dqkv16, the recomputed outputs and, with spec.reuse_grads, the activations inside the
+ * gradients of the block below, by ops after the next join), before a hook reads the
+ * gradients, and at the end. */
 static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu_err_t *err)
 {
     const mgpu_gpt_bf16_ops_t *o = m->b16;
@@ -603,37 +626,41 @@ static int backward16(mgpu_gpt_t *m, mgpu_gpt_hook_fn hook, void *hook_ctx, mgpu
                                       4 * (size_t)C, a->fch16, m->d4_16, err)) < 0 ||
             (m->spec.recompute >= 1 &&
              (rc = o->gelu(ki, 4 * (size_t)N * C, a->fch16, a->gelu16, err)) < 0) ||
-            (rc = o->linear_back_weight(ki, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C,
-                                        G + w->fcp_w, NULL, f, err)) < 0 ||
+            (rc = wg16(m, N, 4 * C, C, m->dres16, a->gelu16, 4 * (size_t)C, G + w->fcp_w, NULL, f,
+                       err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 4 * C, m->d4_16, fc_w16(m, l), kp, NULL, m->dln16,
                                       err)) < 0 ||
+            (rc = join16(m, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->res2, P + w->ln2_w, P + w->ln2_b,
                                         a->ln2_mean, a->ln2_rstd, m->dres, m->dres16, G + w->ln2_w,
                                         G + w->ln2_b, G + w->proj_b, re2 ? a->ln2_16 : NULL, kp, f,
                                         err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, C, 4 * C, m->d4_16, a->ln2_16, kp, G + w->fc_w,
-                                        G + w->fc_b, f, err)) < 0)
+            (rc = wg16(m, N, C, 4 * C, m->d4_16, a->ln2_16, kp, G + w->fc_w, G + w->fc_b, f, err)) <
+                0)
             return rc;
         /* res2 = x + proj(attention(qkv(ln1(x)))) */
         if ((rc = o->linear_back_data(ki, N, C, C, m->dres16, mgpu_gpt_w16(m, w->proj_w), (size_t)C,
                                       NULL, m->dln16, err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, C, C, m->dres16, a->atty16, (size_t)C, G + w->proj_w,
-                                        NULL, f, err)) < 0 ||
+            (rc = wg16(m, N, C, C, m->dres16, a->atty16, (size_t)C, G + w->proj_w, NULL, f, err)) <
+                0 ||
             (rc = o->attention_backward(ki, B, T, C, NH, m->dln16, a->qkv16, a->atty16, a->lse,
                                         m->dqkv16, err)) < 0 ||
             (rc = o->linear_back_data(ki, N, C, 3 * C, m->dqkv16, mgpu_gpt_w16(m, w->qkv_w),
                                       (size_t)C, NULL, m->dln16, err)) < 0 ||
+            (rc = join16(m, err)) < 0 ||
             (rc = o->layernorm_backward(ki, N, C, m->dln16, a->x, P + w->ln1_w, P + w->ln1_b,
                                         a->ln1_mean, a->ln1_rstd, m->dres, l > 0 ? m->dres16 : NULL,
                                         G + w->ln1_w, G + w->ln1_b,
                                         l > 0 ? G + m->blocks[l - 1].fcp_b : NULL,
                                         re2 ? a->ln1_16 : NULL, (size_t)C, f, err)) < 0 ||
-            (rc = o->linear_back_weight(ki, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C,
-                                        G + w->qkv_w, G + w->qkv_b, f, err)) < 0 ||
+            (rc = wg16(m, N, C, 3 * C, m->dqkv16, a->ln1_16, (size_t)C, G + w->qkv_w, G + w->qkv_b,
+                       f, err)) < 0 ||
+            (hook != NULL && (rc = join16(m, err)) < 0) ||
             (rc = reached(hook, hook_ctx, l, err)) < 0)
             return rc;
     }
-    if ((rc = mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
+    if ((rc = join16(m, err)) < 0 ||
+        (rc = mgpu_kg_embed_backward(m->k, B, T, C, m->spec.vocab, m->tokens, m->dres, G + m->wte,
                                      G + m->wpe, err)) < 0)
         return rc;
     return reached(hook, hook_ctx, MGPU_GPT_EMBEDDINGS, err);
