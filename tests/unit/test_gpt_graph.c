@@ -392,6 +392,20 @@ static void test_workspace_slices_bf16(void)
     free(tgt);
 }
 
+/* Two runs that must agree bit for bit (a: the variant, b: the reference), the variant's
+ * bucket snapshots equal to its final gradients; both runs' parameters freed. */
+static void check_pair(const char *what, run_t *a, run_t *b)
+{
+    if (a->ok && b->ok) {
+        CHECK(same_run(what, a, b));
+        CHECK(a->snap_differ == 0);
+    } else {
+        CHECK(a->ok && b->ok);
+    }
+    free(a->params);
+    free(b->params);
+}
+
 /* spec.reuse_grads on the bf16 path (activations inside the gradients of the block below,
  * the backward's scratch inside the logits: a vocabulary of 1024 makes them large enough): the
  * same bits as every buffer in memory of its own, eager (the first step) and replayed, with the
@@ -420,13 +434,8 @@ static void test_reuse_grads_bf16(void)
                    mode_names[modes[i]], sp.recompute, r[1].in_grads, r[1].in_logits, r[1].loss[0],
                    r[1].loss[STEPS - 1]);
             CHECK(r[1].in_grads > 0 && r[0].in_grads == 0 && r[1].in_logits > 0);
-            CHECK(same_run("reuse_grads against buffers of their own", &r[1], &r[0]));
-            CHECK(r[1].snap_differ == 0);
-        } else {
-            CHECK(r[0].ok && r[1].ok);
         }
-        free(r[0].params);
-        free(r[1].params);
+        check_pair("reuse_grads against buffers of their own", &r[1], &r[0]);
     }
 out:
     unsetenv("MGPU_LT_TUNE");
@@ -481,13 +490,8 @@ static void test_weight_grads_beside_bf16(void)
             /* four a block, in each capture (one, or one a bucket plan) */
             CHECK(beside >= 4 * sp.n_layer);
             CHECK(beside_products(k[0]) == 0);
-            CHECK(same_run("weight gradients beside against after", &r[1], &r[0]));
-            CHECK(r[1].snap_differ == 0);
-        } else {
-            CHECK(r[0].ok && r[1].ok);
         }
-        free(r[0].params);
-        free(r[1].params);
+        check_pair("weight gradients beside against after", &r[1], &r[0]);
     }
 out:
     unsetenv("MGPU_LT_TUNE");
