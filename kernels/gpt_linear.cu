@@ -222,6 +222,19 @@ int tune(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, con
     return 0;
 }
 
+/* A captured product's workspace slice of its own (cuda_impl::gws): nothing else in the
+ * graph uses it, so the product may run beside any other. False when not capturing or when
+ * the slices are full. */
+bool take_slice(cuda_impl *c, const lt_plan *p, void **ws)
+{
+    const size_t take = (p->algo_ws + kGwsAlign - 1) / kGwsAlign * kGwsAlign;
+    if (!c->gws_on || c->gws_used + take > kBlasWorkspace)
+        return false;
+    *ws = c->gws + c->gws_used;
+    c->gws_used += take;
+    return true;
+}
+
 /* D = op(A) op(B) (+ beta C, C = cmat in D's layout) with the plan's epilogue, on c->stream. */
 int matmul(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, const void *cmat,
            void *d, const void *bias, const void *aux, mgpu_err_t *err)
@@ -236,31 +249,13 @@ int matmul(cuda_impl *c, lt_plan *p, const void *a, const void *b, float beta, c
     int rc;
     if (!p->tuned && (rc = tune(c, p, a, b, beta, cmat, d, err)) < 0)
         return rc;
-    /* In a capture, a slice of the capture's workspace of its own (cuda_impl::gws), as big
-     * as the algorithm needs; past the slices' end, the shared one. */
+    /* In a capture, a slice of the capture's workspace of its own (take_slice), as big as the
+     * algorithm needs; past the slices' end, or for an algorithm that needs none, the shared
+     * one. */
     void *ws = nullptr;
-    size_t ws_bytes = 0;
-    if (c->gws_on && p->algo_ws > 0) {
-        const size_t take = (p->algo_ws + kGwsAlign - 1) / kGwsAlign * kGwsAlign;
-        if (c->gws_used + take <= kBlasWorkspace) {
-            ws = c->gws + c->gws_used, ws_bytes = p->algo_ws;
-            c->gws_used += take;
-        }
-    }
-    CUBLAS_CHECK(err, launch(c, p, &p->algo, a, b, beta, cmat, d, ws, ws_bytes));
+    const bool sliced = p->algo_ws > 0 && take_slice(c, p, &ws);
+    CUBLAS_CHECK(err, launch(c, p, &p->algo, a, b, beta, cmat, d, ws, sliced ? p->algo_ws : 0));
     return 0;
-}
-
-/* A captured product's workspace slice of its own (cuda_impl::gws), for a product beside the
- * main stream: nothing else shares it. False when not capturing or when the slices are full. */
-bool take_slice(cuda_impl *c, const lt_plan *p, void **ws)
-{
-    const size_t take = (p->algo_ws + kGwsAlign - 1) / kGwsAlign * kGwsAlign;
-    if (!c->gws_on || c->gws_used + take > kBlasWorkspace)
-        return false;
-    *ws = c->gws + c->gws_used;
-    c->gws_used += take;
-    return true;
 }
 
 /* out (cols) += (fresh: =) the column sums of dout (rows x cols, bf16): slices of rows into the
