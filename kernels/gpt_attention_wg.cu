@@ -631,9 +631,8 @@ cudaError_t gpt16_attention_backward_wg_launch(const cuda_impl *ci, bool key_pas
                                                const bf16 *qkv, const bf16 *dout, const float *lse,
                                                const float *dsum, bf16 *dqkv, float scale)
 {
-    const int grp = wg_group(ci, false, c / nh, b * nh);
     const size_t ld = 3 * (size_t)c;
-    const int hs = c / nh;
+    const int hs = c / nh, grp = wg_group(ci, false, hs, b * nh);
     const View qv = row_view(qkv, t, ld, hs), kv = row_view(qkv + c, t, ld, hs),
                vv = row_view(qkv + 2 * (size_t)c, t, ld, hs),
                dov = row_view(dout, t, (size_t)c, hs);

@@ -13,11 +13,11 @@
 #     documents (the C, CUDA and Markdown files under common/, kernels/, launcher/ and worker/,
 #     in path order: the same text on every machine at a given commit; over 2 MB, so that the
 #     500 steps of 16 x 256 bytes read it about once and the model learns rather than
-#     memorises), bf16 against fp32 on the GPU. Both runs see the same batches in the same order (same seed), so their
-#     curves differ by precision alone; each curve is smoothed by averaging its losses over 20
-#     blocks of 25 steps, and every block's mean must be within 2% of fp32's. The bf16 run
-#     must have taken the bf16 path (its first line says "bf16 activations"): activations
-#     stored in bf16, the products' epilogues fused.
+#     memorises), bf16 against fp32 on the GPU. Both runs see the same batches in the same
+#     order (same seed), so their curves differ by precision alone; each curve is smoothed by
+#     averaging its losses over 20 blocks of 25 steps, and every block's mean must be within 2%
+#     of fp32's. The bf16 run must have taken the bf16 path (its first line says "bf16
+#     activations"): activations stored in bf16, the products' epilogues fused.
 #   gpt_graph_matches_eager: the step replayed from CUDA graphs (cuda_graph = true, the
 #     default, which the two checks above use) against the same step run eagerly
 #     (cuda_graph = false): the tiny GPT of the first check in fp32 (every step's loss within
