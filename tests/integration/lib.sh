@@ -36,6 +36,20 @@ expect_no_grep() {
     if [ -f "$src" ]; then ! grep -qE -- "$pat" "$src" || { cat "$src" >&2; fail "'$pat' unexpectedly in $src"; }
     else ! grep -qE -- "$pat" <<<"$src" || fail "'$pat' unexpectedly in: $src"; fi
 }
+# free_port: a TCP port P nobody listens on now, with P + 1 free too (several nodes use both: the
+# store and MASTER_PORT), below the ephemeral range, so that no outgoing connection of a test
+# running beside takes P or P + 1 before the job listens there (an even port, each test its own).
+free_port() {
+    "$(command -v /usr/bin/python3 || command -v python3)" -c 'import random, socket
+for _ in range(500):
+    p = random.randrange(20000, 32000, 2)
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("", q)); s.close()
+    except OSError:
+        continue
+    print(p); break'
+}
 # run_launch ARGS... : runs the launcher, stdout to out, stderr to err, status in $rc
 run_launch() { "$LAUNCH" "$@" >out 2>err; rc=$?; }
 # pids of live processes whose environment carries MGPU_TEST_MARK=<value> (one grep over every

@@ -84,18 +84,17 @@ t_env_inherited_values_kept_and_launcher_values_win() {
     done
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
 # nodes N NPROC ARGS... : runs N launchers on this host as nodes 0..N-1 of one job (static
 # rendezvous at 127.0.0.1:<free port>); each worker writes its environment to e.<RANK>.
-# Exit statuses in rcs[0..N-1].
+# Exit statuses in rcs[0..N-1]. A launcher still running after 60 s is stopped (SIGTERM), so a
+# hang fails with every launcher's own words instead of at the test's deadline.
 nodes() {
     local n=$1 nproc=$2; shift 2
     local port; port=$(free_port)
     local pids=() i
     for i in $(seq 0 $((n - 1))); do
-        "$LAUNCH" --nnodes=$n --node_rank=$i --nproc_per_node=$nproc --master_addr=127.0.0.1 \
-            --master_port=$port "$@" "$TW" env e.%r >out.$i 2>err.$i &
+        timeout -k 5 60 "$LAUNCH" --nnodes=$n --node_rank=$i --nproc_per_node=$nproc \
+            --master_addr=127.0.0.1 --master_port=$port "$@" "$TW" env e.%r >out.$i 2>err.$i &
         pids+=($!)
     done
     rcs=()

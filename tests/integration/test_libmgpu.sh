@@ -61,7 +61,7 @@ t_mpirun_allreduce_checks_itself() {
 # between the leaders, addresses through the launchers' store.
 t_two_nodes_allreduce_checks_itself() {
     local port i pids=() rcs=()
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    port=$(free_port)
     for i in 0 1; do
         "$LAUNCH" --nnodes=2 --node_rank=$i --nproc_per_node=2 --master_addr=127.0.0.1 \
             --master_port=$port -- "$BENCH" --min 4K --max 1M --seconds 0.01 >out.$i 2>err.$i &

@@ -181,7 +181,7 @@ t_output_prefix_template_option_beats_env() {
 
 t_output_default_prefix_multi_node_uses_global_rank() {
     # two nodes on this host: node 1's workers print with their global ranks 2 and 3
-    local port; port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    local port; port=$(free_port)
     "$LAUNCH" --nnodes=2 --node_rank=0 --master_addr=127.0.0.1 --master_port=$port --nproc_per_node=2 \
         "$TW" print "g%l" >out.0 2>err.0 &
     local p0=$!

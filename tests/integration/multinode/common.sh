@@ -29,21 +29,6 @@ all_exist() { local f; for f; do [ -e "$f" ] || return 1; done; }
 # envval FILE VAR: the value of VAR in a file written by "testworker env", or <unset>
 envval() { local l; l=$(grep -m1 "^$2=" "$1" 2>/dev/null) || { echo "<unset>"; return; }; echo "${l#*=}"; }
 
-# A TCP port P nobody listens on now, with P + 1 free too (several nodes use both: the store
-# and MASTER_PORT), below the ephemeral range so that no outgoing connection takes P + 1 while
-# the job runs (each test takes its own, so tests never share one).
-free_port() {
-    "$PY3" -c 'import random, socket
-for _ in range(500):
-    p = random.randrange(20000, 32000, 2)
-    try:
-        for q in (p, p + 1):
-            s = socket.socket(); s.bind(("", q)); s.close()
-    except OSError:
-        continue
-    print(p); break'
-}
-
 mn_cleanup() {
     local n p
     for n in "${!MN_PID[@]}"; do
