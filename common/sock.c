@@ -37,6 +37,30 @@ int mgpu_sock_addr_is_loopback(const struct sockaddr *a)
            memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &lo6, sizeof lo6) == 0;
 }
 
+int mgpu_sock_is_self_connected(int fd)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+
+    memset(&me, 0, sizeof me);
+    memset(&peer, 0, sizeof peer);
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || ml != pl)
+        return 0;
+    if (me.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&me,
+                                 *b = (const struct sockaddr_in *)&peer;
+        return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+    }
+    if (me.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&me,
+                                  *b = (const struct sockaddr_in6 *)&peer;
+        return a->sin6_port == b->sin6_port &&
+               memcmp(&a->sin6_addr, &b->sin6_addr, sizeof a->sin6_addr) == 0;
+    }
+    return 0;
+}
+
 const char *mgpu_sock_hostport(char *buf, size_t n, const char *host, int port)
 {
     snprintf(buf, n, strchr(host, ':') != NULL ? "[%s]:%d" : "%s:%d", host, port);

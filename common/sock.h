@@ -1,4 +1,5 @@
-/* sock.h - small socket facts shared by the launcher's modules. Nothing to own or free. */
+/* sock.h - small socket facts shared by the launcher's modules and the store's client.
+ * Nothing to own or free. */
 #ifndef MGPU_SOCK_H
 #define MGPU_SOCK_H
 
@@ -15,6 +16,14 @@ int mgpu_sock_is_loopback(const char *host);
 /* "HOST:PORT" into buf (size n), "[HOST]:PORT" for an IPv6 address, as messages and
  * endpoints write it; returns buf. */
 const char *mgpu_sock_hostport(char *buf, size_t n, const char *host, int port);
+
+/* 1 when the connected TCP socket fd reached itself: its local address and port are its
+ * peer's. A connect(2) to a port of this host that nobody listens on can be given that very
+ * port as its source when the port lies in the ephemeral range (TCP's simultaneous open),
+ * and the connection then reads back what it writes. A client that retries until a server
+ * comes up must treat it as "nobody listens" and close it, which also frees the port for the
+ * server. */
+int mgpu_sock_is_self_connected(int fd);
 
 /* 1 when the address is on the loopback interface (127.0.0.0/8 or ::1). */
 struct sockaddr;

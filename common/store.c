@@ -24,6 +24,7 @@
 
 #include "clock.h"       /* mgpu_clock_mono */
 #include "sha256.h"      /* mgpu_sha256_equal, mgpu_sha256_wipe */
+#include "sock.h"        /* mgpu_sock_is_self_connected */
 #include "store_proto.h" /* frames, decoder, handshake proofs */
 
 /* Backoff between connection attempts: starts short because the server is usually starting at
@@ -215,6 +216,16 @@ static int connect_once(mgpu_store_t *s, double deadline, mgpu_err_t *err)
                              rc == MGPU_E_TIMEOUT ? "timed out" : strerror(-rc));
                 goto next;
             }
+        }
+        if (mgpu_sock_is_self_connected(fd)) {
+            /* closed with a reset: no TIME_WAIT left on the port the server is to take */
+            const struct linger now = {.l_onoff = 1, .l_linger = 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+            rc = mgpu_err_set(err, -ECONNREFUSED,
+                              "connect(%s:%d): nobody listens there yet (the attempt reached "
+                              "itself)",
+                              s->host, s->port);
+            goto next;
         }
         /* Requests are small and each waits for its answer: Nagle would add delay to each. */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

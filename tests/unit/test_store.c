@@ -5,10 +5,13 @@
  * goes to a file so tests can check the server's log lines, and on SIGTERM the child closes the
  * server and exits 0 only if the loop then closes with no handle left. */
 #include <errno.h>        /* EINVAL */
+#include <net/if.h>       /* ifreq, IFF_UP */
 #include <netinet/in.h>   /* sockaddr_in */
+#include <sched.h>        /* unshare, CLONE_NEWNET */
 #include <signal.h>       /* kill */
 #include <stdint.h>       /* uint8_t */
 #include <stdlib.h>       /* setenv */
+#include <sys/ioctl.h>    /* SIOCGIFFLAGS */
 #include <sys/resource.h> /* setrlimit */
 #include <sys/socket.h>   /* socket */
 #include <time.h>         /* clock_gettime */
@@ -935,6 +938,90 @@ static void t_connect_retries_until_server_is_up(void)
     CHECK_CONTAINS(err.msg, "Connection refused");
 }
 
+/* Brings this network namespace's loopback up; 0 or -1. */
+static int loopback_up(void)
+{
+    struct ifreq ifr = {0};
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = -1;
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    if (fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags |= IFF_UP;
+        rc = ioctl(fd, SIOCSIFFLAGS, &ifr);
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* A raw connect to 127.0.0.1:port; 1 when it reached itself (closed here with a reset). */
+static int raw_connect_reaches_itself(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in me = {0};
+    socklen_t len = sizeof me;
+    const struct linger now = {.l_onoff = 1, .l_linger = 0};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), self = 0;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&me, &len) == 0)
+        self = me.sin_port == a.sin_port;
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+        close(fd);
+    }
+    return self;
+}
+
+/* A client that retries before its server is up may be given the server's port as its own
+ * source port when that port lies in the ephemeral range: the connection reaches itself (TCP's
+ * simultaneous open) and reads back its own HELLO. In a network namespace of its own whose
+ * ephemeral range is the server's port P and P + 1, every attempt while nothing listens on P
+ * does so; the client must wait for the server all the same, and leave P free for it. A
+ * network namespace needs root: skipped without. */
+static void t_connect_waits_past_a_connection_to_itself(void)
+{
+    enum { P = 40000 };
+    mgpu_store_server_opts_t o = {.port = P};
+    mgpu_store_t *c = NULL;
+    mgpu_err_t err = {0};
+    char log[] = "/tmp/mgpu-store-test-XXXXXX";
+    FILE *range;
+
+    if (unshare(CLONE_NEWNET) != 0)
+        SKIP("no network namespace of its own here (unshare: %s)", strerror(errno));
+    if (loopback_up() != 0 ||
+        (range = fopen("/proc/sys/net/ipv4/ip_local_port_range", "w")) == NULL)
+        SKIP("cannot set up the namespace's loopback and ephemeral ports");
+    fprintf(range, "%d %d\n", P, P + 1);
+    if (fclose(range) != 0)
+        SKIP("cannot set the namespace's ephemeral ports to %d-%d", P, P + 1);
+    if (!raw_connect_reaches_itself(P))
+        SKIP("this kernel did not hand out port %d to a connection to it", P);
+    close(mkstemp(log));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { /* becomes the server, late */
+        int p[2];
+        if (pipe(p) < 0)
+            _exit(1);
+        sleep_s(0.3);
+        srv_child(&o, p[1], log);
+    }
+    const double t0 = mgpu_clock_mono();
+    CHECK_INT(mgpu_store_connect("127.0.0.1", P, NULL, 5.0, &c, &err), 0);
+    CHECK(mgpu_clock_mono() - t0 >= 0.25);
+    if (c != NULL) {
+        CHECK_INT(mgpu_store_set(c, "k", "v", 1, &err), 0);
+        CHECK_INT(mgpu_store_ping(c, &err), 0);
+        mgpu_store_close(c);
+    } else {
+        printf("  %s\n", err.msg);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    unlink(log);
+}
+
 static void t_reconnect_after_server_restart(void)
 {
     srv_t s = srv_start(NULL);
@@ -1191,6 +1278,7 @@ int main(void)
     RUN(t_parked_waits_of_gone_clients);
     RUN(t_max_conns);
     RUN(t_connect_retries_until_server_is_up);
+    RUN(t_connect_waits_past_a_connection_to_itself);
     RUN(t_reconnect_after_server_restart);
     RUN(t_bind_error_names_the_call);
     RUN(t_fd_limit_follows_max_conns);
