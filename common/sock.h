@@ -5,9 +5,12 @@
 
 #include <stddef.h> /* size_t */
 
-/* A TCP port nobody listens on now (bind to port 0 on every address, read it, close), or -1.
- * Racy by nature: a process that binds it later must tolerate losing it; PyTorch's TCPStore
- * sets SO_REUSEADDR and mgpu's store reports a taken port by name. */
+/* A TCP port nobody listens on now (bound on every IPv4 address, then closed), or -1: a random
+ * one below the kernel's ephemeral range (20000 up, PyTorch's 29400-29599 left out), so that
+ * no outgoing connection takes it before its server binds it; the kernel's pick (port 0) when
+ * the range leaves no room below it. Racy by nature: a process that binds it later must
+ * tolerate losing it; PyTorch's TCPStore sets SO_REUSEADDR and mgpu's store reports a taken
+ * port by name. */
 int mgpu_sock_free_port(void);
 
 /* 1 when host names the loopback interface ("localhost", 127.x.y.z, "::1"). */

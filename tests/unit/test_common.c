@@ -2,6 +2,7 @@
 #include <errno.h>        /* EPIPE */
 #include <fcntl.h>        /* open */
 #include <netinet/in.h>   /* sockaddr_in */
+#include <sched.h>        /* unshare */
 #include <signal.h>       /* signal */
 #include <sys/resource.h> /* getrlimit */
 #include <sys/stat.h>     /* stat */
@@ -235,6 +236,47 @@ static void test_sock_loopback(void)
     CHECK_STR(mgpu_sock_hostport(hp, sizeof hp, "fd00::1", 29400), "[fd00::1]:29400");
 }
 
+/* Sets this network namespace's ephemeral range; 0 or -1. */
+static int set_ephemeral_range(int lo, int hi)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f, "%d %d\n", lo, hi);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* n picks of mgpu_sock_free_port: each within [lo, hi) and outside [skip_lo, skip_hi), and
+ * not all the same. */
+static void check_free_ports(int n, int lo, int hi, int skip_lo, int skip_hi)
+{
+    int first = -1, differ = 0;
+    for (int i = 0; i < n; i++) {
+        const int p = mgpu_sock_free_port();
+        if (p < lo || p >= hi || (p >= skip_lo && p < skip_hi)) {
+            printf("  free port %d: expected one in [%d, %d) outside [%d, %d)\n", p, lo, hi,
+                   skip_lo, skip_hi);
+            check_failed++;
+            return;
+        }
+        differ |= first >= 0 && p != first;
+        first = first < 0 ? p : first;
+    }
+    CHECK(differ);
+}
+
+/* The free port (a one-node job's MASTER_PORT) lies below the kernel's ephemeral range, where
+ * no outgoing connection takes it before a worker listens there; when the range leaves no
+ * room below it, the kernel picks. Each range is set in a network namespace of its own (root). */
+static void test_sock_free_port_below_the_ephemeral_range(void)
+{
+    if (unshare(CLONE_NEWNET) != 0 || set_ephemeral_range(40000, 60999) != 0)
+        SKIP("no network namespace of its own with its own ephemeral range here");
+    check_free_ports(200, 20000, 40000, 29400, 29600);
+    CHECK_INT(set_ephemeral_range(20500, 60999), 0);
+    check_free_ports(50, 20500, 61000, 0, 0);
+}
+
 enum { COLOR_RED, COLOR_GREEN, COLOR_HOLE, COLOR_BLUE };
 
 static void test_text_trim_and_append_line(void)
@@ -289,6 +331,7 @@ int main(void)
     RUN(test_path_dirname);
     RUN(test_fs_mkdir_p_and_remove_tree);
     RUN(test_sock_loopback);
+    RUN(test_sock_free_port_below_the_ephemeral_range);
     RUN(test_names_both_ways);
     RUN(test_shm_remove_stale);
     return check_done();
