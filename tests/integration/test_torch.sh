@@ -112,17 +112,8 @@ t_torch_gloo_two_nodes_on_one_host() {
     # two launchers as nodes 0 and 1 of one static job (2 workers each): world size 4
     need_torch
     write_job
-    # P for the launchers' store and P + 1 for MASTER_PORT, both free and below the ephemeral
-    # range, where no outgoing connection takes P + 1 meanwhile
-    local port; port=$(python3 -c 'import random, socket
-for _ in range(500):
-    p = random.randrange(20000, 32000, 2)
-    try:
-        for q in (p, p + 1):
-            s = socket.socket(); s.bind(("", q)); s.close()
-    except OSError:
-        continue
-    print(p); break')
+    # P for the launchers' store and P + 1 for MASTER_PORT (lib.sh's free_port)
+    local port; port=$(free_port)
     PYTHON_EXEC=$PY "$LAUNCH" --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 --master_port=$port \
         --nproc_per_node=2 allreduce.py >out.1 2>err.1 &
     local p1=$!
