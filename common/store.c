@@ -312,6 +312,10 @@ static int reconnect(mgpu_store_t *s, double deadline, mgpu_err_t *err)
     double backoff = BACKOFF_FIRST_S;
     int attempts = 0;
     for (;;) {
+        /* Given up (mgpu_store_interrupt, from another thread): no more attempts. */
+        if (__atomic_load_n(&s->interrupted, __ATOMIC_ACQUIRE))
+            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection was given up",
+                                s->host, s->port);
         int rc = connect_once(s, deadline, err);
         attempts++;
         if (rc >= 0) {

@@ -283,7 +283,12 @@ static void rwork_done(uv_work_t *req, int status)
     } else if (w->kind == MGPU_SUP_RW_ROUND) {
         round_done(s, w->rc, &w->world, &w->err);
     } else if (w->kind == MGPU_SUP_RW_END && w->attempt == s->attempt && !s->finished) {
-        if (w->rc < 0) {
+        if (w->rc == MGPU_E_CLOSED && s->user_signal && !mgpu_rdzv_lost_why(s->rdzv)[0]) {
+            /* Stopped by its user while it waited for the others: they hear it as this node
+             * stopped, as during the run. */
+            mgpu_sup_report_failure(s, -1, -1, 128 + s->user_signal);
+            mgpu_sup_attempt_done(s, s->root >= 0, NULL);
+        } else if (w->rc < 0) {
             mgpu_error("%s", w->err.msg);
             s->res->rdzv_error = 1;
             mgpu_sup_attempt_done(s, 1, NULL);

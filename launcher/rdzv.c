@@ -604,7 +604,16 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
     return rc;
 }
 
-static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
+/* Every node's end of the attempt comes to the store: each node sets its own, and the store
+ * sets a lost node's itself (rdzv_beat.c). So the wait has no deadline while no failure is
+ * recorded: a node whose workers still run keeps its lease, and one whose workers finished
+ * first waits as long as the others' run, however long that is. Once a failure is recorded
+ * every node stops its workers within its grace period: the others get after_failure seconds
+ * from then. The wait goes in slices, so that mgpu_rdzv_cancel (a signal to this launcher) is
+ * heard within one. */
+#define END_SLICE_S 1.0
+
+static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *failed,
                       mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
     char key[64], **keys;
@@ -612,6 +621,7 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
     int rc, ready = 0;
     void *val = NULL;
     size_t len = 0;
+    double failed_at = -1.0;
 
     *failed = 0;
     /* Release this node's watcher, unless a failure set its key first. */
@@ -626,7 +636,28 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
     for (int i = 0; i < r->nnodes; i++)
         if (asprintf(&keys[i], "attempt/%d/end/%d", attempt, i) < 0)
             keys[i] = NULL;
-    rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, timeout, err);
+    snprintf(key, sizeof key, "attempt/%d/failure", attempt);
+    for (;;) {
+        rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, END_SLICE_S,
+                             err);
+        if (rc != MGPU_E_TIMEOUT)
+            break;
+        if (r->cancel) {
+            rc = mgpu_err_set(err, MGPU_E_CLOSED,
+                              "stopped while it waited for the other nodes to finish attempt %d",
+                              attempt);
+            break;
+        }
+        if ((rc = mgpu_store_check(r->client, fk, 1, &ready, err)) < 0)
+            break;
+        const double now = mgpu_clock_mono();
+        if (ready && failed_at < 0)
+            failed_at = now;
+        if (ready && now - failed_at >= after_failure) {
+            rc = MGPU_E_TIMEOUT;
+            break;
+        }
+    }
     if (rc == MGPU_E_TIMEOUT) {
         char miss[1024] = "";
         size_t n = 0;
@@ -636,19 +667,30 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
                 n += (size_t)snprintf(miss + n, sizeof miss - n, "%s%d", n ? ", " : "", i);
         }
         rc = mgpu_err_set(err, MGPU_E_PEER,
-                          "node(s) %s did not finish attempt %d within %g s (their launcher died "
-                          "or lost the store at %s)",
-                          miss, attempt, timeout, r->where);
+                          "node(s) %s did not finish attempt %d within %g s of its failure "
+                          "(their launcher is stuck?)",
+                          miss, attempt, after_failure);
+    } else if (rc < 0 && (r->lost || !r->cancel || rc != MGPU_E_CLOSED)) {
+        char why[sizeof err->msg - 200];
+        snprintf(why, sizeof why, "%s", err->msg);
+        if (r->lost) /* the heartbeat said so first, and why */
+            rc = mgpu_err_set(err, MGPU_E_PEER,
+                              "while it waited for the other nodes to finish attempt %d, %s",
+                              attempt, r->lost_why);
+        else
+            rc = mgpu_err_set(err, MGPU_E_PEER,
+                              "while it waited for the other nodes to finish attempt %d, this "
+                              "node lost the store at %s: %s",
+                              attempt, r->where, why);
     }
     for (int i = 0; i < r->nnodes; i++)
         free(keys[i]);
     free(keys);
     if (rc < 0)
         return rc;
-    snprintf(key, sizeof key, "attempt/%d/failure", attempt);
     if ((rc = mgpu_store_check(r->client, fk, 1, &ready, err)) < 0 || !ready)
         return rc;
-    if ((rc = mgpu_store_get(r->client, key, timeout, &val, &len, err)) < 0)
+    if ((rc = mgpu_store_get(r->client, key, after_failure, &val, &len, err)) < 0)
         return rc;
     *failed = 1;
     rc = mgpu_rdzv_failure_parse(val, len, f);
@@ -669,7 +711,7 @@ int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failur
     return rc;
 }
 
-int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
+int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double after_failure, int *failed,
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
     if (r->lost)
@@ -677,7 +719,7 @@ int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *fail
     if (r->local)
         return local_refused(r, "ending an attempt", err);
     pthread_mutex_lock(&r->lock);
-    int rc = end_locked(r, attempt, timeout, failed, f, err);
+    int rc = end_locked(r, attempt, after_failure, failed, f, err);
     pthread_mutex_unlock(&r->lock);
     if (rc == 0)
         mgpu_rdzv_beat_lease(r, -1, NULL); /* over: silence or an exit is no loss now */

@@ -115,10 +115,12 @@ int mgpu_rdzv_report_failure(mgpu_rdzv_t *r, int attempt, const mgpu_rdzv_failur
  * this node ends the attempt (mgpu_rdzv_end_attempt, from another thread: returns
  * MGPU_E_CLOSED). Uses a connection of its own. */
 int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, mgpu_err_t *err);
-/* The end of attempt n on this node: waits (up to timeout) until every node has ended it, then
- * says whether any failed (*failed, *f = the first failure). All nodes then restart together or
- * all finish. */
-int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double timeout, int *failed,
+/* The end of attempt n on this node: waits until every node has ended it, then says whether
+ * any failed (*failed, *f = the first failure). All nodes then restart together or all finish.
+ * No deadline while the others run (they hold their leases; the store ends a lost node's
+ * attempt); after_failure seconds once a failure is recorded. MGPU_E_CLOSED after
+ * mgpu_rdzv_cancel; MGPU_E_PEER, naming the store, when this node lost it. */
+int mgpu_rdzv_end_attempt(mgpu_rdzv_t *r, int attempt, double after_failure, int *failed,
                           mgpu_rdzv_failure_t *f, mgpu_err_t *err);
 /* The startup timeline a libmgpu worker of global rank `rank` published in attempt n (key
  * "<run_id>/<attempt>/timeline/<rank>", text "event=seconds;event=seconds..."), into buf.

@@ -262,6 +262,15 @@ static void on_signal(uv_signal_t *h, int sig)
         mgpu_rdzv_cancel(s->rdzv);
         return;
     }
+    if (s->ending && !s->user_signal) {
+        /* This node's workers are over and it waits for the other nodes' to end (no deadline
+         * while they run): it stops waiting, and they hear it as this node stopped. */
+        mgpu_warn("received SIG%s while waiting for the other nodes to finish: leaving the job",
+                  sigabbrev_np(sig));
+        s->user_signal = sig;
+        mgpu_rdzv_cancel(s->rdzv);
+        return;
+    }
     if (s->user_signal && sig == SIGINT) {
         mgpu_warn("second SIGINT: killing the workers now");
         kill_everything(s);

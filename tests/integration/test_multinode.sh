@@ -712,3 +712,59 @@ t_mn_sigterm_node0_stops_node1() {
     expect_grep sig.1 '^TERM'
     expect_grep err.1 'node 0'
 }
+
+# ------------------------------------------------------------ one node done before the others
+
+t_mn_node_done_first_waits_as_long_as_the_others_run() {
+    # node 1's workers succeed at once; node 0's run 33 s more (a final checkpoint, an
+    # evaluation): node 1 waits for them, well past its grace period + 30 s, and both exit 0
+    skip_under_sanitizers "33 s of waiting, no more code than the tests beside it"
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 --grace_period=1 "$TW" sleep 33
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 --grace_period=1 "$TW" touch done.%r
+    wait_node 1 60; wait_node 0 15
+    expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses of nodes 0/1 ($(dump_nodes err.0 err.1 2>&1))"
+    [ -f done.1 ] || fail "node 1's worker did not run"
+}
+
+t_mn_node_done_first_leaves_on_sigterm() {
+    # SIGTERM to the launcher of a node whose workers are over, while it waits for the others:
+    # it leaves at once (143), and the others hear it as that node stopped, as during the run
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 --grace_period=1 "$TW" trap sig.%r TERM touch r.%r pause
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 --grace_period=1 "$TW" touch done.%r
+    wait_until 30 all_exist r.0 done.1 || { dump_nodes err.0 err.1; fail "workers did not start"; }
+    sleep 0.5 # node 1's worker exits and its launcher waits for node 0's
+    local t0; t0=$(now_ms)
+    kill -TERM "${MN_PID[1]}"
+    wait_node 1 10
+    local ms=$(($(now_ms) - t0))
+    wait_node 0 15
+    expect_eq "${MN_RC[1]}" 143 "node 1's exit status (SIGTERM) ($(dump_nodes err.1 2>&1))"
+    [ "$ms" -lt 3000 ] || fail "node 1 left ${ms} ms after its SIGTERM"
+    expect_grep err.1 'received SIGTERM while waiting for the other nodes to finish'
+    [ "${MN_RC[0]}" -ne 0 ] || fail "node 0 exited 0"
+    expect_grep sig.0 '^TERM'
+    expect_grep err.0 'node 1.*stopped by signal 15'
+}
+
+t_mn_node_done_first_hears_node0_die() {
+    # node 0's launcher (the store's) is killed while node 1, its workers over, waits for it:
+    # node 1 says so at once and fails, not after its grace period + 30 s
+    local port; port=$(free_port)
+    local a; a=$(static_args 2 "$port" 127.0.0.1)
+    start_node 0 - $a --node_rank=0 --nproc_per_node=1 --grace_period=1 "$TW" touch r.%r pause
+    start_node 1 - $a --node_rank=1 --nproc_per_node=1 --grace_period=1 "$TW" touch done.%r
+    wait_until 30 all_exist r.0 done.1 || { dump_nodes err.0 err.1; fail "workers did not start"; }
+    sleep 0.5
+    local t0; t0=$(now_ms)
+    kill -KILL "${MN_PID[0]}"
+    wait_node 1 20
+    local ms=$(($(now_ms) - t0))
+    expect_eq "${MN_RC[1]}" 1 "node 1's exit status ($(dump_nodes err.1 2>&1))"
+    [ "$ms" -lt 5000 ] || fail "node 1 heard of node 0's death ${ms} ms after it"
+    expect_grep err.1 "while it waited for the other nodes to finish attempt 0, this node lost the store at 127\.0\.0\.1:$port"
+    echo "node 1 left ${ms} ms after node 0's launcher was killed"
+}
