@@ -220,6 +220,14 @@ static void with_lstrip(cJSON *root)
     cJSON_AddBoolToObject(eot, "lstrip", 1);
 }
 
+/* The added token's id moved to id. */
+static int eot_id;
+static void with_eot_id(cJSON *root)
+{
+    cJSON *eot = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "added_tokens"), 0);
+    cJSON_ReplaceItemInObject(eot, "id", cJSON_CreateNumber(eot_id));
+}
+
 static void test_refused_tokenizers(void)
 {
     mgpu_bpe_t *t = NULL;
@@ -236,6 +244,20 @@ static void test_refused_tokenizers(void)
     /* RoBERTa's <mask> takes the spaces before it: not what a literal match gives */
     CHECK_INT(mgpu_bpe_load(write_tokenizer("l.json", with_lstrip), &t, &err), MGPU_E_CONFIG);
     CHECK_CONTAINS(err.msg, "l.json: added_tokens[0] ('<|endoftext|>') has lstrip = true");
+    /* an id far past the 265 tokens (a digit too many): refused, not gigabytes of table */
+    eot_id = 400000000;
+    CHECK_INT(mgpu_bpe_load(write_tokenizer("far.json", with_eot_id), &t, &err), MGPU_E_CONFIG);
+    CHECK_CONTAINS(err.msg, "far.json: ids run to 400000000 for 265 tokens");
+    CHECK(t == NULL);
+    /* a gap is fine: the added token at 60000, ids 265..59999 without a token */
+    eot_id = 60000;
+    CHECK_INT(mgpu_bpe_load(write_tokenizer("gap.json", with_eot_id), &t, &err), 0);
+    if (t != NULL) {
+        CHECK_INT(mgpu_bpe_vocab_size(t), 60001);
+        CHECK(mgpu_bpe_has_id(t, 60000) && !mgpu_bpe_has_id(t, 59999));
+        mgpu_bpe_free(t);
+        t = NULL;
+    }
     char path[600];
     snprintf(path, sizeof path, "%s/j.json", tmpdir);
     FILE *f = fopen(path, "w");

@@ -340,8 +340,20 @@ int mgpu_bpe_load(const char *path, mgpu_bpe_t **out, mgpu_err_t *err)
                           max_id < 0 ? "no" : "too large");
         goto out;
     }
+    /* Ids index a table: a few gaps are fine (added tokens past the vocabulary), but ids far
+     * past the number of tokens are a damaged file, not gigabytes to allocate. */
+    const size_t entries = (size_t)cJSON_GetArraySize(vocab) + (size_t)cJSON_GetArraySize(added);
+    if ((size_t)max_id >= 2 * entries + 65536) {
+        rc = mgpu_err_set(err, MGPU_E_CONFIG,
+                          "%s: ids run to %d for %zu tokens (model.vocab and added_tokens): "
+                          "ids are expected to number the tokens from 0, with few gaps (a "
+                          "damaged file?)",
+                          path, max_id, entries);
+        goto out;
+    }
     t->n_ids = max_id + 1;
-    for (t->tab_cap = 16; t->tab_cap < 2 * (size_t)t->n_ids; t->tab_cap *= 2)
+    /* One slot an id that has a token, at most half full. */
+    for (t->tab_cap = 16; t->tab_cap < 2 * entries; t->tab_cap *= 2)
         ;
     t->tok = calloc((size_t)t->n_ids, sizeof *t->tok);
     t->tab = malloc(sizeof *t->tab * t->tab_cap);
