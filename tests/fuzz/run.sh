@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# tests/fuzz/run.sh [SECONDS] - builds the store frame fuzzer with clang's libFuzzer (ASan and
-# UBSan on) and runs it for SECONDS (default 20) from a small seed corpus of valid frames.
-# Exits non-zero when the build fails or the fuzzer finds a crash (the crashing input is left
-# in $MGPU_BUILD/fuzz/ as crash-*).
+# tests/fuzz/run.sh [SECONDS] - builds the fuzzers with clang's libFuzzer (ASan and UBSan on)
+# and runs each for SECONDS (default 20) from a small seed corpus of valid inputs:
+#   fuzz_store_frame  the store's frame decoder (bytes from any peer that reaches the port)
+#   fuzz_formats      the readers of the files users hand mgpu-worker: model.safetensors,
+#                     tokenizer.json, llm.c token shards
+# Exits non-zero when a build fails or a fuzzer finds a crash or a leak (the input is left in
+# $MGPU_BUILD/fuzz/ as crash-* or leak-*).
 set -euo pipefail
 secs=${1:-20}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${MGPU_BUILD:-$root/build}/fuzz
 cc=${CLANG:-$(command -v clang || command -v clang-14 || true)}
 [ -n "$cc" ] || { echo "fuzz: clang not found (apt-get install clang)" >&2; exit 2; }
-mkdir -p "$out/corpus"
+mkdir -p "$out/corpus" "$out/corpus-formats"
+flags=(-g -O1 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 
-"$cc" -g -O1 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root/common" "$root/tests/fuzz/fuzz_store_frame.c" "$root/common/store_proto.c" \
+"$cc" "${flags[@]}" -I"$root/common" "$root/tests/fuzz/fuzz_store_frame.c" "$root/common/store_proto.c" \
     "$root/common/sha256.c" "$root/common/names.c" "$root/common/error.c" -o "$out/fuzz_store_frame"
 
 # Seeds: byte 0 = mode (bit 0: response side, bit 1: small limits), byte 1 = chunking seed,
@@ -36,7 +39,66 @@ seed respcas '\x01\x17MG\x85\x00\x05\x00\x00\x00\x06\x00\x00\x00\x01\x01\x00\x00
 seed onclose '\x00\x19MG\x0b\x00\x0b\x00\x00\x00\x0e\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
 seed onidle  '\x00\x03MG\x0d\x00\x05\x00\x00\x00\x12\x00\x00\x00\x10\x27\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
 
+t=$root/worker/trainer
+"$cc" "${flags[@]}" -I"$root/common" -I"$t" -I"$root/worker/runtime" \
+    "$root/tests/fuzz/fuzz_formats.c" "$t/safetensors.c" "$t/bpe.c" "$t/ucd.c" "$t/shards.c" \
+    "$t/data.c" "$t/rng.c" "$root/worker/runtime/dtype.c" "$root/common/atomic_file.c" \
+    "$root/common/error.c" "$root/common/path.c" "$root/common/fdio.c" -lcjson -lm \
+    -o "$out/fuzz_formats"
+
+# Seeds of the formats: byte 0 picks the reader (0 safetensors, 1 tokenizer.json, 2 shard),
+# the file follows. A safetensors file of three tensors (F32, BF16, F16) with metadata; a
+# byte-level BPE of the 256 bytes, three merges and an added token; an llm.c shard of each
+# version, and raw uint16 ids.
+"${PYTHON:-python3}" - "$out/corpus-formats" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+def seed(name, sel, body):
+    p = os.path.join(d, name)
+    if not os.path.exists(p):
+        with open(p, "wb") as f:
+            f.write(bytes([sel]) + body)
+tensors, data = {}, b""
+for name, dt, shape, size in (("w", "F32", [2, 3], 4), ("b", "BF16", [3], 2), ("h", "F16", [], 2)):
+    n = 1
+    for x in shape:
+        n *= x
+    blob = bytes((7 * i + 1) % 251 for i in range(n * size))
+    tensors[name] = {"dtype": dt, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+    data += blob
+tensors["__metadata__"] = {"format": "pt"}
+head = json.dumps(tensors).encode()
+head += b" " * (-len(head) % 8)
+seed("safetensors", 0, struct.pack("<Q", len(head)) + head + data)
+def byte_char(b):
+    n, c = 0, -1
+    for x in range(b + 1):
+        printable = 33 <= x <= 126 or 0xa1 <= x <= 0xac or x >= 0xae
+        if printable:
+            c = x
+        else:
+            c, n = 256 + n, n + 1
+    return chr(c)
+vocab = {byte_char(b): b for b in range(256)}
+merges = [("\u0120", "t"), ("h", "e"), ("\u0120t", "he")]
+for r, (a, b) in enumerate(merges):
+    vocab[a + b] = 256 + r
+tok = {"version": "1.0",
+       "added_tokens": [{"id": 259, "content": "<|endoftext|>", "special": True}],
+       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+       "decoder": {"type": "ByteLevel"},
+       "model": {"type": "BPE", "vocab": vocab, "merges": [a + " " + b for a, b in merges]}}
+seed("tokenizer", 1, json.dumps(tok, ensure_ascii=False).encode())
+ids = [(37 * i + 11) % 50257 for i in range(100)]
+seed("shard-u16", 2, struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)) + struct.pack("<%dH" % len(ids), *ids))
+seed("shard-u32", 2, struct.pack("<256i", 20240801, 7, len(ids), *([0] * 253)) + struct.pack("<%dI" % len(ids), *ids))
+seed("raw-u16", 2, struct.pack("<%dH" % len(ids), *ids))
+PY
+
 cd "$out"
 echo "fuzz: running fuzz_store_frame for ${secs}s"
 ./fuzz_store_frame -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 corpus
+echo "fuzz: running fuzz_formats for ${secs}s"
+./fuzz_formats -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 corpus-formats
