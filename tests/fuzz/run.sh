@@ -3,7 +3,8 @@
 # and runs each for SECONDS (default 20) from a small seed corpus of valid inputs:
 #   fuzz_store_frame  the store's frame decoder (bytes from any peer that reaches the port)
 #   fuzz_formats      the readers of the files users hand mgpu-worker: model.safetensors,
-#                     tokenizer.json, llm.c token shards
+#                     tokenizer.json, llm.c token shards, .npy arrays, train.cfg, a GPT's
+#                     weights (safetensors or llm.c's checkpoint)
 # Exits non-zero when a build fails or a fuzzer finds a crash or a leak (the input is left in
 # $MGPU_BUILD/fuzz/ as crash-* or leak-*).
 set -euo pipefail
@@ -40,11 +41,11 @@ seed onclose '\x00\x19MG\x0b\x00\x0b\x00\x00\x00\x0e\x00\x00\x00\x02\x00\x00\x00
 seed onidle  '\x00\x03MG\x0d\x00\x05\x00\x00\x00\x12\x00\x00\x00\x10\x27\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
 
 t=$root/worker/trainer
-"$cc" "${flags[@]}" -I"$root/common" -I"$t" -I"$root/worker/runtime" \
+"$cc" "${flags[@]}" -I"$root/common" -I"$t" -I"$root/worker/runtime" -I"$root/kernels" \
     "$root/tests/fuzz/fuzz_formats.c" "$t/safetensors.c" "$t/bpe.c" "$t/ucd.c" "$t/shards.c" \
-    "$t/data.c" "$t/rng.c" "$root/worker/runtime/dtype.c" "$root/common/atomic_file.c" \
-    "$root/common/error.c" "$root/common/path.c" "$root/common/fdio.c" -lcjson -lm \
-    -o "$out/fuzz_formats"
+    "$t/data.c" "$t/rng.c" "$t/cfg.c" "$t/cfg_keys.c" "$t/tokens.c" "$t/weights.c" \
+    "$root/worker/runtime/dtype.c" "$root/common/atomic_file.c" "$root/common/error.c" \
+    "$root/common/path.c" "$root/common/fdio.c" -lcjson -lm -o "$out/fuzz_formats"
 
 # Seeds of the formats: byte 0 picks the reader (0 safetensors, 1 tokenizer.json, 2 shard),
 # the file follows. A safetensors file of three tensors (F32, BF16, F16) with metadata; a
@@ -93,6 +94,56 @@ ids = [(37 * i + 11) % 50257 for i in range(100)]
 seed("shard-u16", 2, struct.pack("<256i", 20240520, 1, len(ids), *([0] * 253)) + struct.pack("<%dH" % len(ids), *ids))
 seed("shard-u32", 2, struct.pack("<256i", 20240801, 7, len(ids), *([0] * 253)) + struct.pack("<%dI" % len(ids), *ids))
 seed("raw-u16", 2, struct.pack("<%dH" % len(ids), *ids))
+def npy(descr, shape, body):
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    head += " " * (-(10 + len(head) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode() + body
+seed("npy-f4", 3, npy("<f4", "(2, 3)", struct.pack("<6f", *range(6))))
+seed("npy-f8", 3, npy("<f8", "(3,)", struct.pack("<3d", 1.5, -2, 1e300)))
+seed("npy-i8", 4, npy("<i8", "(4,)", struct.pack("<4q", 1, -2, 2**31 - 1, 7)))
+seed("npy-u1", 4, npy("|u1", "(2, 2)", bytes([1, 2, 3, 255])))
+seed("cfg", 5, b"""# a train.cfg
+model = gpt
+n_layer = 2
+n_embd = 32
+n_head = 2
+context = 16
+batch_size = 8
+lr = 3e-4
+optimizer = adamw
+data_tokens = tokens.bin
+max_steps = 20
+""")
+# the GPT of the weights target: 2 layers, 2 heads, width 8, context 8, 64 tokens
+L, C, T, V = 2, 8, 8, 64
+def vals(n, k):
+    return [((7 * i + k) % 19 - 9) / 16 for i in range(n)]
+shapes = [("wte.weight", [V, C]), ("wpe.weight", [T, C])]
+for i in range(L):
+    h = "h.%d." % i
+    shapes += [(h + "ln_1.weight", [C]), (h + "ln_1.bias", [C]),
+               (h + "attn.c_attn.weight", [C, 3 * C]), (h + "attn.c_attn.bias", [3 * C]),
+               (h + "attn.c_proj.weight", [C, C]), (h + "attn.c_proj.bias", [C]),
+               (h + "ln_2.weight", [C]), (h + "ln_2.bias", [C]),
+               (h + "mlp.c_fc.weight", [C, 4 * C]), (h + "mlp.c_fc.bias", [4 * C]),
+               (h + "mlp.c_proj.weight", [4 * C, C]), (h + "mlp.c_proj.bias", [C])]
+shapes += [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+tensors, data = {}, b""
+for k, (name, shape) in enumerate(shapes):
+    n = 1
+    for x in shape:
+        n *= x
+    blob = struct.pack("<%df" % n, *vals(n, k))
+    tensors["transformer." + name] = {"dtype": "F32", "shape": shape,
+                                      "data_offsets": [len(data), len(data) + len(blob)]}
+    data += blob
+head = json.dumps(tensors).encode()
+head += b" " * (-len(head) % 8)
+seed("weights-hf", 6, struct.pack("<Q", len(head)) + head + data)
+sizes = [V * C, T * C] + [L * x for x in (C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C,
+                                          4 * C, 4 * C * C, C)] + [C, C]
+params = b"".join(struct.pack("<%df" % n, *vals(n, k)) for k, n in enumerate(sizes))
+seed("weights-llmc", 6, struct.pack("<256i", 20240326, 3, T, V, L, 2, C, V, *([0] * 248)) + params)
 PY
 
 cd "$out"
