@@ -2,6 +2,8 @@
 # tests/fuzz/run.sh [SECONDS] - builds the fuzzers with clang's libFuzzer (ASan and UBSan on)
 # and runs each for SECONDS (default 20) from a small seed corpus of valid inputs:
 #   fuzz_store_frame  the store's frame decoder (bytes from any peer that reaches the port)
+#   fuzz_launch_args  what users type to mgpu-launch: its command line and PET_* variables, a
+#                     --hosts list or hostfile with --include/--exclude, CUDA_VISIBLE_DEVICES
 #   fuzz_formats      the readers of the files users hand mgpu-worker: model.safetensors,
 #                     tokenizer.json, llm.c token shards, .npy arrays, train.cfg, a GPT's
 #                     weights (safetensors or llm.c's checkpoint)
@@ -13,7 +15,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${MGPU_BUILD:-$root/build}/fuzz
 cc=${CLANG:-$(command -v clang || command -v clang-14 || true)}
 [ -n "$cc" ] || { echo "fuzz: clang not found (apt-get install clang)" >&2; exit 2; }
-mkdir -p "$out/corpus" "$out/corpus-formats"
+mkdir -p "$out/corpus" "$out/corpus-formats" "$out/corpus-launch"
 flags=(-g -O1 -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 
@@ -39,6 +41,25 @@ seed resp    '\x01\x15MG\x83\x00\x03\x00\x00\x00\x05\x00\x00\x00\x01\x00\x00\x00
 seed respcas '\x01\x17MG\x85\x00\x05\x00\x00\x00\x06\x00\x00\x00\x01\x01\x00\x00\x00vMG\x84\x00\x01\x00\x00\x00\x08\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00'
 seed onclose '\x00\x19MG\x0b\x00\x0b\x00\x00\x00\x0e\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
 seed onidle  '\x00\x03MG\x0d\x00\x05\x00\x00\x00\x12\x00\x00\x00\x10\x27\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00v'
+
+l=$root/launcher
+"$cc" "${flags[@]}" -I"$root/common" -I"$l" "$root/tests/fuzz/fuzz_launch_args.c" "$l/cli.c" \
+    "$l/hosts.c" "$l/signames.c" "$l/output.c" "$l/numa.c" "$root/common/devices.c" \
+    "$root/common/escape.c" "$root/common/text.c" "$root/common/fdio.c" "$root/common/error.c" \
+    "$root/common/log.c" "$root/common/clock.c" "$root/common/names.c" -luv \
+    -o "$out/fuzz_launch_args"
+# Seeds of the launcher's inputs: byte 0 picks the parser (0 command line, 1 --hosts list, 2
+# hostfile, 3 CUDA_VISIBLE_DEVICES), NULs split the strings.
+lseed() { [ -f "$out/corpus-launch/$1" ] || printf '%b' "$2" > "$out/corpus-launch/$1"; }
+lseed static '\x00--nproc_per_node=4\x00--nnodes=2\x00--node_rank=1\x00--master_addr=node0\x00--master_port=29500\x00train.cfg'
+lseed torchrun '\x00--standalone\x00--nproc-per-node\x00gpu\x00--max-restarts=3\x00-m\x00pkg.mod\x00--lr\x001e-3'
+lseed elastic '\x00--nnodes=1:4\x00--rdzv_backend=c10d\x00--rdzv_endpoint=[fd00::1]:29400\x00--rdzv_conf\x00join_timeout=60,last_call_timeout=5\x00--redirects=3\x00--tee\x001:2\x00--log_dir\x00/tmp/x\x00--signals_to_handle=SIGTERM,SIGUSR1\x00x.py'
+lseed pet '\x00PET_NPROC_PER_NODE=2\x00PET_NNODES=2\x00--hosts\x00a:2,b:2\x00--include\x00a:0@b\x00--export=FOO,BAR\x00prog\x00--flag'
+lseed output '\x00--local_ranks_filter=0,1\x00--numa_binding=node\x00--duplicate_stdout_filters=loss\x00--tty\x00--role\x00trainer\x00--grace_period=2.5\x00prog'
+lseed list '\x01h1:4,h2,h3:2\x00h1:0,1@h3'
+lseed file '\x02node1 slots=4\n# a comment\nnode2 slots=2 max_slots=4\n\nnode3\x00\x00node2:1'
+lseed cvd '\x03 0, 2,GPU-00000003-0000-0000-0000-000000000000,5'
+lseed cvd2 '\x031,1'
 
 t=$root/worker/trainer
 "$cc" "${flags[@]}" -I"$root/common" -I"$t" -I"$root/worker/runtime" -I"$root/kernels" \
@@ -150,6 +171,9 @@ cd "$out"
 echo "fuzz: running fuzz_store_frame for ${secs}s"
 ./fuzz_store_frame -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 corpus
+echo "fuzz: running fuzz_launch_args for ${secs}s"
+./fuzz_launch_args -max_total_time="$secs" -max_len=2048 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 corpus-launch
 echo "fuzz: running fuzz_formats for ${secs}s"
 ./fuzz_formats -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 corpus-formats
