@@ -613,6 +613,19 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
  * heard within one. */
 #define END_SLICE_S 1.0
 
+/* "0, 2" of the nodes whose key of keys (one a node) is missing now. */
+static void missing_of(mgpu_rdzv_t *r, char **keys, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < r->nnodes && n + 16 < len; i++) {
+        const char *k1[1] = {keys[i]};
+        int ready = 0;
+        if (mgpu_store_check(r->client, k1, 1, &ready, NULL) == 0 && !ready)
+            n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? ", " : "", i);
+    }
+}
+
 static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *failed,
                       mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
@@ -621,7 +634,8 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
     int rc, ready = 0;
     void *val = NULL;
     size_t len = 0;
-    double failed_at = -1.0;
+    double failed_at = -1.0, t0 = mgpu_clock_mono();
+    int said = 0;
 
     *failed = 0;
     /* Release this node's watcher, unless a failure set its key first. */
@@ -651,6 +665,15 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
         if ((rc = mgpu_store_check(r->client, fk, 1, &ready, err)) < 0)
             break;
         const double now = mgpu_clock_mono();
+        if (!ready && !said && now - t0 >= NOTICE_AFTER_S) {
+            /* as torchrun's "waiting for other agents to finish", once */
+            char miss[1024];
+            missing_of(r, keys, miss, sizeof miss);
+            mgpu_warn("attempt %d: this node's workers are done; waiting for node rank(s) %s "
+                      "to finish theirs",
+                      attempt, miss);
+            said = 1;
+        }
         if (ready && failed_at < 0)
             failed_at = now;
         if (ready && now - failed_at >= after_failure) {
@@ -659,13 +682,8 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
         }
     }
     if (rc == MGPU_E_TIMEOUT) {
-        char miss[1024] = "";
-        size_t n = 0;
-        for (int i = 0; i < r->nnodes; i++) {
-            const char *k1[1] = {keys[i]};
-            if (mgpu_store_check(r->client, k1, 1, &ready, NULL) == 0 && !ready)
-                n += (size_t)snprintf(miss + n, sizeof miss - n, "%s%d", n ? ", " : "", i);
-        }
+        char miss[1024];
+        missing_of(r, keys, miss, sizeof miss);
         rc = mgpu_err_set(err, MGPU_E_PEER,
                           "node(s) %s did not finish attempt %d within %g s of its failure "
                           "(their launcher is stuck?)",

@@ -717,7 +717,8 @@ t_mn_sigterm_node0_stops_node1() {
 
 t_mn_node_done_first_waits_as_long_as_the_others_run() {
     # node 1's workers succeed at once; node 0's run 33 s more (a final checkpoint, an
-    # evaluation): node 1 waits for them, well past its grace period + 30 s, and both exit 0
+    # evaluation): node 1 waits for them, well past its grace period + 30 s, saying so once,
+    # and both exit 0
     skip_under_sanitizers "33 s of waiting, no more code than the tests beside it"
     local port; port=$(free_port)
     local a; a=$(static_args 2 "$port" 127.0.0.1)
@@ -726,6 +727,9 @@ t_mn_node_done_first_waits_as_long_as_the_others_run() {
     wait_node 1 60; wait_node 0 15
     expect_eq "${MN_RC[0]}/${MN_RC[1]}" 0/0 "exit statuses of nodes 0/1 ($(dump_nodes err.0 err.1 2>&1))"
     [ -f done.1 ] || fail "node 1's worker did not run"
+    # says why it is still there, once, after 10 s
+    expect_grep err.1 "attempt 0: this node's workers are done; waiting for node rank\(s\) 0 to finish theirs"
+    expect_eq "$(grep -c 'waiting for node rank' err.1)" 1 "times node 1 says it waits"
 }
 
 t_mn_node_done_first_leaves_on_sigterm() {
