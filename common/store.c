@@ -278,7 +278,13 @@ static int handshake(mgpu_store_t *s, double deadline, mgpu_err_t *err)
     start = mgpu_store_buf_frame_begin(&b, MGPU_STORE_OP_HELLO, 0, id);
     mgpu_store_buf_u8(&b, MGPU_STORE_PROTO_VERSION);
     mgpu_store_buf_bytes(&b, cnonce, sizeof cnonce);
-    if ((rc = exchange(s, &b, start, id, deadline, &m, err)) < 0)
+    if ((rc = exchange(s, &b, start, id, deadline, &m, err)) == MGPU_E_TIMEOUT)
+        /* A store answers HELLO at once, even when busy: this is something else. */
+        return mgpu_err_set(err, rc,
+                            "store %s:%d: the connection was accepted but HELLO got no answer "
+                            "(a program that is not an mgpu store listening there?)",
+                            s->host, s->port);
+    if (rc < 0)
         return rc;
     if (m.u8 != MGPU_STORE_PROTO_VERSION)
         return mgpu_err_set(err, MGPU_E_PROTOCOL, "store %s:%d speaks protocol version %u, not %d",

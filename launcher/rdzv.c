@@ -424,8 +424,8 @@ int mgpu_rdzv_join(const mgpu_rdzv_opts_t *o, mgpu_rdzv_t **out, mgpu_rdzv_world
     if (rc < 0 && o->join_timeout > t1 && (double)(mgpu_clock_mono_ns() - t0) >= 0.9e9 * t1) {
         mgpu_warn("rendezvous '%s': no store at %s yet (node 0 serves it: is it started, and are "
                   "--master_addr and --master_port, or --rdzv_endpoint, its?); waiting up to %g s "
-                  "more",
-                  o->run_id, r->where, o->join_timeout - t1);
+                  "more (last attempt: %s)",
+                  o->run_id, r->where, o->join_timeout - t1, err->msg);
         rc = mgpu_store_connect(o->store_host, port, token, o->join_timeout - t1, &r->client, err);
     }
     if (rc < 0) {

@@ -938,6 +938,25 @@ static void t_connect_retries_until_server_is_up(void)
     CHECK_CONTAINS(err.msg, "Connection refused");
 }
 
+/* Something that is not a store on the port (it accepts, and never answers): the client says
+ * so rather than that nobody is there. */
+static void t_connect_to_a_silent_listener_says_so(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof a;
+    mgpu_store_t *c = NULL;
+    mgpu_err_t err = {0};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 8) == 0 &&
+          getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    CHECK_INT(mgpu_store_connect("127.0.0.1", ntohs(a.sin_port), NULL, 0.5, &c, &err),
+              MGPU_E_TIMEOUT);
+    CHECK_CONTAINS(err.msg, "the connection was accepted but HELLO got no answer");
+    CHECK_CONTAINS(err.msg, "not an mgpu store");
+    close(fd);
+}
+
 /* Brings this network namespace's loopback up; 0 or -1. */
 static int loopback_up(void)
 {
@@ -1279,6 +1298,7 @@ int main(void)
     RUN(t_max_conns);
     RUN(t_connect_retries_until_server_is_up);
     RUN(t_connect_waits_past_a_connection_to_itself);
+    RUN(t_connect_to_a_silent_listener_says_so);
     RUN(t_reconnect_after_server_restart);
     RUN(t_bind_error_names_the_call);
     RUN(t_fd_limit_follows_max_conns);
