@@ -29,19 +29,19 @@ static void random_hex(char *buf, size_t len)
         snprintf(buf + 2 * i, 3, "%02x", b[i]);
 }
 
-/* "1, 3 and 4" of the nodes whose key is missing now. */
-static void missing_nodes(mgpu_rdzv_t *r, int from, int to, char *buf, size_t len)
+/* "1, 3, 4": the nodes i whose key PREFIXi is missing now ("node/": not joined; an attempt's
+ * "attempt/N/end/": not ended). */
+static void missing_nodes(mgpu_rdzv_t *r, const char *prefix, char *buf, size_t len)
 {
     size_t n = 0;
-    int count = 0;
     buf[0] = '\0';
-    for (int i = from; i < to && n + 16 < len; i++) {
-        char key[64];
+    for (int i = 0; i < r->nnodes && n + 16 < len; i++) {
+        char key[96];
         const char *keys[1] = {key};
         int ready = 0;
-        snprintf(key, sizeof key, "node/%d", i);
+        snprintf(key, sizeof key, "%s%d", prefix, i);
         if (mgpu_store_check(r->client, keys, 1, &ready, NULL) == 0 && !ready)
-            n += (size_t)snprintf(buf + n, len - n, "%s%d", count++ ? ", " : "", i);
+            n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? ", " : "", i);
     }
 }
 
@@ -145,7 +145,7 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     rc = mgpu_store_wait(r->client, (const char *const *)keys, (size_t)r->nnodes, t1, err);
     if (rc == MGPU_E_TIMEOUT && o->join_timeout > t1) {
         char miss[1024];
-        missing_nodes(r, 0, r->nnodes, miss, sizeof miss);
+        missing_nodes(r, "node/", miss, sizeof miss);
         mgpu_warn("rendezvous '%s' at %s: waiting for node rank(s) %s of %d to join (up to %g s "
                   "more)",
                   o->run_id, r->where, miss, r->nnodes, o->join_timeout - t1);
@@ -157,7 +157,7 @@ static int join_static(mgpu_rdzv_t *r, const mgpu_rdzv_opts_t *o, const char *me
     free(keys);
     if (rc == MGPU_E_TIMEOUT) {
         char miss[1024];
-        missing_nodes(r, 0, r->nnodes, miss, sizeof miss);
+        missing_nodes(r, "node/", miss, sizeof miss);
         snprintf(verdict, sizeof verdict,
                  "node rank(s) %s of %d did not join within %g s (start mgpu-launch on every node "
                  "with the same --nnodes, --master_addr and --master_port)",
@@ -613,23 +613,10 @@ int mgpu_rdzv_wait_failure(mgpu_rdzv_t *r, int attempt, mgpu_rdzv_failure_t *f, 
  * heard within one. */
 #define END_SLICE_S 1.0
 
-/* "0, 2" of the nodes whose key of keys (one a node) is missing now. */
-static void missing_of(mgpu_rdzv_t *r, char **keys, char *buf, size_t len)
-{
-    size_t n = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < r->nnodes && n + 16 < len; i++) {
-        const char *k1[1] = {keys[i]};
-        int ready = 0;
-        if (mgpu_store_check(r->client, k1, 1, &ready, NULL) == 0 && !ready)
-            n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? ", " : "", i);
-    }
-}
-
 static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *failed,
                       mgpu_rdzv_failure_t *f, mgpu_err_t *err)
 {
-    char key[64], **keys;
+    char key[64], ends[48], **keys;
     const char *fk[1] = {key};
     int rc, ready = 0;
     void *val = NULL;
@@ -647,8 +634,9 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
     keys = calloc((size_t)r->nnodes, sizeof *keys);
     if (keys == NULL)
         return mgpu_err_set(err, -ENOMEM, "out of memory");
+    snprintf(ends, sizeof ends, "attempt/%d/end/", attempt);
     for (int i = 0; i < r->nnodes; i++)
-        if (asprintf(&keys[i], "attempt/%d/end/%d", attempt, i) < 0)
+        if (asprintf(&keys[i], "%s%d", ends, i) < 0)
             keys[i] = NULL;
     snprintf(key, sizeof key, "attempt/%d/failure", attempt);
     for (;;) {
@@ -668,7 +656,7 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
         if (!ready && !said && now - t0 >= NOTICE_AFTER_S) {
             /* as torchrun's "waiting for other agents to finish", once */
             char miss[1024];
-            missing_of(r, keys, miss, sizeof miss);
+            missing_nodes(r, ends, miss, sizeof miss);
             mgpu_warn("attempt %d: this node's workers are done; waiting for node rank(s) %s "
                       "to finish theirs",
                       attempt, miss);
@@ -683,7 +671,7 @@ static int end_locked(mgpu_rdzv_t *r, int attempt, double after_failure, int *fa
     }
     if (rc == MGPU_E_TIMEOUT) {
         char miss[1024];
-        missing_of(r, keys, miss, sizeof miss);
+        missing_nodes(r, ends, miss, sizeof miss);
         rc = mgpu_err_set(err, MGPU_E_PEER,
                           "node(s) %s did not finish attempt %d within %g s of its failure "
                           "(their launcher is stuck?)",
