@@ -309,6 +309,15 @@ static int handshake(mgpu_store_t *s, double deadline, mgpu_err_t *err)
     return 0;
 }
 
+/* 1, with err set, once mgpu_store_interrupt gave the connection up (from another thread). */
+static int given_up(mgpu_store_t *s, mgpu_err_t *err)
+{
+    if (!__atomic_load_n(&s->interrupted, __ATOMIC_ACQUIRE))
+        return 0;
+    mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection was given up", s->host, s->port);
+    return 1;
+}
+
 /* Connects and authenticates, retrying with backoff until the deadline while the server
  * cannot be reached (it may not be up yet) or is busy (all its slots taken, or a flood of
  * connections that never authenticate pushed ours out). A refusal of the token or of the
@@ -318,10 +327,8 @@ static int reconnect(mgpu_store_t *s, double deadline, mgpu_err_t *err)
     double backoff = BACKOFF_FIRST_S;
     int attempts = 0;
     for (;;) {
-        /* Given up (mgpu_store_interrupt, from another thread): no more attempts. */
-        if (__atomic_load_n(&s->interrupted, __ATOMIC_ACQUIRE))
-            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection was given up",
-                                s->host, s->port);
+        if (given_up(s, err))
+            return MGPU_E_CLOSED; /* no more attempts */
         int rc = connect_once(s, deadline, err);
         attempts++;
         if (rc >= 0) {
@@ -499,9 +506,8 @@ static int roundtrip(mgpu_store_t *s, size_t start, double wait_s, int idempoten
                             mgpu_store_op_name(op));
     for (int attempt = 0;; attempt++) {
         int sent = 0;
-        if (__atomic_load_n(&s->interrupted, __ATOMIC_ACQUIRE))
-            return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection was given up",
-                                s->host, s->port);
+        if (given_up(s, err))
+            return MGPU_E_CLOSED;
         if (s->fd < 0 && s->no_reconnect)
             return mgpu_err_set(err, MGPU_E_CLOSED, "store %s:%d: the connection is lost", s->host,
                                 s->port);
