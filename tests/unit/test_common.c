@@ -2,7 +2,6 @@
 #include <errno.h>        /* EPIPE */
 #include <fcntl.h>        /* open */
 #include <netinet/in.h>   /* sockaddr_in */
-#include <sched.h>        /* unshare */
 #include <signal.h>       /* signal */
 #include <sys/resource.h> /* getrlimit */
 #include <sys/stat.h>     /* stat */
@@ -17,6 +16,7 @@
 #include "fs.h"
 #include "log.h"
 #include "names.h"
+#include "netns.h"
 #include "path.h"
 #include "shm_head.h"
 #include "sock.h"
@@ -236,16 +236,6 @@ static void test_sock_loopback(void)
     CHECK_STR(mgpu_sock_hostport(hp, sizeof hp, "fd00::1", 29400), "[fd00::1]:29400");
 }
 
-/* Sets this network namespace's ephemeral range; 0 or -1. */
-static int set_ephemeral_range(int lo, int hi)
-{
-    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "w");
-    if (f == NULL)
-        return -1;
-    fprintf(f, "%d %d\n", lo, hi);
-    return fclose(f) == 0 ? 0 : -1;
-}
-
 /* n picks of mgpu_sock_free_port: each within [lo, hi) and outside [skip_lo, skip_hi), and
  * not all the same. */
 static void check_free_ports(int n, int lo, int hi, int skip_lo, int skip_hi)
@@ -270,10 +260,10 @@ static void check_free_ports(int n, int lo, int hi, int skip_lo, int skip_hi)
  * room below it, the kernel picks. Each range is set in a network namespace of its own (root). */
 static void test_sock_free_port_below_the_ephemeral_range(void)
 {
-    if (unshare(CLONE_NEWNET) != 0 || set_ephemeral_range(40000, 60999) != 0)
+    if (netns_enter(40000, 60999) != 0)
         SKIP("no network namespace of its own with its own ephemeral range here");
     check_free_ports(200, 20000, 40000, 29400, 29600);
-    CHECK_INT(set_ephemeral_range(20500, 60999), 0);
+    CHECK_INT(netns_ephemeral(20500, 60999), 0);
     check_free_ports(50, 20500, 61000, 0, 0);
 }
 

@@ -5,13 +5,10 @@
  * goes to a file so tests can check the server's log lines, and on SIGTERM the child closes the
  * server and exits 0 only if the loop then closes with no handle left. */
 #include <errno.h>        /* EINVAL */
-#include <net/if.h>       /* ifreq, IFF_UP */
 #include <netinet/in.h>   /* sockaddr_in */
-#include <sched.h>        /* unshare, CLONE_NEWNET */
 #include <signal.h>       /* kill */
 #include <stdint.h>       /* uint8_t */
 #include <stdlib.h>       /* setenv */
-#include <sys/ioctl.h>    /* SIOCGIFFLAGS */
 #include <sys/resource.h> /* setrlimit */
 #include <sys/socket.h>   /* socket */
 #include <time.h>         /* clock_gettime */
@@ -19,6 +16,7 @@
 #include "check.h"
 #include "clock.h"
 #include "log.h"
+#include "netns.h"
 #include "store.h"
 #include "store_proto.h"
 #include "store_server.h"
@@ -906,23 +904,32 @@ static int free_port(void)
     return port;
 }
 
+/* A server of options o that starts after delay seconds, in a child; its log file is made
+ * from the template log. The child's pid. */
+static pid_t late_server(const mgpu_store_server_opts_t *o, double delay, char *log)
+{
+    close(mkstemp(log));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int p[2];
+        if (pipe(p) < 0)
+            _exit(1);
+        sleep_s(delay);
+        srv_child(o, p[1], log);
+    }
+    return pid;
+}
+
 static void t_connect_retries_until_server_is_up(void)
 {
     mgpu_store_server_opts_t o = {.port = free_port()};
     mgpu_store_t *c = NULL;
     mgpu_err_t err = {0};
     char log[] = "/tmp/mgpu-store-test-XXXXXX"; /* the server's, removed here after it ends */
-    close(mkstemp(log));
-    pid_t pid = fork();
     double t0 = mgpu_clock_mono();
+    pid_t pid = late_server(&o, 0.4, log);
 
-    if (pid == 0) { /* becomes the server, late */
-        int p[2];
-        if (pipe(p) < 0)
-            _exit(1);
-        sleep_s(0.4);
-        srv_child(&o, p[1], log);
-    }
     CHECK_INT(mgpu_store_connect("127.0.0.1", o.port, NULL, 5.0, &c, &err), 0);
     CHECK(mgpu_clock_mono() - t0 >= 0.35);
     CHECK_INT(mgpu_store_ping(c, &err), 0);
@@ -957,21 +964,6 @@ static void t_connect_to_a_silent_listener_says_so(void)
     close(fd);
 }
 
-/* Brings this network namespace's loopback up; 0 or -1. */
-static int loopback_up(void)
-{
-    struct ifreq ifr = {0};
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = -1;
-    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
-    if (fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
-        ifr.ifr_flags |= IFF_UP;
-        rc = ioctl(fd, SIOCSIFFLAGS, &ifr);
-    }
-    if (fd >= 0)
-        close(fd);
-    return rc;
-}
-
 /* A raw connect to 127.0.0.1:port; 1 when it reached itself (closed here with a reset). */
 static int raw_connect_reaches_itself(int port)
 {
@@ -1004,29 +996,13 @@ static void t_connect_waits_past_a_connection_to_itself(void)
     mgpu_store_t *c = NULL;
     mgpu_err_t err = {0};
     char log[] = "/tmp/mgpu-store-test-XXXXXX";
-    FILE *range;
 
-    if (unshare(CLONE_NEWNET) != 0)
-        SKIP("no network namespace of its own here (unshare: %s)", strerror(errno));
-    if (loopback_up() != 0 ||
-        (range = fopen("/proc/sys/net/ipv4/ip_local_port_range", "w")) == NULL)
-        SKIP("cannot set up the namespace's loopback and ephemeral ports");
-    fprintf(range, "%d %d\n", P, P + 1);
-    if (fclose(range) != 0)
-        SKIP("cannot set the namespace's ephemeral ports to %d-%d", P, P + 1);
+    if (netns_enter(P, P + 1) != 0)
+        SKIP("no network namespace of its own with ephemeral ports %d-%d here", P, P + 1);
     if (!raw_connect_reaches_itself(P))
         SKIP("this kernel did not hand out port %d to a connection to it", P);
-    close(mkstemp(log));
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) { /* becomes the server, late */
-        int p[2];
-        if (pipe(p) < 0)
-            _exit(1);
-        sleep_s(0.3);
-        srv_child(&o, p[1], log);
-    }
     const double t0 = mgpu_clock_mono();
+    pid_t pid = late_server(&o, 0.3, log);
     CHECK_INT(mgpu_store_connect("127.0.0.1", P, NULL, 5.0, &c, &err), 0);
     CHECK(mgpu_clock_mono() - t0 >= 0.25);
     if (c != NULL) {
