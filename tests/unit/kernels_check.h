@@ -13,6 +13,17 @@
 #include "kernels_cuda.h" /* mgpu_kernels_cuda_device_count, _stream, _transpose */
 #endif
 
+/* Weight-gradient products queued beside the main stream on k so far (0 without CUDA). */
+static inline long long beside_products(const mgpu_kernels_t *k)
+{
+#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
+    return mgpu_kernels_cuda_beside_products(k);
+#else
+    (void)k;
+    return 0;
+#endif
+}
+
 /* small_gemm.cu's launches on k so far (0 without CUDA). */
 static inline long long small_gemms(const mgpu_kernels_t *k)
 {

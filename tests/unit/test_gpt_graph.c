@@ -20,12 +20,12 @@
  *
  * Skips without CUDA or a CUDA device. Run it on a GPU machine: build/tests/test_gpt_graph. */
 #include "check.h"
-#include "kernels_check.h" /* need_gpu */
+#include "kernels_check.h" /* need_gpu, beside_products */
 #include "gpt_graph.h"     /* mgpu_gpt_graph_* */
 #include "model_gpt.h"     /* mgpu_gpt_*, mgpu_gpt_buckets */
 
 #if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream, _beside_products */
+#include "kernels_cuda.h"     /* mgpu_kernels_cuda_stream */
 #include <cuda_runtime_api.h> /* cudaMemcpyAsync: the stand-in all-reduce */
 #endif
 
@@ -450,16 +450,6 @@ out:
  * backward and after it, with the activations inside the gradients (which the block below's
  * weight gradients overwrite) and with recompute = 2 (whose outputs a later block's pass
  * writes again). */
-static long long beside_products(const mgpu_kernels_t *k)
-{
-#if defined(MGPU_HAVE_CUDA) && MGPU_HAVE_CUDA
-    return mgpu_kernels_cuda_beside_products(k);
-#else
-    (void)k;
-    return 0;
-#endif
-}
-
 static void test_weight_grads_beside_bf16(void)
 {
     need_gpu();
