@@ -4,15 +4,15 @@
  * after the console's quiet time without more bytes: console.h). */
 #include "supervisor_impl.h"
 
-#include <errno.h>     /* EINTR */
+#include <errno.h>     /* EINTR, errno */
 #include <stdio.h>     /* snprintf */
-#include <string.h>    /* memchr, memmove */
+#include <string.h>    /* memchr, memmove, strerror, strrchr */
 #include <sys/ioctl.h> /* FIONREAD */
 #include <sys/uio.h>   /* writev */
 #include <unistd.h>    /* close, read */
 
 #include "fdio.h" /* mgpu_fdio_write_all */
-#include "log.h"  /* mgpu_error */
+#include "log.h"  /* mgpu_error, mgpu_warn */
 
 static void console_put(stream_t *st, const char *block, size_t blen)
 {
@@ -22,6 +22,26 @@ static void console_put(stream_t *st, const char *block, size_t blen)
 static int stream_live(const stream_t *st)
 {
     return mgpu_console_live(&st->proc->sup->con, st->console_fd);
+}
+
+/* A log file that took no more bytes (a full disk, a quota, an I/O error): said once, naming
+ * the file, and closed; where the console shows the stream (shown), it still does. dir_of is a
+ * file in the log's folder (the rank's error.json), levels the folders above it to go up. */
+static void log_lost(int *fd, const char *dir_of, int levels, const char *name, int e,
+                     const char *whose, int shown)
+{
+    char path[2500];
+    int n = snprintf(path, sizeof path, "%s", dir_of);
+
+    for (int i = 0; i <= levels && n > 0; i++) {
+        char *slash = strrchr(path, '/');
+        n = slash != NULL ? (int)(slash - path) : 0;
+        path[n] = '\0';
+    }
+    mgpu_warn("%s%s%s: %s; %s's output from here on is not in it%s", path, n > 0 ? "/" : "", name,
+              strerror(-e), whose, shown ? " (the console still shows it)" : "");
+    close(*fd);
+    *fd = -1;
 }
 
 static void push_tail(mgpu_outcome_t *o, const char *raw, size_t n)
@@ -68,14 +88,22 @@ static void duplicate_filtered(stream_t *st, const char *raw, size_t rlen)
         if (mgpu_line_filters_match(f, p, l)) {
             struct iovec iov[2] = {{st->proc->prefix, strlen(st->proc->prefix)}, {(void *)p, l}};
             ssize_t w = writev(fd, iov, 2);
-            /* a short write (a full disk, a signal): the rest as it can go */
+            int e = w < 0 ? -errno : 0;
+            /* a short write (a signal, a disk just full): the rest as it can go */
             if (w >= 0 && (size_t)w < iov[0].iov_len + l) {
                 size_t done = (size_t)w;
                 if (done < iov[0].iov_len)
-                    mgpu_fdio_write_all(fd, (const char *)iov[0].iov_base + done,
-                                        iov[0].iov_len - done);
+                    e = mgpu_fdio_write_all(fd, (const char *)iov[0].iov_base + done,
+                                            iov[0].iov_len - done);
                 done = done > iov[0].iov_len ? done - iov[0].iov_len : 0;
-                mgpu_fdio_write_all(fd, p + done, l - done);
+                if (e == 0)
+                    e = mgpu_fdio_write_all(fd, p + done, l - done);
+            }
+            if (e < 0 && e != -EINTR) {
+                log_lost(&s->filtered_fd[st->which - 1], st->proc->out->error_file, 1,
+                         st->which == 1 ? "filtered_stdout.log" : "filtered_stderr.log", e,
+                         "every rank", 1);
+                return;
             }
         }
         p += l;
@@ -90,8 +118,15 @@ static void deliver(stream_t *st, const char *block, size_t blen, const char *ra
     mgpu_watch_lines(st->proc, raw, rlen);
     if (st->which == 2 || st->both)
         push_tail(st->proc->out, raw, rlen);
-    if (st->file_fd >= 0)
-        mgpu_fdio_write_all(st->file_fd, raw, rlen);
+    if (st->file_fd >= 0) {
+        int e = mgpu_fdio_write_all(st->file_fd, raw, rlen);
+        if (e < 0) {
+            char whose[32];
+            snprintf(whose, sizeof whose, "rank %d", st->proc->out->rank);
+            log_lost(&st->file_fd, st->proc->out->error_file, 0,
+                     st->which == 1 ? "stdout.log" : "stderr.log", e, whose, st->console_fd >= 0);
+        }
+    }
     /* torchrun copies the lines it shows (tee'd streams); mgpu shows every stream that is not
      * redirected or filtered out, and copies from them all. */
     if (st->console_fd >= 0 && st->proc->sup->filtered_fd[st->which - 1] >= 0)

@@ -409,6 +409,28 @@ t_logs_duplicate_filters_copy_lines_shown() {
     expect_grep "$d/0/stdout.log" '^plain 0$'
 }
 
+t_logs_full_disk_is_said_and_the_job_goes_on() {
+    # the log folder on a 64 KB tmpfs (a mount namespace of the test's own): each file that
+    # fills is named once with the reason and the job still exits 0; the console still has
+    # every line it shows (rank 1's, tee'd), not rank 0's (-r 0:1: its file alone)
+    [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null || skip "needs root and a mount namespace"
+    mkdir -p small
+    unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs small && exec "$@"' sh \
+        "$LAUNCH" --nproc_per_node=2 --log_dir small/logs --tee 1:1 -r 0:1 \
+        --duplicate_stdout_filters=line -- sh -c 'seq -f "line %g of padding to fill it" 4000' \
+        >out 2>err
+    rc=$?
+    if [ "$rc" != 0 ] && grep -q '^mount:' err; then skip "no tmpfs here: $(head -c 200 err)"; fi
+    expect_eq "$rc" 0 "exit status ($(cat err))"
+    local d='small/logs/none_[A-Za-z0-9_]+/attempt_0'
+    expect_grep err "^mgpu-launch: warning: $d/1/stdout.log: No space left on device; rank 1's output from here on is not in it \\(the console still shows it\\)\$"
+    expect_grep err "^mgpu-launch: warning: $d/0/stdout.log: No space left on device; rank 0's output from here on is not in it\$"
+    expect_grep err "^mgpu-launch: warning: $d/filtered_stdout.log: No space left on device; every rank's output from here on is not in it"
+    expect_eq "$(grep -c 'No space' err)" 3 "warnings: one a full file"
+    expect_eq "$(grep -c '^\[rank1\]:line' out)" 4000 "rank 1's lines on the console"
+    expect_eq "$(grep -c '^\[rank0\]:line' out)" 0 "rank 0's lines on the console"
+}
+
 t_logs_duplicate_filters_one_file_per_attempt() {
     PET_DUPLICATE_STDOUT_FILTERS=attempt run_launch --nproc_per_node=2 --log_dir=logs \
         --max_restarts=1 --no_prefix "$TW" print "attempt %a rank %r" touch p.%a.%r \
