@@ -146,6 +146,31 @@ static int check_file(const char *what, const char *file, mgpu_err_t *err)
     return 0;
 }
 
+/* --summary FILE is written at the end, through FILE.tmp.<pid> in its folder: that folder must
+ * be there and writable now, so that a mistyped path is one message before anything starts
+ * rather than a report lost after the job. */
+static int check_summary(const char *file, mgpu_err_t *err)
+{
+    char dir[2048];
+    const char *slash = strrchr(file, '/');
+    struct stat st;
+
+    if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
+        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': is a directory, expected a file",
+                            file);
+    snprintf(dir, sizeof dir, "%.*s", slash == NULL ? 1 : slash == file ? 1 : (int)(slash - file),
+             slash == NULL ? "." : file);
+    if (stat(dir, &st) != 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': folder '%s': %s", file, dir,
+                            strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': '%s' is not a folder", file, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': cannot write in '%s': %s", file,
+                            dir, strerror(errno));
+    return 0;
+}
+
 /* A train.cfg is checked by the worker that will read it (`mgpu-worker --check FILE
  * key=value ...`), before anything starts: a bad cfg is one message and exit 2 here, not the
  * same error from every rank after they started, and the launcher links no trainer code. The
@@ -816,6 +841,8 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->dry_run = cli->dry_run;
     copy_rdzv(&plan->rdzv, cli);
     copy_output(&plan->output, cli);
+    if (cli->summary[0] && (rc = check_summary(cli->summary, err)) < 0)
+        return rc;
     snprintf(plan->master_addr, sizeof plan->master_addr, "%s", cli->master_addr);
     snprintf(plan->role, sizeof plan->role, "%s", cli->role);
     snprintf(plan->hostname, sizeof plan->hostname, "%s",

@@ -355,6 +355,29 @@ assert len(d["workers"]) == 2 and all(w["exit_code"] == 0 for w in d["workers"])
     expect_eq "$(find . -maxdepth 1 -name 'sum.json?*' | wc -l)" 0 "temporary files left"
 }
 
+t_opt_summary_path_checked_before_anything_starts() {
+    # a summary that could not be written at the end is refused at the start: exit 2, the path
+    # and the reason named, no worker started
+    mkdir ro && chmod 555 ro
+    local f want
+    for f in nowhere/s.json "$PWD" "$TW/s.json" ro/s.json; do
+        case $f in
+        nowhere/*) want="folder 'nowhere': No such file or directory" ;;
+        "$PWD") want="is a directory, expected a file" ;;
+        "$TW"/*) want="'$TW' is not a folder" ;;
+        ro/*) [ "$(id -u)" = 0 ] && continue; want="cannot write in 'ro': Permission denied" ;;
+        esac
+        run_launch --nproc_per_node=2 --summary "$f" "$TW" touch started.%l
+        expect_eq "$rc" 2 "exit status for --summary $f"
+        grep -qF -- "mgpu-launch: error: --summary '$f': $want" err || fail "for $f: $(cat err)"
+        [ ! -e started.0 ] || fail "a worker started despite --summary $f"
+    done
+    # a bare file name is written in the current folder
+    run_launch --nproc_per_node=1 --summary s.json "$TW" exit 0
+    expect_eq "$rc" 0
+    [ -s s.json ] || fail "s.json not written"
+}
+
 t_opt_summary_after_signal() {
     "$LAUNCH" --nproc_per_node=2 --summary s.json "$TW" touch ready.%l pause >out 2>err &
     local lp=$!
