@@ -188,7 +188,16 @@ static void test_cross_key_errors(void)
     expect_error("dataset = npy\n", "t.cfg:1: dataset = npy needs data_x", NULL);
     expect_error("dataset = npy\ndata_x = /nonexistent/x.npy\ndata_y = /nonexistent/y.npy\n",
                  "t.cfg:2: data_x = '/nonexistent/x.npy': No such file or directory", NULL);
-    expect_error("data_x = x.npy\n", "t.cfg:1: data_x is only read with dataset = npy", NULL);
+    expect_error("dataset = random\ndata_x = x.npy\n",
+                 "t.cfg:2: data_x is only read with dataset = npy", NULL);
+    /* a data file alone names its dataset (and a GPT's): the check goes on to the file */
+    expect_error("data_x = x.npy\n", "t.cfg:1: data_x = 'x.npy': No such file", NULL);
+    expect_error("data_tokens = /nonexistent/t.bin\nvocab = 64\n",
+                 "t.cfg:1: data_tokens: /nonexistent/t.bin: cannot open data_tokens: No such", NULL);
+    expect_error("model = mlp\ndata_tokens = t.bin\n",
+                 "dataset = tokens needs model = gpt (model is mlp)", NULL);
+    expect_error("data_text = a.txt\ndata_tokens = t.bin\n", "needs model = gpt (model is linear)",
+                 NULL);
     expect_error("samples = 10\neval_fraction = 0.96\n", "eval_fraction = 0.96 of 10 samples",
                  NULL);
     expect_error("class_sep = 2\n", "need dataset = synthetic", NULL);
@@ -570,6 +579,14 @@ static void test_gpt_config_loads_and_writes_back(void)
     CHECK_INT(a.n_embd % a.n_head, 0);
     CHECK(a.lr_min < a.lr && a.grad_clip == 1.0 && a.top_k == 40);
     CHECK_STR(a.prompt, "The program");
+    /* without model and dataset: data_text names both */
+    char *bare = strdup(text), *at;
+    while ((at = strstr(bare, "\nmodel = gpt")) != NULL || (at = strstr(bare, "\ndataset =")) != NULL)
+        at[1] = '#';
+    CHECK_INT(parse(bare, &b, &err), 0);
+    CHECK_INT(b.model, MGPU_MODEL_GPT);
+    CHECK_INT(b.dataset, MGPU_DATASET_TEXT);
+    free(bare);
     char *buf = NULL;
     size_t len = 0;
     f = open_memstream(&buf, &len);

@@ -684,12 +684,29 @@ static int check_gpt(mgpu_cfg_t *cfg, mgpu_err_t *err)
     return 0;
 }
 
+/* Where dataset is not given, a data file names it (data_text: text, data_tokens: tokens,
+ * data_x: npy) when one kind is given; and where model is not given, text and tokens are a
+ * GPT's (the one model that reads them). */
+static void infer_data(mgpu_cfg_t *cfg)
+{
+    int text = line_of(cfg, "data_text") != 0, tokens = line_of(cfg, "data_tokens") != 0;
+    int npy = line_of(cfg, "data_x") != 0;
+
+    if (line_of(cfg, "dataset") == 0 && text + tokens + npy == 1)
+        cfg->dataset = text ? MGPU_DATASET_TEXT : tokens ? MGPU_DATASET_TOKENS : MGPU_DATASET_NPY;
+    if (line_of(cfg, "model") == 0 &&
+        (cfg->dataset == MGPU_DATASET_TEXT || cfg->dataset == MGPU_DATASET_TOKENS))
+        cfg->model = MGPU_MODEL_GPT;
+}
+
 int mgpu_cfg_check(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
-    int rc, npy = cfg->dataset == MGPU_DATASET_NPY;
+    int rc, npy;
     int xent = cfg->loss == MGPU_LOSS_CROSS_ENTROPY, adamw = cfg->optimizer == MGPU_OPTIM_ADAMW;
     size_t n_npy = 0;
 
+    infer_data(cfg);
+    npy = cfg->dataset == MGPU_DATASET_NPY;
     if (cfg->model == MGPU_MODEL_GPT || cfg->dataset == MGPU_DATASET_TEXT ||
         cfg->dataset == MGPU_DATASET_TOKENS) {
         if ((rc = check_gpt(cfg, err)) < 0)

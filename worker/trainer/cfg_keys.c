@@ -44,7 +44,8 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "seconds a collective may take before the run fails naming the missing ranks"},
     {"dataset", MGPU_CFG_T_ENUM, F(dataset), mgpu_cfg_dataset_names, 0, 0,
      "random: the article's RandomDataset; synthetic: Gaussian clusters; npy: data_x/data_y "
-     "files; text, tokens (model = gpt): data_text, data_tokens"},
+     "files; text, tokens (model = gpt): data_text, data_tokens. Unset: the dataset of the "
+     "one data file given (and model = gpt for text and tokens), else random"},
     {"samples", MGPU_CFG_T_LL, F(samples), NULL, 1, BIG, "random/synthetic: number of samples"},
     {"features", MGPU_CFG_T_INT, F(features), NULL, 1, 1 << 24,
      "random/synthetic: values per sample (the model's input size)"},
