@@ -15,7 +15,7 @@
 #include "escape.h"   /* mgpu_escape_inplace */
 #include "hosts.h"    /* mgpu_hosts_read_token, mgpu_cli_hosts_local */
 #include "signames.h" /* mgpu_signames_parse */
-#include "text.h"     /* mgpu_append_line, mgpu_trim */
+#include "text.h"     /* mgpu_append_line, mgpu_trim, mgpu_edit_distance */
 
 typedef enum {
     O_NPROC,
@@ -758,8 +758,21 @@ static const opt_t *find_long(const char *name, const char *orig, mgpu_err_t *er
         }
     if (n == 1)
         return match;
-    if (n > 1)
+    if (n > 1) {
         mgpu_err_set(err, MGPU_E_USAGE, "ambiguous option %s: could match %s", orig, cands);
+        return NULL;
+    }
+    /* the nearest spelling, where one is near: a letter off, swapped or missing */
+    size_t best_d = 3;
+    for (size_t i = 0; i < NOPTS; i++) {
+        size_t d = mgpu_edit_distance(name, opts[i].name);
+        if (d < best_d)
+            best_d = d, match = &opts[i];
+    }
+    if (match != NULL)
+        mgpu_err_set(err, MGPU_E_USAGE,
+                     "unknown option %s (did you mean --%s? see mgpu-launch --help)", orig,
+                     match->name);
     else
         mgpu_err_set(err, MGPU_E_USAGE, "unknown option %s (see mgpu-launch --help)", orig);
     return NULL;

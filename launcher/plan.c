@@ -158,8 +158,10 @@ static int check_summary(const char *file, mgpu_err_t *err)
     if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
         return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': is a directory, expected a file",
                             file);
-    snprintf(dir, sizeof dir, "%.*s", slash == NULL ? 1 : slash == file ? 1 : (int)(slash - file),
-             slash == NULL ? "." : file);
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == file ? 1 : (int)(slash - file), file);
     if (stat(dir, &st) != 0)
         return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': folder '%s': %s", file, dir,
                             strerror(errno));

@@ -66,7 +66,8 @@ t=$root/worker/trainer
     "$root/tests/fuzz/fuzz_formats.c" "$t/safetensors.c" "$t/bpe.c" "$t/ucd.c" "$t/shards.c" \
     "$t/data.c" "$t/rng.c" "$t/cfg.c" "$t/cfg_keys.c" "$t/tokens.c" "$t/weights.c" \
     "$root/worker/runtime/dtype.c" "$root/common/atomic_file.c" "$root/common/error.c" \
-    "$root/common/path.c" "$root/common/fdio.c" -lcjson -lm -o "$out/fuzz_formats"
+    "$root/common/path.c" "$root/common/fdio.c" "$root/common/text.c" -lcjson -lm \
+    -o "$out/fuzz_formats"
 
 # Seeds of the formats: byte 0 picks the reader (0 safetensors, 1 tokenizer.json, 2 shard),
 # the file follows. A safetensors file of three tensors (F32, BF16, F16) with metadata; a

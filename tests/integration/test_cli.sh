@@ -26,7 +26,7 @@ bad() {
     ! ls started.* >/dev/null 2>&1 || fail "mgpu-launch $*: a worker was started"
 }
 
-t_bad_unknown_option() { bad '--bogus' --bogus; bad '-x' -x; bad '--nproc_per_nodes' --nproc_per_nodes=2; }
+t_bad_unknown_option() { bad '--bogus' --bogus; bad '-x' -x; bad '--nproc_per_nodes=2 \(did you mean --nproc_per_node\?' --nproc_per_nodes=2; }
 t_bad_missing_value() {
     "$LAUNCH" --nproc_per_node >out 2>err; rc=$?
     expect_eq "$rc" 2

@@ -145,6 +145,9 @@ static void test_value_errors(void)
                  "'optimizer'?)",
                  "accepted keys: mode, backend, dp_devices");
     expect_error("flux = 1\n", "t.cfg:1: unknown key 'flux'; accepted keys: mode", NULL);
+    /* a known key with a part added */
+    expect_error("checkpoint_dir = ck\n",
+                 "t.cfg:1: unknown key 'checkpoint_dir' (did you mean 'checkpoint'?)", NULL);
     expect_error("\n\noptimizer = adam\n",
                  "t.cfg:3: optimizer = 'adam': expected one of sgd, adamw", NULL);
     expect_error("mode = ddp\nmode = dp\n", "t.cfg:2: mode is set twice (first at line 1)", NULL);
@@ -193,7 +196,8 @@ static void test_cross_key_errors(void)
     /* a data file alone names its dataset (and a GPT's): the check goes on to the file */
     expect_error("data_x = x.npy\n", "t.cfg:1: data_x = 'x.npy': No such file", NULL);
     expect_error("data_tokens = /nonexistent/t.bin\nvocab = 64\n",
-                 "t.cfg:1: data_tokens: /nonexistent/t.bin: cannot open data_tokens: No such", NULL);
+                 "t.cfg:1: data_tokens: /nonexistent/t.bin: cannot open data_tokens: No such",
+                 NULL);
     expect_error("model = mlp\ndata_tokens = t.bin\n",
                  "dataset = tokens needs model = gpt (model is mlp)", NULL);
     expect_error("data_text = a.txt\ndata_tokens = t.bin\n", "needs model = gpt (model is linear)",
@@ -207,8 +211,7 @@ static void test_cross_key_errors(void)
                  "t.cfg:1: metrics_file = '/nonexistent/dir/m.jsonl': directory '/nonexistent/dir'",
                  NULL);
     expect_error("dp_devices = 2\n", "dp_devices needs mode = dp", NULL);
-    expect_error("recompute = 1\n", "t.cfg:1: recompute needs model = gpt (model is linear)",
-                 NULL);
+    expect_error("recompute = 1\n", "t.cfg:1: recompute needs model = gpt (model is linear)", NULL);
     expect_error("model = gpt\nrecompute = 3\n",
                  "t.cfg:2: recompute = '3': expected an integer in [0, 2]", NULL);
 }
@@ -581,7 +584,8 @@ static void test_gpt_config_loads_and_writes_back(void)
     CHECK_STR(a.prompt, "The program");
     /* without model and dataset: data_text names both */
     char *bare = strdup(text), *at;
-    while ((at = strstr(bare, "\nmodel = gpt")) != NULL || (at = strstr(bare, "\ndataset =")) != NULL)
+    while ((at = strstr(bare, "\nmodel = gpt")) != NULL ||
+           (at = strstr(bare, "\ndataset =")) != NULL)
         at[1] = '#';
     CHECK_INT(parse(bare, &b, &err), 0);
     CHECK_INT(b.model, MGPU_MODEL_GPT);

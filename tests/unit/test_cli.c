@@ -149,6 +149,11 @@ static void test_bad_input(void)
         CHECK_CONTAINS(e.msg, substr);                                                             \
     } while (0)
     BAD("unknown option --bogus", "--bogus", "x");
+    /* the near spelling is named; none where nothing is near */
+    BAD("unknown option --nproc_per_nodes=2 (did you mean --nproc_per_node? see",
+        "--nproc_per_nodes=2", "x");
+    BAD("unknown option --hostfle (did you mean --hostfile?", "--hostfle", "x");
+    BAD("unknown option --bogus (see mgpu-launch --help)", "--bogus", "x");
     BAD("ambiguous option --n", "--n=1", "x");
     BAD("--nproc_per_node: missing value", "--nproc_per_node");
     BAD("--nproc_per_node='0'", "--nproc_per_node=0", "x");

@@ -18,6 +18,7 @@
 #include "data.h"    /* mgpu_data_open_regular, mgpu_data_check_npy */
 #include "bpe.h"     /* mgpu_bpe_load: the tokenizer's vocabulary */
 #include "shards.h"  /* mgpu_shards_open: the token files' headers */
+#include "text.h"    /* mgpu_edit_distance */
 #include "tokens.h"  /* mgpu_tokens_prompt */
 #include "weights.h" /* mgpu_weights_check */
 
@@ -72,37 +73,17 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
 
 /* --- lines --------------------------------------------------------------------------------- */
 
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b), row[64];
-    if (la >= 63 || lb >= 63)
-        return 99;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 static int unknown_key(const char *where, const char *key, mgpu_err_t *err)
 {
     char list[1024] = "";
     const char *best = NULL;
     size_t best_d = 3;
     for (size_t i = 0; i < mgpu_cfg_n_keys; i++) {
-        size_t d = edit_distance(key, mgpu_cfg_keys[i].name);
+        const char *name = mgpu_cfg_keys[i].name;
+        size_t d = mgpu_edit_distance(key, name), n = strlen(name);
+        /* a known key with a part added: checkpoint_dir, lr_schedule */
+        if (d >= best_d && n >= 4 && strncmp(key, name, n) == 0 && key[n] == '_')
+            d = best_d - 1;
         if (d < best_d)
             best_d = d, best = mgpu_cfg_keys[i].name;
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
