@@ -222,6 +222,23 @@ EOF
     expect_grep out3 '^eval epoch 2 step 4:'
 }
 
+t_gpt_resume_at_another_world_counts_its_epochs() {
+    # 6 steps of 2 ranks (5 batches an epoch each), resumed by 1 rank (9 an epoch) at epoch 2,
+    # batch 2, to step 16: the run reaches epoch 3, and its progress says so
+    python3 -c '
+import struct
+ids = [(i * 7 + i // 13) % 50 for i in range(3000)]
+open("t.bin", "wb").write(struct.pack("<%dH" % len(ids), *ids))'
+    printf '%s\n' 'data_tokens = t.bin' 'vocab = 50' 'eval_fraction = 0.1' 'n_layer = 1' 'n_head = 2' \
+        'n_embd = 16' 'context = 16' 'batch_size = 20' 'backend = cpu' 'checkpoint = r.ckpt' >t.cfg
+    "$LAUNCH" --nproc_per_node=2 t.cfg max_steps=6 >out 2>err || { cat out err >&2; fail "exit $?"; }
+    "$WORKER" t.cfg max_steps=16 log_interval=1 >out2 2>err2 || { cat out2 err2 >&2; fail "resume: exit $?"; }
+    expect_grep out2 'epoch 2 goes on from batch 2 of 9'
+    expect_grep out2 '^epoch 2/3 step 7/16 loss '
+    expect_grep out2 '^epoch 3/3 step 16/16 loss '
+    expect_no_grep out2 '^epoch [0-9]+/2 '
+}
+
 t_gpt_resume_continues_and_refuses_another_shape() {
     small_cfg
     compare_py

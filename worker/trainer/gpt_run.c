@@ -583,8 +583,6 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
     if (cfg->max_steps > 0 && cfg->max_steps < planned)
         planned = cfg->max_steps;
     long long total = cfg->max_steps > 0 ? cfg->max_steps : planned; /* the schedule's length */
-    /* The epochs the run reaches: epochs is only a bound where max_steps sets the length. */
-    long long epochs_run = (planned + per_epoch - 1) / per_epoch;
     long long step = (long long)h.step, epoch = (long long)h.epoch, batch = (long long)h.batch;
     if (rank == 0) {
         fprintf(s.out,
@@ -608,6 +606,13 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                                now = {W, (long long)(B * accum)};
         mgpu_run_rescale_position(rank == 0 ? s.out : NULL, &then, &now, per_epoch, &epoch, &batch);
     }
+    /* The epochs the run reaches from where it starts (epochs is only a bound where max_steps
+     * sets the length; a run resumed at another world size starts at a new place in its
+     * epoch). */
+    long long left = planned > step ? planned - step : 0;
+    long long epochs_run = epoch + (batch + left + per_epoch - 1) / per_epoch;
+    if (epochs_run > cfg->epochs)
+        epochs_run = cfg->epochs;
     mgpu_adamw_hparams_t hp = {.beta1 = (float)cfg->beta1,
                                .beta2 = (float)cfg->beta2,
                                .eps = (float)cfg->eps,
