@@ -835,6 +835,7 @@ static int plan_build(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
     plan->role_world_size = plan->world_size;
     plan->max_restarts = cli->max_restarts;
     plan->virtual_local_rank = cli->virtual_local_rank;
+    plan->legacy_local_rank = cli->legacy_local_rank;
     plan->grace_period = cli->grace_period;
     plan->stop_signals = cli->stop_signals;
     snprintf(plan->signals, sizeof plan->signals, "%s", cli->signals);

@@ -107,6 +107,33 @@ static void print_python_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *
             root_mod, plan->python);
 }
 
+/* Whether one of o's last stderr lines holds both a and b. */
+static int tail_has(const mgpu_outcome_t *o, const char *a, const char *b)
+{
+    for (int i = o->ntail - 1; i >= 0; i--)
+        if (strstr(o->tail[i], a) != NULL && strstr(o->tail[i], b) != NULL)
+            return 1;
+    return 0;
+}
+
+/* A script's argparse refusing torch.distributed.launch's --local_rank argument, or asking for
+ * it: the root cause is the launch's command line, and one line says which option fixes it. */
+static void print_local_rank_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
+
+    if (o == NULL)
+        return;
+    if (plan->legacy_local_rank && tail_has(o, "unrecognized arguments:", "--local_rank="))
+        fprintf(out, "hint: the script takes no --local_rank argument: drop --legacy_local_rank "
+                     "(LOCAL_RANK is in every worker's environment)\n");
+    else if (!plan->legacy_local_rank && (tail_has(o, "arguments are required:", "--local_rank") ||
+                                          tail_has(o, "arguments are required:", "--local-rank")))
+        fprintf(out, "hint: the script wants torch.distributed.launch's --local_rank argument: "
+                     "add --legacy_local_rank, or have it read LOCAL_RANK from its environment "
+                     "(torchrun's way)\n");
+}
+
 static void fmt_time(double t, char *buf, size_t len)
 {
     time_t s = (time_t)t;
@@ -243,6 +270,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
                 plan->max_restarts);
     fprintf(out, "%s\n", rule);
     print_python_hint(plan, res, out);
+    print_local_rank_hint(plan, res, out);
 }
 
 /* torchrun's layout: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}. */
