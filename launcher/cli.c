@@ -128,8 +128,9 @@ static const opt_t opts[] = {
     {"module", 'm', ARG_NONE, O_MODULE, "run the program as python -m MODULE"},
     {"run_path", 0, ARG_NONE, O_RUN_PATH, "run the program with python whatever its name"},
     {"use_env", 0, ARG_NONE, O_USE_ENV, "accepted (the environment is always set)"},
-    {"legacy_local_rank", 0, ARG_NONE, O_LEGACY,
-     "pass --local_rank=N first, as torch.distributed.launch"},
+    {"legacy_local_rank", 0, ARG_OPTIONAL, O_LEGACY,
+     "[=dash]  pass --local_rank=N first, as torch.distributed.launch (dash: --local-rank=N, "
+     "as its 2.x releases)"},
     {"virtual_local_rank", 0, ARG_NONE, O_VIRTUAL_LOCAL_RANK,
      "LOCAL_RANK=0 in every worker, CUDA_VISIBLE_DEVICES its own GPU alone"},
     {"local_addr", 0, ARG_REQUIRED, O_LOCAL_ADDR, "HOST  this node's address"},
@@ -644,7 +645,12 @@ static int apply(mgpu_cli_t *cli, const opt_t *o, const char *what, const char *
     case O_USE_ENV:
         return 0;
     case O_LEGACY:
-        cli->legacy_local_rank = 1;
+        if (v == NULL || strcmp(v, "underscore") == 0)
+            cli->legacy_local_rank = 1;
+        else if (strcmp(v, "dash") == 0)
+            cli->legacy_local_rank = 2;
+        else
+            return mgpu_err_set(err, MGPU_E_USAGE, "%s='%s': expected underscore or dash", what, v);
         return 0;
     case O_VIRTUAL_LOCAL_RANK:
         cli->virtual_local_rank = 1;

@@ -61,7 +61,7 @@ typedef struct mgpu_cli {
     int nfilter;                        /* --local_ranks_filter entries; 0 = every rank */
     int filter[MGPU_MAX_LOCAL];
     int no_python, module, run_path;
-    int legacy_local_rank;
+    int legacy_local_rank;  /* 1: --local_rank=N (torch 1.x's launch), 2: --local-rank=N (2.x) */
     int virtual_local_rank; /* LOCAL_RANK=0, CUDA_VISIBLE_DEVICES the worker's GPU alone */
     char local_addr[256];
     char prefix_template[256]; /* --log_line_prefix_template; "" = default */

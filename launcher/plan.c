@@ -426,7 +426,9 @@ static int build_argv(mgpu_plan_t *plan, const mgpu_cli_t *cli, const mgpu_plan_
         w->argv[n++] = strdup(prog);
         /* torch.distributed.launch without --use_env: "--local_rank=N" before the user's own
          * arguments (the article's scripts parse it with argparse). */
-        if (cli->legacy_local_rank && asprintf(&w->argv[n++], "--local_rank=%d", k) < 0)
+        if (cli->legacy_local_rank &&
+            asprintf(&w->argv[n++],
+                     cli->legacy_local_rank == 2 ? "--local-rank=%d" : "--local_rank=%d", k) < 0)
             return mgpu_err_set(err, -ENOMEM, "out of memory");
         for (int i = 1; i < cli->prog_argc; i++)
             w->argv[n++] = strdup(cli->prog_argv[i]);

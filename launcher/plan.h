@@ -105,7 +105,8 @@ typedef struct mgpu_plan {
     int omp_warning;        /* print torchrun's OMP_NUM_THREADS banner */
     int sharing;            /* --allow_gpu_sharing took effect */
     int virtual_local_rank; /* --virtual_local_rank: LOCAL_RANK=0, one GPU visible to each */
-    int legacy_local_rank;  /* --legacy_local_rank: "--local_rank=N" before the user's args */
+    int legacy_local_rank;  /* --legacy_local_rank: "--local_rank=N" (1) or "--local-rank=N" (2)
+                               before the user's args */
     int max_restarts;
     double grace_period;             /* seconds from the stop signal to SIGKILL */
     unsigned long long stop_signals; /* --signals_to_handle: bit 1 << N stops the job on N */

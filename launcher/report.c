@@ -116,22 +116,39 @@ static int tail_has(const mgpu_outcome_t *o, const char *a, const char *b)
     return 0;
 }
 
-/* A script's argparse refusing torch.distributed.launch's --local_rank argument, or asking for
- * it: the root cause is the launch's command line, and one line says which option fixes it. */
+/* A script's argparse asking for torch.distributed.launch's --local_rank argument (--local-rank
+ * since torch 2.0), or refusing the one --legacy_local_rank passed: the root cause is the
+ * launch's command line, and one line says which option fixes it. */
 static void print_local_rank_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
 {
+    static const char *const give[] = {"drop --legacy_local_rank", "give --legacy_local_rank",
+                                       "give --legacy_local_rank=dash"};
+    static const char *const spelled[] = {"", "--local_rank", "--local-rank"};
     const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
+    const int have = plan->legacy_local_rank;
+    int want = -1; /* 0 none, 1 underscore, 2 dash */
 
     if (o == NULL)
         return;
-    if (plan->legacy_local_rank && tail_has(o, "unrecognized arguments:", "--local_rank="))
-        fprintf(out, "hint: the script takes no --local_rank argument: drop --legacy_local_rank "
-                     "(LOCAL_RANK is in every worker's environment)\n");
-    else if (!plan->legacy_local_rank && (tail_has(o, "arguments are required:", "--local_rank") ||
-                                          tail_has(o, "arguments are required:", "--local-rank")))
-        fprintf(out, "hint: the script wants torch.distributed.launch's --local_rank argument: "
-                     "add --legacy_local_rank, or have it read LOCAL_RANK from its environment "
-                     "(torchrun's way)\n");
+    if (tail_has(o, "arguments are required:", "--local_rank"))
+        want = 1;
+    else if (tail_has(o, "arguments are required:", "--local-rank"))
+        want = 2;
+    else if (have > 0 &&
+             tail_has(o, "unrecognized arguments:", have == 1 ? "--local_rank=" : "--local-rank="))
+        want = 0;
+    if (want < 0 || want == have)
+        return;
+    if (want > 0)
+        fprintf(out,
+                "hint: the script wants torch.distributed.launch's %s argument: %s, or have "
+                "it read LOCAL_RANK from its environment (torchrun's way)\n",
+                spelled[want], give[want]);
+    else
+        fprintf(out,
+                "hint: the script takes no %s argument: %s (LOCAL_RANK is in every worker's "
+                "environment), or %s if it takes %s\n",
+                spelled[have], give[0], give[3 - have], spelled[3 - have]);
 }
 
 static void fmt_time(double t, char *buf, size_t len)

@@ -119,26 +119,36 @@ t_report_python_interpreter_in_dry_run_and_banner() {
 }
 
 t_report_hint_for_the_local_rank_argument() {
-    # a script written for torch.distributed.launch (argparse wants --local_rank): the report
-    # ends with the option that fixes it; with --legacy_local_rank given to a script that takes
-    # no such argument, the other way round; a script that fails otherwise gets neither
+    # a script written for torch.distributed.launch (argparse wants --local_rank, or torch 2's
+    # --local-rank): the report ends with the option that passes it; with --legacy_local_rank
+    # given to a script that takes no such argument, the advice to drop it; a script that fails
+    # otherwise gets no hint
     command -v python3 >/dev/null || skip "python3 needed"
-    cat >want.py <<'EOS'
+    local a
+    for a in local_rank local-rank; do
+        cat >"$a.py" <<EOS
 import argparse
 p = argparse.ArgumentParser()
-p.add_argument("--local_rank", type=int, required=True)
-print("local rank", p.parse_args().local_rank)
+p.add_argument("--$a", type=int, required=True)
+print("local rank", vars(p.parse_args())["local_rank"])
 EOS
+    done
     echo 'import argparse; argparse.ArgumentParser().parse_args()' >none.py
-    run_launch --nproc_per_node=2 want.py
+    run_launch --nproc_per_node=2 local_rank.py
     expect_eq "$rc" 2
-    expect_eq "$(tail -n 1 err)" "hint: the script wants torch.distributed.launch's --local_rank argument: add --legacy_local_rank, or have it read LOCAL_RANK from its environment (torchrun's way)"
-    run_launch --nproc_per_node=2 --legacy_local_rank want.py
+    expect_eq "$(tail -n 1 err)" "hint: the script wants torch.distributed.launch's --local_rank argument: give --legacy_local_rank, or have it read LOCAL_RANK from its environment (torchrun's way)"
+    run_launch --nproc_per_node=2 --legacy_local_rank local-rank.py
+    expect_eq "$rc" 2
+    expect_eq "$(tail -n 1 err)" "hint: the script wants torch.distributed.launch's --local-rank argument: give --legacy_local_rank=dash, or have it read LOCAL_RANK from its environment (torchrun's way)"
+    run_launch --nproc_per_node=2 --legacy_local_rank local_rank.py
     expect_eq "$rc" 0 "with --legacy_local_rank ($(cat err))"
+    expect_grep out '^\[rank1\]:local rank 1$'
+    run_launch --nproc_per_node=2 --legacy_local_rank=dash local-rank.py
+    expect_eq "$rc" 0 "with --legacy_local_rank=dash ($(cat err))"
     expect_grep out '^\[rank1\]:local rank 1$'
     run_launch --nproc_per_node=2 --legacy_local_rank none.py
     expect_eq "$rc" 2
-    expect_eq "$(tail -n 1 err)" "hint: the script takes no --local_rank argument: drop --legacy_local_rank (LOCAL_RANK is in every worker's environment)"
+    expect_eq "$(tail -n 1 err)" "hint: the script takes no --local_rank argument: drop --legacy_local_rank (LOCAL_RANK is in every worker's environment), or give --legacy_local_rank=dash if it takes --local-rank"
     run_launch --nproc_per_node=2 none.py --bogus
     expect_eq "$rc" 2
     expect_no_grep err '^hint:'

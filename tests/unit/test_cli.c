@@ -175,6 +175,7 @@ static void test_bad_input(void)
     BAD("'--no_python' flag and the '--module' flag", "--no_python", "-m", "x");
     BAD("unknown option -z", "-z", "x");
     BAD("--rdzv_backend='etcd'", "--rdzv_backend=etcd", "x");
+    BAD("--legacy_local_rank='x': expected underscore or dash", "--legacy_local_rank=x", "x");
     /* torchrun's static rendezvous meets at --rdzv_endpoint when given: HOST:PORT. */
     BAD("--rdzv_endpoint='node0': the static rendezvous", "--nnodes=2", "--rdzv_endpoint=node0",
         "x");

@@ -222,6 +222,12 @@ static void test_commands(void)
     CHECK_STR(p.workers[1].argv[3], "--local_rank=1");
     CHECK_STR(p.workers[1].argv[4], "--lr");
     mgpu_plan_free(&p);
+    /* torch 2.x's launch spells it with a dash */
+    CHECK_INT(build(&p, &e, &in, "--nproc_per_node=2", "--legacy_local_rank=dash",
+                    "/tmp/mgpu_test_plan.py", "--lr", NULL),
+              0);
+    CHECK_STR(p.workers[1].argv[3], "--local-rank=1");
+    mgpu_plan_free(&p);
     CHECK_INT(build(&p, &e, &in, "-m", "pkg.mod", "a", NULL), 0);
     CHECK_STR(p.workers[0].argv[2], "-m");
     CHECK_STR(p.workers[0].argv[3], "pkg.mod");
