@@ -19,7 +19,7 @@
 const char *const mgpu_cli_hosts_local[] = {
     "hostfile",       "hosts",      "include",    "exclude",         "ssh",         "export",
     "watch_stdin",    "dry_run",    "nnodes",     "node_rank",       "master_addr", "master_port",
-    "nproc_per_node", "local_addr", "rdzv_token", "rdzv_token_file", NULL};
+    "nproc_per_node", "local_addr", "rdzv_token", "rdzv_token_file", "summary",     NULL};
 
 int mgpu_hosts_read_token(const char *what, char *out, size_t len, mgpu_err_t *err)
 {
@@ -545,6 +545,20 @@ char *mgpu_hosts_command(const mgpu_hosts_t *h, int k, const mgpu_hosts_job_t *j
     bad |= mgpu_hosts_quote(buf, len, &used, "--watch_stdin");
     if (!job->own_prefix)
         bad |= qf(buf, len, &used, "--log_line_prefix_template=[%s:rank${rank}]:", host->name);
+    /* Every host starts in the same folder, most often one file system: host k > 0 writes its
+     * report with ".nodeK" before the extension, so that none replaces another's. */
+    if (job->summary != NULL && job->summary[0]) {
+        const char *base = strrchr(job->summary, '/'), *dot;
+        base = base != NULL ? base + 1 : job->summary;
+        dot = strrchr(base, '.');
+        if (k == 0)
+            bad |= qf(buf, len, &used, "--summary=%s", job->summary);
+        else if (dot == NULL || dot == base)
+            bad |= qf(buf, len, &used, "--summary=%s.node%d", job->summary, k);
+        else
+            bad |= qf(buf, len, &used, "--summary=%.*s.node%d%s", (int)(dot - job->summary),
+                      job->summary, k, dot);
+    }
     for (int i = 0; i < job->nfwd; i++)
         bad |= mgpu_hosts_quote(buf, len, &used, job->fwd[i]);
     bad |= mgpu_hosts_quote(buf, len, &used, "--");

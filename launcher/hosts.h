@@ -77,6 +77,7 @@ typedef struct mgpu_hosts_job {
     const char *const *fwd; /* the user's options to pass on as they are */
     int nfwd;               /* how many */
     int own_prefix;         /* the user chose a prefix template or none: keep it */
+    const char *summary;    /* --summary FILE: host 0's; the others' get ".nodeK" in it */
     char *const *prog_argv; /* the worker program and its arguments */
     int prog_argc;
     const mgpu_hosts_env_t *env;

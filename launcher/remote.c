@@ -590,6 +590,7 @@ static int build(remote_t *r, const mgpu_cli_t *cli, int argc, char **argv, mgpu
     job.fwd = fwd;
     job.nfwd = forwarded(cli, argc, argv, fwd);
     job.own_prefix = cli->prefix_template[0] || cli->no_prefix;
+    job.summary = cli->summary;
     job.prog_argv = cli->prog_argv;
     job.prog_argc = cli->prog_argc;
     job.env = &env;

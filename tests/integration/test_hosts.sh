@@ -30,7 +30,7 @@ t_hosts_three_by_two_world() {
     hostfile 3
     local port; port=$(free_port)
     MGPU_TEST_MARK=world-$$ launch_hosts L --hostfile hostfile --master_port "$port" --export MGPU_SIM_GPUS,MGPU_TEST_MARK,TMPDIR \
-        "$TW" env "e.%r" print "hello %r"
+        --summary run.json "$TW" env "e.%r" print "hello %r"
     wait_node L 60
     expect_eq "${MN_RC[L]}" 0 "exit status ($(dump_nodes err.L out.L 2>&1))"
     # every host ran its two ranks, node rank = the hostfile's order
@@ -48,6 +48,13 @@ t_hosts_three_by_two_world() {
             expect_grep out.L "^\[${MN_ADDR[$k]//./\\.}:rank$((2 * k + l))\]:hello $((2 * k + l))$"
         done
     done
+    # one folder for all (one file system): each host's report apart, host k > 0's with .nodeK
+    "$PY3" -c '
+import json
+for k, f in enumerate(["run.json", "run.node1.json", "run.node2.json"]):
+    d = json.load(open(f))
+    assert (d["node_rank"], [w["rank"] for w in d["workers"]]) == (k, [2 * k, 2 * k + 1]), (f, d)' ||
+        fail "summaries: $(ls run*)"
     expect_eq "$(procs_with_mark world-$$ | wc -l)" 0 "processes left"
 }
 

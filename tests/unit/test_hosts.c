@@ -213,6 +213,20 @@ static void test_command(void)
                  "--master_addr=a --master_port=29500 --nproc_per_node=gpu --local_addr=b "
                  "--rdzv_token_file=- --watch_stdin --max_restarts=1 -- train.py 'two words'");
     free(c);
+    /* --summary: host 0's as given, another host's with .nodeK before the extension */
+    const char *const sums[][3] = {
+        {"out/run.json", "--summary=out/run.json", "--summary=out/run.node1.json"},
+        {"run", "--summary=run", "--summary=run.node1"},
+        {"a.d/.sum", "--summary=a.d/.sum", "--summary=a.d/.sum.node1"}};
+    for (size_t i = 0; i < sizeof sums / sizeof sums[0]; i++)
+        for (int k = 0; k < 2; k++) {
+            job.summary = sums[i][0];
+            char want[64];
+            snprintf(want, sizeof want, "%s --max_restarts", sums[i][1 + k]); /* the whole word */
+            c = mgpu_hosts_command(&h, k, &job);
+            CHECK_CONTAINS(c, want);
+            free(c);
+        }
     mgpu_hosts_free(&h);
 }
 
