@@ -2,6 +2,7 @@
 #include "report.h"
 
 #include <cjson/cJSON.h> /* error files and the summary */
+#include <ctype.h>       /* isdigit */
 #include <errno.h>       /* errno */
 #include <signal.h>      /* SIGTERM */
 #include <stdlib.h>      /* malloc */
@@ -151,6 +152,41 @@ static void print_local_rank_hint(const mgpu_plan_t *plan, const mgpu_run_result
                 spelled[have], give[0], give[3 - have], spelled[3 - have]);
 }
 
+/* Whether line names port: its digits with no digit on either side. */
+static int names_port(const char *line, const char *port)
+{
+    size_t n = strlen(port);
+    for (const char *p = strstr(line, port); p != NULL; p = strstr(p + 1, port))
+        if ((p == line || !isdigit((unsigned char)p[-1])) && !isdigit((unsigned char)p[n]))
+            return 1;
+    return 0;
+}
+
+/* PyTorch's rank 0 could not listen on MASTER_PORT (another program holds it on that host;
+ * "Address already in use" from torch 1.x, "EADDRINUSE" from 2.x's store): the port comes from
+ * --master_port, and one line says so. */
+static void print_master_port_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
+    char port[16];
+    int taken = 0;
+
+    if (o == NULL || plan->master_port <= 0)
+        return;
+    snprintf(port, sizeof port, "%d", plan->master_port);
+    for (int i = 0; i < o->ntail && !taken; i++)
+        taken = (strstr(o->tail[i], "ddress already in use") != NULL ||
+                 strstr(o->tail[i], "EADDRINUSE") != NULL) &&
+                names_port(o->tail[i], port);
+    if (!taken)
+        return;
+    fprintf(out,
+            "hint: MASTER_PORT %d, where rank 0's PyTorch store listens, is taken on %s by "
+            "another program%s: give another --master_port\n",
+            plan->master_port, o->rank == 0 ? plan->hostname : "rank 0's host",
+            plan->nnodes > 1 ? " (a job of several nodes uses --master_port + 1 for it)" : "");
+}
+
 static void fmt_time(double t, char *buf, size_t len)
 {
     time_t s = (time_t)t;
@@ -288,6 +324,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     fprintf(out, "%s\n", rule);
     print_python_hint(plan, res, out);
     print_local_rank_hint(plan, res, out);
+    print_master_port_hint(plan, res, out);
 }
 
 /* torchrun's layout: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}. */

@@ -154,6 +154,21 @@ EOS
     expect_no_grep err '^hint:'
 }
 
+t_report_hint_when_master_port_is_taken() {
+    # rank 0's PyTorch store could not listen on MASTER_PORT (torch 1.x's words, then 2.x's):
+    # the hint names the port and the option; another port in the message: no hint
+    local p; p=$(free_port)
+    run_launch --nproc_per_node=2 --master_port "$p" -- sh -c '[ "$RANK" = 0 ] || sleep 5
+echo "RuntimeError: The server socket has failed to bind to [::]:$MASTER_PORT (errno: 98 - Address already in use)." >&2; exit 1'
+    expect_eq "$rc" 1
+    expect_eq "$(tail -n 1 err)" "hint: MASTER_PORT $p, where rank 0's PyTorch store listens, is taken on $(hostname) by another program: give another --master_port"
+    run_launch --nproc_per_node=1 --master_port "$p" -- sh -c 'echo "RuntimeError: The server socket has failed to listen on any local network address. port: $MASTER_PORT, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use" >&2; exit 1'
+    expect_grep err "^hint: MASTER_PORT $p, "
+    run_launch --nproc_per_node=1 --master_port "$p" -- sh -c 'echo "bind to 0.0.0.0:1$MASTER_PORT (errno: 98 - Address already in use)" >&2; exit 1'
+    expect_eq "$rc" 1
+    expect_no_grep err '^hint:'
+}
+
 t_report_hint_when_every_rank_lacks_a_module() {
     command -v python3 >/dev/null || skip "python3 needed"
     local py; py=$(command -v python3)
