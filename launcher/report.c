@@ -187,6 +187,21 @@ static void print_master_port_hint(const mgpu_plan_t *plan, const mgpu_run_resul
             plan->nnodes > 1 ? " (a job of several nodes uses --master_port + 1 for it)" : "");
 }
 
+/* A worker that asked PyTorch for NCCL where it has none (a CPU-only build of torch, or no GPU
+ * visible): the backend to use on CPUs, and why there is no GPU where the plan knows. */
+static void print_nccl_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+{
+    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
+
+    if (o == NULL || (!tail_has(o, "have NCCL built in", "") &&
+                      !tail_has(o, "ProcessGroupNCCL is only supported with GPUs", "")))
+        return;
+    fprintf(out,
+            "hint: the workers asked PyTorch for NCCL, which needs GPUs and a CUDA build of "
+            "torch: on CPUs, init_process_group(\"gloo\")%s%s\n",
+            plan->cpu_reason[0] ? "; here: " : "", plan->cpu_reason);
+}
+
 static void fmt_time(double t, char *buf, size_t len)
 {
     time_t s = (time_t)t;
@@ -325,6 +340,7 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
     print_python_hint(plan, res, out);
     print_local_rank_hint(plan, res, out);
     print_master_port_hint(plan, res, out);
+    print_nccl_hint(plan, res, out);
 }
 
 /* torchrun's layout: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}. */

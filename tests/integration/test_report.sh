@@ -169,6 +169,16 @@ echo "RuntimeError: The server socket has failed to bind to [::]:$MASTER_PORT (e
     expect_no_grep err '^hint:'
 }
 
+t_report_hint_when_nccl_is_asked_for_without_it() {
+    # PyTorch's words where its build has no NCCL (Debian's) or no GPU is seen: the hint says
+    # gloo, and why the host has no GPU
+    run_launch --nproc_per_node=2 -- sh -c 'echo "RuntimeError: Distributed package doesn'"'"'t have NCCL built in" >&2; exit 1'
+    expect_eq "$rc" 1
+    expect_eq "$(tail -n 1 err)" 'hint: the workers asked PyTorch for NCCL, which needs GPUs and a CUDA build of torch: on CPUs, init_process_group("gloo"); here: no GPU is installed'
+    run_launch --nproc_per_node=1 -- sh -c 'echo "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!" >&2; exit 1'
+    expect_grep err '^hint: the workers asked PyTorch for NCCL'
+}
+
 t_report_hint_when_every_rank_lacks_a_module() {
     command -v python3 >/dev/null || skip "python3 needed"
     local py; py=$(command -v python3)
