@@ -152,6 +152,28 @@ PY
     expect_eq "$(head -c 8 m.png | od -An -tx1 | tr -d ' \n')" 89504e470d0a1a0a "PNG signature"
 }
 
+t_metrics_file_on_a_full_disk_is_said_and_kept_whole() {
+    # metrics_file on a 64 KB tmpfs (a mount namespace of the test's own): the disk fills
+    # mid-run; the worker says so once, naming the file, trains on to exit 0, and the file
+    # keeps whole JSON lines only (a record cut in the middle would break its readers)
+    [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null || skip "needs root and a mount namespace"
+    mkdir -p small
+    unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs small && "$@" && cp small/m.jsonl m.jsonl' sh \
+        "$WORKER" "$MGPU_ROOT/configs/train.cfg" epochs=4 log_interval=1 \
+        metrics_file=small/m.jsonl >out 2>err
+    rc=$?
+    if [ "$rc" != 0 ] && grep -q '^mount:' err; then skip "no tmpfs here: $(head -c 200 err)"; fi
+    expect_eq "$rc" 0 "exit status ($(tail -3 err))"
+    expect_eq "$(grep -c 'metrics_file' err)" 1 "warnings"
+    expect_grep err '^mgpu-worker: warning: metrics_file small/m.jsonl: No space left on device; the records from here on are not in it$'
+    python3 -c '
+import json
+rows = [json.loads(l) for l in open("m.jsonl")]
+assert len(rows) > 100 and not any(r.get("final") for r in rows), len(rows)' ||
+        fail "m.jsonl: $(tail -c 200 m.jsonl)"
+    expect_grep out '^eval epoch 4 step 1000: '
+}
+
 t_cpu_worker_does_not_load_cublas() {
     # cuBLAS is opened with the first CUDA backend (kernels_cuda.cu): a worker training on
     # the CPU never maps it (linked, libcublasLt alone cost ~60 ms of every start).

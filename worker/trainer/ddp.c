@@ -192,7 +192,7 @@ static int report_eval(ddp_state_t *s, const mgpu_dataset_t *ev, long long epoch
     cJSON_AddNumberToObject(o, "eval_loss", loss);
     if (!isnan(acc))
         cJSON_AddNumberToObject(o, "eval_accuracy", acc);
-    mgpu_run_metrics_line(s->metrics, o);
+    mgpu_run_metrics_line(&s->metrics, s->cfg->metrics_file, o);
     return 0;
 }
 
@@ -382,7 +382,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     cJSON_AddNumberToObject(o, "loss", loss);
                     cJSON_AddNumberToObject(o, "samples_per_s", sps);
                     cJSON_AddNumberToObject(o, "elapsed_s", el);
-                    mgpu_run_metrics_line(s.metrics, o);
+                    mgpu_run_metrics_line(&s.metrics, cfg->metrics_file, o);
                 }
             }
             if (cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0 &&
@@ -473,7 +473,7 @@ int mgpu_ddp_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
         cJSON_AddBoolToObject(o, "data_in_place", res->in_place);
         cJSON_AddStringToObject(o, "backend", k->ops->name);
-        mgpu_run_metrics_line(s.metrics, o);
+        mgpu_run_metrics_line(&s.metrics, cfg->metrics_file, o);
     }
     rc = mgpu_run_result_params(k, "ddp", s.t->model->params, s.t->model->n_params, res, err);
     if (rc == 0)

@@ -11,7 +11,7 @@
 #include <string.h>      /* memset */
 #include <time.h>        /* clock_gettime */
 
-#include "run_util.h" /* mgpu_run_last_epoch */
+#include "run_util.h" /* mgpu_run_last_epoch, mgpu_run_metrics_line */
 #include "sampler.h"  /* mgpu_sampler_* */
 #include "train.h"    /* mgpu_trainer_* */
 
@@ -73,15 +73,7 @@ static int all_ok(dp_shared_t *sh)
 
 static void metrics_line(dp_shared_t *sh, cJSON *o)
 {
-    if (sh->metrics != NULL) {
-        char *line = cJSON_PrintUnformatted(o);
-        if (line != NULL) {
-            fprintf(sh->metrics, "%s\n", line);
-            fflush(sh->metrics);
-            cJSON_free(line);
-        }
-    }
-    cJSON_Delete(o);
+    mgpu_run_metrics_line(&sh->metrics, sh->cfg->metrics_file, o);
 }
 
 static int evaluate(dp_shared_t *sh, mgpu_trainer_t *t, long long epoch, long long step,

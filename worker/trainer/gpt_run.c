@@ -243,7 +243,7 @@ static int report_eval(run_t *s, long long epoch, long long step, mgpu_ddp_resul
     cJSON_AddNumberToObject(o, "step", (double)step);
     cJSON_AddNumberToObject(o, "eval_loss", loss);
     cJSON_AddNumberToObject(o, "eval_perplexity", exp(loss));
-    mgpu_run_metrics_line(s->metrics, o);
+    mgpu_run_metrics_line(&s->metrics, s->cfg->metrics_file, o);
     return 0;
 }
 
@@ -715,7 +715,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
                     cJSON_AddNumberToObject(o, "lr", hp.lr);
                     cJSON_AddNumberToObject(o, "tokens_per_s", tps);
                     cJSON_AddNumberToObject(o, "elapsed_s", el);
-                    mgpu_run_metrics_line(s.metrics, o);
+                    mgpu_run_metrics_line(&s.metrics, cfg->metrics_file, o);
                 }
             }
             if (cfg->checkpoint_interval > 0 && step % cfg->checkpoint_interval == 0 &&
@@ -790,7 +790,7 @@ int mgpu_gpt_run(mgpu_kernels_t *k, const mgpu_cfg_t *cfg, const mgpu_ddp_comm_t
         }
         cJSON_AddStringToObject(o, "backend", k->ops->name);
         cJSON_AddBoolToObject(o, "cuda_graph", res->graphed);
-        mgpu_run_metrics_line(s.metrics, o);
+        mgpu_run_metrics_line(&s.metrics, cfg->metrics_file, o);
     }
     mgpu_progress_phase(comm->progress, MGPU_PHASE_DONE);
     if (rank == 0 && cfg->export_file[0] != 0 && (rc = export_model(&s, err)) < 0)

@@ -8,10 +8,13 @@
 #include <signal.h>      /* sigprocmask, sigpending, sigtimedwait */
 #include <stdlib.h>      /* malloc */
 #include <string.h>      /* memset, strerror */
+#include <sys/stat.h>    /* fstat */
 #include <sys/uio.h>     /* struct iovec */
 #include <time.h>        /* clock_gettime */
+#include <unistd.h>      /* dup, ftruncate, close */
 
 #include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "log.h"         /* mgpu_warn */
 
 double mgpu_run_now_s(void)
 {
@@ -123,18 +126,31 @@ int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, long
     return 0;
 }
 
-void mgpu_run_metrics_line(FILE *f, cJSON *obj)
+void mgpu_run_metrics_line(FILE **f, const char *path, cJSON *obj)
 {
-    if (f != NULL) {
-        char *line = cJSON_PrintUnformatted(obj);
-        if (line != NULL) {
-            fputs(line, f);
-            fputc('\n', f);
-            fflush(f);
-            cJSON_free(line);
-        }
-    }
+    char *line = *f != NULL ? cJSON_PrintUnformatted(obj) : NULL;
+    struct stat st;
+
     cJSON_Delete(obj);
+    if (line == NULL)
+        return;
+    /* every line before this one was flushed whole: the file ends where it starts */
+    off_t at = fstat(fileno(*f), &st) == 0 ? st.st_size : -1;
+    errno = 0;
+    if ((fputs(line, *f) < 0 || fputc('\n', *f) == EOF || fflush(*f) != 0) && errno != 0) {
+        /* A full disk, a quota: said once; the file keeps its whole lines only, and the run
+         * goes on without it. */
+        int e = errno, fd = dup(fileno(*f));
+        fclose(*f); /* which may write what the buffer still held: cut after it */
+        *f = NULL;
+        if (at >= 0 && (fd < 0 || ftruncate(fd, at) != 0))
+            at = -1;
+        if (fd >= 0)
+            close(fd);
+        mgpu_warn("metrics_file %s: %s; the records from here on are not in it%s", path,
+                  strerror(e), at >= 0 ? "" : " (its last line may be cut)");
+    }
+    cJSON_free(line);
 }
 
 /* host_state: state is rank 0's host memory, which only rank 0 fills (zero = 1 scatters it). */

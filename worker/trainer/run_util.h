@@ -57,8 +57,10 @@ int mgpu_run_reduce_host(mgpu_kernels_t *k, const mgpu_ddp_comm_t *comm, void *s
  * records. *f stays NULL elsewhere. The caller fcloses *f. */
 int mgpu_run_metrics_open(const char *who, const mgpu_cfg_t *cfg, int rank, long long resumed_step,
                           FILE **f, mgpu_err_t *err);
-/* One JSON line into f (may be NULL: nothing written); obj is deleted either way. */
-void mgpu_run_metrics_line(FILE *f, struct cJSON *obj);
+/* One JSON line into *f (NULL: nothing written); obj is deleted either way. A line that cannot
+ * be written (a full disk) is warned of once, naming path, and cut off the file, which is
+ * closed (*f NULL): the run goes on without it. */
+void mgpu_run_metrics_line(FILE **f, const char *path, struct cJSON *obj);
 
 /* Rank 0 reads cfg->checkpoint and, if it fits (fits), loads its parameters and optimizer
  * state into params and state (backend memory, n_params and n_state floats); everyone learns
