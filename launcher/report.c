@@ -120,17 +120,14 @@ static int tail_has(const mgpu_outcome_t *o, const char *a, const char *b)
 /* A script's argparse asking for torch.distributed.launch's --local_rank argument (--local-rank
  * since torch 2.0), or refusing the one --legacy_local_rank passed: the root cause is the
  * launch's command line, and one line says which option fixes it. */
-static void print_local_rank_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+static void print_local_rank_hint(const mgpu_plan_t *plan, const mgpu_outcome_t *o, FILE *out)
 {
     static const char *const give[] = {"drop --legacy_local_rank", "give --legacy_local_rank",
                                        "give --legacy_local_rank=dash"};
     static const char *const spelled[] = {"", "--local_rank", "--local-rank"};
-    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
     const int have = plan->legacy_local_rank;
     int want = -1; /* 0 none, 1 underscore, 2 dash */
 
-    if (o == NULL)
-        return;
     if (tail_has(o, "arguments are required:", "--local_rank"))
         want = 1;
     else if (tail_has(o, "arguments are required:", "--local-rank"))
@@ -165,13 +162,12 @@ static int names_port(const char *line, const char *port)
 /* PyTorch's rank 0 could not listen on MASTER_PORT (another program holds it on that host;
  * "Address already in use" from torch 1.x, "EADDRINUSE" from 2.x's store): the port comes from
  * --master_port, and one line says so. */
-static void print_master_port_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+static void print_master_port_hint(const mgpu_plan_t *plan, const mgpu_outcome_t *o, FILE *out)
 {
-    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
     char port[16];
     int taken = 0;
 
-    if (o == NULL || plan->master_port <= 0)
+    if (plan->master_port <= 0)
         return;
     snprintf(port, sizeof port, "%d", plan->master_port);
     for (int i = 0; i < o->ntail && !taken; i++)
@@ -189,12 +185,10 @@ static void print_master_port_hint(const mgpu_plan_t *plan, const mgpu_run_resul
 
 /* A worker that asked PyTorch for NCCL where it has none (a CPU-only build of torch, or no GPU
  * visible): the backend to use on CPUs, and why there is no GPU where the plan knows. */
-static void print_nccl_hint(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FILE *out)
+static void print_nccl_hint(const mgpu_plan_t *plan, const mgpu_outcome_t *o, FILE *out)
 {
-    const mgpu_outcome_t *o = res->root >= 0 ? &res->outcomes[res->root] : NULL;
-
-    if (o == NULL || (!tail_has(o, "have NCCL built in", "") &&
-                      !tail_has(o, "ProcessGroupNCCL is only supported with GPUs", "")))
+    if (!tail_has(o, "have NCCL built in", "") &&
+        !tail_has(o, "ProcessGroupNCCL is only supported with GPUs", ""))
         return;
     fprintf(out,
             "hint: the workers asked PyTorch for NCCL, which needs GPUs and a CUDA build of "
@@ -338,9 +332,11 @@ void mgpu_report_print(const mgpu_plan_t *plan, const mgpu_run_result_t *res, FI
                 plan->max_restarts);
     fprintf(out, "%s\n", rule);
     print_python_hint(plan, res, out);
-    print_local_rank_hint(plan, res, out);
-    print_master_port_hint(plan, res, out);
-    print_nccl_hint(plan, res, out);
+    if (res->root >= 0) { /* hints read the root cause's last lines */
+        print_local_rank_hint(plan, &res->outcomes[res->root], out);
+        print_master_port_hint(plan, &res->outcomes[res->root], out);
+        print_nccl_hint(plan, &res->outcomes[res->root], out);
+    }
 }
 
 /* torchrun's layout: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}. */
