@@ -148,6 +148,14 @@ static void test_value_errors(void)
     /* a known key with a part added */
     expect_error("checkpoint_dir = ck\n",
                  "t.cfg:1: unknown key 'checkpoint_dir' (did you mean 'checkpoint'?)", NULL);
+    /* a known key with a part left off, and nanoGPT's and Hugging Face's names */
+    expect_error("batch = 8\n", "t.cfg:1: unknown key 'batch' (did you mean 'batch_size'?)", NULL);
+    expect_error("block_size = 1024\n",
+                 "t.cfg:1: unknown key 'block_size' (did you mean 'context'?)", NULL);
+    expect_error("vocab_size = 50304\n",
+                 "t.cfg:1: unknown key 'vocab_size' (did you mean 'vocab'?)", NULL);
+    expect_error("learning_rate = 6e-4\n",
+                 "t.cfg:1: unknown key 'learning_rate' (did you mean 'lr'?)", NULL);
     expect_error("\n\noptimizer = adam\n",
                  "t.cfg:3: optimizer = 'adam': expected one of sgd, adamw", NULL);
     expect_error("mode = ddp\nmode = dp\n", "t.cfg:2: mode is set twice (first at line 1)", NULL);

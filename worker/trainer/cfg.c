@@ -73,16 +73,36 @@ void mgpu_cfg_defaults(mgpu_cfg_t *cfg)
 
 /* --- lines --------------------------------------------------------------------------------- */
 
+/* Keys of nanoGPT's and Hugging Face's configs, and the key here that means the same. */
+static const char *const other_names[][2] = {
+    {"block_size", "context"},
+    {"n_ctx", "context"},
+    {"n_positions", "context"},
+    {"vocab_size", "vocab"},
+    {"learning_rate", "lr"},
+    {"max_iters", "max_steps"},
+    {"min_lr", "lr_min"},
+    {"warmup_iters", "warmup_steps"},
+    {"beta1", "betas"},
+    {"beta2", "betas"},
+    {"gradient_accumulation_steps", "grad_accum"},
+};
+
 static int unknown_key(const char *where, const char *key, mgpu_err_t *err)
 {
     char list[1024] = "";
     const char *best = NULL;
     size_t best_d = 3;
+    for (size_t i = 0; i < sizeof other_names / sizeof other_names[0]; i++)
+        if (strcmp(key, other_names[i][0]) == 0)
+            best = other_names[i][1], best_d = 0;
     for (size_t i = 0; i < mgpu_cfg_n_keys; i++) {
         const char *name = mgpu_cfg_keys[i].name;
-        size_t d = mgpu_edit_distance(key, name), n = strlen(name);
-        /* a known key with a part added: checkpoint_dir, lr_schedule */
-        if (d >= best_d && n >= 4 && strncmp(key, name, n) == 0 && key[n] == '_')
+        size_t d = mgpu_edit_distance(key, name), n = strlen(name), k = strlen(key);
+        /* a known key with a part added (checkpoint_dir, lr_schedule) or left off (batch) */
+        if (best_d > 0 && d >= best_d && n >= 4 && strncmp(key, name, n) == 0 && key[n] == '_')
+            d = best_d - 1;
+        if (best_d > 0 && d >= best_d && k >= 4 && strncmp(name, key, k) == 0 && name[k] == '_')
             d = best_d - 1;
         if (d < best_d)
             best_d = d, best = mgpu_cfg_keys[i].name;
