@@ -158,6 +158,32 @@ open("none.bin", "wb").write(struct.pack("<3i", 20240520, 1, 0) + bytes(1012))'
     done
 }
 
+t_data_file_cut_short_during_a_run_is_named() {
+    need_numpy
+    write_shard_py
+    "$NPY" shard.py big.bin 1 0 2000000 || fail "shard.py"
+    gpt_cfg
+    echo 'data_tokens = big.bin' >>g.cfg
+    # the file truncated under a running worker: its next window past the new end is a SIGBUS
+    # of the mapping, which must end the run with the file named, not a bare "Bus error"
+    "$WORKER" g.cfg max_steps=100000000 >out 2>err &
+    local pid=$! i
+    for i in $(seq 300); do
+        grep -qs 'step 2/' out && break
+        sleep 0.1
+    done
+    grep -q 'step 2/' out || { kill "$pid"; fail "no step logged: $(cat out err)"; }
+    truncate -s 3000 big.bin
+    for i in $(seq 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; fail "the worker ran on over a cut file"; }
+    wait "$pid"
+    expect_eq "$?" 2 "the worker over a file cut short"
+    expect_grep err 'big.bin: the file is shorter than the 4001024 bytes it had when the run opened it \(token [0-9]+ at byte offset [0-9]+ cannot be read\)'
+}
+
 t_data_four_ranks_map_a_1gb_set_in_little_memory() {
     # 512 Mi uint16 tokens (1 GiB) behind an llm.c header, sparse: its tokens are 0
     "$NPY" -c '

@@ -3,6 +3,8 @@
 
 #include <errno.h>    /* errno, ENOMEM */
 #include <glob.h>     /* glob: fineweb_train_*.bin */
+#include <setjmp.h>   /* sigjmp_buf: a read of a file cut short */
+#include <signal.h>   /* sigaction, SIGBUS */
 #include <stdio.h>    /* snprintf */
 #include <stdlib.h>   /* malloc, free */
 #include <string.h>   /* strdup, strcspn */
@@ -16,6 +18,36 @@
 static uint32_t le32(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A mapped file cut shorter while the run reads it (truncated, or rewritten in place) makes
+ * the first touch of a page past its new end SIGBUS, which would end the worker with no word
+ * of the file. Reading a window is guarded: the signal jumps back to the read, which fails
+ * naming the file. A SIGBUS anywhere else gets what it got before: the previous disposition is
+ * put back and the faulting access runs again. */
+static __thread sigjmp_buf *volatile bus_guard; /* volatile: set around loads only */
+static struct sigaction bus_prev;
+static int bus_installed;
+
+static void on_bus(int sig, siginfo_t *si, void *uc)
+{
+    (void)si;
+    (void)uc;
+    if (bus_guard != NULL)
+        siglongjmp(*bus_guard, 1);
+    sigaction(sig, &bus_prev, NULL);
+}
+
+static void install_bus_guard(void)
+{
+    struct sigaction sa;
+    if (bus_installed)
+        return;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_bus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    bus_installed = sigaction(SIGBUS, &sa, &bus_prev) == 0;
 }
 
 /* Maps path and reads its layout into f (path is copied). */
@@ -39,6 +71,7 @@ static int map_file(mgpu_shards_t *s, mgpu_shard_t *f, const char *path, int tex
         }
         f->map = m;
         f->map_len = size;
+        install_bus_guard();
     }
     close(fd); /* the mapping keeps the file */
     const unsigned char *p = f->map;
@@ -278,12 +311,26 @@ int mgpu_windows_read(const mgpu_windows_t *w, size_t win, int32_t *tok, int32_t
     const mgpu_shard_t *f = &w->s->f[sp->file];
     size_t first = sp->start + (win - sp->first_window) * (size_t)T;
     const unsigned char *p = f->map + f->header + first * (size_t)f->width;
+    sigjmp_buf jb;
+    volatile int at = 0; /* the token being read when a SIGBUS jumps back */
+    if (sigsetjmp(jb, 1) != 0) {
+        bus_guard = NULL;
+        size_t off = f->header + (first + (size_t)at) * (size_t)f->width;
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: the file is shorter than the %zu bytes it had when the run "
+                            "opened it (token %zu at byte offset %zu cannot be read): a data "
+                            "file must not change while a run reads it",
+                            f->path, f->map_len, first + (size_t)at, off);
+    }
+    bus_guard = &jb;
     for (int i = 0; i <= T; i++) {
         const unsigned char *q = p + (size_t)i * (size_t)f->width;
+        at = i;
         uint32_t id = f->width == 1   ? q[0]
                       : f->width == 2 ? (uint32_t)q[0] | (uint32_t)q[1] << 8
                                       : le32(q);
         if (id >= (uint32_t)w->s->vocab) {
+            bus_guard = NULL;
             drop_pages(p, (size_t)(T + 1) * (size_t)f->width);
             return mgpu_err_set(err, MGPU_E_CONFIG,
                                 "%s: token %u at position %zu (byte offset %zu), expected below "
@@ -296,6 +343,7 @@ int mgpu_windows_read(const mgpu_windows_t *w, size_t win, int32_t *tok, int32_t
         if (tgt != NULL && i > 0)
             tgt[i - 1] = (int32_t)id;
     }
+    bus_guard = NULL;
     drop_pages(p, (size_t)(T + 1) * (size_t)f->width);
     return 0;
 }

@@ -14,7 +14,9 @@
  * caller's batch when it is read, and the pages it touched are dropped from the process's
  * mapping afterwards (MADV_DONTNEED, which leaves them in the page cache), so a rank's
  * resident memory stays at its batch however much of the data set an epoch visits, and the
- * ranks of a node share one copy of the data in the page cache.
+ * ranks of a node share one copy of the data in the page cache. A file cut shorter during the
+ * run (its next read past the new end would be a SIGBUS) fails that read, MGPU_E_CONFIG naming
+ * the file and the token.
  *
  * Windows are context + 1 tokens at stride context inside one span of one file: a file
  * boundary never falls inside a window. The held-out split (eval_fraction) is the tail of the
