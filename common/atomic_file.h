@@ -4,7 +4,11 @@
  * The bytes go to PATH.tmp.PID, which is fsynced (the data must be on disk before the rename
  * makes it the file, or a crash can leave the new name on an empty or partial file), renamed
  * over PATH, and then the directory is fsynced (the rename lives in the directory: without it
- * the new name may not survive a crash). The caller owns path and the buffers. */
+ * the new name may not survive a crash). A symlink to a file has its target replaced (the link
+ * stays); a path that is not a regular file (a terminal, a pipe, /dev/null) or that names a
+ * descriptor of the process (/dev/stdout, /proc/self/fd/N) is written in place, appended to,
+ * since a rename would put a file where the device was or take a redirected log away from its
+ * shell. The caller owns path and the buffers. */
 #ifndef MGPU_ATOMIC_FILE_H
 #define MGPU_ATOMIC_FILE_H
 
@@ -26,6 +30,11 @@ enum {
  * the call and the file. Returns 0 or a negative errno. */
 int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
                            mgpu_err_t *err);
+
+/* Whether mgpu_atomic_file_write could write path, without writing: a file (or a link's
+ * target) in a folder this process may write in, or a device, pipe or descriptor of the
+ * process it may write to; a folder is refused. 0, or a negative errno with err saying why. */
+int mgpu_atomic_file_check(const char *path, mgpu_err_t *err);
 
 /* Renames tmp, a complete file already synced by its writer, over path, then fsyncs path's
  * directory (flags as above): mgpu_atomic_file_write's last step, for a caller that writes

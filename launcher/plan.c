@@ -14,11 +14,12 @@
 #include <sys/wait.h> /* waitpid */
 #include <time.h>     /* clock_gettime */
 
-#include "clock.h"  /* mgpu_clock_mono */
-#include "escape.h" /* mgpu_escape_inplace */
-#include "log.h"    /* mgpu_info */
-#include "sock.h"   /* mgpu_sock_is_loopback */
-#include "text.h"   /* mgpu_append_line */
+#include "atomic_file.h" /* mgpu_atomic_file_check */
+#include "clock.h"       /* mgpu_clock_mono */
+#include "escape.h"      /* mgpu_escape_inplace */
+#include "log.h"         /* mgpu_info */
+#include "sock.h"        /* mgpu_sock_is_loopback */
+#include "text.h"        /* mgpu_append_line */
 
 extern char **environ;
 
@@ -146,30 +147,19 @@ static int check_file(const char *what, const char *file, mgpu_err_t *err)
     return 0;
 }
 
-/* --summary FILE is written at the end, through FILE.tmp.<pid> in its folder: that folder must
- * be there and writable now, so that a mistyped path is one message before anything starts
- * rather than a report lost after the job. */
+/* --summary FILE is written at the end, through FILE.tmp.<pid> in its folder (or in place, for
+ * /dev/stdout and the like: atomic_file.h): that folder, or the device, must be writable now,
+ * so that a mistyped path is one message before anything starts rather than a report lost
+ * after the job. */
 static int check_summary(const char *file, mgpu_err_t *err)
 {
-    char dir[2048];
-    const char *slash = strrchr(file, '/');
+    mgpu_err_t why = {0};
     struct stat st;
-
     if (stat(file, &st) == 0 && S_ISDIR(st.st_mode))
         return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': is a directory, expected a file",
                             file);
-    if (slash == NULL)
-        snprintf(dir, sizeof dir, ".");
-    else
-        snprintf(dir, sizeof dir, "%.*s", slash == file ? 1 : (int)(slash - file), file);
-    if (stat(dir, &st) != 0)
-        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': folder '%s': %s", file, dir,
-                            strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': '%s' is not a folder", file, dir);
-    if (access(dir, W_OK | X_OK) != 0)
-        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': cannot write in '%s': %s", file,
-                            dir, strerror(errno));
+    if (mgpu_atomic_file_check(file, &why) < 0)
+        return mgpu_err_set(err, MGPU_E_USAGE, "--summary '%s': %s", file, why.msg);
     return 0;
 }
 

@@ -355,6 +355,28 @@ assert len(d["workers"]) == 2 and all(w["exit_code"] == 0 for w in d["workers"])
     expect_eq "$(find . -maxdepth 1 -name 'sum.json?*' | wc -l)" 0 "temporary files left"
 }
 
+t_opt_summary_to_stdout_a_device_or_a_link() {
+    # --summary=/dev/stdout with stdout on a log: the report goes into the log, whose file the
+    # shell keeps writing (a rename over /dev/stdout would have put a file in /dev, as root)
+    "$LAUNCH" --nproc_per_node=1 --summary=/dev/stdout "$TW" exit 0 >log 2>err ||
+        fail "exit $?: $(cat err)"
+    [ -L /dev/stdout ] || fail "/dev/stdout is no longer a link"
+    python3 -c 'import json, sys
+t = open("log").read()
+d = json.loads(t[t.index("{"):])
+assert d["result"] == "succeeded", d' || fail "the log holds no report: $(cat log)"
+    run_launch --nproc_per_node=1 --summary=/dev/null "$TW" exit 0
+    expect_eq "$rc" 0 "--summary=/dev/null"
+    [ -c /dev/null ] || fail "/dev/null is no longer a device"
+    # a link to a file: the file is replaced, the link kept
+    echo old >target.json && ln -s target.json link.json
+    run_launch --nproc_per_node=1 --summary=link.json "$TW" exit 0
+    expect_eq "$rc" 0 "--summary through a link"
+    [ -L link.json ] || fail "link.json was replaced by a file"
+    python3 -c 'import json; assert json.load(open("target.json"))["result"] == "succeeded"' ||
+        fail "target.json: $(cat target.json)"
+}
+
 t_opt_summary_path_checked_before_anything_starts() {
     # a summary that could not be written at the end is refused at the start: exit 2, the path
     # and the reason named, no worker started

@@ -136,6 +136,52 @@ static void test_atomic_file_errors_name_the_call(void)
     CHECK_CONTAINS(err.msg, "open(/nonexistent_dir_mgpu/f.tmp.");
 }
 
+/* What a rename must not replace is written in place; a link stays a link. */
+static void test_atomic_file_devices_links_and_descriptors(void)
+{
+    char *dir = tmpdir_make(), file[256], link[256], fdpath[64], buf[64] = {0};
+    struct iovec iov = {.iov_base = "new", .iov_len = 3};
+    mgpu_err_t err = {0};
+    struct stat st, before;
+
+    CHECK(dir != NULL);
+    /* devices: /dev/null takes the bytes and stays a device; /dev/full says it is full */
+    CHECK_INT(mgpu_atomic_file_write("/dev/null", &iov, 1, 0, &err), 0);
+    CHECK(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK_INT(mgpu_atomic_file_write("/dev/full", &iov, 1, 0, &err), -ENOSPC);
+    CHECK_CONTAINS(err.msg, "write(/dev/full)");
+    CHECK(stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode));
+    /* a link to a file: the file is replaced, the link kept, no temporary left */
+    snprintf(file, sizeof file, "%s/real", dir);
+    snprintf(link, sizeof link, "%s/link", dir);
+    CHECK_INT(mgpu_atomic_file_write(file, &(struct iovec){"old", 3}, 1, 0, &err), 0);
+    CHECK(symlink("real", link) == 0);
+    CHECK_INT(mgpu_atomic_file_write(link, &iov, 1, 0, &err), 0);
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+    int fd = open(file, O_RDONLY);
+    CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 3);
+    close(fd);
+    CHECK_STR(buf, "new");
+    /* a descriptor of this process (stdout redirected to a log): appended to, not replaced */
+    unlink(link);
+    fd = open(file, O_WRONLY | O_APPEND);
+    CHECK(fd >= 0 && fstat(fd, &before) == 0);
+    snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", fd);
+    CHECK_INT(mgpu_atomic_file_write(fdpath, &(struct iovec){" more", 5}, 1, 0, &err), 0);
+    close(fd);
+    CHECK(stat(file, &st) == 0 && st.st_ino == before.st_ino);
+    fd = open(file, O_RDONLY);
+    memset(buf, 0, sizeof buf);
+    CHECK_INT((int)mgpu_fdio_read_all(fd, buf, sizeof buf - 1), 8);
+    close(fd);
+    CHECK_STR(buf, "new more");
+    /* a folder is refused by name; nothing is left in it */
+    CHECK_INT(mgpu_atomic_file_write(dir, &iov, 1, 0, &err), -EISDIR);
+    CHECK_CONTAINS(err.msg, "is a folder, expected a file");
+    unlink(file);
+    CHECK(rmdir(dir) == 0);
+}
+
 static void test_path_dirname(void)
 {
     char out[64];
@@ -318,6 +364,7 @@ int main(void)
     RUN(test_fdio_raise_limit);
     RUN(test_atomic_file_write_replaces);
     RUN(test_atomic_file_errors_name_the_call);
+    RUN(test_atomic_file_devices_links_and_descriptors);
     RUN(test_path_dirname);
     RUN(test_fs_mkdir_p_and_remove_tree);
     RUN(test_sock_loopback);
