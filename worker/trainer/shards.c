@@ -9,6 +9,7 @@
 #include <stdlib.h>   /* malloc, free */
 #include <string.h>   /* strdup, strcspn */
 #include <sys/mman.h> /* mmap, munmap, madvise */
+#include <sys/stat.h> /* stat: a file cut short */
 #include <sys/uio.h>  /* struct iovec */
 #include <unistd.h>   /* close, sysconf */
 
@@ -316,11 +317,17 @@ int mgpu_windows_read(const mgpu_windows_t *w, size_t win, int32_t *tok, int32_t
     if (sigsetjmp(jb, 1) != 0) {
         bus_guard = NULL;
         size_t off = f->header + (first + (size_t)at) * (size_t)f->width;
-        return mgpu_err_set(err, MGPU_E_CONFIG,
-                            "%s: the file is shorter than the %zu bytes it had when the run "
-                            "opened it (token %zu at byte offset %zu cannot be read): a data "
-                            "file must not change while a run reads it",
-                            f->path, f->map_len, first + (size_t)at, off);
+        struct stat st;
+        if (stat(f->path, &st) == 0 && (size_t)st.st_size < f->map_len)
+            return mgpu_err_set(err, MGPU_E_CONFIG,
+                                "%s: the file is shorter than the %zu bytes it had when the run "
+                                "opened it (token %zu at byte offset %zu cannot be read): a data "
+                                "file must not change while a run reads it",
+                                f->path, f->map_len, first + (size_t)at, off);
+        return mgpu_err_set(err, -EIO,
+                            "%s: token %zu at byte offset %zu cannot be read (the file's storage "
+                            "failed, or the file changed while the run read it)",
+                            f->path, first + (size_t)at, off);
     }
     bus_guard = &jb;
     for (int i = 0; i <= T; i++) {
