@@ -181,7 +181,7 @@ t_data_file_cut_short_during_a_run_is_named() {
     kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; fail "the worker ran on over a cut file"; }
     wait "$pid"
     expect_eq "$?" 2 "the worker over a file cut short"
-    expect_grep err 'big.bin: the file is shorter than the 4001024 bytes it had when the run opened it \(token [0-9]+ at byte offset [0-9]+ cannot be read\)'
+    expect_grep err 'big.bin: the file is shorter than the 4001024 bytes it had when it was opened \(token [0-9]+ at byte offset [0-9]+ cannot be read\)'
 }
 
 t_data_four_ranks_map_a_1gb_set_in_little_memory() {
@@ -266,6 +266,24 @@ print(len(got), "ids as tokenizers gives them")' || fail "the ids differ from to
     "$WORKER" --check g.cfg vocab=600 >out 2>err
     expect_eq "$?" 2 "a tokenizer past vocab"
     expect_grep err 'tokenizer.json has ids up to [0-9]+, expected below vocab = 600'
+}
+
+t_data_encode_of_a_text_cut_short_is_named() {
+    need_tokenizers
+    train_tokenizer
+    # about 40 MB of text (seconds of encoding), truncated once the worker has mapped it
+    for _ in $(seq 1100); do cat corpus.txt; done >big.txt
+    "$WORKER" --encode tokenizer.json big.txt big.bin >out 2>err &
+    local pid=$! i
+    for i in $(seq 200); do
+        grep -qs 'big.txt' "/proc/$pid/maps" && break
+        sleep 0.05
+    done
+    truncate -s 0 big.txt
+    wait "$pid"
+    expect_eq "$?" 2 "--encode of a text cut short"
+    expect_grep err 'big.txt: the file is shorter than the [0-9]+ bytes it had when it was opened: a data file must not change while a run reads it'
+    [ ! -e big.bin ] || fail "big.bin written from a text cut short"
 }
 
 t_data_encode_refuses_bad_input() {

@@ -128,6 +128,19 @@ static int help(void)
     return 0;
 }
 
+typedef struct {
+    const mgpu_bpe_t *t;
+    const mgpu_shard_t *text;
+    int32_t *ids;
+    size_t n;
+} encode_job_t;
+
+static int encode_text(void *ctx, mgpu_err_t *err)
+{
+    encode_job_t *j = ctx;
+    return mgpu_bpe_encode(j->t, (const char *)j->text->map, j->text->n, &j->ids, &j->n, err);
+}
+
 /* --encode: TEXT through the tokenizer into an llm.c shard. 2 for a bad tokenizer or input,
  * 1 when the output cannot be written. */
 static int encode(const char *tokenizer, const char *in, const char *out)
@@ -147,8 +160,12 @@ static int encode(const char *tokenizer, const char *in, const char *out)
                           text.n_files);
         goto out;
     }
-    if ((rc = mgpu_bpe_encode(t, (const char *)text.f[0].map, text.f[0].n, &ids, &n, &err)) < 0 ||
-        (rc = mgpu_shards_write(out, ids, n, &version, &err)) < 0)
+    /* the text is mapped: read under a guard in case it is cut short meanwhile */
+    encode_job_t job = {.t = t, .text = &text.f[0]};
+    rc = mgpu_shards_guarded(&text, 0, encode_text, &job, &err);
+    ids = job.ids;
+    n = job.n;
+    if (rc < 0 || (rc = mgpu_shards_write(out, ids, n, &version, &err)) < 0)
         goto out;
     printf("encode: %zu bytes of %s into %zu tokens, %s (llm.c shard version %d)\n", text.f[0].n,
            in, n, out, version);

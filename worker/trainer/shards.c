@@ -51,6 +51,40 @@ static void install_bus_guard(void)
     bus_installed = sigaction(SIGBUS, &sa, &bus_prev) == 0;
 }
 
+/* The message for a SIGBUS of f's mapping while token `token` (or, at SIZE_MAX, some byte) was
+ * read: the file cut short since it was opened, or its storage failing. */
+static int lost(const mgpu_shard_t *f, size_t token, mgpu_err_t *err)
+{
+    char where[96] = "";
+    struct stat st;
+    if (token != SIZE_MAX)
+        snprintf(where, sizeof where, " (token %zu at byte offset %zu cannot be read)", token,
+                 f->header + token * (size_t)f->width);
+    if (stat(f->path, &st) == 0 && (size_t)st.st_size < f->map_len)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "%s: the file is shorter than the %zu bytes it had when it was "
+                            "opened%s: a data file must not change while a run reads it",
+                            f->path, f->map_len, where);
+    return mgpu_err_set(err, -EIO,
+                        "%s: a read of the file failed%s (its storage failed, or the file "
+                        "changed while it was read)",
+                        f->path, where);
+}
+
+int mgpu_shards_guarded(const mgpu_shards_t *s, int file, int (*fn)(void *ctx, mgpu_err_t *err),
+                        void *ctx, mgpu_err_t *err)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        bus_guard = NULL;
+        return lost(&s->f[file], SIZE_MAX, err);
+    }
+    bus_guard = &jb;
+    int rc = fn(ctx, err);
+    bus_guard = NULL;
+    return rc;
+}
+
 /* Maps path and reads its layout into f (path is copied). */
 static int map_file(mgpu_shards_t *s, mgpu_shard_t *f, const char *path, int text, mgpu_err_t *err)
 {
@@ -316,18 +350,7 @@ int mgpu_windows_read(const mgpu_windows_t *w, size_t win, int32_t *tok, int32_t
     volatile int at = 0; /* the token being read when a SIGBUS jumps back */
     if (sigsetjmp(jb, 1) != 0) {
         bus_guard = NULL;
-        size_t off = f->header + (first + (size_t)at) * (size_t)f->width;
-        struct stat st;
-        if (stat(f->path, &st) == 0 && (size_t)st.st_size < f->map_len)
-            return mgpu_err_set(err, MGPU_E_CONFIG,
-                                "%s: the file is shorter than the %zu bytes it had when the run "
-                                "opened it (token %zu at byte offset %zu cannot be read): a data "
-                                "file must not change while a run reads it",
-                                f->path, f->map_len, first + (size_t)at, off);
-        return mgpu_err_set(err, -EIO,
-                            "%s: token %zu at byte offset %zu cannot be read (the file's storage "
-                            "failed, or the file changed while the run read it)",
-                            f->path, first + (size_t)at, off);
+        return lost(f, first + (size_t)at, err);
     }
     bus_guard = &jb;
     for (int i = 0; i <= T; i++) {

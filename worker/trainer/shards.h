@@ -63,6 +63,12 @@ int mgpu_shards_open(mgpu_shards_t *s, const char *spec, const char *key, int te
                      mgpu_err_t *err);
 void mgpu_shards_close(mgpu_shards_t *s);
 
+/* fn(ctx, err) with its reads of file's mapping guarded: should the file be cut short (or its
+ * storage fail) while fn reads it, fn is left where it was (what it allocated is lost) and
+ * the call fails naming the file (MGPU_E_CONFIG, or -EIO). Else fn's result. */
+int mgpu_shards_guarded(const mgpu_shards_t *s, int file, int (*fn)(void *ctx, mgpu_err_t *err),
+                        void *ctx, mgpu_err_t *err);
+
 /* A contiguous run of tokens of one file and the windows it holds. */
 typedef struct mgpu_span {
     int file;
