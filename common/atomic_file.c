@@ -27,15 +27,15 @@ static int own_descriptor(const char *path)
     return strncmp(link, "/proc/", 6) == 0;
 }
 
-/* The file that path's new contents replace, in to: path, or the final target of a symlink
- * to a regular file (the link stays a link). *in_place is set instead where a rename must not
- * be: something that is not a regular file (a terminal, a pipe, /dev/null, /dev/full), which
- * a rename would replace with a file, and a descriptor of the process (--summary=/dev/stdout
- * with stdout redirected to a log), whose file a rename would take away from the shell. */
-static int target(const char *path, char *to, size_t cap, int *in_place, mgpu_err_t *err)
+/* In place: something that is not a regular file (a terminal, a pipe, /dev/null, /dev/full),
+ * which a rename would replace with a file, and a descriptor of the process
+ * (--summary=/dev/stdout with stdout redirected to a log), whose file a rename would take away
+ * from the shell. */
+int mgpu_atomic_file_target(const char *path, char *to, size_t cap, int *in_place, mgpu_err_t *err)
 {
     struct stat st, lst;
-    char real[PATH_MAX];
+    char real[PATH_MAX], link[PATH_MAX], dir[PATH_MAX];
+    ssize_t n;
 
     *in_place = 0;
     if (stat(path, &st) == 0) {
@@ -45,6 +45,16 @@ static int target(const char *path, char *to, size_t cap, int *in_place, mgpu_er
             *in_place = 1;
         else if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) && realpath(path, real) != NULL)
             path = real;
+    } else if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+               (n = readlink(path, link, sizeof link - 1)) > 0) {
+        /* a link to a file not there yet: the file is made where the link points, as an
+         * open() through the link would make it */
+        link[n] = 0;
+        if (link[0] == '/' || mgpu_path_dirname(path, dir, sizeof dir) < 0)
+            snprintf(real, sizeof real, "%s", link);
+        else
+            snprintf(real, sizeof real, "%s/%s", dir, link);
+        path = real;
     }
     if ((size_t)snprintf(to, cap, "%s", path) >= cap)
         return mgpu_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
@@ -71,7 +81,7 @@ int mgpu_atomic_file_check(const char *given, mgpu_err_t *err)
     struct stat st;
     int rc, in_place;
 
-    if ((rc = target(given, path, sizeof path, &in_place, err)) < 0)
+    if ((rc = mgpu_atomic_file_target(given, path, sizeof path, &in_place, err)) < 0)
         return rc;
     if (in_place)
         return access(path, W_OK) == 0
@@ -93,7 +103,7 @@ int mgpu_atomic_file_commit(const char *tmp, const char *given, int flags, mgpu_
     char dir[4096], path[4096];
     int dfd, rc, in_place;
 
-    if ((rc = target(given, path, sizeof path, &in_place, err)) < 0)
+    if ((rc = mgpu_atomic_file_target(given, path, sizeof path, &in_place, err)) < 0)
         return rc;
     if (in_place)
         return mgpu_err_set(err, -EINVAL,
@@ -122,7 +132,7 @@ int mgpu_atomic_file_write(const char *given, const struct iovec *iov, int niov,
     char tmp[4200], path[4096];
     int fd, rc, in_place;
 
-    if ((rc = target(given, path, sizeof path, &in_place, err)) < 0)
+    if ((rc = mgpu_atomic_file_target(given, path, sizeof path, &in_place, err)) < 0)
         return rc;
     if (in_place)
         return write_in_place(path, iov, niov, err);

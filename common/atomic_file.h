@@ -31,6 +31,11 @@ enum {
 int mgpu_atomic_file_write(const char *path, const struct iovec *iov, int niov, int flags,
                            mgpu_err_t *err);
 
+/* The file mgpu_atomic_file_write replaces for path, in to (cap bytes): path, or the final
+ * target of a symlink to a regular file (its temporary goes beside that); *in_place set
+ * instead where it writes in place. A folder is -EISDIR. 0 or a negative errno. */
+int mgpu_atomic_file_target(const char *path, char *to, size_t cap, int *in_place, mgpu_err_t *err);
+
 /* Whether mgpu_atomic_file_write could write path, without writing: a file (or a link's
  * target) in a folder this process may write in, or a device, pipe or descriptor of the
  * process it may write to; a folder is refused. 0, or a negative errno with err saying why. */

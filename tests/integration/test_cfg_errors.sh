@@ -308,4 +308,13 @@ EOF
     sed 's|^checkpoint.*|checkpoint = ck2|' ck.cfg >ck2.cfg
     "$LAUNCH" --nproc_per_node=1 ck2.cfg >out 2>err || { cat err >&2; fail "run 2 exited"; }
     [ ! -e ck2.tmp.$dead ] || fail "ck2.tmp.$dead is still there"
+    # A checkpoint through a link: written beside the link's target, its temp files too; the
+    # link stays a link.
+    mkdir store && ln -s store/real.ck linked
+    head -c 4096 /dev/zero >store/real.ck.tmp.$dead
+    sed 's|^checkpoint.*|checkpoint = linked|' ck.cfg >ck3.cfg
+    "$LAUNCH" --nproc_per_node=1 ck3.cfg >out 2>err || { cat err >&2; fail "run 3 exited"; }
+    [ ! -e store/real.ck.tmp.$dead ] || fail "store/real.ck.tmp.$dead is still there"
+    [ -L linked ] || fail "the link to the checkpoint was replaced by a file"
+    [ -s store/real.ck ] || fail "no checkpoint written through the link"
 }

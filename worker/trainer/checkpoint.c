@@ -12,7 +12,7 @@
 #include <sys/stat.h> /* fstat */
 #include <unistd.h>   /* close */
 
-#include "atomic_file.h" /* mgpu_atomic_file_write */
+#include "atomic_file.h" /* mgpu_atomic_file_write, mgpu_atomic_file_target */
 
 #define CKPT_MAGIC "MGPUCKPT"
 #define CKPT_VERSION 2 /* 1: without the header's last 8 bytes (batch_per_rank), still read */
@@ -199,14 +199,19 @@ out:
     return rc;
 }
 
-int mgpu_ckpt_remove_stale(const char *path, mgpu_err_t *err)
+int mgpu_ckpt_remove_stale(const char *given, mgpu_err_t *err)
 {
-    char dir[4096], full[4400];
+    char dir[4096], full[4400], path[4096];
+    struct dirent *e;
+    int removed = 0, rc = 0, in_place;
+
+    /* the temporaries lie beside the file a write replaces (a link's target); a device or a
+     * descriptor is written in place, with none */
+    mgpu_err_t terr = {0};
+    if (mgpu_atomic_file_target(given, path, sizeof path, &in_place, &terr) < 0 || in_place)
+        return 0; /* a folder: the write says so */
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
     size_t blen = strlen(base);
-    struct dirent *e;
-    int removed = 0, rc = 0;
-
     if (blen == 0)
         return 0;
     if (slash == NULL)

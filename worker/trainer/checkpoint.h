@@ -43,7 +43,8 @@ int mgpu_ckpt_write(const char *path, const mgpu_ckpt_t *c, mgpu_err_t *err);
 int mgpu_ckpt_read(const char *path, mgpu_ckpt_t *c, mgpu_err_t *err);
 void mgpu_ckpt_free(mgpu_ckpt_t *c);
 
-/* Removes the temp files "<path>.tmp.<pid>" that a writer killed mid-write left behind: those
+/* Removes the temp files "<path>.tmp.<pid>" that a writer killed mid-write left behind (path
+ * a link: beside its target, where the writer puts them): those
  * whose pid is no live process of this host (regular files with exactly that name; nothing
  * else). Call it where the run that writes path starts. The number removed, or -errno. */
 int mgpu_ckpt_remove_stale(const char *path, mgpu_err_t *err);
