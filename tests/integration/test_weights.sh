@@ -101,6 +101,10 @@ EOF
     "$WORKER" t.cfg init_from=out/model.safetensors metrics_file=m.jsonl >out2 2>err2 ||
         { cat out2 err2 >&2; fail "init_from the export: exit $?"; }
     agree "$(step1_loss m.jsonl)" ref "the export"
+    # the folder, as from_pretrained takes it: the same weights, the same loss
+    "$WORKER" t.cfg init_from=out metrics_file=m2.jsonl >out2 2>err2 ||
+        { cat out2 err2 >&2; fail "init_from the export's folder: exit $?"; }
+    expect_eq "$(step1_loss m2.jsonl)" "$(step1_loss m.jsonl)" "the folder's first loss"
     # Hugging Face's file through mgpu and out again: the same tensors (lr 0)
     mkdir back
     "$WORKER" t.cfg init_from=hf/model.safetensors vocab=50 context=24 \
@@ -155,6 +159,12 @@ t_weights_misfits_are_refused_by_name() {
     check_refused "stub.bin: llm.c's weights \(magic 20240326\) cut short: 100 bytes, its header alone is 1024" \
         init_from=stub.bin
     check_refused "missing.bin: cannot open init_from: No such file" init_from=missing.bin
+    # a folder: its model.safetensors, or why there is none to read
+    mkdir pickled empty && : >pickled/pytorch_model.bin
+    check_refused "pickled: a folder with pytorch_model.bin \(PyTorch's pickle\) and no model.safetensors" \
+        init_from=pickled
+    check_refused "empty: a folder with no model.safetensors, expected a safetensors file" \
+        init_from=empty
     # an lm_head.weight beside wte is only taken when it is wte (the output layer is tied)
     "$PY" - <<'PY' || fail "writing the lm_head files"
 from safetensors.torch import load_file, save_file

@@ -169,7 +169,8 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "and decodes what generate prints"},
     {"init_from", MGPU_CFG_T_PATH, F(init_from), NULL, 0, 0,
      "gpt: start from these GPT-2 weights instead of the seed's: Hugging Face model.safetensors "
-     "or llm.c's gpt2_124M.bin (a checkpoint to resume from wins; empty: none)"},
+     "(or the model's folder holding it) or llm.c's gpt2_124M.bin (a checkpoint to resume from "
+     "wins; empty: none)"},
     {"export", MGPU_CFG_T_OUTPATH, F(export_file), NULL, 0, 0,
      "gpt: rank 0 writes the trained model to this .safetensors file and a config.json beside "
      "it, a folder GPT2LMHeadModel.from_pretrained loads (empty: none)"},

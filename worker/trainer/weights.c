@@ -453,14 +453,52 @@ static int llmc_read(const char *path, int fd, size_t size, const int32_t *h,
 
 /* --- either ---------------------------------------------------------------------------------- */
 
-static int load(const char *path, const mgpu_gpt_spec_t *spec, float *params, size_t n_params,
+/* A folder, as Hugging Face's from_pretrained takes: its model.safetensors, in file (cap bytes);
+ * anything else as it is named. */
+static int weights_file(const char *path, char *file, size_t cap, mgpu_err_t *err)
+{
+    static const char *const others[][2] = {
+        {"model.safetensors.index.json", "a model sharded over several safetensors files"},
+        {"pytorch_model.bin", "PyTorch's pickle"},
+    };
+    struct stat st;
+    const size_t len = strlen(path);
+    const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
+    char other[4200];
+
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(file, cap, "%s", path);
+        return 0;
+    }
+    if ((size_t)snprintf(file, cap, "%s%smodel.safetensors", path, sep) >= cap)
+        return mgpu_err_set(err, -ENAMETOOLONG, "init_from: path too long: %s", path);
+    if (access(file, F_OK) == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        snprintf(other, sizeof other, "%s%s%s", path, sep, others[i][0]);
+        if (access(other, F_OK) == 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG,
+                                "%s: a folder with %s (%s) and no model.safetensors: save the "
+                                "model as one safetensors file (save_pretrained(folder, "
+                                "safe_serialization=True, max_shard_size=\"100GB\"))",
+                                path, others[i][0], others[i][1]);
+    }
+    return mgpu_err_set(err, MGPU_E_CONFIG,
+                        "%s: a folder with no model.safetensors, expected a safetensors file, a "
+                        "Hugging Face model folder holding one, or llm.c's weights",
+                        path);
+}
+
+static int load(const char *given, const mgpu_gpt_spec_t *spec, float *params, size_t n_params,
                 char *what, size_t cap, mgpu_err_t *err)
 {
     int fd, rc;
     size_t size;
     int32_t h[LLMC_HEADER];
+    char path[4096];
 
-    if ((rc = mgpu_data_open_regular(path, "init_from", &fd, &size, err)) < 0)
+    if ((rc = weights_file(given, path, sizeof path, err)) < 0 ||
+        (rc = mgpu_data_open_regular(path, "init_from", &fd, &size, err)) < 0)
         return rc;
     long got = (long)pread(fd, h, size < sizeof h ? size : sizeof h, 0);
     if (got >= 4 && h[0] == LLMC_MAGIC && size < sizeof h) {
