@@ -248,6 +248,10 @@ if got != want:
     i = next(i for i, (a, b) in enumerate(zip(got + [None], want + [None])) if a != b)
     sys.exit("ids differ at %d: %s vs %s" % (i, got[i:i + 8], want[i:i + 8]))
 print(len(got), "ids as tokenizers gives them")' || fail "the ids differ from tokenizers'"
+    # the tokenizer's folder, as from_pretrained takes it: the same ids
+    mkdir tk && cp tokenizer.json tk/
+    "$WORKER" --encode tk in.txt in2.bin >out 2>err || { cat err >&2; fail "folder: exit $?"; }
+    cmp -s in.bin in2.bin || fail "the folder's tokenizer.json gave other ids"
     # the shard trains, and a prompt goes through the tokenizer and back
     "$WORKER" --encode tokenizer.json corpus.txt train.bin >out 2>err || fail "corpus: exit $?"
     gpt_cfg
@@ -296,4 +300,14 @@ t_data_encode_refuses_bad_input() {
     "$WORKER" --encode wp.json >out 2>err
     expect_eq "$?" 2 "--encode with too few arguments"
     expect_grep err 'encode takes TOKENIZER.JSON TEXT OUT.bin'
+    # a folder stands for its tokenizer.json, as for from_pretrained; without one it is named
+    mkdir slow none
+    echo '{}' >slow/vocab.json
+    "$WORKER" --encode slow in.txt o.bin >out 2>err
+    expect_eq "$?" 2 "--encode with a folder of vocab.json"
+    expect_grep err 'tokenizer slow: a folder with vocab.json .* and no tokenizer.json'
+    "$WORKER" --encode none in.txt o.bin >out 2>err
+    expect_eq "$?" 2 "--encode with an empty folder"
+    expect_grep err 'tokenizer none: a folder with no tokenizer.json'
+    [ ! -e o.bin ] || fail "o.bin written after a refusal"
 }

@@ -7,7 +7,8 @@
 #include <stdio.h>       /* snprintf */
 #include <stdlib.h>      /* malloc, free */
 #include <string.h>      /* memcmp, strlen */
-#include <unistd.h>      /* read, close */
+#include <sys/stat.h>    /* stat: a tokenizer's folder */
+#include <unistd.h>      /* read, close, access */
 
 #include "data.h" /* mgpu_data_open_regular */
 #include "ucd.h"  /* mgpu_ucd_is_* */
@@ -291,15 +292,50 @@ static int load_merges(mgpu_bpe_t *t, const cJSON *merges, const char *path, mgp
     return 0;
 }
 
-int mgpu_bpe_load(const char *path, mgpu_bpe_t **out, mgpu_err_t *err)
+/* A folder, as Hugging Face's from_pretrained takes: its tokenizer.json, in file (cap bytes);
+ * anything else as it is named. */
+static int tokenizer_file(const char *path, char *file, size_t cap, mgpu_err_t *err)
+{
+    struct stat st;
+    const size_t len = strlen(path);
+    const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
+    char vocab[4200];
+
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(file, cap, "%s", path);
+        return 0;
+    }
+    if ((size_t)snprintf(file, cap, "%s%stokenizer.json", path, sep) >= cap)
+        return mgpu_err_set(err, -ENAMETOOLONG, "tokenizer: path too long: %s", path);
+    if (access(file, F_OK) == 0)
+        return 0;
+    snprintf(vocab, sizeof vocab, "%s%svocab.json", path, sep);
+    if (access(vocab, F_OK) == 0)
+        return mgpu_err_set(
+            err, MGPU_E_CONFIG,
+            "tokenizer %s: a folder with vocab.json (a slow tokenizer's files) and no "
+            "tokenizer.json: write one with AutoTokenizer.from_pretrained(folder)"
+            ".save_pretrained(folder)",
+            path);
+    return mgpu_err_set(
+        err, MGPU_E_CONFIG,
+        "tokenizer %s: a folder with no tokenizer.json, expected a tokenizer.json or a "
+        "Hugging Face folder holding one",
+        path);
+}
+
+int mgpu_bpe_load(const char *given, mgpu_bpe_t **out, mgpu_err_t *err)
 {
     size_t len;
     int rc;
     cJSON *root = NULL;
-    mgpu_bpe_t *t = calloc(1, sizeof *t);
-    char *text = read_all(path, &len, err);
+    char path[4096];
 
     *out = NULL;
+    if (tokenizer_file(given, path, sizeof path, err) < 0)
+        return MGPU_E_CONFIG;
+    mgpu_bpe_t *t = calloc(1, sizeof *t);
+    char *text = read_all(path, &len, err);
     if (text == NULL) {
         free(t);
         return MGPU_E_CONFIG;

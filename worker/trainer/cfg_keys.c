@@ -165,8 +165,8 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
     {"data_val_tokens", MGPU_CFG_T_PATHS, F(data_val_tokens), NULL, 0, 0,
      "tokens: the held-out files, as data_tokens (fineweb_val_*.bin); instead of eval_fraction"},
     {"tokenizer", MGPU_CFG_T_PATH, F(tokenizer), NULL, 0, 0,
-     "tokens: a Hugging Face tokenizer.json (byte-level BPE, GPT-2's) that encodes prompt (text) "
-     "and decodes what generate prints"},
+     "tokens: a Hugging Face tokenizer.json (byte-level BPE, GPT-2's; or the folder holding it) "
+     "that encodes prompt (text) and decodes what generate prints"},
     {"init_from", MGPU_CFG_T_PATH, F(init_from), NULL, 0, 0,
      "gpt: start from these GPT-2 weights instead of the seed's: Hugging Face model.safetensors "
      "(or the model's folder holding it) or llm.c's gpt2_124M.bin (a checkpoint to resume from "
