@@ -105,6 +105,12 @@ EOF
     "$WORKER" t.cfg init_from=out metrics_file=m2.jsonl >out2 2>err2 ||
         { cat out2 err2 >&2; fail "init_from the export's folder: exit $?"; }
     expect_eq "$(step1_loss m2.jsonl)" "$(step1_loss m.jsonl)" "the folder's first loss"
+    # and a folder to export to, as save_pretrained takes it
+    mkdir again
+    "$WORKER" t.cfg init_from=out max_steps=1 lr=0 export=again >out2 2>err2 ||
+        { cat out2 err2 >&2; fail "export to a folder: exit $?"; }
+    expect_grep out2 '^export: again/model.safetensors and config.json beside it'
+    [ -s again/model.safetensors ] && [ -s again/config.json ] || fail "again/: $(ls again)"
     # Hugging Face's file through mgpu and out again: the same tensors (lr 0)
     mkdir back
     "$WORKER" t.cfg init_from=hf/model.safetensors vocab=50 context=24 \

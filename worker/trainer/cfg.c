@@ -511,13 +511,26 @@ int mgpu_cfg_resumes(const mgpu_cfg_t *cfg)
 }
 
 /* init_from's weights fit the cfg's GPT (unless a checkpoint is resumed instead); export is a
- * .safetensors file in a writable folder. */
+ * .safetensors file in a writable folder, or a folder (then its model.safetensors). */
 static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
 {
     const char *ext = ".safetensors";
     size_t n = strlen(cfg->export_file), ne = strlen(ext);
     char w[MGPU_CFG_PATH_MAX + 32];
+    struct stat st;
     int rc;
+
+    /* A folder, as save_pretrained takes: its model.safetensors (config.json beside it). */
+    if (n > 0 && (cfg->export_file[n - 1] == '/' ||
+                  (stat(cfg->export_file, &st) == 0 && S_ISDIR(st.st_mode)))) {
+        const char *file =
+            cfg->export_file[n - 1] == '/' ? "model.safetensors" : "/model.safetensors";
+        if (n + strlen(file) >= sizeof cfg->export_file)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: export = '%s': path too long",
+                                at(cfg, "export", w, sizeof w), cfg->export_file);
+        strcat(cfg->export_file, file);
+        n = strlen(cfg->export_file);
+    }
 
     if (cfg->init_from[0] != 0 && !mgpu_cfg_resumes(cfg)) {
         mgpu_gpt_spec_t spec = {.n_layer = cfg->n_layer,
@@ -540,7 +553,6 @@ static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
     if (n > 0) { /* config.json goes beside it */
         char json[MGPU_CFG_PATH_MAX + 16];
         const char *slash = strrchr(cfg->export_file, '/');
-        struct stat st;
         snprintf(json, sizeof json, "%.*sconfig.json",
                  slash ? (int)(slash - cfg->export_file + 1) : 0, cfg->export_file);
         if (stat(json, &st) == 0 && S_ISDIR(st.st_mode))

@@ -172,8 +172,9 @@ const mgpu_cfg_key_t mgpu_cfg_keys[] = {
      "(or the model's folder holding it) or llm.c's gpt2_124M.bin (a checkpoint to resume from "
      "wins; empty: none)"},
     {"export", MGPU_CFG_T_OUTPATH, F(export_file), NULL, 0, 0,
-     "gpt: rank 0 writes the trained model to this .safetensors file and a config.json beside "
-     "it, a folder GPT2LMHeadModel.from_pretrained loads (empty: none)"},
+     "gpt: rank 0 writes the trained model to this .safetensors file (a folder: its "
+     "model.safetensors) and a config.json beside it, a folder GPT2LMHeadModel.from_pretrained "
+     "loads (empty: none)"},
 };
 const size_t mgpu_cfg_n_keys = sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0];
 _Static_assert(sizeof mgpu_cfg_keys / sizeof mgpu_cfg_keys[0] <=
