@@ -7,7 +7,6 @@
 #include <stdio.h>       /* snprintf */
 #include <stdlib.h>      /* malloc, free */
 #include <string.h>      /* memcmp, strlen */
-#include <sys/stat.h>    /* stat: a tokenizer's folder */
 #include <unistd.h>      /* read, close, access */
 
 #include "data.h" /* mgpu_data_open_regular */
@@ -296,32 +295,22 @@ static int load_merges(mgpu_bpe_t *t, const cJSON *merges, const char *path, mgp
  * anything else as it is named. */
 static int tokenizer_file(const char *path, char *file, size_t cap, mgpu_err_t *err)
 {
-    struct stat st;
-    const size_t len = strlen(path);
-    const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
     char vocab[4200];
+    int rc = mgpu_data_in_folder(path, "tokenizer.json", "tokenizer", file, cap, err);
 
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(file, cap, "%s", path);
-        return 0;
-    }
-    if ((size_t)snprintf(file, cap, "%s%stokenizer.json", path, sep) >= cap)
-        return mgpu_err_set(err, -ENAMETOOLONG, "tokenizer: path too long: %s", path);
-    if (access(file, F_OK) == 0)
-        return 0;
-    snprintf(vocab, sizeof vocab, "%s%svocab.json", path, sep);
-    if (access(vocab, F_OK) == 0)
-        return mgpu_err_set(
-            err, MGPU_E_CONFIG,
-            "tokenizer %s: a folder with vocab.json (a slow tokenizer's files) and no "
-            "tokenizer.json: write one with AutoTokenizer.from_pretrained(folder)"
-            ".save_pretrained(folder)",
-            path);
-    return mgpu_err_set(
-        err, MGPU_E_CONFIG,
-        "tokenizer %s: a folder with no tokenizer.json, expected a tokenizer.json or a "
-        "Hugging Face folder holding one",
-        path);
+    if (rc <= 0 || access(file, F_OK) == 0)
+        return rc < 0 ? rc : 0;
+    if (mgpu_data_in_folder(path, "vocab.json", "tokenizer", vocab, sizeof vocab, err) > 0 &&
+        access(vocab, F_OK) == 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG,
+                            "tokenizer %s: a folder with vocab.json (a slow tokenizer's files) "
+                            "and no tokenizer.json: write one with "
+                            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder)",
+                            path);
+    return mgpu_err_set(err, MGPU_E_CONFIG,
+                        "tokenizer %s: a folder with no tokenizer.json, expected a tokenizer.json "
+                        "or a Hugging Face folder holding one",
+                        path);
 }
 
 int mgpu_bpe_load(const char *given, mgpu_bpe_t **out, mgpu_err_t *err)

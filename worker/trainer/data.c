@@ -152,6 +152,19 @@ static int not_regular(const char *path, mode_t mode, mgpu_err_t *err)
     return rc;
 }
 
+int mgpu_data_in_folder(const char *path, const char *name, const char *what, char *out, size_t cap,
+                        mgpu_err_t *err)
+{
+    struct stat st;
+    const size_t len = strlen(path);
+    const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
+    const int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    int n = folder ? snprintf(out, cap, "%s%s%s", path, sep, name) : snprintf(out, cap, "%s", path);
+    if (n < 0 || (size_t)n >= cap)
+        return mgpu_err_set(err, -ENAMETOOLONG, "%s: path too long: %s", what, path);
+    return folder;
+}
+
 int mgpu_data_open_regular(const char *path, const char *what, int *fd, size_t *size,
                            mgpu_err_t *err)
 {

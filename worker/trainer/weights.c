@@ -461,28 +461,19 @@ static int weights_file(const char *path, char *file, size_t cap, mgpu_err_t *er
         {"model.safetensors.index.json", "a model sharded over several safetensors files"},
         {"pytorch_model.bin", "PyTorch's pickle"},
     };
-    struct stat st;
-    const size_t len = strlen(path);
-    const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
     char other[4200];
+    int rc = mgpu_data_in_folder(path, "model.safetensors", "init_from", file, cap, err);
 
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(file, cap, "%s", path);
-        return 0;
-    }
-    if ((size_t)snprintf(file, cap, "%s%smodel.safetensors", path, sep) >= cap)
-        return mgpu_err_set(err, -ENAMETOOLONG, "init_from: path too long: %s", path);
-    if (access(file, F_OK) == 0)
-        return 0;
-    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-        snprintf(other, sizeof other, "%s%s%s", path, sep, others[i][0]);
-        if (access(other, F_OK) == 0)
+    if (rc <= 0 || access(file, F_OK) == 0)
+        return rc < 0 ? rc : 0;
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (mgpu_data_in_folder(path, others[i][0], "init_from", other, sizeof other, err) > 0 &&
+            access(other, F_OK) == 0)
             return mgpu_err_set(err, MGPU_E_CONFIG,
                                 "%s: a folder with %s (%s) and no model.safetensors: save the "
                                 "model as one safetensors file (save_pretrained(folder, "
                                 "safe_serialization=True, max_shard_size=\"100GB\"))",
                                 path, others[i][0], others[i][1]);
-    }
     return mgpu_err_set(err, MGPU_E_CONFIG,
                         "%s: a folder with no model.safetensors, expected a safetensors file, a "
                         "Hugging Face model folder holding one, or llm.c's weights",
