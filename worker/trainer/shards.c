@@ -46,7 +46,9 @@ static void install_bus_guard(void)
         return;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_bus;
-    sa.sa_flags = SA_SIGINFO;
+    /* SA_NODEFER: SIGBUS stays unblocked in the handler, so a jump out of it leaves the mask as
+     * it was and the guards need not save it (sigsetjmp(.., 0): no system call a window) */
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     bus_installed = sigaction(SIGBUS, &sa, &bus_prev) == 0;
 }
@@ -75,7 +77,7 @@ int mgpu_shards_guarded(const mgpu_shards_t *s, int file, int (*fn)(void *ctx, m
                         void *ctx, mgpu_err_t *err)
 {
     sigjmp_buf jb;
-    if (sigsetjmp(jb, 1) != 0) {
+    if (sigsetjmp(jb, 0) != 0) {
         bus_guard = NULL;
         return lost(&s->f[file], SIZE_MAX, err);
     }
@@ -348,7 +350,7 @@ int mgpu_windows_read(const mgpu_windows_t *w, size_t win, int32_t *tok, int32_t
     const unsigned char *p = f->map + f->header + first * (size_t)f->width;
     sigjmp_buf jb;
     volatile int at = 0; /* the token being read when a SIGBUS jumps back */
-    if (sigsetjmp(jb, 1) != 0) {
+    if (sigsetjmp(jb, 0) != 0) {
         bus_guard = NULL;
         return lost(f, first + (size_t)at, err);
     }
