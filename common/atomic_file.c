@@ -98,18 +98,13 @@ int mgpu_atomic_file_check(const char *given, mgpu_err_t *err)
     return 0;
 }
 
-int mgpu_atomic_file_commit(const char *tmp, const char *given, int flags, mgpu_err_t *err)
+/* tmp renamed over path (already resolved by mgpu_atomic_file_target), then the folder
+ * synced. */
+static int replace(const char *tmp, const char *path, int flags, mgpu_err_t *err)
 {
-    char dir[4096], path[4096];
-    int dfd, rc, in_place;
+    char dir[4096];
+    int dfd, rc;
 
-    if ((rc = mgpu_atomic_file_target(given, path, sizeof path, &in_place, err)) < 0)
-        return rc;
-    if (in_place)
-        return mgpu_err_set(err, -EINVAL,
-                            "%s is not a regular file (a device, a pipe or a descriptor), "
-                            "expected a file that a new one can replace",
-                            given);
     if (mgpu_path_dirname(path, dir, sizeof dir) < 0)
         return mgpu_err_set(err, -ENAMETOOLONG, "path too long: %s", path);
     if (rename(tmp, path) != 0)
@@ -124,6 +119,21 @@ int mgpu_atomic_file_commit(const char *tmp, const char *given, int flags, mgpu_
     if (rc < 0)
         return mgpu_err_set(err, rc, "fsync(%s): %s", dir, strerror(-rc));
     return 0;
+}
+
+int mgpu_atomic_file_commit(const char *tmp, const char *given, int flags, mgpu_err_t *err)
+{
+    char path[4096];
+    int rc, in_place;
+
+    if ((rc = mgpu_atomic_file_target(given, path, sizeof path, &in_place, err)) < 0)
+        return rc;
+    if (in_place)
+        return mgpu_err_set(err, -EINVAL,
+                            "%s is not a regular file (a device, a pipe or a descriptor), "
+                            "expected a file that a new one can replace",
+                            given);
+    return replace(tmp, path, flags, err);
 }
 
 int mgpu_atomic_file_write(const char *given, const struct iovec *iov, int niov, int flags,
@@ -156,7 +166,7 @@ int mgpu_atomic_file_write(const char *given, const struct iovec *iov, int niov,
         goto fail;
     }
     fd = -1;
-    if ((rc = mgpu_atomic_file_commit(tmp, path, flags, err)) < 0)
+    if ((rc = replace(tmp, path, flags, err)) < 0)
         goto fail;
     return 0;
 fail:
