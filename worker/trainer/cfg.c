@@ -15,12 +15,13 @@
 #include <sys/stat.h> /* stat, S_ISDIR */
 #include <unistd.h>   /* access, read, close */
 
-#include "data.h"    /* mgpu_data_open_regular, mgpu_data_check_npy */
-#include "bpe.h"     /* mgpu_bpe_load: the tokenizer's vocabulary */
-#include "shards.h"  /* mgpu_shards_open: the token files' headers */
-#include "text.h"    /* mgpu_edit_distance */
-#include "tokens.h"  /* mgpu_tokens_prompt */
-#include "weights.h" /* mgpu_weights_check */
+#include "atomic_file.h" /* mgpu_atomic_file_target: where an output goes */
+#include "data.h"        /* mgpu_data_open_regular, mgpu_data_check_npy, mgpu_data_in_folder */
+#include "bpe.h"         /* mgpu_bpe_load: the tokenizer's vocabulary */
+#include "shards.h"      /* mgpu_shards_open: the token files' headers */
+#include "text.h"        /* mgpu_edit_distance */
+#include "tokens.h"      /* mgpu_tokens_prompt */
+#include "weights.h"     /* mgpu_weights_check */
 
 /* Limits of what is read: a cfg is a few dozen short lines. */
 #define CFG_MAX_BYTES (1 << 20) /* the whole file */
@@ -468,19 +469,32 @@ static int check_data(mgpu_cfg_t *cfg, size_t *n, mgpu_err_t *err)
     return 0;
 }
 
-/* An output: its directory exists and is writable, and the file, if there, is no directory. */
-static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, mgpu_err_t *err)
+/* An output: its directory exists and is writable, and the file, if there, is no directory;
+ * for a link, the folder of the file it points to, and a device (/dev/null) or descriptor
+ * (/dev/stdout), written in place, must itself be writable (atomic_file.h). */
+static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *given, mgpu_err_t *err)
 {
-    char dir[MGPU_CFG_PATH_MAX], w[MGPU_CFG_PATH_MAX + 32];
+    char dir[MGPU_CFG_PATH_MAX], w[MGPU_CFG_PATH_MAX + 32], path[MGPU_CFG_PATH_MAX];
     struct stat st;
-    const char *slash = strrchr(path, '/');
-    if (*path == 0)
+    mgpu_err_t terr = {0};
+    int in_place;
+    if (*given == 0)
         return 0;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    if (stat(given, &st) == 0 && S_ISDIR(st.st_mode))
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': is a directory, expected a file",
-                            at(cfg, key, w, sizeof w), key, path);
+                            at(cfg, key, w, sizeof w), key, given);
+    if (mgpu_atomic_file_target(given, path, sizeof path, &in_place, &terr) < 0)
+        return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': %s", at(cfg, key, w, sizeof w), key,
+                            given, terr.msg);
+    if (in_place) {
+        if (access(path, W_OK) != 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': %s", at(cfg, key, w, sizeof w),
+                                key, given, strerror(errno));
+        return 0;
+    }
     /* the folder the file goes to: there, and writable (a checkpoint or an export arrives
      * through a new file and a rename) */
+    const char *slash = strrchr(path, '/');
     if (slash == NULL)
         snprintf(dir, sizeof dir, ".");
     else
@@ -490,7 +504,7 @@ static int check_out(const mgpu_cfg_t *cfg, const char *key, const char *path, m
         bad = errno;
     if (bad != 0)
         return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s = '%s': directory '%s': %s",
-                            at(cfg, key, w, sizeof w), key, path, dir, strerror(bad));
+                            at(cfg, key, w, sizeof w), key, given, dir, strerror(bad));
     return 0;
 }
 
@@ -521,14 +535,14 @@ static int check_weights(mgpu_cfg_t *cfg, mgpu_err_t *err)
     int rc;
 
     /* A folder, as save_pretrained takes: its model.safetensors (config.json beside it). */
-    if (n > 0 && (cfg->export_file[n - 1] == '/' ||
-                  (stat(cfg->export_file, &st) == 0 && S_ISDIR(st.st_mode)))) {
-        const char *file =
-            cfg->export_file[n - 1] == '/' ? "model.safetensors" : "/model.safetensors";
-        if (n + strlen(file) >= sizeof cfg->export_file)
-            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: export = '%s': path too long",
-                                at(cfg, "export", w, sizeof w), cfg->export_file);
-        strcat(cfg->export_file, file);
+    if (n > 0) {
+        char file[sizeof cfg->export_file];
+        mgpu_err_t e = {0};
+        if (mgpu_data_in_folder(cfg->export_file, "model.safetensors", "export", file, sizeof file,
+                                &e) < 0)
+            return mgpu_err_set(err, MGPU_E_CONFIG, "%s: %s", at(cfg, "export", w, sizeof w),
+                                e.msg);
+        memcpy(cfg->export_file, file, sizeof file);
         n = strlen(cfg->export_file);
     }
 

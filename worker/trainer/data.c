@@ -158,7 +158,9 @@ int mgpu_data_in_folder(const char *path, const char *name, const char *what, ch
     struct stat st;
     const size_t len = strlen(path);
     const char *sep = len > 0 && path[len - 1] == '/' ? "" : "/";
-    const int folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    /* a trailing / names a folder, there or not */
+    const int folder =
+        (len > 0 && path[len - 1] == '/') || (stat(path, &st) == 0 && S_ISDIR(st.st_mode));
     int n = folder ? snprintf(out, cap, "%s%s%s", path, sep, name) : snprintf(out, cap, "%s", path);
     if (n < 0 || (size_t)n >= cap)
         return mgpu_err_set(err, -ENAMETOOLONG, "%s: path too long: %s", what, path);

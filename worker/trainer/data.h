@@ -56,7 +56,8 @@ int mgpu_data_load_npy(mgpu_dataset_t *ds, const char *x_path, const char *y_pat
 int mgpu_data_check_npy(const char *x_path, const char *y_path, int want_labels, int classes,
                         size_t *n, int *bad_y, mgpu_err_t *err);
 
-/* Where path is a folder (as Hugging Face's from_pretrained takes one): the file name in it,
+/* Where path is a folder (as Hugging Face's from_pretrained takes one; a trailing / names
+ * one, there or not): the file name in it,
  * path/name, into out (cap bytes), and 1; else path itself, and 0. Whether path/name exists
  * is the caller's to see. -ENAMETOOLONG (err says so, naming what) when out is too small. */
 int mgpu_data_in_folder(const char *path, const char *name, const char *what, char *out, size_t cap,
